@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what the tests need and a fresh machine of this kind lacks. Idempotent and quick
+# when everything is already present.
+set -euo pipefail
+
+need_apt=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  echo "installing ${need_apt[*]} from Debian"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # The package starts a system nginx on port 80; the tests start their own.
+  (systemctl disable --now nginx >/dev/null 2>&1 || service nginx stop >/dev/null 2>&1 || pkill -x nginx || true)
+fi
+
+py_need=()
+python3 -c 'import moto.server' 2>/dev/null || py_need+=("moto[server]")
+python3 -c 'import openai' 2>/dev/null || py_need+=(openai)
+if [ "${#py_need[@]}" -gt 0 ]; then
+  echo "installing ${py_need[*]} from PyPI"
+  python3 -m pip install -q "${py_need[@]}"
+fi
+
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt

@@ -1,0 +1,242 @@
+//! CCR — compress, cache, recall. Every lossy step first stores the original here, content
+//! addressed, and leaves a `<<ccr:KEY>>` marker; `recall` brings the exact bytes back.
+//!
+//! This module holds the addressing scheme and the [`Store`] trait the compaction engine
+//! uses; the tiers (local directory, S3, layered) implement it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use sha2::{Digest, Sha256};
+
+/// Prefix of a marker; a marker is `<<ccr:` + 16 lowercase hex + `>>`.
+pub const MARKER_OPEN: &str = "<<ccr:";
+pub const MARKER_CLOSE: &str = ">>";
+/// Hex characters in a key (the first 64 bits of the SHA-256 of the content).
+pub const KEY_LEN: usize = 16;
+
+/// A validated archive key: exactly 16 lowercase hex characters. Only a `Key` is ever used to
+/// form a file path or an object name.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key([u8; KEY_LEN]);
+
+impl Key {
+    /// The key of `content`.
+    pub fn of(content: &[u8]) -> Self {
+        let digest = Sha256::digest(content);
+        let hex = hex::encode(&digest[..KEY_LEN / 2]);
+        let mut out = [0u8; KEY_LEN];
+        out.copy_from_slice(hex.as_bytes());
+        Self(out)
+    }
+
+    /// Parses a canonical key (exactly 16 lowercase hex characters, nothing else).
+    pub fn parse(s: &str) -> Option<Self> {
+        let b = s.as_bytes();
+        if b.len() != KEY_LEN || !b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+            return None;
+        }
+        let mut out = [0u8; KEY_LEN];
+        out.copy_from_slice(b);
+        Some(Self(out))
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex is ever stored.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    /// `<<ccr:KEY>>`.
+    pub fn marker(&self) -> String {
+        format!("{MARKER_OPEN}{}{MARKER_CLOSE}", self.as_str())
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({})", self.as_str())
+    }
+}
+
+/// Canonical markers in `text`, distinct, in order of first appearance. Strict: exactly
+/// `<<ccr:` + 16 lowercase hex + `>>`.
+pub fn extract_markers(text: &str) -> Vec<Key> {
+    let mut out: Vec<Key> = Vec::new();
+    let mut rest = text;
+    while let Some(pos) = rest.find(MARKER_OPEN) {
+        let after = &rest[pos + MARKER_OPEN.len()..];
+        if let Some(candidate) = after.get(..KEY_LEN)
+            && after[KEY_LEN..].starts_with(MARKER_CLOSE)
+            && let Some(key) = Key::parse(candidate)
+            && !out.contains(&key)
+        {
+            out.push(key);
+        }
+        rest = after;
+    }
+    out
+}
+
+/// True when `text` carries at least one canonical marker.
+pub fn has_marker(text: &str) -> bool {
+    !extract_markers(text).is_empty()
+}
+
+/// Why the archive could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// The content already carries a marker: archiving it again would nest archives.
+    #[error("content already carries a ccr marker; refusing to archive it again")]
+    AlreadyArchived,
+    /// The durable tier could not be reached or refused the write; nothing was stored.
+    #[error("archive store unavailable: {0}")]
+    Unavailable(String),
+    /// The stored object is not what its key says (corruption or tampering).
+    #[error("archived object {0} does not match its key")]
+    Corrupt(Key),
+    #[error("archive I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl ArchiveError {
+    /// Short stable label for metrics and events.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::AlreadyArchived => "already_archived",
+            Self::Unavailable(_) => "unavailable",
+            Self::Corrupt(_) => "corrupt",
+            Self::Io(_) => "io",
+        }
+    }
+}
+
+/// Durable, content-addressed storage of originals, scoped to one session.
+///
+/// `archive` returns only after the bytes are durably stored: a caller may emit the key's
+/// marker (and drop the original) only on `Ok`.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Stores `content` verbatim and returns its key. Idempotent: the same content gives the
+    /// same key. Refuses content that already carries a marker.
+    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError>;
+
+    /// The original bytes of `key`, or `None` when this session's archive has no such key.
+    async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError>;
+}
+
+/// Refuses content that already carries a marker (shared by every tier).
+pub fn check_archivable(content: &[u8]) -> Result<(), ArchiveError> {
+    // A marker is ASCII, so a lossy view of non-UTF-8 content finds it all the same.
+    if has_marker(&String::from_utf8_lossy(content)) {
+        return Err(ArchiveError::AlreadyArchived);
+    }
+    Ok(())
+}
+
+/// An in-process store: for tests and for sessions that run without any archive configured
+/// (its contents die with the process, which `cairn-agent` reports at start-up).
+#[derive(Default)]
+pub struct MemoryStore {
+    entries: Mutex<HashMap<Key, Vec<u8>>>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.lock().map(|e| e.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError> {
+        check_archivable(content)?;
+        let key = Key::of(content);
+        let mut entries = self
+            .entries
+            .lock()
+            .map_err(|_| ArchiveError::Unavailable("memory store lock poisoned".into()))?;
+        entries.entry(key).or_insert_with(|| content.to_vec());
+        Ok(key)
+    }
+
+    async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
+        let entries = self
+            .entries
+            .lock()
+            .map_err(|_| ArchiveError::Unavailable("memory store lock poisoned".into()))?;
+        Ok(entries.get(key).cloned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_is_first_16_hex_of_sha256() {
+        // sha256("") = e3b0c44298fc1c149afbf4c8996fb924...
+        assert_eq!(Key::of(b"").as_str(), "e3b0c44298fc1c14");
+        assert_eq!(Key::of(b"").marker(), "<<ccr:e3b0c44298fc1c14>>");
+    }
+
+    #[test]
+    fn parse_is_strict() {
+        assert!(Key::parse("e3b0c44298fc1c14").is_some());
+        for bad in [
+            "E3B0C44298FC1C14",
+            "e3b0c44298fc1c1",
+            "e3b0c44298fc1c145",
+            "e3b0c44298fc1c1g",
+            "../../etc/passw",
+        ] {
+            assert!(Key::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn markers_are_distinct_in_order() {
+        let a = Key::of(b"a");
+        let b = Key::of(b"b");
+        let text = format!(
+            "x {} y {} z {} <<ccr:NOTAKEY0000000>> <<ccr:{}",
+            a.marker(),
+            b.marker(),
+            a.marker(),
+            a
+        );
+        assert_eq!(extract_markers(&text), vec![a, b]);
+    }
+
+    #[tokio::test]
+    async fn memory_store_round_trip_and_refusal() {
+        let s = MemoryStore::new();
+        let k = s.archive(b"\xff\x00bytes").await.expect("stored");
+        assert_eq!(s.archive(b"\xff\x00bytes").await.expect("stored"), k);
+        assert_eq!(s.len(), 1);
+        assert_eq!(
+            s.fetch(&k).await.expect("ok").as_deref(),
+            Some(&b"\xff\x00bytes"[..])
+        );
+        let marked = format!("see {}", k.marker());
+        assert!(matches!(
+            s.archive(marked.as_bytes()).await,
+            Err(ArchiveError::AlreadyArchived)
+        ));
+    }
+}

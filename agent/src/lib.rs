@@ -1,0 +1,10 @@
+//! The cairn agent: the loop that keeps one LLM session alive through full context windows
+//! and proxy body-size limits, and never loses what it compacts.
+//!
+//! Pure logic (history, classification, compaction, recovery) is plain functions over plain
+//! data; I/O (providers, the archive store, the journal, the Kubernetes API) sits behind
+//! traits at the edges.
+
+pub mod ccr;
+pub mod history;
+pub mod provider;

@@ -1,0 +1,167 @@
+//! Provider clients behind one [`Provider`] trait, and the request/response/error shapes the
+//! rest of the agent (the classifier, the recovery ladder, the session loop) depends on.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::history::{Message, ToolCall};
+
+/// A tool offered to the model.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: serde_json::Value,
+}
+
+impl ToolSpec {
+    /// Bytes the tool catalog adds to every request (it can never be compacted).
+    pub fn weight(&self) -> usize {
+        self.name.len() + self.description.len() + self.parameters.to_string().len()
+    }
+}
+
+/// One request to a provider: everything needed to build the wire body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatRequest {
+    pub model: String,
+    /// The conversation; system messages are lifted into the provider's system field where it
+    /// has one.
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub max_output_tokens: u64,
+    pub stream: bool,
+}
+
+/// Why the model stopped, normalised across providers.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    End,
+    ToolUse,
+    MaxTokens,
+    /// Anything else the provider reported (content filter, ...), kept for logs.
+    Other,
+}
+
+/// Token usage as the provider reports it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+}
+
+/// A successful reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatResponse {
+    /// The assistant message (text, reasoning, tool calls).
+    pub message: Message,
+    pub stop: StopReason,
+    pub usage: Usage,
+    /// Exact size in bytes of the serialized request body that produced this reply.
+    pub request_bytes: u64,
+}
+
+impl ChatResponse {
+    pub fn tool_calls(&self) -> &[ToolCall] {
+        &self.message.tool_calls
+    }
+}
+
+/// A failed call, keeping everything the classifier needs: status, headers, content type and
+/// body of an HTTP answer, or the transport error, plus the exact size of the request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.summary())]
+pub struct ProviderError {
+    /// Provider name for messages and metrics (e.g. `anthropic`).
+    pub provider: String,
+    /// HTTP status, when an HTTP answer arrived.
+    pub status: Option<u16>,
+    /// Response headers, lower-cased names. Never contains request credentials.
+    pub headers: BTreeMap<String, String>,
+    pub content_type: Option<String>,
+    /// Response body as text (lossy UTF-8), truncated to a bounded size.
+    pub body: String,
+    /// Transport-level failure (connection reset, unexpected EOF, timeout, decode error)
+    /// when no complete HTTP answer was read.
+    pub transport: Option<String>,
+    /// Exact size in bytes of the serialized request body that failed.
+    pub request_bytes: u64,
+    /// Server-requested delay before retrying (from `Retry-After`), if any.
+    pub retry_after: Option<Duration>,
+}
+
+impl ProviderError {
+    /// A failure that never reached an HTTP answer.
+    pub fn transport(
+        provider: impl Into<String>,
+        message: impl Into<String>,
+        request_bytes: u64,
+    ) -> Self {
+        Self {
+            provider: provider.into(),
+            status: None,
+            headers: BTreeMap::new(),
+            content_type: None,
+            body: String::new(),
+            transport: Some(message.into()),
+            request_bytes,
+            retry_after: None,
+        }
+    }
+
+    /// An HTTP answer that was not a success.
+    pub fn http(
+        provider: impl Into<String>,
+        status: u16,
+        content_type: Option<String>,
+        body: impl Into<String>,
+        request_bytes: u64,
+    ) -> Self {
+        Self {
+            provider: provider.into(),
+            status: Some(status),
+            headers: BTreeMap::new(),
+            content_type,
+            body: body.into(),
+            transport: None,
+            request_bytes,
+            retry_after: None,
+        }
+    }
+
+    fn summary(&self) -> String {
+        const MAX: usize = 300;
+        let body: String = self.body.chars().take(MAX).collect();
+        match (self.status, &self.transport) {
+            (Some(s), _) => format!(
+                "{} answered HTTP {s} to a {}-byte request: {body}",
+                self.provider, self.request_bytes
+            ),
+            (None, Some(t)) => format!(
+                "{} request of {} bytes failed: {t}",
+                self.provider, self.request_bytes
+            ),
+            (None, None) => format!(
+                "{} request of {} bytes failed",
+                self.provider, self.request_bytes
+            ),
+        }
+    }
+}
+
+/// A provider client. Implementations record the exact serialized size of every request in
+/// both the response and the error.
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// Provider name for logs and metrics (`openai`, `anthropic`, ...).
+    fn name(&self) -> &str;
+
+    /// Sends one request and returns the complete reply (a streamed reply is assembled).
+    async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError>;
+}

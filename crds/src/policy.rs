@@ -1,0 +1,612 @@
+//! CompactionPolicy: the reusable context policy, its built-in defaults and its resolution.
+//!
+//! The effective policy of a session is `built-in defaults ← CompactionPolicy ←
+//! AgentSession.spec.compaction`: every layer only names the fields it changes. For that
+//! reason the schema carries no server-side `default`s for these fields (a defaulted field
+//! could not fall through to the next layer); the defaults live in [`EffectivePolicy::default`]
+//! and are quoted in each field's description.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::session::ProviderKind;
+
+/// A reusable context-management policy. Sessions reference it with `spec.policyRef`; fields
+/// set inline on a session override it; fields set nowhere take the built-in defaults.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "cairn.dev",
+    version = "v1alpha1",
+    kind = "CompactionPolicy",
+    namespaced,
+    shortname = "cpol",
+    category = "cairn",
+    doc = "A reusable cairn compaction policy; AgentSessions reference it with spec.policyRef.",
+    printcolumn = r#"{"name":"Budget","type":"number","jsonPath":".spec.budgetRatio"}"#,
+    printcolumn = r#"{"name":"Compression","type":"string","jsonPath":".spec.compression.mode"}"#,
+    printcolumn = r#"{"name":"Engine","type":"string","jsonPath":".spec.engine"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactionPolicySpec {
+    /// Share of the context window the conversation history may use before compaction
+    /// starts; the rest is left for the reply and the tool catalog. 0 < budgetRatio <= 1.
+    /// Default: 0.6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1.0").message("budgetRatio must be greater than 0 and at most 1"))]
+    pub budget_ratio: Option<f64>,
+
+    /// Number of most recent messages that compaction never removes. Default: 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("minKeepRecent must be between 1 and 1000"))]
+    pub min_keep_recent: Option<u32>,
+
+    /// Thresholds, in tokens of remaining headroom, at which the agent warns, compacts on
+    /// its own and refuses to send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_compact: Option<AutoCompactSpec>,
+
+    /// Cheap, LLM-free shrinking of old tool results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microcompact: Option<MicrocompactSpec>,
+
+    /// Per-request limits on tool-result size (applied to the outgoing copy; the full text is
+    /// archived and recallable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_results: Option<ToolResultsSpec>,
+
+    /// The reactive ladder run after a context-overflow, payload-too-large, proxy-rejection
+    /// or suspected-payload failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoverySpec>,
+
+    /// The model that writes level-2 structured summaries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summarizer: Option<SummarizerSpec>,
+
+    /// Content-aware compression of large tool outputs and of the `compress` tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<CompressionSpec>,
+
+    /// Who writes the level-2 summary: `local` (the agent's own summarizer call),
+    /// `provider` (the provider's server-side compaction, where it has one) or `mcp`
+    /// (an external MCP compaction tool). Default: local.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Engine>,
+}
+
+/// Auto-compaction thresholds, in tokens of headroom left in the context window.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.blockingBufferTokens) || !has(self.bufferTokens) || self.blockingBufferTokens < self.bufferTokens").message("blockingBufferTokens must be smaller than bufferTokens"))]
+#[x_kube(validation = Rule::new("!has(self.bufferTokens) || !has(self.warningBufferTokens) || self.bufferTokens <= self.warningBufferTokens").message("bufferTokens must not exceed warningBufferTokens"))]
+pub struct AutoCompactSpec {
+    /// Compact automatically when no more than this many tokens of headroom remain.
+    /// Default: 13000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("bufferTokens must be positive"))]
+    pub buffer_tokens: Option<u32>,
+    /// Warn (event, metric) when no more than this many tokens of headroom remain.
+    /// Default: 20000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("warningBufferTokens must be positive"))]
+    pub warning_buffer_tokens: Option<u32>,
+    /// Refuse to send (compact first, no matter what) when no more than this many tokens of
+    /// headroom remain. Default: 3000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("blockingBufferTokens must be positive"))]
+    pub blocking_buffer_tokens: Option<u32>,
+}
+
+/// Microcompaction: old tool results shrink without any LLM call; originals are archived.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.truncateAfterTurns) || !has(self.summarizeAfterTurns) || self.truncateAfterTurns < self.summarizeAfterTurns").message("truncateAfterTurns must be smaller than summarizeAfterTurns"))]
+pub struct MicrocompactSpec {
+    /// A tool result this many assistant turns old is cut to a head and tail preview.
+    /// Default: 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("truncateAfterTurns must be at least 1"))]
+    pub truncate_after_turns: Option<u32>,
+    /// A tool result this many assistant turns old becomes a one-line stub with a recall
+    /// marker. Must be larger than truncateAfterTurns. Default: 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 2").message("summarizeAfterTurns must be at least 2"))]
+    pub summarize_after_turns: Option<u32>,
+    /// Characters kept from the start of a truncated tool result. Default: 2000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("headChars must be positive"))]
+    pub head_chars: Option<u32>,
+    /// Characters kept from the end of a truncated tool result. Default: 500.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("tailChars must not be negative"))]
+    pub tail_chars: Option<u32>,
+    /// Tool results shorter than this are never microcompacted. Default: 3000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("minContentChars must be positive"))]
+    pub min_content_chars: Option<u32>,
+    /// After this many minutes without an assistant message, old tool results are cleared
+    /// (the 5 most recent are kept). 0 disables the idle rule. Default: 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("idleMinutes must not be negative"))]
+    pub idle_minutes: Option<u32>,
+}
+
+/// Per-request tool-result budgets (largest results are shrunk first).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.perResultChars) || !has(self.perTurnChars) || self.perResultChars <= self.perTurnChars").message("perResultChars must not exceed perTurnChars"))]
+pub struct ToolResultsSpec {
+    /// Total characters of tool results one request may carry. Default: 200000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("perTurnChars must be positive"))]
+    pub per_turn_chars: Option<u32>,
+    /// Characters one tool result may carry. Default: 20000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("perResultChars must be positive"))]
+    pub per_result_chars: Option<u32>,
+}
+
+/// The recovery ladder: attempt 1 repairs and halves tool-result budgets, attempt 2 keeps the
+/// last `emergencyKeepMessages`, attempt 3 keeps the last `nuclearKeepMessages`, each capped.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.nuclearKeepMessages) || !has(self.emergencyKeepMessages) || self.nuclearKeepMessages <= self.emergencyKeepMessages").message("nuclearKeepMessages must not exceed emergencyKeepMessages"))]
+pub struct RecoverySpec {
+    /// Recovery attempts per turn (0 disables recovery; the ladder has 3 levels).
+    /// Default: 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 3").message("maxAttempts must be between 0 and 3"))]
+    pub max_attempts: Option<u32>,
+    /// Non-system messages kept by attempt 2. Default: 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("emergencyKeepMessages must be at least 1"))]
+    pub emergency_keep_messages: Option<u32>,
+    /// Non-system messages kept by attempt 3. Default: 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("nuclearKeepMessages must be at least 1"))]
+    pub nuclear_keep_messages: Option<u32>,
+    /// Characters each message keeps in attempt 3. Default: 4000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 400").message("nuclearMessageChars must be at least 400"))]
+    pub nuclear_message_chars: Option<u32>,
+    /// How often a reply cut off at the output-token limit may double the limit (up to the
+    /// model's own maximum) and continue. Default: 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 5").message("maxTokenEscalations must be between 0 and 5"))]
+    pub max_token_escalations: Option<u32>,
+}
+
+/// The level-2 summarizer.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SummarizerSpec {
+    /// Whether level-2 summaries are written at all; when false the ladder goes from level
+    /// 1 straight to level 3. Default: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Provider of a dedicated (usually cheaper) summarizer model. Default: the session's
+    /// own provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderKind>,
+    /// Model of the dedicated summarizer. Default: the session's own model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("size(self) > 0 && size(self) <= 256").message("summarizer.model must be 1 to 256 characters"))]
+    pub model: Option<String>,
+}
+
+/// Content-aware compression.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompressionSpec {
+    /// `lossy` compresses large tool outputs (originals archived), `lossless` only
+    /// deduplicates, `off` leaves content byte-identical. Default: lossy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<CompressionMode>,
+    /// Content smaller than this many bytes is never compressed. Default: 4000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("thresholdBytes must be positive"))]
+    pub threshold_bytes: Option<u32>,
+    /// How much the compressors keep: `conservative`, `default` or `aggressive`.
+    /// Default: default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<CompressionProfile>,
+}
+
+/// Compression mode.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressionMode {
+    #[default]
+    Lossy,
+    Lossless,
+    Off,
+}
+
+/// Compression profile.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressionProfile {
+    Conservative,
+    #[default]
+    Default,
+    Aggressive,
+}
+
+/// Who writes the level-2 summary.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    #[default]
+    Local,
+    Provider,
+    Mcp,
+}
+
+/// The policy a session actually runs with: every field concrete. Built by [`resolve`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectivePolicy {
+    pub budget_ratio: f64,
+    pub min_keep_recent: u32,
+    pub auto_compact: AutoCompact,
+    pub microcompact: Microcompact,
+    pub tool_results: ToolResults,
+    pub recovery: Recovery,
+    pub summarizer: Summarizer,
+    pub compression: Compression,
+    pub engine: Engine,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoCompact {
+    pub buffer_tokens: u32,
+    pub warning_buffer_tokens: u32,
+    pub blocking_buffer_tokens: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Microcompact {
+    pub truncate_after_turns: u32,
+    pub summarize_after_turns: u32,
+    pub head_chars: u32,
+    pub tail_chars: u32,
+    pub min_content_chars: u32,
+    pub idle_minutes: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolResults {
+    pub per_turn_chars: u32,
+    pub per_result_chars: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Recovery {
+    pub max_attempts: u32,
+    pub emergency_keep_messages: u32,
+    pub nuclear_keep_messages: u32,
+    pub nuclear_message_chars: u32,
+    pub max_token_escalations: u32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Summarizer {
+    pub enabled: bool,
+    /// `None`: the session's own provider.
+    pub provider: Option<ProviderKind>,
+    /// `None`: the session's own model.
+    pub model: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Compression {
+    pub mode: CompressionMode,
+    pub threshold_bytes: u32,
+    pub profile: CompressionProfile,
+}
+
+/// The built-in defaults: the one place cairn's tunable numbers are written down.
+impl Default for EffectivePolicy {
+    fn default() -> Self {
+        Self {
+            budget_ratio: 0.6,
+            min_keep_recent: 8,
+            auto_compact: AutoCompact {
+                buffer_tokens: 13_000,
+                warning_buffer_tokens: 20_000,
+                blocking_buffer_tokens: 3_000,
+            },
+            microcompact: Microcompact {
+                truncate_after_turns: 2,
+                summarize_after_turns: 4,
+                head_chars: 2_000,
+                tail_chars: 500,
+                min_content_chars: 3_000,
+                idle_minutes: 60,
+            },
+            tool_results: ToolResults {
+                per_turn_chars: 200_000,
+                per_result_chars: 20_000,
+            },
+            recovery: Recovery {
+                max_attempts: 3,
+                emergency_keep_messages: 10,
+                nuclear_keep_messages: 4,
+                nuclear_message_chars: 4_000,
+                max_token_escalations: 2,
+            },
+            summarizer: Summarizer {
+                enabled: true,
+                provider: None,
+                model: None,
+            },
+            compression: Compression {
+                mode: CompressionMode::Lossy,
+                threshold_bytes: 4_000,
+                profile: CompressionProfile::Default,
+            },
+            engine: Engine::Local,
+        }
+    }
+}
+
+/// A combination of layers that is invalid although each layer alone passed the CRD's rules
+/// (for example `truncateAfterTurns` raised by a session above the policy's
+/// `summarizeAfterTurns`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("effective compaction policy is invalid: {0}")]
+pub struct PolicyError(pub String);
+
+impl EffectivePolicy {
+    /// Lays `overrides` over `self`: every field the override sets wins.
+    pub fn overlay(mut self, o: &CompactionPolicySpec) -> Self {
+        set(&mut self.budget_ratio, o.budget_ratio);
+        set(&mut self.min_keep_recent, o.min_keep_recent);
+        if let Some(a) = &o.auto_compact {
+            let t = &mut self.auto_compact;
+            set(&mut t.buffer_tokens, a.buffer_tokens);
+            set(&mut t.warning_buffer_tokens, a.warning_buffer_tokens);
+            set(&mut t.blocking_buffer_tokens, a.blocking_buffer_tokens);
+        }
+        if let Some(m) = &o.microcompact {
+            let t = &mut self.microcompact;
+            set(&mut t.truncate_after_turns, m.truncate_after_turns);
+            set(&mut t.summarize_after_turns, m.summarize_after_turns);
+            set(&mut t.head_chars, m.head_chars);
+            set(&mut t.tail_chars, m.tail_chars);
+            set(&mut t.min_content_chars, m.min_content_chars);
+            set(&mut t.idle_minutes, m.idle_minutes);
+        }
+        if let Some(r) = &o.tool_results {
+            set(&mut self.tool_results.per_turn_chars, r.per_turn_chars);
+            set(&mut self.tool_results.per_result_chars, r.per_result_chars);
+        }
+        if let Some(r) = &o.recovery {
+            let t = &mut self.recovery;
+            set(&mut t.max_attempts, r.max_attempts);
+            set(&mut t.emergency_keep_messages, r.emergency_keep_messages);
+            set(&mut t.nuclear_keep_messages, r.nuclear_keep_messages);
+            set(&mut t.nuclear_message_chars, r.nuclear_message_chars);
+            set(&mut t.max_token_escalations, r.max_token_escalations);
+        }
+        if let Some(s) = &o.summarizer {
+            set(&mut self.summarizer.enabled, s.enabled);
+            if s.provider.is_some() {
+                self.summarizer.provider = s.provider;
+            }
+            if s.model.is_some() {
+                self.summarizer.model.clone_from(&s.model);
+            }
+        }
+        if let Some(c) = &o.compression {
+            set(&mut self.compression.mode, c.mode);
+            set(&mut self.compression.threshold_bytes, c.threshold_bytes);
+            set(&mut self.compression.profile, c.profile);
+        }
+        set(&mut self.engine, o.engine);
+        self
+    }
+
+    /// Checks the rules that span fields, on the merged result. The same rules exist as CEL
+    /// on each layer; they are repeated here because two valid layers can combine into an
+    /// invalid policy.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let err = |m: &str| Err(PolicyError(m.to_string()));
+        if !(self.budget_ratio > 0.0 && self.budget_ratio <= 1.0) {
+            return err("budgetRatio must be greater than 0 and at most 1");
+        }
+        let a = &self.auto_compact;
+        if a.blocking_buffer_tokens >= a.buffer_tokens {
+            return err("autoCompact.blockingBufferTokens must be smaller than bufferTokens");
+        }
+        if a.buffer_tokens > a.warning_buffer_tokens {
+            return err("autoCompact.bufferTokens must not exceed warningBufferTokens");
+        }
+        let m = &self.microcompact;
+        if m.truncate_after_turns >= m.summarize_after_turns {
+            return err("microcompact.truncateAfterTurns must be smaller than summarizeAfterTurns");
+        }
+        if self.tool_results.per_result_chars > self.tool_results.per_turn_chars {
+            return err("toolResults.perResultChars must not exceed perTurnChars");
+        }
+        let r = &self.recovery;
+        if r.nuclear_keep_messages > r.emergency_keep_messages {
+            return err("recovery.nuclearKeepMessages must not exceed emergencyKeepMessages");
+        }
+        Ok(())
+    }
+
+    /// A stable fingerprint of the effective policy: same policy, same hash, on every
+    /// machine and in every version that serializes it the same way. Written to
+    /// `status.policyHash` and compared by the agent to notice policy edits.
+    pub fn hash(&self) -> String {
+        // serde_json writes struct fields in declaration order and floats in their shortest
+        // round-trip form, so this text is canonical for a given policy.
+        let canonical = serde_json::to_vec(self).unwrap_or_default();
+        let digest = Sha256::digest(&canonical);
+        hex::encode(&digest[..8])
+    }
+}
+
+fn set<T: Copy>(target: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *target = v;
+    }
+}
+
+/// The effective policy: built-in defaults ← referenced CompactionPolicy ← the session's
+/// inline `compaction`. The same function runs in the operator and in the agent.
+pub fn resolve(
+    policy: Option<&CompactionPolicySpec>,
+    inline: Option<&CompactionPolicySpec>,
+) -> Result<EffectivePolicy, PolicyError> {
+    let mut effective = EffectivePolicy::default();
+    for layer in [policy, inline].into_iter().flatten() {
+        effective = effective.overlay(layer);
+    }
+    effective.validate()?;
+    Ok(effective)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec_yaml(y: &str) -> CompactionPolicySpec {
+        serde_yaml::from_str(y).expect("test spec parses")
+    }
+
+    #[test]
+    fn defaults_resolve_and_are_valid() {
+        let p = resolve(None, None).expect("defaults are valid");
+        assert_eq!(p, EffectivePolicy::default());
+        assert_eq!(p.budget_ratio, 0.6);
+        assert_eq!(p.microcompact.summarize_after_turns, 4);
+    }
+
+    #[test]
+    fn precedence_inline_over_policy_over_defaults() {
+        let policy = spec_yaml(
+            "budgetRatio: 0.5\nminKeepRecent: 12\nmicrocompact: {headChars: 1000}\nengine: provider\n",
+        );
+        let inline = spec_yaml("budgetRatio: 0.4\nmicrocompact: {tailChars: 100}\n");
+        let p = resolve(Some(&policy), Some(&inline)).expect("valid");
+        assert_eq!(p.budget_ratio, 0.4, "inline wins over the policy");
+        assert_eq!(p.min_keep_recent, 12, "policy wins over the defaults");
+        assert_eq!(
+            p.microcompact.head_chars, 1000,
+            "nested policy field kept when inline sets a sibling"
+        );
+        assert_eq!(p.microcompact.tail_chars, 100);
+        assert_eq!(
+            p.microcompact.truncate_after_turns, 2,
+            "unset everywhere: default"
+        );
+        assert_eq!(p.engine, Engine::Provider);
+
+        let only_inline = resolve(None, Some(&inline)).expect("valid");
+        assert_eq!(only_inline.min_keep_recent, 8);
+        assert_eq!(only_inline.budget_ratio, 0.4);
+    }
+
+    #[test]
+    fn summarizer_model_layers() {
+        let policy = spec_yaml("summarizer: {provider: anthropic, model: claude-haiku-4-5}\n");
+        let inline = spec_yaml("summarizer: {enabled: false}\n");
+        let p = resolve(Some(&policy), Some(&inline)).expect("valid");
+        assert!(!p.summarizer.enabled);
+        assert_eq!(p.summarizer.model.as_deref(), Some("claude-haiku-4-5"));
+        assert_eq!(p.summarizer.provider, Some(ProviderKind::Anthropic));
+    }
+
+    #[test]
+    fn layers_that_combine_into_an_invalid_policy_are_rejected() {
+        let policy = spec_yaml("microcompact: {summarizeAfterTurns: 3}\n");
+        let inline = spec_yaml("microcompact: {truncateAfterTurns: 3}\n");
+        let err = resolve(Some(&policy), Some(&inline)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("truncateAfterTurns must be smaller"),
+            "{err}"
+        );
+
+        let inline = spec_yaml("autoCompact: {blockingBufferTokens: 15000}\n");
+        assert!(resolve(None, Some(&inline)).is_err());
+        let inline = spec_yaml("toolResults: {perResultChars: 300000}\n");
+        assert!(resolve(None, Some(&inline)).is_err());
+        let inline = spec_yaml("recovery: {nuclearKeepMessages: 11}\n");
+        assert!(resolve(None, Some(&inline)).is_err());
+    }
+
+    #[test]
+    fn hash_is_stable_and_sensitive() {
+        let base = EffectivePolicy::default();
+        assert_eq!(base.hash(), EffectivePolicy::default().hash());
+        assert_eq!(base.hash().len(), 16);
+        // Same effective policy reached through different layers: same hash.
+        let via_policy = resolve(Some(&spec_yaml("budgetRatio: 0.6\n")), None).expect("valid");
+        assert_eq!(via_policy.hash(), base.hash());
+        // Pinned so that an accidental change of the canonical form is noticed: a new hash
+        // would make every running session think its policy changed.
+        assert_eq!(base.hash(), PINNED_DEFAULT_HASH);
+
+        let mutations: Vec<fn(&mut EffectivePolicy)> = vec![
+            |p| p.budget_ratio = 0.61,
+            |p| p.min_keep_recent += 1,
+            |p| p.auto_compact.buffer_tokens += 1,
+            |p| p.auto_compact.warning_buffer_tokens += 1,
+            |p| p.auto_compact.blocking_buffer_tokens += 1,
+            |p| p.microcompact.truncate_after_turns += 1,
+            |p| p.microcompact.summarize_after_turns += 1,
+            |p| p.microcompact.head_chars += 1,
+            |p| p.microcompact.tail_chars += 1,
+            |p| p.microcompact.min_content_chars += 1,
+            |p| p.microcompact.idle_minutes += 1,
+            |p| p.tool_results.per_turn_chars += 1,
+            |p| p.tool_results.per_result_chars += 1,
+            |p| p.recovery.max_attempts -= 1,
+            |p| p.recovery.emergency_keep_messages += 1,
+            |p| p.recovery.nuclear_keep_messages += 1,
+            |p| p.recovery.nuclear_message_chars += 1,
+            |p| p.recovery.max_token_escalations += 1,
+            |p| p.summarizer.enabled = false,
+            |p| p.summarizer.provider = Some(ProviderKind::Gemini),
+            |p| p.summarizer.model = Some("m".into()),
+            |p| p.compression.mode = CompressionMode::Off,
+            |p| p.compression.threshold_bytes += 1,
+            |p| p.compression.profile = CompressionProfile::Aggressive,
+            |p| p.engine = Engine::Mcp,
+        ];
+        let mut seen = std::collections::HashSet::new();
+        seen.insert(base.hash());
+        for (i, mutate) in mutations.iter().enumerate() {
+            let mut p = EffectivePolicy::default();
+            mutate(&mut p);
+            assert!(
+                seen.insert(p.hash()),
+                "mutation {i} did not change the hash"
+            );
+        }
+    }
+
+    const PINNED_DEFAULT_HASH: &str = "bc1fba4ab859f597";
+
+    proptest::proptest! {
+        #[test]
+        fn resolve_never_panics_and_inline_ratio_wins(ratio in 0.01f64..=1.0, keep in 1u32..100) {
+            let inline = CompactionPolicySpec { budget_ratio: Some(ratio), min_keep_recent: Some(keep), ..Default::default() };
+            let p = resolve(None, Some(&inline)).expect("valid");
+            proptest::prop_assert_eq!(p.budget_ratio, ratio);
+            proptest::prop_assert_eq!(p.min_keep_recent, keep);
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! AgentSession: one LLM agent session, reconciled by the operator into one pod.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::payload::{PayloadSize, PayloadSizeError};
+use crate::policy::CompactionPolicySpec;
+
+/// An LLM agent session: which model it talks to, how large its context and its requests
+/// may grow, and how it compacts. The operator runs it as a single pod; the agent in that pod
+/// keeps the session alive through context overflows and proxy body-size limits.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "cairn.dev",
+    version = "v1alpha1",
+    kind = "AgentSession",
+    namespaced,
+    shortname = "asess",
+    category = "cairn",
+    doc = "An LLM agent session run by cairn as one pod; see spec for its provider, context window, payload cap and compaction policy.",
+    status = "AgentSessionStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider.kind"}"#,
+    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".spec.provider.model"}"#,
+    printcolumn = r#"{"name":"Utilization","type":"number","format":"float","jsonPath":".status.session.utilization"}"#,
+    printcolumn = r#"{"name":"Recoveries","type":"integer","jsonPath":".status.session.recoveries"}"#,
+    printcolumn = r#"{"name":"Compactions","type":"integer","priority":1,"jsonPath":".status.session.compactions"}"#,
+    printcolumn = r#"{"name":"Learned-Cap","type":"integer","priority":1,"jsonPath":".status.session.learnedPayloadCap"}"#,
+    printcolumn = r#"{"name":"Policy","type":"string","priority":1,"jsonPath":".status.policyHash"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.systemPrompt) && has(self.systemPromptFrom))").message("set systemPrompt or systemPromptFrom, not both"))]
+#[x_kube(validation = Rule::new("!has(self.maxOutputTokens) || !has(self.contextWindow) || self.maxOutputTokens < self.contextWindow").message("maxOutputTokens must be smaller than contextWindow"))]
+pub struct AgentSessionSpec {
+    /// The LLM provider and model this session talks to.
+    pub provider: ProviderSpec,
+
+    /// Context window of the model, in tokens. Default: the model catalog's value for
+    /// `provider.model` (a per-family fallback for unknown models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1024 && self <= 100000000").message("contextWindow must be between 1024 and 100000000 tokens"))]
+    pub context_window: Option<u64>,
+
+    /// Largest reply, in tokens, requested from the model. Default: the model catalog's
+    /// value for `provider.model`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("maxOutputTokens must be positive"))]
+    pub max_output_tokens: Option<u64>,
+
+    /// Request-body ceiling of the network path to the provider (a corporate proxy, a WAF, an
+    /// API gateway). Requests are kept below it. A string like `5MB`, `512KB`, `2.5MB`,
+    /// `1048576B`, `5Mi`, or a bare number of megabytes. K, M and G are binary units
+    /// (1 KB = 1024 bytes). Optional: without it the agent learns the cap from the first
+    /// rejection (¾ of the rejected request's size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "payload_cap_schema")]
+    pub payload_cap: Option<IntOrString>,
+
+    /// System prompt of the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("size(self) <= 1048576").message("systemPrompt must be at most 1 MiB; use systemPromptFrom for larger prompts"))]
+    pub system_prompt: Option<String>,
+
+    /// System prompt read from a ConfigMap in the session's namespace (instead of
+    /// `systemPrompt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt_from: Option<ConfigMapKeyRef>,
+
+    /// A CompactionPolicy in the same namespace that this session uses. Optional: without it
+    /// the built-in defaults apply (and `compaction` overrides them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_ref: Option<PolicyRef>,
+
+    /// Inline overrides of the compaction policy; same shape as CompactionPolicy.spec.
+    /// Precedence: built-in defaults ← policyRef ← compaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionPolicySpec>,
+
+    /// Where the session's archive (originals of everything compacted) and journal live.
+    /// Unset fields take the operator's configured defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchiveSpec>,
+
+    /// True stops the session's pod; its journal and archive are kept, and setting it back
+    /// to false resumes the session where it left off. Default: false.
+    #[serde(default)]
+    pub suspend: bool,
+
+    /// Overrides for the session's pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodOverrides>,
+}
+
+/// The provider endpoint a session talks to.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.kind != 'bedrock' || has(self.region)").message("provider.region is required when provider.kind is bedrock"))]
+#[x_kube(validation = Rule::new("self.kind != 'openai-compatible' || has(self.baseUrl)").message("provider.baseUrl is required when provider.kind is openai-compatible"))]
+pub struct ProviderSpec {
+    /// API family: `openai` (Chat Completions), `openai-responses`, `anthropic`, `gemini`,
+    /// `bedrock` (Converse) or `openai-compatible` (xAI, Mistral, Groq, DeepSeek,
+    /// OpenRouter, vLLM, Ollama, ... through `baseUrl`).
+    pub kind: ProviderKind,
+
+    /// Model name as the provider spells it, e.g. `claude-sonnet-4-5` or `gpt-5`.
+    #[x_kube(validation = Rule::new("size(self) > 0 && size(self) <= 256").message("provider.model must be 1 to 256 characters"))]
+    pub model: String,
+
+    /// Endpoint override: a proxy, an API gateway, a self-hosted server or the simulator.
+    /// Must be an http(s) URL. Default: the provider's public endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$') && size(self) <= 2048").message("provider.baseUrl must be an http:// or https:// URL"))]
+    pub base_url: Option<String>,
+
+    /// Secret (in the session's namespace) holding the provider API key. Optional for
+    /// openai-compatible endpoints that need none, and for Bedrock with ambient AWS
+    /// credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<SecretKeyRef>,
+
+    /// AWS region; required for `bedrock`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9-]{2,32}$')").message("provider.region must look like us-east-1"))]
+    pub region: Option<String>,
+}
+
+/// The API family of a provider.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    Openai,
+    OpenaiResponses,
+    Anthropic,
+    Gemini,
+    Bedrock,
+    OpenaiCompatible,
+}
+
+impl ProviderKind {
+    pub const ALL: [ProviderKind; 6] = [
+        Self::Openai,
+        Self::OpenaiResponses,
+        Self::Anthropic,
+        Self::Gemini,
+        Self::Bedrock,
+        Self::OpenaiCompatible,
+    ];
+
+    /// The name used in the CRD, in metrics labels and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Openai => "openai",
+            Self::OpenaiResponses => "openai-responses",
+            Self::Anthropic => "anthropic",
+            Self::Gemini => "gemini",
+            Self::Bedrock => "bedrock",
+            Self::OpenaiCompatible => "openai-compatible",
+        }
+    }
+}
+
+impl std::fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A key of a Secret in the session's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("secretName must be a valid Secret name"))]
+    pub secret_name: String,
+    /// Key within the Secret. Default: `api-key`.
+    #[serde(default = "default_api_key")]
+    #[x_kube(validation = Rule::new("size(self) > 0 && size(self) <= 253").message("key must be 1 to 253 characters"))]
+    pub key: String,
+}
+
+fn default_api_key() -> String {
+    "api-key".into()
+}
+
+/// A key of a ConfigMap in the session's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapKeyRef {
+    /// Name of the ConfigMap.
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("configMapName must be a valid ConfigMap name"))]
+    pub config_map_name: String,
+    /// Key within the ConfigMap.
+    #[x_kube(validation = Rule::new("size(self) > 0 && size(self) <= 253").message("key must be 1 to 253 characters"))]
+    pub key: String,
+}
+
+/// Reference to a CompactionPolicy in the same namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyRef {
+    /// Name of the CompactionPolicy.
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("policyRef.name must be a valid object name"))]
+    pub name: String,
+}
+
+/// S3-compatible storage of the session's archive and journal. Objects live under
+/// `<prefix>/<namespace>/<session>/ccr/` and `.../journal/`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveSpec {
+    /// Bucket name. Default: the operator's configured bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$')").message("archive.bucket must be a valid S3 bucket name"))]
+    pub bucket: Option<String>,
+    /// Key prefix inside the bucket. Default: the operator's configured prefix (`cairn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("size(self) <= 512 && !self.startsWith('/') && !self.contains('..')").message("archive.prefix must be at most 512 characters, relative, without '..'"))]
+    pub prefix: Option<String>,
+    /// S3 endpoint URL (MinIO, Garage, Ceph, ...). Default: the operator's configured
+    /// endpoint, else AWS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$') && size(self) <= 2048").message("archive.endpoint must be an http:// or https:// URL"))]
+    pub endpoint: Option<String>,
+    /// S3 region. Default: the operator's configured region (`us-east-1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("size(self) > 0 && size(self) <= 64").message("archive.region must be 1 to 64 characters"))]
+    pub region: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`), needed by most self-hosted stores.
+    /// Default: the operator's configured value (true when an endpoint is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_path_style: Option<bool>,
+    /// Secret holding the S3 access key pair. Default: the operator's configured Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<S3CredentialsRef>,
+    /// Keep the archive and journal when the AgentSession is deleted. False purges the
+    /// session's S3 prefix on delete. Default: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_on_delete: Option<bool>,
+    /// Size of the pod-local archive cache (a Kubernetes quantity, e.g. `256Mi`).
+    /// Default: 256Mi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(Ki|Mi|Gi|K|M|G)?$')").message("archive.localCacheSize must be a quantity like 256Mi"))]
+    pub local_cache_size: Option<String>,
+    /// How long entries stay in the pod-local cache (a duration like `168h` or `30m`).
+    /// S3 keeps them regardless. Default: 168h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(h|m|s))+$')").message("archive.ttl must be a duration like 168h, 30m or 1h30m"))]
+    pub ttl: Option<String>,
+}
+
+/// Keys of a Secret holding S3 credentials.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct S3CredentialsRef {
+    /// Name of the Secret, in the session's namespace.
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("credentials.secretName must be a valid Secret name"))]
+    pub secret_name: String,
+    /// Key holding the access key id. Default: `AWS_ACCESS_KEY_ID`.
+    #[serde(default = "default_access_key_key")]
+    pub access_key_id_key: String,
+    /// Key holding the secret access key. Default: `AWS_SECRET_ACCESS_KEY`.
+    #[serde(default = "default_secret_key_key")]
+    pub secret_access_key_key: String,
+}
+
+fn default_access_key_key() -> String {
+    "AWS_ACCESS_KEY_ID".into()
+}
+
+fn default_secret_key_key() -> String {
+    "AWS_SECRET_ACCESS_KEY".into()
+}
+
+/// Overrides for the session's pod.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOverrides {
+    /// Agent container image. Default: the operator's configured agent image. Changing it
+    /// replaces the pod (the session continues from its journal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("size(self) > 0 && size(self) <= 1024").message("template.image must be 1 to 1024 characters"))]
+    pub image: Option<String>,
+    /// Resource requests and limits of the agent container. Default: the operator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Node selector of the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Tolerations of the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Extra annotations on the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+/// Observed state, written by the operator (phase, conditions, pod) and by the agent
+/// (`session`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSessionStatus {
+    /// Pending, Running, Suspended, Degraded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// The metadata.generation the operator last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, PolicyResolved, ArchiveReady and friends, as metav1.Conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Name of the session's pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// In-cluster URL of the session's HTTP API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_url: Option<String>,
+    /// Hash of the effective compaction policy (built-in defaults ← policyRef ←
+    /// compaction); changes whenever the policy the agent runs with changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_hash: Option<String>,
+    /// Live counters reported by the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionStats>,
+}
+
+/// Lifecycle phase of a session.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Pending,
+    Running,
+    Suspended,
+    Degraded,
+    Failed,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Suspended => "Suspended",
+            Self::Degraded => "Degraded",
+            Self::Failed => "Failed",
+        }
+    }
+}
+
+/// Counters the agent reports about its session.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionStats {
+    /// Completed turns.
+    #[serde(default)]
+    pub turns: u64,
+    /// Messages currently in the history.
+    #[serde(default)]
+    pub messages: u64,
+    /// Weight of the current history in bytes (content, tool calls, images, system parts).
+    #[serde(default)]
+    pub history_bytes: u64,
+    /// Estimated tokens of the current history.
+    #[serde(default)]
+    pub context_tokens: u64,
+    /// contextTokens / contextWindow, between 0 and 1.
+    #[serde(default)]
+    pub utilization: f64,
+    /// Request-size cap learned from a payload rejection, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned_payload_cap: Option<u64>,
+    /// Compactions run (all levels).
+    #[serde(default)]
+    pub compactions: u64,
+    /// Level-3 (emergency truncation) compactions run.
+    #[serde(default)]
+    pub level3_compactions: u64,
+    /// Recovery attempts run after classified failures.
+    #[serde(default)]
+    pub recoveries: u64,
+    /// The most recent recovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_recovery: Option<LastRecovery>,
+    /// Archive usage of the session.
+    #[serde(default)]
+    pub archive: ArchiveStats,
+    /// Token usage reported by the provider.
+    #[serde(default)]
+    pub tokens: TokenStats,
+}
+
+/// The most recent recovery of a session.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LastRecovery {
+    /// When it happened (RFC 3339).
+    pub at: String,
+    /// The classified failure: ContextOverflow, PayloadTooLarge, ProxyRejection or
+    /// SuspectedPayload.
+    pub trigger: String,
+    /// Ladder level reached (1 to 3).
+    pub level: u32,
+    /// Recovered or Failed.
+    pub outcome: String,
+}
+
+/// Archive usage.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveStats {
+    /// Objects archived by this session.
+    #[serde(default)]
+    pub objects: u64,
+    /// Bytes archived by this session.
+    #[serde(default)]
+    pub bytes: u64,
+}
+
+/// Token usage.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenStats {
+    /// Input tokens billed.
+    #[serde(default)]
+    pub input: u64,
+    /// Output tokens billed.
+    #[serde(default)]
+    pub output: u64,
+    /// Input tokens served from the provider's prompt cache.
+    #[serde(default)]
+    pub cache_read: u64,
+}
+
+impl AgentSessionSpec {
+    /// The payload cap in bytes, if one is set.
+    pub fn payload_cap(&self) -> Result<Option<PayloadSize>, PayloadSizeError> {
+        self.payload_cap
+            .as_ref()
+            .map(PayloadSize::from_int_or_string)
+            .transpose()
+    }
+}
+
+fn payload_cap_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    // An int-or-string with a CEL rule: integers are megabytes, strings must parse. `string()`
+    // turns an integer into a bare number (megabytes), so one pattern covers both forms; it is
+    // the parser's (`payload::PAYLOAD_SIZE_PATTERN`), and an all-zero size is refused.
+    // maxLength bounds the rule's cost for the API server.
+    let pattern = crate::payload::PAYLOAD_SIZE_PATTERN.replace('\\', "\\\\");
+    let rule = format!(
+        "string(self).matches('{pattern}') && !string(self).matches('^[\\\\s0.]*[a-zA-Z]*\\\\s*$')"
+    );
+    schemars::json_schema!({
+        "description": "Request-body ceiling of the network path to the provider (a corporate proxy, a WAF, an API gateway). Requests are kept below it. A string like `5MB`, `512KB`, `2.5MB`, `1048576B`, `5Mi`, or a bare number of megabytes. K, M and G are binary units (1 KB = 1024 bytes). Optional: without it the agent learns the cap from the first rejection (3/4 of the rejected request's size).",
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 32}],
+        "x-kubernetes-validations": [{
+            "rule": rule,
+            "message": "payloadCap must be a positive size like 5MB, 512KB, 2.5MB, 1048576B, 5Mi or a bare number of megabytes"
+        }]
+    })
+}
