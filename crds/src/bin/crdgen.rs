@@ -45,11 +45,11 @@ fn main() -> ExitCode {
             drift = true;
             continue;
         }
-        if let Some(dir) = path.parent() {
-            if let Err(e) = std::fs::create_dir_all(dir) {
-                eprintln!("crdgen: cannot create {}: {e}", dir.display());
-                return ExitCode::FAILURE;
-            }
+        if let Some(dir) = path.parent()
+            && let Err(e) = std::fs::create_dir_all(dir)
+        {
+            eprintln!("crdgen: cannot create {}: {e}", dir.display());
+            return ExitCode::FAILURE;
         }
         if let Err(e) = std::fs::write(&path, content) {
             eprintln!("crdgen: cannot write {}: {e}", path.display());
