@@ -4,7 +4,7 @@
 #   etcd                                                     (go.etcd.io/etcd/server/v3, wrapper module)
 #   kwok                                                     (sigs.k8s.io/kwok)
 # Output: $CAIRN_CACHE/bin/<component>-<version>. Already-built binaries are kept, so only the
-# first run pays for the build. Prints the bin directory on success.
+# first run pays for the build. Prints one `component=path` line per binary on success.
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.37.2}"
@@ -118,7 +118,28 @@ build_kwok() {
   mv "$gobin/kwok" "$BIN/kwok-$KWOK_VERSION"
 }
 
+# kwok ships its lifecycle stages as YAML in its module; the "fast" set (nodes Ready at once,
+# pods Running as soon as they are scheduled, deleted pods removed) is concatenated into one
+# config file.
+kwok_stages() {
+  local out="$BIN/kwok-stages-$KWOK_VERSION.yaml"
+  [ -s "$out" ] && return 0
+  local dir
+  dir="$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  local s="$dir/kustomize/stage"
+  for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml \
+           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    echo "---"
+    cat "$s/$f"
+  done >"$out.tmp"
+  mv "$out.tmp" "$out"
+}
+
 build_etcd
 build_kwok
+kwok_stages
 build_kubernetes
-echo "$BIN"
+echo "kwok-stages=$BIN/kwok-stages-$KWOK_VERSION.yaml"
+echo "etcd=$BIN/etcd-$ETCD_VERSION"
+echo "kwok=$BIN/kwok-$KWOK_VERSION"
+for b in "${k8s_bins[@]}"; do echo "$b=$BIN/$b-$K8S_VERSION"; done

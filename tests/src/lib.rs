@@ -6,3 +6,5 @@ use std::path::PathBuf;
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
+
+pub mod harness;

@@ -1,0 +1,86 @@
+//! The local-cluster harness: a real control plane without Docker, a real S3-compatible
+//! server, and a process runtime for agent pods. One entry point for people
+//! (`cairn-harness`, see `tests/harness/README.md`) and a library for tests.
+
+pub mod controlplane;
+pub mod pki;
+pub mod proc;
+pub mod s3;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use controlplane::ControlPlane;
+pub use s3::S3Server;
+
+/// Everything that can go wrong while bringing the environment up, with enough context to
+/// act on (which component, its log tail).
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Setup(String),
+    #[error("{name} exited ({status}); last log lines:\n{log_tail}")]
+    Exited {
+        name: String,
+        status: String,
+        log_tail: String,
+    },
+    #[error("timed out after {after:?} waiting for {what}; component logs:\n{logs}")]
+    Timeout {
+        what: String,
+        after: Duration,
+        logs: String,
+    },
+    #[error("kubectl {args} failed: {stderr}")]
+    Kubectl { args: String, stderr: String },
+}
+
+impl HarnessError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A fresh working directory for one harness run under the cache (not /tmp, which may be
+/// small); runs older than a day are swept.
+pub fn run_dir(name: &str) -> Result<PathBuf, HarnessError> {
+    let base = std::env::var_os("CAIRN_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/cairn")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("runs");
+    std::fs::create_dir_all(&base)
+        .map_err(|e| HarnessError::io(format!("creating {}", base.display()), e))?;
+    if let Ok(entries) = std::fs::read_dir(&base) {
+        for e in entries.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(86_400));
+            if old {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let dir = base.join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| HarnessError::io(format!("creating {}", dir.display()), e))?;
+    Ok(dir)
+}
