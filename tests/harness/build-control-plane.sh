@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the local control plane from Go modules and caches the binaries by version:
-#   kube-apiserver, kube-controller-manager, kube-scheduler  (k8s.io/kubernetes, wrapper module)
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (k8s.io/kubernetes, wrapper module)
 #   etcd                                                     (go.etcd.io/etcd/server/v3, wrapper module)
 #   kwok                                                     (sigs.k8s.io/kwok)
 # Output: $CAIRN_CACHE/bin/<component>-<version>. Already-built binaries are kept, so only the
@@ -17,7 +17,9 @@ mkdir -p "$BIN" "$SRC"
 
 log() { echo "[build-control-plane] $*" >&2; }
 
-k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler)
+# kubectl too: the machine's kubectl may be older than the skew policy allows (an old
+# `kubectl explain` cannot render the descriptions of a current API server's OpenAPI v3).
+k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 build_kubernetes() {
   local missing=0
@@ -55,6 +57,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 EOF
   (cd "$dir" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true)

@@ -21,6 +21,7 @@ pub struct Binaries {
     pub kube_apiserver: PathBuf,
     pub kube_controller_manager: PathBuf,
     pub kube_scheduler: PathBuf,
+    pub kubectl: PathBuf,
 }
 
 impl Binaries {
@@ -54,6 +55,7 @@ impl Binaries {
             kube_apiserver: get("kube-apiserver")?,
             kube_controller_manager: get("kube-controller-manager")?,
             kube_scheduler: get("kube-scheduler")?,
+            kubectl: get("kubectl")?,
         })
     }
 }
@@ -67,6 +69,8 @@ pub struct ControlPlane {
     pub kubeconfig: PathBuf,
     pub server: String,
     pub pki: Pki,
+    /// kubectl of the same version as the API server.
+    pub kubectl: PathBuf,
     // Stopped in reverse start order by `Drop` of the Vec (drop order is front to back,
     // so `stop` handles the order explicitly).
     procs: Vec<Proc>,
@@ -141,17 +145,18 @@ impl ControlPlane {
             kubeconfig,
             server,
             pki,
+            kubectl: bins.kubectl.clone(),
             procs,
         };
         {
-            let kc = cp.kubeconfig.clone();
+            let (k, kc) = (cp.kubectl.clone(), cp.kubeconfig.clone());
             let mut refs: Vec<&mut Proc> = cp.procs.iter_mut().collect();
             wait_until(
                 "kube-apiserver /readyz",
                 Duration::from_secs(90),
                 &mut refs,
                 || {
-                    kubectl_output(&kc, &["get", "--raw", "/readyz"])
+                    kubectl_output(&k, &kc, &["get", "--raw", "/readyz"])
                         .is_ok_and(|o| o.status.success())
                 },
             )?;
@@ -215,15 +220,19 @@ impl ControlPlane {
         cp.procs
             .push(Proc::spawn("kwok", kwok, &logs.join("kwok.log"))?);
 
-        let kc = cp.kubeconfig.clone();
+        let (k, kc) = (cp.kubectl.clone(), cp.kubeconfig.clone());
         let mut refs: Vec<&mut Proc> = cp.procs.iter_mut().collect();
         wait_until(
             "the default ServiceAccount (controller-manager up)",
             Duration::from_secs(90),
             &mut refs,
             || {
-                kubectl_output(&kc, &["get", "serviceaccount", "default", "-n", "default"])
-                    .is_ok_and(|o| o.status.success())
+                kubectl_output(
+                    &k,
+                    &kc,
+                    &["get", "serviceaccount", "default", "-n", "default"],
+                )
+                .is_ok_and(|o| o.status.success())
             },
         )?;
         wait_until(
@@ -232,6 +241,7 @@ impl ControlPlane {
             &mut refs,
             || {
                 kubectl_output(
+                    &k,
                     &kc,
                     &[
                         "get",
@@ -249,7 +259,7 @@ impl ControlPlane {
 
     /// `kubectl` against this cluster as cluster-admin.
     pub fn kubectl(&self, args: &[&str]) -> Result<Output, HarnessError> {
-        kubectl_output(&self.kubeconfig, args)
+        kubectl_output(&self.kubectl, &self.kubeconfig, args)
     }
 
     /// `kubectl` that must succeed; returns stdout.
@@ -267,6 +277,7 @@ impl ControlPlane {
     /// `kubectl apply --server-side -f -` with `yaml` on stdin.
     pub fn apply_yaml(&self, yaml: &str) -> Result<String, HarnessError> {
         kubectl_stdin(
+            &self.kubectl,
             &self.kubeconfig,
             &["apply", "--server-side", "--force-conflicts", "-f", "-"],
             yaml,
@@ -275,7 +286,7 @@ impl ControlPlane {
 
     /// `kubectl <args> -f -` with `yaml` on stdin, returning the whole output even on failure.
     pub fn kubectl_with_stdin(&self, args: &[&str], yaml: &str) -> Result<Output, HarnessError> {
-        kubectl_stdin_output(&self.kubeconfig, args, yaml)
+        kubectl_stdin_output(&self.kubectl, &self.kubeconfig, args, yaml)
     }
 
     /// PIDs of every component (for leak checks).
@@ -339,8 +350,12 @@ status:
     )
 }
 
-pub(crate) fn kubectl_output(kubeconfig: &Path, args: &[&str]) -> Result<Output, HarnessError> {
-    Command::new("kubectl")
+pub(crate) fn kubectl_output(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+) -> Result<Output, HarnessError> {
+    Command::new(kubectl)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg("--request-timeout=30s")
         .args(args)
@@ -349,12 +364,13 @@ pub(crate) fn kubectl_output(kubeconfig: &Path, args: &[&str]) -> Result<Output,
 }
 
 fn kubectl_stdin_output(
+    kubectl: &Path,
     kubeconfig: &Path,
     args: &[&str],
     input: &str,
 ) -> Result<Output, HarnessError> {
     use std::io::Write;
-    let mut child = Command::new("kubectl")
+    let mut child = Command::new(kubectl)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg("--request-timeout=30s")
         .args(args)
@@ -373,8 +389,13 @@ fn kubectl_stdin_output(
         .map_err(|e| HarnessError::io("waiting for kubectl", e))
 }
 
-fn kubectl_stdin(kubeconfig: &Path, args: &[&str], input: &str) -> Result<String, HarnessError> {
-    let out = kubectl_stdin_output(kubeconfig, args, input)?;
+fn kubectl_stdin(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+    input: &str,
+) -> Result<String, HarnessError> {
+    let out = kubectl_stdin_output(kubectl, kubeconfig, args, input)?;
     if !out.status.success() {
         return Err(HarnessError::Kubectl {
             args: args.join(" "),

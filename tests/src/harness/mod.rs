@@ -84,3 +84,19 @@ pub fn run_dir(name: &str) -> Result<PathBuf, HarnessError> {
         .map_err(|e| HarnessError::io(format!("creating {}", dir.display()), e))?;
     Ok(dir)
 }
+
+/// One control plane per test binary, started on first use and stopped when the binary exits
+/// (see `proc`: components die with the process). Each test works in its own namespace.
+pub fn shared_cluster() -> &'static ControlPlane {
+    static CLUSTER: std::sync::OnceLock<ControlPlane> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let dir = match run_dir("cluster") {
+            Ok(d) => d,
+            Err(e) => panic!("harness: {e}"),
+        };
+        match ControlPlane::start(&dir) {
+            Ok(cp) => cp,
+            Err(e) => panic!("harness: the control plane did not come up: {e}"),
+        }
+    })
+}
