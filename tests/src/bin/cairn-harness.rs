@@ -1,17 +1,21 @@
 //! `cairn-harness`: bring the local environment up for people and scripts.
 //!
-//!   cairn-harness up [--env-file FILE] [--crds]
+//!   cairn-harness up [--env-file FILE] [--crds] [--bin-dir DIR]
 //!
-//! Starts the control plane (and an S3 server), writes an env file (KUBECONFIG, KUBECTL,
-//! CAIRN_S3_ENDPOINT, ... and the PIDs of every component) and stays in the foreground until
-//! SIGINT/SIGTERM, then stops everything. Killing it with SIGKILL stops everything too.
+//! Starts the control plane, an S3 server and the pod runtime (cairn's images run as the
+//! binaries in DIR, default: the Cargo target directory's `debug/`), writes an env file
+//! (KUBECONFIG, KUBECTL, HELM, CAIRN_S3_ENDPOINT, CAIRN_PODS — the runtime's `pods.json` —
+//! and the PIDs of every component) and stays in the foreground until SIGINT/SIGTERM, then
+//! stops everything. Killing it with SIGKILL stops everything too.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cairn_tests::harness::{ControlPlane, HarnessError, S3Server, run_dir, s3};
+use cairn_tests::harness::{
+    ControlPlane, HarnessError, PodRuntime, S3Server, helm, run_dir, runtime, s3,
+};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -31,7 +35,13 @@ fn main() -> ExitCode {
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from);
     let crds = args.iter().any(|a| a == "--crds");
-    match up(env_file, crds) {
+    let bin_dir = args
+        .iter()
+        .position(|a| a == "--bin-dir")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from)
+        .unwrap_or_else(default_bin_dir);
+    match up(env_file, crds, &bin_dir) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cairn-harness: {e}");
@@ -40,7 +50,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn up(env_file: Option<PathBuf>, crds: bool) -> Result<(), HarnessError> {
+/// The directory this binary was built into (cairn's other binaries sit beside it).
+fn default_bin_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("target/debug"))
+}
+
+fn up(
+    env_file: Option<PathBuf>,
+    crds: bool,
+    bin_dir: &std::path::Path,
+) -> Result<(), HarnessError> {
     // SAFETY: installing a handler that only stores to an atomic.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -54,10 +76,14 @@ fn up(env_file: Option<PathBuf>, crds: bool) -> Result<(), HarnessError> {
         let yaml = cairn_crds::crds_yaml().map_err(|e| HarnessError::Setup(e.to_string()))?;
         cp.apply_yaml(&yaml)?;
     }
+    let helm = helm()?;
+    let pods = PodRuntime::start(&cp, runtime::cairn_images(bin_dir), "")?;
     let mut env = format!(
-        "KUBECONFIG={}\nKUBECTL={}\nCAIRN_HARNESS_DIR={}\nCAIRN_S3_ENDPOINT={}\nCAIRN_S3_BUCKET=cairn\nCAIRN_S3_REGION={}\nAWS_ACCESS_KEY_ID={}\nAWS_SECRET_ACCESS_KEY={}\n",
+        "KUBECONFIG={}\nKUBECTL={}\nHELM={}\nCAIRN_PODS={}\nCAIRN_HARNESS_DIR={}\nCAIRN_S3_ENDPOINT={}\nCAIRN_S3_BUCKET=cairn\nCAIRN_S3_REGION={}\nAWS_ACCESS_KEY_ID={}\nAWS_SECRET_ACCESS_KEY={}\n",
         cp.kubeconfig.display(),
         cp.kubectl.display(),
+        helm.display(),
+        dir.join("pods/pods.json").display(),
         dir.display(),
         s3.endpoint,
         s3::REGION,
@@ -87,6 +113,7 @@ fn up(env_file: Option<PathBuf>, crds: bool) -> Result<(), HarnessError> {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     eprintln!("cairn-harness: stopping");
+    drop(pods);
     drop(s3);
     drop(cp);
     if let Some(path) = env_file {

@@ -104,6 +104,7 @@ impl PodRuntime {
                         {
                             i.errors.push(e.to_string());
                         }
+                        write_state(&ctx.dir.join("pods.json"), &inner);
                         std::thread::sleep(Duration::from_millis(300));
                     }
                 })
@@ -174,6 +175,28 @@ impl Drop for PodRuntime {
                 proc.stop(Duration::from_secs(5));
             }
         }
+    }
+}
+
+/// `pods.json` in the runtime directory: what runs where, for people and scripts
+/// (`cairn-harness up` points to it). Written atomically.
+fn write_state(path: &Path, inner: &Mutex<Inner>) {
+    let Ok(i) = inner.lock() else { return };
+    let pods: Vec<Value> = i
+        .pods
+        .values()
+        .map(|(p, _)| {
+            serde_json::json!({
+                "namespace": p.namespace, "name": p.name, "uid": p.uid, "pid": p.pid,
+                "ports": p.ports, "log": p.log, "root": p.root,
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({"pods": pods, "errors": i.errors});
+    drop(i);
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, doc.to_string()).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
     }
 }
 
