@@ -294,21 +294,30 @@ fn start_pod(ctx: &Ctx, pod: &Value) -> Result<(RunningPod, Proc), HarnessError>
         .join(format!("{namespace}_{name}_{}", &uid[..uid.len().min(8)]));
     std::fs::create_dir_all(&root).map_err(|e| HarnessError::io("creating a pod directory", e))?;
 
-    // Program and arguments.
+    // Program and arguments. An image cairn knows maps to a local binary: it replaces the
+    // image's entrypoint, and a `command` naming that binary (`cairn-agent`) too.
+    let image = s(&container["image"]);
+    let mapped = ctx.images.get(image_repository(&image));
     let mut argv: Vec<String> = container["command"]
         .as_array()
         .map(|a| a.iter().map(s).collect())
         .unwrap_or_default();
-    if argv.is_empty() {
-        let image = s(&container["image"]);
-        let repo = image_repository(&image);
-        let bin = ctx.images.get(repo).ok_or_else(|| {
-            HarnessError::Setup(format!(
+    match (mapped, argv.first()) {
+        (Some(bin), Some(cmd))
+            if bin
+                .file_name()
+                .is_some_and(|f| Path::new(cmd).file_name() == Some(f)) =>
+        {
+            argv[0] = bin.to_string_lossy().into_owned();
+        }
+        (Some(bin), None) => argv.push(bin.to_string_lossy().into_owned()),
+        (None, None) => {
+            return Err(HarnessError::Setup(format!(
                 "no local binary for image {image} (known: {:?})",
                 ctx.images.keys()
-            ))
-        })?;
-        argv.push(bin.to_string_lossy().into_owned());
+            )));
+        }
+        _ => {}
     }
     argv.extend(
         container["args"]
@@ -325,7 +334,13 @@ fn start_pod(ctx: &Ctx, pod: &Value) -> Result<(RunningPod, Proc), HarnessError>
         .map(Vec::as_slice)
         .unwrap_or_default()
     {
-        let dir = root.join("volumes").join(s(&m["name"]));
+        let mut dir = root.join("volumes").join(s(&m["name"]));
+        if let Some(sub) = m["subPath"]
+            .as_str()
+            .filter(|p| !p.is_empty() && !p.contains(".."))
+        {
+            dir = dir.join(sub);
+        }
         std::fs::create_dir_all(&dir)
             .map_err(|e| HarnessError::io("creating a volume directory", e))?;
         mounts.push((s(&m["mountPath"]), dir));
