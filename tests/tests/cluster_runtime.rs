@@ -1,5 +1,5 @@
 //! The pod runtime: a Running pod becomes a local process with the pod's env (literal,
-//! Secret, ConfigMap, fieldRef), its volumes, rewritten listen ports, and the identity of its
+//! Secret, ConfigMap, fieldRef), its volumes (ConfigMap volumes filled), rewritten listen ports, and the identity of its
 //! own ServiceAccount (real RBAC: it can do what its Role allows and nothing else); deleting
 //! the pod stops the process.
 
@@ -28,6 +28,11 @@ apiVersion: v1
 kind: Secret
 metadata: {{name: other, namespace: {ns}}}
 stringData: {{token: not-yours}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: prompts, namespace: {ns}}}
+data: {{reviewer: "You review code."}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -62,19 +67,23 @@ spec:
       "$KUBECTL" auth whoami -o jsonpath='{{.status.userInfo.username}}' > "$OUT.whoami"
       "$KUBECTL" get secret creds -o jsonpath='{{.data.token}}' > "$OUT.own" 2>&1
       "$KUBECTL" get secret other > "$OUT.other" 2>&1
+      cat "$PROMPT_FILE" > "$OUT.prompt"
       echo done > "$OUT.done"
       exec sleep 600
     env:
     - {{name: KUBECTL, value: "{kubectl}"}}
     - {{name: OUT, value: /data/out}}
+    - {{name: PROMPT_FILE, value: /etc/prompt/system-prompt}}
     - name: TOKEN
       valueFrom: {{secretKeyRef: {{name: creds, key: token}}}}
     - name: POD
       valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}
     - name: NS
       valueFrom: {{fieldRef: {{fieldPath: metadata.namespace}}}}
-    volumeMounts: [{{name: data, mountPath: /data}}]
-  volumes: [{{name: data, emptyDir: {{}}}}]
+    volumeMounts: [{{name: data, mountPath: /data}}, {{name: prompt, mountPath: /etc/prompt, readOnly: true}}]
+  volumes:
+  - {{name: data, emptyDir: {{}}}}
+  - {{name: prompt, configMap: {{name: prompts, items: [{{key: reviewer, path: system-prompt}}]}}}}
 "#
     );
     let runtime = PodRuntime::start(cp, ImageMap::new(), "cairn.dev/runtime-test=yes")

@@ -327,7 +327,52 @@ fn start_pod(ctx: &Ctx, pod: &Value) -> Result<(RunningPod, Proc), HarnessError>
     );
     let (argv, ports) = rewrite_listen_flags(argv)?;
 
-    // Volumes: one directory per mount.
+    // Volumes: one directory per mount; ConfigMap and Secret volumes are filled with their
+    // keys (or their `items`) as files, as the kubelet does.
+    for v in pod["spec"]["volumes"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let (kind, source, b64) = if let Some(src) = v.get("configMap") {
+            ("configmap", src, false)
+        } else if let Some(src) = v.get("secret") {
+            ("secret", src, true)
+        } else {
+            continue;
+        };
+        let obj_name = s(source
+            .get("name")
+            .or_else(|| source.get("secretName"))
+            .unwrap_or(&Value::Null));
+        let dir = root.join("volumes").join(s(&v["name"]));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| HarnessError::io("creating a volume directory", e))?;
+        let items: Vec<(String, String)> = match source["items"].as_array() {
+            Some(items) => items
+                .iter()
+                .map(|i| (s(&i["key"]), s(&i["path"])))
+                .collect(),
+            None => {
+                let obj = kubectl_json(
+                    ctx,
+                    &["get", kind, &obj_name, "-n", &namespace, "-o", "json"],
+                )?;
+                obj["data"]
+                    .as_object()
+                    .map(|m| m.keys().map(|k| (k.clone(), k.clone())).collect())
+                    .unwrap_or_default()
+            }
+        };
+        for (key, path) in items {
+            if path.contains("..") {
+                continue;
+            }
+            let value = read_key(ctx, kind, &namespace, &obj_name, &key, b64)?;
+            std::fs::write(dir.join(&path), value)
+                .map_err(|e| HarnessError::io("writing a volume file", e))?;
+        }
+    }
     let mut mounts: Vec<(String, PathBuf)> = Vec::new();
     for m in container["volumeMounts"]
         .as_array()
