@@ -43,6 +43,8 @@ pub enum DecodeError {
     TooLarge(usize),
     #[error("invalid event stream: {0}")]
     Stream(String),
+    #[error("the connection broke while reading the reply: {0}")]
+    Interrupted(String),
 }
 
 impl DecodeError {
@@ -58,6 +60,7 @@ impl DecodeError {
             Self::Stalled(_) => "stream_stalled",
             Self::TooLarge(_) => "too_large",
             Self::Stream(_) => "bad_event_stream",
+            Self::Interrupted(_) => "body_interrupted",
         }
     }
 
@@ -424,7 +427,7 @@ impl HttpClient {
     ) -> Result<Option<Bytes>, DecodeError> {
         match tokio::time::timeout(self.options.idle_timeout, response.chunk()).await {
             Err(_) => Err(DecodeError::Stalled(self.options.idle_timeout)),
-            Ok(Err(e)) => Err(DecodeError::Stream(describe_reqwest(e))),
+            Ok(Err(e)) => Err(DecodeError::Interrupted(describe_reqwest(e))),
             Ok(Ok(c)) => Ok(c),
         }
     }

@@ -17,6 +17,7 @@
 //! `/v1beta/models/{model}:generateContent`, `/v1beta/models/{model}:streamGenerateContent`,
 //! `/model/{id}/converse`. Bedrock's `converse-stream` (binary event-stream) is not simulated.
 
+pub mod nginx;
 pub mod script;
 pub mod wire;
 
@@ -481,7 +482,9 @@ fn respond(r: Rendered, fault: Option<Fault>) -> Response {
         Some(Fault::Reset) => {
             frames.truncate(half);
             let head = futures::stream::iter(frames.into_iter().map(Ok));
+            // The pause lets the head and first half reach the client before the cut.
             let cut = futures::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 Err(std::io::Error::new(
                     std::io::ErrorKind::ConnectionReset,
                     "simulated reset",
