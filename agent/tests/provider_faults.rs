@@ -293,3 +293,46 @@ async fn a_json_403_from_the_provider_stays_json() {
     let body: serde_json::Value = serde_json::from_str(&e.body).unwrap();
     assert_eq!(body["error"]["type"], "permission_error");
 }
+
+#[tokio::test]
+async fn a_stream_request_answered_with_one_json_body_still_decodes() {
+    let sim = Sim::start().await.unwrap();
+    for kind in STREAMING {
+        sim.push_reply(ScriptedReply::text("not streamed after all"));
+        let options = ClientOptions {
+            extra_headers: vec![("x-sim-ignore-stream".into(), "1".into())],
+            ..retrying()
+        };
+        let r = client(&sim, kind, options)
+            .send(&request(true))
+            .await
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        assert_eq!(r.message.content, "not streamed after all", "{kind:?}");
+        assert!(!sim.requests().last().unwrap().stream);
+    }
+}
+
+#[tokio::test]
+async fn per_request_fault_header_and_extra_headers_reach_the_server() {
+    let sim = Sim::start().await.unwrap();
+    let options = ClientOptions {
+        extra_headers: vec![("x-sim-fault".into(), "503".into())],
+        retry: RetryPolicy::none(),
+        ..ClientOptions::default()
+    };
+    let e = client(&sim, ProviderKind::OpenaiResponses, options)
+        .send(&request(false))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status, Some(503));
+    assert_eq!(e.label(), "http_5xx");
+    let options = ClientOptions {
+        extra_headers: vec![("bad header".into(), "x".into())],
+        ..ClientOptions::default()
+    };
+    let e = client(&sim, ProviderKind::Openai, options)
+        .send(&request(false))
+        .await
+        .unwrap_err();
+    assert!(e.transport.unwrap().contains("not a valid HTTP header"));
+}

@@ -356,6 +356,10 @@ impl StreamState for MessageStream {
         Ok(false)
     }
 
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {
+        decode_reply(bytes)
+    }
+
     fn finish(mut self, saw_terminal: bool) -> Result<Reply, DecodeError> {
         if !saw_terminal {
             return Err(DecodeError::Incomplete("message_stop"));

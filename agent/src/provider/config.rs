@@ -120,6 +120,9 @@ pub struct ClientOptions {
     pub retry: RetryPolicy,
     /// Cancels every in-flight call of this client when fired.
     pub cancel: Option<CancellationToken>,
+    /// Headers added to every request (gateways, OpenRouter's attribution headers). Their
+    /// values are treated as sensitive and never logged.
+    pub extra_headers: Vec<(String, String)>,
 }
 
 impl Default for ClientOptions {
@@ -130,6 +133,7 @@ impl Default for ClientOptions {
             idle_timeout: Duration::from_secs(120),
             retry: RetryPolicy::default(),
             cancel: None,
+            extra_headers: Vec::new(),
         }
     }
 }

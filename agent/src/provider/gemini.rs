@@ -336,6 +336,10 @@ impl StreamState for ChunkStream {
         Ok(false)
     }
 
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {
+        decode_reply(bytes)
+    }
+
     fn finish(self, _saw_terminal: bool) -> Result<Reply, DecodeError> {
         if !self.finished {
             return Err(DecodeError::Incomplete("a chunk with finishReason"));

@@ -139,6 +139,9 @@ pub(crate) trait StreamState: Send {
     fn on_event(&mut self, event: &SseEvent) -> Result<bool, DecodeError>;
     /// The reply once the stream ended; an error when it ended too early.
     fn finish(self, saw_terminal: bool) -> Result<Reply, DecodeError>;
+    /// Decodes a whole JSON reply, for servers that answer a stream request without
+    /// streaming.
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError>;
 }
 
 /// Runs a whole event stream held in memory through `state` (tests and fuzzing).
@@ -252,6 +255,15 @@ impl HttpClient {
                 let bytes = self.read_all(response).await.unwrap_or_default();
                 return Err(fail(DecodeError::Html, &bytes));
             }
+            if ct.as_deref().is_some_and(|c| c.contains("json")) {
+                let bytes = match self.read_all(response).await {
+                    Ok(b) => b,
+                    Err((e, partial)) => return Err(fail(e, &partial)),
+                };
+                return S::whole(&bytes)
+                    .map(|r| r.into_response(request_bytes))
+                    .map_err(|e| fail(e, &bytes));
+            }
             while !done {
                 let chunk = match self.next_chunk(&mut response).await {
                     Ok(Some(c)) => c,
@@ -345,8 +357,25 @@ impl HttpClient {
         body: Bytes,
     ) -> Result<Success, ProviderError> {
         let request_bytes = body.len() as u64;
-        let hdrs = headers(&body)
+        let mut hdrs = headers(&body)
             .map_err(|e| ProviderError::transport(&self.provider, e, request_bytes))?;
+        for (k, v) in &self.options.extra_headers {
+            let name = reqwest::header::HeaderName::from_bytes(k.as_bytes());
+            let value = reqwest::header::HeaderValue::from_str(v);
+            match (name, value) {
+                (Ok(name), Ok(mut value)) => {
+                    value.set_sensitive(true);
+                    hdrs.insert(name, value);
+                }
+                _ => {
+                    return Err(ProviderError::transport(
+                        &self.provider,
+                        format!("extra header {k:?} is not a valid HTTP header"),
+                        request_bytes,
+                    ));
+                }
+            }
+        }
         let request = self
             .client
             .post(url)

@@ -392,6 +392,10 @@ impl StreamState for ChatStream {
         Ok(false)
     }
 
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {
+        decode_reply(bytes)
+    }
+
     fn finish(mut self, saw_terminal: bool) -> Result<Reply, DecodeError> {
         if !self.finished {
             return Err(DecodeError::Incomplete(if saw_terminal {

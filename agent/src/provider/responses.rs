@@ -275,6 +275,10 @@ impl StreamState for ResponseStream {
         }
     }
 
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {
+        decode_reply(bytes)
+    }
+
     fn finish(self, _saw_terminal: bool) -> Result<Reply, DecodeError> {
         self.done
             .ok_or(DecodeError::Incomplete("response.completed"))

@@ -11,6 +11,8 @@
 //!   `max_tokens`.
 //! - Faults ([`Fault`]) are queued (`POST /_sim/script`, [`Sim::push_fault`]) or set per
 //!   request with the `x-sim-fault` header.
+//! - The `x-sim-ignore-stream` request header makes a stream request get one JSON body, as
+//!   some OpenAI-compatible servers answer.
 //! - Every request is recorded (`GET /_sim/requests?contains=TEXT`, [`Sim::requests`]).
 //!
 //! Routes: `POST /v1/chat/completions`, `/v1/responses`, `/v1/messages`,
@@ -338,10 +340,16 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(Fault::parse_header);
     let parsed_json = serde_json::from_slice::<Value>(&body);
+    let ignore_stream = headers.contains_key("x-sim-ignore-stream");
     let parsed = parsed_json
         .as_ref()
         .map_err(|e| format!("invalid JSON body: {e}"))
-        .and_then(|v| wire::parse(wire, v, path_model.as_deref(), stream_path));
+        .and_then(|v| wire::parse(wire, v, path_model.as_deref(), stream_path))
+        .map(|mut p| {
+            // Some OpenAI-compatible servers answer a stream request with one JSON body.
+            p.stream &= !ignore_stream;
+            p
+        });
     let estimated_tokens = (body.len() as u64).div_ceil(4);
     let (seq, fault, window, reply) = {
         let mut s = lock(&state);
