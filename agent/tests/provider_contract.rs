@@ -292,3 +292,32 @@ async fn overflow_is_the_providers_own_error_with_the_request_size() {
         }
     }
 }
+
+#[tokio::test]
+async fn images_travel_in_each_providers_native_shape() {
+    use cairn_agent::history::Image;
+    let sim = Sim::start().await.unwrap();
+    for kind in KINDS {
+        let mut m = Message::user("what is this?");
+        m.images.push(Image {
+            media_type: "image/png".into(),
+            data: "iVBORw0KGgoAAAANSUhEUg==".into(),
+        });
+        client(&sim, kind)
+            .send(&request(kind, vec![m], false))
+            .await
+            .unwrap();
+        let seen = sim.requests().pop().unwrap();
+        assert!(seen.contains("iVBORw0KGgoAAAANSUhEUg=="), "{kind:?}");
+        let shape = match kind {
+            ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
+                "\"url\":\"data:image/png;base64,iVBORw0KGgoAAAANSUhEUg==\""
+            }
+            ProviderKind::OpenaiResponses => "\"type\":\"input_image\"",
+            ProviderKind::Anthropic => "\"media_type\":\"image/png\"",
+            ProviderKind::Gemini => "\"inlineData\"",
+            ProviderKind::Bedrock => "\"format\":\"png\"",
+        };
+        assert!(seen.contains(shape), "{kind:?}: {}", seen.body);
+    }
+}

@@ -271,6 +271,34 @@ mod tests {
     }
 
     #[test]
+    fn provider_debug_output_redacts_keys() {
+        let o = ClientOptions::default;
+        let key = || Secret::new("sk-very-secret");
+        let shown = [
+            format!(
+                "{:?}",
+                OpenAiChat::new("openai", "http://h/v1", Some(key()), false, o()).unwrap()
+            ),
+            format!(
+                "{:?}",
+                OpenAiResponses::new("http://h/v1", key(), o()).unwrap()
+            ),
+            format!("{:?}", Anthropic::new("http://h", key(), o()).unwrap()),
+            format!("{:?}", Gemini::new("http://h", key(), o()).unwrap()),
+            format!(
+                "{:?}",
+                Bedrock::new("http://h", "us-east-1", BedrockAuth::ApiKey(key()), o()).unwrap()
+            ),
+        ];
+        for s in shown {
+            assert!(
+                !s.contains("sk-very-secret") && s.contains("redacted"),
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
     fn env_lookup_follows_each_providers_convention() {
         let env = |n: &str| match n {
             "ANTHROPIC_API_KEY" => Some("a".to_string()),

@@ -1,6 +1,7 @@
 //! Google Gemini `generateContent` and `streamGenerateContent?alt=sse`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -219,6 +220,13 @@ struct WireUsage {
     cached_content_token_count: u64,
 }
 
+/// Gemini's calls often carry no id; results are matched to calls by id across the whole
+/// history, so generated ids must not repeat within the process.
+fn next_call_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("gemini-call-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
 fn stop_reason(s: &str) -> StopReason {
     match s {
         "STOP" => StopReason::End,
@@ -264,7 +272,7 @@ fn apply(reply: &mut Reply, r: WireResponse, first: bool) -> Result<bool, Decode
                 .get("id")
                 .and_then(Value::as_str)
                 .map(str::to_string)
-                .unwrap_or_else(|| format!("gemini-call-{}", reply.calls.len()));
+                .unwrap_or_else(next_call_id);
             reply.calls.push(ToolCall {
                 id,
                 name: name.to_string(),

@@ -27,6 +27,9 @@ pub struct SseDecoder {
     data: Vec<String>,
     has_data: bool,
     max_line: usize,
+    /// Bytes of `buf` already known to hold no newline: a long line arriving in many chunks
+    /// is scanned once, not once per chunk.
+    scanned: usize,
 }
 
 impl Default for SseDecoder {
@@ -43,6 +46,7 @@ impl SseDecoder {
             data: Vec::new(),
             has_data: false,
             max_line,
+            scanned: 0,
         }
     }
 
@@ -51,19 +55,22 @@ impl SseDecoder {
         self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
         let mut start = 0;
-        while let Some(pos) = self.buf[start..].iter().position(|&b| b == b'\n') {
-            let end = start + pos;
+        let mut from = self.scanned;
+        while let Some(i) = self.buf[from..].iter().position(|&b| b == b'\n') {
+            let end = from + i;
             let mut line = &self.buf[start..end];
             if line.last() == Some(&b'\r') {
                 line = &line[..line.len() - 1];
             }
             let line = String::from_utf8_lossy(line).into_owned();
             start = end + 1;
+            from = start;
             if let Some(ev) = self.line(&line) {
                 out.push(ev);
             }
         }
         self.buf.drain(..start);
+        self.scanned = self.buf.len();
         if self.buf.len() > self.max_line {
             return Err(SseError::LineTooLong(self.max_line));
         }
@@ -74,6 +81,7 @@ impl SseDecoder {
     pub fn finish(&mut self) -> Option<SseEvent> {
         if !self.buf.is_empty() {
             let rest = std::mem::take(&mut self.buf);
+            self.scanned = 0;
             let line = String::from_utf8_lossy(&rest).into_owned();
             if let Some(ev) = self.line(line.trim_end_matches('\r')) {
                 return Some(ev);
