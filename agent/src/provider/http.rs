@@ -305,13 +305,42 @@ impl HttpClient {
     where
         F: Future<Output = Result<ChatResponse, ProviderError>>,
     {
-        match &self.options.cancel {
-            Some(token) => tokio::select! {
-                r = work => r,
-                () = token.cancelled() => Err(ProviderError::transport(&self.provider, "cancelled", request_bytes)),
+        let span = tracing::info_span!("provider_call", provider = %self.provider, request_bytes);
+        let started = std::time::Instant::now();
+        let result = tracing::Instrument::instrument(
+            async {
+                match &self.options.cancel {
+                    Some(token) => tokio::select! {
+                        r = work => r,
+                        () = token.cancelled() => Err(ProviderError::transport(
+                            &self.provider, "cancelled", request_bytes)),
+                    },
+                    None => work.await,
+                }
             },
-            None => work.await,
+            span,
+        )
+        .await;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        match &result {
+            Ok(r) => tracing::debug!(
+                provider = %self.provider,
+                request_bytes,
+                elapsed_ms,
+                input_tokens = r.usage.input_tokens,
+                output_tokens = r.usage.output_tokens,
+                "provider call succeeded"
+            ),
+            Err(e) => tracing::debug!(
+                provider = %self.provider,
+                request_bytes,
+                elapsed_ms,
+                status = ?e.status,
+                label = e.label(),
+                "provider call failed"
+            ),
         }
+        result
     }
 
     /// Sends with retries; returns the first 2xx answer or the last error.
