@@ -40,6 +40,7 @@ fn streams(c: &mut Criterion) {
         ),
         ("anthropic", Wire::Anthropic, decode::anthropic_stream),
         ("gemini", Wire::Gemini, decode::gemini_stream),
+        ("bedrock", Wire::Bedrock, decode::bedrock_stream),
     ] {
         let bytes = render_reply(wire, &turn, true, true).frames.concat();
         group.throughput(Throughput::Bytes(bytes.len() as u64));

@@ -110,12 +110,15 @@ async fn plain_turn_with_usage_and_exact_request_size() {
             assert!(r.usage.output_tokens > 0, "{kind:?}");
             assert_eq!(r.usage.cache_read_tokens, 3, "{kind:?} stream={stream}");
             assert!(seen.contains("be brief") && seen.contains("hi there"));
-            let streamed = seen.stream;
-            assert_eq!(
-                streamed,
-                stream && kind != ProviderKind::Bedrock,
-                "{kind:?}: Bedrock sends non-streaming Converse"
-            );
+            assert_eq!(seen.stream, stream, "{kind:?}");
+            if kind == ProviderKind::Bedrock {
+                let op = if stream {
+                    "converse-stream"
+                } else {
+                    "converse"
+                };
+                assert!(seen.path.ends_with(op), "{}", seen.path);
+            }
             let auth = seen.auth.as_deref();
             let expected = match kind {
                 ProviderKind::Anthropic => "x-api-key",

@@ -11,7 +11,7 @@ use serde_json::json;
 
 type Decoder = fn(&[u8]) -> Result<cairn_agent::provider::ChatResponse, decode::DecodeError>;
 
-const ALL: [Decoder; 9] = [
+const ALL: [Decoder; 10] = [
     decode::openai,
     decode::openai_stream,
     decode::responses,
@@ -21,6 +21,7 @@ const ALL: [Decoder; 9] = [
     decode::gemini,
     decode::gemini_stream,
     decode::bedrock,
+    decode::bedrock_stream,
 ];
 
 fn decoders(wire: Wire) -> (Decoder, Option<Decoder>) {
@@ -29,7 +30,7 @@ fn decoders(wire: Wire) -> (Decoder, Option<Decoder>) {
         Wire::OpenaiResponses => (decode::responses, Some(decode::responses_stream)),
         Wire::Anthropic => (decode::anthropic, Some(decode::anthropic_stream)),
         Wire::Gemini => (decode::gemini, Some(decode::gemini_stream)),
-        Wire::Bedrock => (decode::bedrock, None),
+        Wire::Bedrock => (decode::bedrock, Some(decode::bedrock_stream)),
     }
 }
 
@@ -134,6 +135,8 @@ proptest! {
         // finish chunk) so cut before the frame that completes the reply.
         let last_needed = match wire {
             Wire::OpenaiChat => frames.len() - 3,
+            // messageStop completes the reply; metadata (usage) follows it.
+            Wire::Bedrock => frames.len() - 2,
             _ => frames.len() - 1,
         };
         let bytes = frames[..last_needed].concat();

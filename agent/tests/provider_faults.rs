@@ -12,11 +12,12 @@ use cairn_crds::{ProviderKind, ProviderSpec};
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use tokio_util::sync::CancellationToken;
 
-const STREAMING: [ProviderKind; 4] = [
+const STREAMING: [ProviderKind; 5] = [
     ProviderKind::Openai,
     ProviderKind::OpenaiResponses,
     ProviderKind::Anthropic,
     ProviderKind::Gemini,
+    ProviderKind::Bedrock,
 ];
 
 fn fast_retries() -> RetryPolicy {

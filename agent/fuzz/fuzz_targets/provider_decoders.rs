@@ -15,6 +15,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = decode::gemini(data);
     let _ = decode::gemini_stream(data);
     let _ = decode::bedrock(data);
+    let _ = decode::bedrock_stream(data);
     let mut sse = cairn_agent::provider::sse::SseDecoder::new(4096);
     for chunk in data.chunks(7) {
         if sse.feed(chunk).is_err() {
@@ -22,4 +23,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = sse.finish();
+    let mut frames = cairn_agent::provider::eventstream::EventStreamDecoder::default();
+    for chunk in data.chunks(11) {
+        if frames.feed(chunk).is_err() {
+            break;
+        }
+    }
 });

@@ -1,10 +1,5 @@
-//! AWS Bedrock Converse (`POST /model/{modelId}/converse`), signed with SigV4 or a Bedrock
-//! API key.
-//!
-//! Streaming uses non-streaming Converse: `converse-stream` answers in the binary AWS
-//! event-stream encoding, and a streamed reply here is assembled in full before it is
-//! returned anyway, so a `stream: true` request is sent to `converse` and carries the same
-//! reply, usage and stop reason.
+//! AWS Bedrock Converse (`POST /model/{modelId}/converse`) and ConverseStream
+//! (`/converse-stream`, AWS event-stream framing), signed with SigV4 or a Bedrock API key.
 
 use std::time::SystemTime;
 
@@ -15,8 +10,9 @@ use serde_json::{Value, json};
 
 use super::anthropic::arguments_object;
 use super::config::{BuildError, ClientOptions, Secret};
-use super::http::{DecodeError, HeaderFn, HttpClient, Reply, parse_json};
+use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
 use super::sigv4::{PATH_SEGMENT, SigningInput, sign};
+use super::sse::SseEvent;
 use super::{ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
@@ -76,11 +72,16 @@ impl Bedrock {
 
     /// Path of the Converse call for `model` (ids and ARNs contain `:` and `/`, which the
     /// path must carry encoded).
-    fn path(&self, model: &str) -> String {
+    fn path(&self, model: &str, stream: bool) -> String {
         format!(
-            "{}/model/{}/converse",
+            "{}/model/{}/{}",
             self.base.path().trim_end_matches('/'),
-            percent_encoding::utf8_percent_encode(model, PATH_SEGMENT)
+            percent_encoding::utf8_percent_encode(model, PATH_SEGMENT),
+            if stream {
+                "converse-stream"
+            } else {
+                "converse"
+            }
         )
     }
 
@@ -182,7 +183,7 @@ impl Provider for Bedrock {
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
         let body = serde_json::to_vec(&Self::body(request))
             .map_err(|e| ProviderError::transport("bedrock", e.to_string(), 0))?;
-        let path = self.path(&request.model);
+        let path = self.path(&request.model, request.stream);
         let mut url = self.base.clone();
         url.set_path(&path);
         let host = self.host();
@@ -221,9 +222,15 @@ impl Provider for Bedrock {
             Ok(h)
         };
         let headers: HeaderFn<'_> = &headers;
-        self.http
-            .post_json(url.as_str(), headers, body, decode_reply)
-            .await
+        if request.stream {
+            self.http
+                .post_sse(url.as_str(), headers, body, ConverseStream::default())
+                .await
+        } else {
+            self.http
+                .post_json(url.as_str(), headers, body, decode_reply)
+                .await
+        }
     }
 }
 
@@ -254,6 +261,14 @@ fn stop_reason(s: &str) -> StopReason {
         "tool_use" => StopReason::ToolUse,
         "max_tokens" => StopReason::MaxTokens,
         _ => StopReason::Other,
+    }
+}
+
+fn usage(u: WireUsage) -> Usage {
+    Usage {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cache_read_tokens: u.cache_read_input_tokens,
     }
 }
 
@@ -292,11 +307,7 @@ fn decode_reply(bytes: &[u8]) -> Result<Reply, DecodeError> {
         }
     }
     if let Some(u) = r.usage {
-        reply.usage = Usage {
-            input_tokens: u.input_tokens,
-            output_tokens: u.output_tokens,
-            cache_read_tokens: u.cache_read_input_tokens,
-        };
+        reply.usage = usage(u);
     }
     Ok(reply)
 }
@@ -304,6 +315,110 @@ fn decode_reply(bytes: &[u8]) -> Result<Reply, DecodeError> {
 /// Decodes a Converse body.
 pub fn decode_response(bytes: &[u8]) -> Result<ChatResponse, DecodeError> {
     decode_reply(bytes).map(|r| r.into_response(0))
+}
+
+/// Decodes a complete ConverseStream body (AWS event-stream frames).
+pub fn decode_stream(bytes: &[u8]) -> Result<ChatResponse, DecodeError> {
+    super::http::decode_sse_bytes(bytes, ConverseStream::default()).map(|r| r.into_response(0))
+}
+
+/// Assembles ConverseStream events: messageStart, contentBlockStart/Delta/Stop, messageStop
+/// (stop reason), metadata (usage). Exceptions mid-stream are provider errors.
+#[derive(Default)]
+struct ConverseStream {
+    reply: Reply,
+    /// Tool calls by content block index: (index, id, name, input JSON text).
+    tools: Vec<(u64, String, String, String)>,
+    stopped: bool,
+}
+
+impl StreamState for ConverseStream {
+    const EVENT_STREAM: bool = true;
+
+    fn on_event(&mut self, ev: &SseEvent) -> Result<bool, DecodeError> {
+        let kind = ev.event.as_deref().unwrap_or_default();
+        if kind.starts_with("exception:") {
+            return Err(DecodeError::Provider(format!("{kind}: {}", ev.data)));
+        }
+        let v: Value = parse_json("stream event", ev.data.as_bytes())?;
+        let index = v
+            .get("contentBlockIndex")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        match kind {
+            "contentBlockStart" => {
+                if let Some(t) = v.pointer("/start/toolUse") {
+                    let field = |k| t.get(k).and_then(Value::as_str).unwrap_or_default();
+                    self.tools.push((
+                        index,
+                        field("toolUseId").to_string(),
+                        field("name").to_string(),
+                        String::new(),
+                    ));
+                }
+            }
+            "contentBlockDelta" => {
+                let d = v.get("delta").cloned().unwrap_or(Value::Null);
+                if let Some(t) = d.get("text").and_then(Value::as_str) {
+                    self.reply.text.push_str(t);
+                } else if let Some(t) = d.pointer("/reasoningContent/text").and_then(Value::as_str)
+                {
+                    self.reply.reasoning.push_str(t);
+                } else if let Some(t) = d.pointer("/toolUse/input").and_then(Value::as_str) {
+                    match self.tools.iter_mut().find(|(i, ..)| *i == index) {
+                        Some((.., input)) => input.push_str(t),
+                        None => {
+                            return Err(DecodeError::Stream(format!(
+                                "toolUse delta for block {index}, which is not a tool use"
+                            )));
+                        }
+                    }
+                }
+            }
+            "messageStop" => {
+                let stop = v
+                    .get("stopReason")
+                    .and_then(Value::as_str)
+                    .ok_or(DecodeError::Missing("stopReason"))?;
+                self.reply.stop = Some(stop_reason(stop));
+                self.stopped = true;
+            }
+            "metadata" => {
+                if let Some(u) = v.get("usage") {
+                    let u: WireUsage = serde_json::from_value(u.clone())
+                        .map_err(|e| DecodeError::json("metadata.usage", e))?;
+                    self.reply.usage = usage(u);
+                }
+                // Metadata is the last event of a complete stream.
+                return Ok(self.stopped);
+            }
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn finish(mut self, _saw_terminal: bool) -> Result<Reply, DecodeError> {
+        if !self.stopped {
+            return Err(DecodeError::Incomplete("messageStop"));
+        }
+        for (_, id, name, input) in self.tools {
+            let arguments = if input.trim().is_empty() {
+                "{}".to_string()
+            } else {
+                input
+            };
+            self.reply.calls.push(ToolCall {
+                id,
+                name,
+                arguments,
+            });
+        }
+        Ok(self.reply)
+    }
+
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {
+        decode_reply(bytes)
+    }
 }
 
 #[cfg(test)]
@@ -320,7 +435,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            b.path("us.anthropic.claude-sonnet-4-5-20250929-v1:0"),
+            b.path("us.anthropic.claude-sonnet-4-5-20250929-v1:0", false),
             "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/converse"
         );
         assert!(!format!("{b:?}").contains("\"k\""));

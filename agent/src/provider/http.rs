@@ -10,6 +10,7 @@ use bytes::Bytes;
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 
 use super::config::{BuildError, ClientOptions};
+use super::eventstream::EventStreamDecoder;
 use super::retry::{Decision, parse_retry_after};
 use super::sse::{SseDecoder, SseEvent};
 use super::{ChatResponse, ProviderError, StopReason, Usage};
@@ -17,7 +18,7 @@ use crate::history::{Message, ToolCall};
 
 /// Bytes of an error body kept for the classifier and logs.
 pub const MAX_ERROR_BODY: usize = 64 * 1024;
-/// Largest non-streamed success body accepted.
+/// Largest success body or whole stream accepted.
 const MAX_SUCCESS_BODY: usize = 64 * 1024 * 1024;
 
 /// Why a successful HTTP answer could not be turned into a reply.
@@ -135,6 +136,9 @@ impl Reply {
 
 /// Assembles a streamed reply from its events.
 pub(crate) trait StreamState: Send {
+    /// Framed as AWS event-stream (Bedrock) rather than Server-Sent Events.
+    const EVENT_STREAM: bool = false;
+
     /// Applies one event; `Ok(true)` when it was the terminal event.
     fn on_event(&mut self, event: &SseEvent) -> Result<bool, DecodeError>;
     /// The reply once the stream ended; an error when it ended too early.
@@ -144,16 +148,49 @@ pub(crate) trait StreamState: Send {
     fn whole(bytes: &[u8]) -> Result<Reply, DecodeError>;
 }
 
+/// Splits a byte stream into events, whichever framing the provider uses.
+enum Framer {
+    Sse(SseDecoder),
+    Aws(EventStreamDecoder),
+}
+
+impl Framer {
+    fn new(event_stream: bool) -> Self {
+        if event_stream {
+            Self::Aws(EventStreamDecoder::default())
+        } else {
+            Self::Sse(SseDecoder::default())
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) -> Result<Vec<SseEvent>, DecodeError> {
+        match self {
+            Self::Sse(d) => d
+                .feed(chunk)
+                .map_err(|e| DecodeError::Stream(e.to_string())),
+            Self::Aws(d) => d
+                .feed(chunk)
+                .map(|frames| frames.iter().map(|f| f.to_event()).collect())
+                .map_err(|e| DecodeError::Stream(e.to_string())),
+        }
+    }
+
+    fn finish(&mut self) -> Option<SseEvent> {
+        match self {
+            Self::Sse(d) => d.finish(),
+            Self::Aws(_) => None,
+        }
+    }
+}
+
 /// Runs a whole event stream held in memory through `state` (tests and fuzzing).
 pub(crate) fn decode_sse_bytes<S: StreamState>(
     bytes: &[u8],
     mut state: S,
 ) -> Result<Reply, DecodeError> {
-    let mut decoder = SseDecoder::default();
-    let mut events = decoder
-        .feed(bytes)
-        .map_err(|e| DecodeError::Stream(e.to_string()))?;
-    events.extend(decoder.finish());
+    let mut framer = Framer::new(S::EVENT_STREAM);
+    let mut events = framer.feed(bytes)?;
+    events.extend(framer.finish());
     let mut done = false;
     for ev in &events {
         if state.on_event(ev)? {
@@ -245,9 +282,10 @@ impl HttpClient {
             let ok = self.send(url, headers, Bytes::from(body)).await?;
             let (status, hdrs, ct) = (ok.status, ok.headers, ok.content_type);
             let mut response = ok.response;
-            let mut decoder = SseDecoder::default();
+            let mut decoder = Framer::new(S::EVENT_STREAM);
             let mut seen: Vec<u8> = Vec::new();
             let mut done = false;
+            let mut total = 0usize;
             let fail = |e: DecodeError, seen: &[u8]| {
                 self.decode_error(status, &hdrs, ct.clone(), seen, e, request_bytes)
             };
@@ -270,12 +308,14 @@ impl HttpClient {
                     Ok(None) => break,
                     Err(e) => return Err(fail(e, &seen)),
                 };
+                total += chunk.len();
+                if total > MAX_SUCCESS_BODY {
+                    return Err(fail(DecodeError::TooLarge(MAX_SUCCESS_BODY), &seen));
+                }
                 if seen.len() < MAX_ERROR_BODY {
                     seen.extend_from_slice(&chunk[..chunk.len().min(MAX_ERROR_BODY - seen.len())]);
                 }
-                let events = decoder
-                    .feed(&chunk)
-                    .map_err(|e| fail(DecodeError::Stream(e.to_string()), &seen))?;
+                let events = decoder.feed(&chunk).map_err(|e| fail(e, &seen))?;
                 for ev in &events {
                     if state.on_event(ev).map_err(|e| fail(e, &seen))? {
                         done = true;

@@ -12,6 +12,7 @@ use crate::history::{Message, ToolCall};
 mod anthropic;
 mod bedrock;
 mod config;
+pub mod eventstream;
 mod gemini;
 mod http;
 mod openai;
@@ -32,7 +33,7 @@ pub use retry::RetryPolicy;
 /// send them and never panics.
 pub mod decode {
     pub use super::anthropic::{decode_response as anthropic, decode_stream as anthropic_stream};
-    pub use super::bedrock::decode_response as bedrock;
+    pub use super::bedrock::{decode_response as bedrock, decode_stream as bedrock_stream};
     pub use super::gemini::{decode_response as gemini, decode_stream as gemini_stream};
     pub use super::http::DecodeError;
     pub use super::openai::{decode_response as openai, decode_stream as openai_stream};

@@ -17,7 +17,7 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `/v1/responses`, `/v1/messages`,
 //! `/v1beta/models/{model}:generateContent`, `/v1beta/models/{model}:streamGenerateContent`,
-//! `/model/{id}/converse`. Bedrock's `converse-stream` (binary event-stream) is not simulated.
+//! `/model/{id}/converse`, `/model/{id}/converse-stream` (AWS event-stream framing).
 
 pub mod nginx;
 pub mod script;
@@ -171,6 +171,7 @@ fn router(state: Shared) -> Router {
         .route("/v1/messages", post(messages))
         .route("/v1beta/models/{call}", post(gemini))
         .route("/model/{model}/converse", post(converse))
+        .route("/model/{model}/converse-stream", post(converse_stream))
         .route("/_sim/requests", get(list_requests))
         .route("/_sim/script", post(load_script))
         .route("/_sim/reset", post(reset))
@@ -269,6 +270,16 @@ async fn converse(
 ) -> Response {
     let path = format!("/model/{model}/converse");
     handle(s, Wire::Bedrock, path, Some(model), false, h, body).await
+}
+
+async fn converse_stream(
+    State(s): State<Shared>,
+    Path(model): Path<String>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/model/{model}/converse-stream");
+    handle(s, Wire::Bedrock, path, Some(model), true, h, body).await
 }
 
 #[derive(Deserialize)]
@@ -501,13 +512,19 @@ fn respond(r: Rendered, fault: Option<Fault>) -> Response {
             Body::from_stream(futures::StreamExt::chain(head, cut))
         }
         Some(Fault::MalformedJson) => {
-            let broken: &[u8] = if r.content_type == "text/event-stream" {
-                b"data: {\"type\": \"content_block_delta\", \"delta\": {\"te\n\n"
-            } else {
-                b"{\"id\": \"sim\", \"choices\": [{\"message\": {\"content\": \"hal"
+            let broken = match r.content_type {
+                "text/event-stream" => Bytes::from_static(
+                    b"data: {\"type\": \"content_block_delta\", \"delta\": {\"te\n\n",
+                ),
+                wire::EVENT_STREAM => {
+                    Bytes::from(wire::aws_event("contentBlockDelta", b"{\"delta\": {\"te"))
+                }
+                _ => Bytes::from_static(
+                    b"{\"id\": \"sim\", \"choices\": [{\"message\": {\"content\": \"hal",
+                ),
             };
             if let Some(first) = frames.first_mut() {
-                *first = Bytes::from_static(broken);
+                *first = broken;
             }
             Body::from_stream(futures::stream::iter(
                 frames.into_iter().map(Ok::<_, std::io::Error>),

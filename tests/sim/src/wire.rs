@@ -99,7 +99,7 @@ pub fn parse(
             model: path_model.unwrap_or_default().to_string(),
             messages: len_at(body, "messages"),
             max_tokens: u64_at(body, "/inferenceConfig/maxTokens").unwrap_or(4096),
-            stream: false,
+            stream: stream_path,
             include_usage: true,
         },
     })
@@ -177,11 +177,12 @@ pub fn render_reply(wire: Wire, t: &Turn, stream: bool, include_usage: bool) -> 
         (Wire::Anthropic, true) => anthropic_stream(t),
         (Wire::Gemini, false) => Rendered::json(200, &gemini(t, true), vec![]),
         (Wire::Gemini, true) => gemini_stream(t),
-        (Wire::Bedrock, _) => Rendered::json(
+        (Wire::Bedrock, false) => Rendered::json(
             200,
             &bedrock(t),
             vec![("x-amzn-requestid".into(), format!("sim-{}", t.seq))],
         ),
+        (Wire::Bedrock, true) => bedrock_stream(t),
     }
 }
 
@@ -547,6 +548,102 @@ fn bedrock(t: &Turn) -> Value {
         "usage": usage,
         "metrics": {"latencyMs": 1},
     })
+}
+
+/// Content type of Bedrock's ConverseStream answers.
+pub const EVENT_STREAM: &str = "application/vnd.amazon.eventstream";
+
+/// CRC-32 (IEEE 802.3) as the AWS event-stream framing uses it.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            let mask = (crc & 1).wrapping_neg();
+            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
+        }
+    }
+    !crc
+}
+
+/// One AWS event-stream message carrying a JSON event.
+pub fn aws_event(event_type: &str, payload: &[u8]) -> Vec<u8> {
+    let mut h = Vec::new();
+    for (k, v) in [
+        (":event-type", event_type),
+        (":content-type", "application/json"),
+        (":message-type", "event"),
+    ] {
+        h.push(k.len() as u8);
+        h.extend_from_slice(k.as_bytes());
+        h.push(7);
+        h.extend_from_slice(&(v.len() as u16).to_be_bytes());
+        h.extend_from_slice(v.as_bytes());
+    }
+    let total = 12 + h.len() + payload.len() + 4;
+    let mut out = Vec::with_capacity(total);
+    out.extend_from_slice(&(total as u32).to_be_bytes());
+    out.extend_from_slice(&(h.len() as u32).to_be_bytes());
+    let prelude = crc32(&out);
+    out.extend_from_slice(&prelude.to_be_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(payload);
+    let crc = crc32(&out);
+    out.extend_from_slice(&crc.to_be_bytes());
+    out
+}
+
+fn bedrock_stream(t: &Turn) -> Rendered {
+    let mut frames = Vec::new();
+    let mut ev = |name: &str, v: Value| frames.push(aws_event(name, v.to_string().as_bytes()));
+    ev("messageStart", json!({"role": "assistant"}));
+    let mut index = 0;
+    if let Some(r) = &t.reasoning {
+        for p in pieces(r, 8) {
+            ev(
+                "contentBlockDelta",
+                json!({"contentBlockIndex": index, "delta": {"reasoningContent": {"text": p}}}),
+            );
+        }
+        ev("contentBlockStop", json!({"contentBlockIndex": index}));
+        index += 1;
+    }
+    if !t.text.is_empty() {
+        for p in pieces(&t.text, 8) {
+            ev(
+                "contentBlockDelta",
+                json!({"contentBlockIndex": index, "delta": {"text": p}}),
+            );
+        }
+        ev("contentBlockStop", json!({"contentBlockIndex": index}));
+        index += 1;
+    }
+    if let Some((id, name, args)) = &t.call {
+        ev(
+            "contentBlockStart",
+            json!({"contentBlockIndex": index,
+                   "start": {"toolUse": {"toolUseId": id, "name": name}}}),
+        );
+        for p in pieces(&args.to_string(), 6) {
+            ev(
+                "contentBlockDelta",
+                json!({"contentBlockIndex": index, "delta": {"toolUse": {"input": p}}}),
+            );
+        }
+        ev("contentBlockStop", json!({"contentBlockIndex": index}));
+    }
+    ev("messageStop", json!({"stopReason": anthropic_stop(t.stop)}));
+    let b = bedrock(t);
+    ev(
+        "metadata",
+        json!({"usage": b["usage"], "metrics": {"latencyMs": 1}}),
+    );
+    Rendered {
+        status: 200,
+        content_type: EVENT_STREAM,
+        headers: vec![("x-amzn-requestid".into(), format!("sim-{}", t.seq))],
+        frames,
+    }
 }
 
 /// An error the provider itself would send.
