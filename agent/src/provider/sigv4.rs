@@ -183,6 +183,36 @@ mod tests {
         );
     }
 
+    /// A Bedrock Converse request signed by botocore (the AWS SDK for Python): the model id's
+    /// `:` travels as `%3A` and is signed as `%253A`.
+    #[test]
+    fn matches_botocore_for_a_bedrock_request() {
+        let body = br#"{"messages":[{"role":"user","content":[{"text":"hi"}]}],"inferenceConfig":{"maxTokens":64}}"#;
+        let out = sign(&SigningInput {
+            method: "POST",
+            host: "bedrock-runtime.us-east-1.amazonaws.com",
+            path: "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/converse",
+            query: "",
+            headers: &[("content-type", "application/json")],
+            payload: body,
+            region: "us-east-1",
+            service: "bedrock",
+            time: UNIX_EPOCH + Duration::from_secs(1_796_031_248), // 2026-11-30T09:34:08Z
+            access_key_id: "AKIDEXAMPLE",
+            secret_access_key: "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+            session_token: Some("session-token-xyz"),
+            double_encode_path: true,
+        });
+        let auth = &out.iter().find(|(k, _)| k == "authorization").unwrap().1;
+        assert_eq!(
+            auth,
+            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261130/us-east-1/bedrock/aws4_request, \
+             SignedHeaders=content-type;host;x-amz-date;x-amz-security-token, \
+             Signature=deb1800b25e2cdfa7c7fc42a12f3f2ff0fdb37665d2211ec677a55aa7a81d192"
+        );
+        assert!(out.contains(&("x-amz-security-token".into(), "session-token-xyz".into())));
+    }
+
     #[test]
     fn civil_dates_cover_leap_years() {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
