@@ -11,7 +11,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap};
 
 use super::config::{BuildError, ClientOptions};
 use super::eventstream::EventStreamDecoder;
-use super::retry::{Decision, parse_retry_after};
+use super::retry::{Decision, is_quota_exhausted, parse_retry_after};
 use super::sse::{SseDecoder, SseEvent};
 use super::{ChatResponse, ProviderError, StopReason, Usage};
 use crate::history::{Message, ToolCall};
@@ -229,6 +229,7 @@ struct Success {
 impl HttpClient {
     pub fn new(provider: &str, options: ClientOptions) -> Result<Self, BuildError> {
         let client = reqwest::Client::builder()
+            .user_agent(concat!("cairn-agent/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(options.connect_timeout)
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
@@ -397,10 +398,11 @@ impl HttpClient {
                 Ok(ok) => return Ok(ok),
                 Err(e) => e,
             };
+            let status = err.status.filter(|s| !is_quota_exhausted(*s, &err.body));
             match self
                 .options
                 .retry
-                .decide(attempt, err.status, err.retry_after, fastrand::f64())
+                .decide(attempt, status, err.retry_after, fastrand::f64())
             {
                 Decision::GiveUp => return Err(err),
                 Decision::Retry(wait) => {

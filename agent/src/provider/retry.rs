@@ -39,6 +39,12 @@ pub enum Decision {
     GiveUp,
 }
 
+/// A 429 that waiting cannot fix: the account is out of quota or credit (OpenAI's
+/// `insufficient_quota`), as opposed to a rate limit.
+pub fn is_quota_exhausted(status: u16, body: &str) -> bool {
+    status == 429 && body.contains("insufficient_quota")
+}
+
 /// Status codes worth another attempt with the same request.
 pub fn is_transient(status: u16) -> bool {
     matches!(status, 408 | 429 | 500 | 502 | 503 | 504 | 529)
@@ -145,6 +151,17 @@ mod tests {
             policy().decide(0, Some(429), Some(Duration::from_secs(120)), 0.9),
             Decision::Retry(Duration::from_secs(2))
         );
+    }
+
+    #[test]
+    fn exhausted_quota_is_not_a_rate_limit() {
+        let body = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+        assert!(is_quota_exhausted(429, body));
+        assert!(!is_quota_exhausted(
+            429,
+            r#"{"error":{"code":"rate_limit_exceeded"}}"#
+        ));
+        assert!(!is_quota_exhausted(400, body));
     }
 
     #[test]
