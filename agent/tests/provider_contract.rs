@@ -324,3 +324,52 @@ async fn images_travel_in_each_providers_native_shape() {
         assert!(seen.contains(shape), "{kind:?}: {}", seen.body);
     }
 }
+
+#[tokio::test]
+async fn deltas_arrive_while_the_reply_streams() {
+    use cairn_agent::provider::Delta;
+    use std::sync::Mutex;
+    let sim = Sim::start().await.unwrap();
+    for kind in KINDS {
+        for stream in [false, true] {
+            let text = "A reply streamed in many small pieces, one delta at a time.";
+            sim.push_reply(ScriptedReply {
+                text: text.into(),
+                reasoning: Some("first think, then answer".into()),
+                ..ScriptedReply::default()
+            });
+            let seen: Mutex<Vec<(bool, String)>> = Mutex::new(Vec::new());
+            let sink = |d: Delta<'_>| {
+                let entry = match d {
+                    Delta::Text(t) => (false, t.to_string()),
+                    Delta::Reasoning(t) => (true, t.to_string()),
+                };
+                seen.lock().unwrap().push(entry);
+            };
+            let r = client(&sim, kind)
+                .send_streaming(&request(kind, vec![Message::user("q")], stream), &sink)
+                .await
+                .unwrap_or_else(|e| panic!("{kind:?} stream={stream}: {e}"));
+            let seen = seen.into_inner().unwrap();
+            let joined = |reasoning: bool| -> String {
+                seen.iter()
+                    .filter(|(r, _)| *r == reasoning)
+                    .map(|(_, t)| t.as_str())
+                    .collect()
+            };
+            assert_eq!(joined(false), r.message.content, "{kind:?} stream={stream}");
+            assert_eq!(r.message.content, text);
+            assert_eq!(
+                joined(true),
+                "first think, then answer",
+                "{kind:?} stream={stream}"
+            );
+            let text_deltas = seen.iter().filter(|(r, _)| !r).count();
+            if stream {
+                assert!(text_deltas > 3, "{kind:?}: {text_deltas} text deltas");
+            } else {
+                assert_eq!(text_deltas, 1, "{kind:?}");
+            }
+        }
+    }
+}

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
 use super::sse::SseEvent;
-use super::{ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage};
+use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
 const API_VERSION: &str = "2023-06-01";
@@ -148,6 +148,14 @@ impl Provider for Anthropic {
     }
 
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
+        self.send_streaming(request, &super::no_deltas).await
+    }
+
+    async fn send_streaming(
+        &self,
+        request: &ChatRequest,
+        on_delta: DeltaSink<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
         let body = serde_json::to_vec(&Self::body(request))
             .map_err(|e| ProviderError::transport("anthropic", e.to_string(), 0))?;
         let key = self.key.clone();
@@ -166,12 +174,13 @@ impl Provider for Anthropic {
         let headers: HeaderFn<'_> = &headers;
         if request.stream {
             self.http
-                .post_sse(&self.url, headers, body, MessageStream::default())
+                .post_sse(&self.url, headers, body, MessageStream::default(), on_delta)
                 .await
         } else {
             self.http
                 .post_json(&self.url, headers, body, decode_reply)
                 .await
+                .inspect(|r| super::emit_whole(r, on_delta))
         }
     }
 }
@@ -354,6 +363,10 @@ impl StreamState for MessageStream {
             _ => {}
         }
         Ok(false)
+    }
+
+    fn progress(&self) -> (&str, &str) {
+        (&self.reply.text, &self.reply.reasoning)
     }
 
     fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {

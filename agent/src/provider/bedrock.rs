@@ -13,7 +13,7 @@ use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
 use super::sigv4::{PATH_SEGMENT, SigningInput, sign};
 use super::sse::SseEvent;
-use super::{ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage};
+use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
 /// AWS access keys.
@@ -181,6 +181,14 @@ impl Provider for Bedrock {
     }
 
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
+        self.send_streaming(request, &super::no_deltas).await
+    }
+
+    async fn send_streaming(
+        &self,
+        request: &ChatRequest,
+        on_delta: DeltaSink<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
         let body = serde_json::to_vec(&Self::body(request))
             .map_err(|e| ProviderError::transport("bedrock", e.to_string(), 0))?;
         let path = self.path(&request.model, request.stream);
@@ -224,12 +232,19 @@ impl Provider for Bedrock {
         let headers: HeaderFn<'_> = &headers;
         if request.stream {
             self.http
-                .post_sse(url.as_str(), headers, body, ConverseStream::default())
+                .post_sse(
+                    url.as_str(),
+                    headers,
+                    body,
+                    ConverseStream::default(),
+                    on_delta,
+                )
                 .await
         } else {
             self.http
                 .post_json(url.as_str(), headers, body, decode_reply)
                 .await
+                .inspect(|r| super::emit_whole(r, on_delta))
         }
     }
 }
@@ -414,6 +429,10 @@ impl StreamState for ConverseStream {
             });
         }
         Ok(self.reply)
+    }
+
+    fn progress(&self) -> (&str, &str) {
+        (&self.reply.text, &self.reply.reasoning)
     }
 
     fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {

@@ -12,7 +12,7 @@ use super::anthropic::arguments_object;
 use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
 use super::sse::SseEvent;
-use super::{ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage};
+use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
 pub struct Gemini {
@@ -158,6 +158,14 @@ impl Provider for Gemini {
     }
 
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
+        self.send_streaming(request, &super::no_deltas).await
+    }
+
+    async fn send_streaming(
+        &self,
+        request: &ChatRequest,
+        on_delta: DeltaSink<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
         let body = serde_json::to_vec(&Self::body(request))
             .map_err(|e| ProviderError::transport("gemini", e.to_string(), 0))?;
         let key = self.key.clone();
@@ -173,10 +181,13 @@ impl Provider for Gemini {
         let url = self.url(&request.model, request.stream);
         if request.stream {
             self.http
-                .post_sse(&url, headers, body, ChunkStream::default())
+                .post_sse(&url, headers, body, ChunkStream::default(), on_delta)
                 .await
         } else {
-            self.http.post_json(&url, headers, body, decode_reply).await
+            self.http
+                .post_json(&url, headers, body, decode_reply)
+                .await
+                .inspect(|r| super::emit_whole(r, on_delta))
         }
     }
 }
@@ -342,6 +353,10 @@ impl StreamState for ChunkStream {
         }
         // The usage of the final chunk may follow its finish reason; read to the end.
         Ok(false)
+    }
+
+    fn progress(&self) -> (&str, &str) {
+        (&self.reply.text, &self.reply.reasoning)
     }
 
     fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {

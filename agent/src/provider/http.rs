@@ -13,7 +13,7 @@ use super::config::{BuildError, ClientOptions};
 use super::eventstream::EventStreamDecoder;
 use super::retry::{Decision, is_quota_exhausted, parse_retry_after};
 use super::sse::{SseDecoder, SseEvent};
-use super::{ChatResponse, ProviderError, StopReason, Usage};
+use super::{ChatResponse, Delta, DeltaSink, ProviderError, StopReason, Usage};
 use crate::history::{Message, ToolCall};
 
 /// Bytes of an error body kept for the classifier and logs.
@@ -146,6 +146,8 @@ pub(crate) trait StreamState: Send {
     /// Decodes a whole JSON reply, for servers that answer a stream request without
     /// streaming.
     fn whole(bytes: &[u8]) -> Result<Reply, DecodeError>;
+    /// Text and reasoning assembled so far (they only ever grow).
+    fn progress(&self) -> (&str, &str);
 }
 
 /// Splits a byte stream into events, whichever framing the provider uses.
@@ -277,6 +279,7 @@ impl HttpClient {
         headers: HeaderFn<'_>,
         body: Vec<u8>,
         mut state: S,
+        on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
         let request_bytes = body.len() as u64;
         let work = async {
@@ -287,6 +290,7 @@ impl HttpClient {
             let mut seen: Vec<u8> = Vec::new();
             let mut done = false;
             let mut total = 0usize;
+            let (mut sent_text, mut sent_reasoning) = (0usize, 0usize);
             let fail = |e: DecodeError, seen: &[u8]| {
                 self.decode_error(status, &hdrs, ct.clone(), seen, e, request_bytes)
             };
@@ -318,7 +322,17 @@ impl HttpClient {
                 }
                 let events = decoder.feed(&chunk).map_err(|e| fail(e, &seen))?;
                 for ev in &events {
-                    if state.on_event(ev).map_err(|e| fail(e, &seen))? {
+                    let terminal = state.on_event(ev).map_err(|e| fail(e, &seen))?;
+                    let (text, reasoning) = state.progress();
+                    if let Some(new) = reasoning.get(sent_reasoning..).filter(|n| !n.is_empty()) {
+                        on_delta(Delta::Reasoning(new));
+                        sent_reasoning = reasoning.len();
+                    }
+                    if let Some(new) = text.get(sent_text..).filter(|n| !n.is_empty()) {
+                        on_delta(Delta::Text(new));
+                        sent_text = text.len();
+                    }
+                    if terminal {
                         done = true;
                         break;
                     }

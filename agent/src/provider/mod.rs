@@ -228,4 +228,39 @@ pub trait Provider: Send + Sync {
     /// Dropping the future cancels the request; so does the `cancel` token of
     /// [`ClientOptions`].
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError>;
+
+    /// Like [`Provider::send`], also handing text and reasoning to `on_delta` as they arrive
+    /// (with `stream: true`; otherwise once, whole). The returned reply is the same.
+    async fn send_streaming(
+        &self,
+        request: &ChatRequest,
+        on_delta: DeltaSink<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        let r = self.send(request).await?;
+        emit_whole(&r, on_delta);
+        Ok(r)
+    }
 }
+
+/// A piece of a reply as it arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delta<'a> {
+    Text(&'a str),
+    Reasoning(&'a str),
+}
+
+/// Receives [`Delta`]s; called on the task that drives the request, so it must not block.
+pub type DeltaSink<'a> = &'a (dyn Fn(Delta<'_>) + Send + Sync);
+
+/// Hands a whole reply to a sink, for replies that were not streamed.
+fn emit_whole(r: &ChatResponse, on_delta: DeltaSink<'_>) {
+    if let Some(reasoning) = r.message.reasoning.as_deref().filter(|t| !t.is_empty()) {
+        on_delta(Delta::Reasoning(reasoning));
+    }
+    if !r.message.content.is_empty() {
+        on_delta(Delta::Text(&r.message.content));
+    }
+}
+
+/// A sink that drops everything.
+fn no_deltas(_: Delta<'_>) {}

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
 use super::sse::SseEvent;
-use super::{ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage};
+use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Role, ToolCall};
 
 pub struct OpenAiResponses {
@@ -107,6 +107,14 @@ impl Provider for OpenAiResponses {
     }
 
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
+        self.send_streaming(request, &super::no_deltas).await
+    }
+
+    async fn send_streaming(
+        &self,
+        request: &ChatRequest,
+        on_delta: DeltaSink<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
         let body = serde_json::to_vec(&Self::body(request))
             .map_err(|e| ProviderError::transport("openai-responses", e.to_string(), 0))?;
         let key = self.key.clone();
@@ -121,12 +129,19 @@ impl Provider for OpenAiResponses {
         let headers: HeaderFn<'_> = &headers;
         if request.stream {
             self.http
-                .post_sse(&self.url, headers, body, ResponseStream::default())
+                .post_sse(
+                    &self.url,
+                    headers,
+                    body,
+                    ResponseStream::default(),
+                    on_delta,
+                )
                 .await
         } else {
             self.http
                 .post_json(&self.url, headers, body, decode_reply)
                 .await
+                .inspect(|r| super::emit_whole(r, on_delta))
         }
     }
 }
@@ -251,10 +266,12 @@ pub fn decode_stream(bytes: &[u8]) -> Result<ChatResponse, DecodeError> {
 }
 
 /// The terminal `response.completed` / `response.incomplete` event carries the whole
-/// response, so deltas only matter for a live display; the stream must reach that event.
+/// response, so deltas only feed the live display; the stream must reach that event.
 #[derive(Default)]
 struct ResponseStream {
     done: Option<Reply>,
+    text: String,
+    reasoning: String,
 }
 
 impl StreamState for ResponseStream {
@@ -270,8 +287,26 @@ impl StreamState for ResponseStream {
                 self.done = Some(from_value(r)?);
                 Ok(true)
             }
+            "response.output_text.delta" => {
+                self.text
+                    .push_str(str_field(&v, "delta").unwrap_or_default());
+                Ok(false)
+            }
+            "response.reasoning_summary_text.delta" => {
+                self.reasoning
+                    .push_str(str_field(&v, "delta").unwrap_or_default());
+                Ok(false)
+            }
             "response.failed" | "error" => Err(DecodeError::Provider(ev.data.clone())),
             _ => Ok(false),
+        }
+    }
+
+    fn progress(&self) -> (&str, &str) {
+        // The final response is authoritative; it extends what the deltas showed.
+        match &self.done {
+            Some(r) => (&r.text, &r.reasoning),
+            None => (&self.text, &self.reasoning),
         }
     }
 

@@ -332,6 +332,14 @@ fn responses_stream(t: &Turn) -> Rendered {
                     );
                 }
             }
+            Some("reasoning") => {
+                for p in pieces(t.reasoning.as_deref().unwrap_or_default(), 8) {
+                    push(
+                        "response.reasoning_summary_text.delta",
+                        json!({"output_index": i, "summary_index": 0, "delta": p}),
+                    );
+                }
+            }
             Some("function_call") => {
                 let args = item
                     .get("arguments")
