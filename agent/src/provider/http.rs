@@ -305,6 +305,7 @@ impl HttpClient {
                 };
                 return S::whole(&bytes)
                     .map(|r| r.into_response(request_bytes))
+                    .inspect(|r| super::emit_whole(r, on_delta))
                     .map_err(|e| fail(e, &bytes));
             }
             while !done {
