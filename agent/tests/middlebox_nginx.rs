@@ -165,7 +165,7 @@ async fn waf_403_is_an_html_block_page() {
         let ok = client(&rig, kind, "/waf")
             .send(&request(10_000))
             .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}\n{}", rig.nginx.error_log()));
         assert_eq!(ok.message.content, "passed");
 
         let req = request(150_000);
@@ -214,7 +214,7 @@ async fn large_bodies_get_the_connection_dropped() {
         let ok = client(&rig, kind, "/reset")
             .send(&request(1_000))
             .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}\n{}", rig.nginx.error_log()));
         assert_eq!(ok.message.content, "fine");
 
         let req = request(300_000);

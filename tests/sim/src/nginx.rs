@@ -247,7 +247,11 @@ impl Middlebox {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!("exited with {status}: {}", self.error_log()));
             }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            // The pid file appears only once this nginx has bound its port; checking it rules
+            // out a connection answered by another process that took the port first.
+            let ours = std::fs::read_to_string(self.dir.path().join("nginx.pid"))
+                .is_ok_and(|pid| pid.trim() == self.child.id().to_string());
+            if ours && TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
