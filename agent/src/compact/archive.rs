@@ -59,7 +59,7 @@ impl serde_json::ser::Formatter for EscapeLt {
     ) -> io::Result<()> {
         let mut rest = fragment;
         while let Some(pos) = rest.find('<') {
-            writer.write_all(rest[..pos].as_bytes())?;
+            writer.write_all(&rest.as_bytes()[..pos])?;
             writer.write_all(b"\\u003c")?;
             rest = &rest[pos + 1..];
         }

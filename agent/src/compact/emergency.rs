@@ -135,25 +135,36 @@ pub async fn shrink_largest(
         };
         let excess = weight - target;
         let current = history[i].content.len();
+        if !originals.contains_key(&i) && text::is_ours(&history[i].content) {
+            let c = &history[i].content;
+            {
+                // Already a cairn preview: cut again from its archived original (so the floor
+                // holds), or fall back to a stub, which loses nothing either.
+                let key = extract_markers(c).first().copied();
+                if c.contains(" omitted; full original: ")
+                    && let Some(key) = key
+                    && let Ok(Some(orig)) = store.fetch(&key).await
+                    && Key::of(&orig) == key
+                    && let Ok(orig) = String::from_utf8(orig)
+                {
+                    originals.insert(i, (orig, key));
+                } else {
+                    if let (Some(k), Some(st)) = (key, text::parse_stats(c)) {
+                        let s = text::stub("message", st, &k);
+                        if s.len() < current {
+                            weight = weight - current + s.len();
+                            history[i].content = s;
+                            report.changed += 1;
+                        }
+                    }
+                    exhausted[i] = true;
+                    continue;
+                }
+            }
+        }
+        #[allow(clippy::map_entry)] // the archive call between lookup and insert is async
         if !originals.contains_key(&i) {
             let c = &history[i].content;
-            if text::is_ours(c) {
-                // Already a cairn preview: its original is archived; a stub loses nothing.
-                let stub = match (extract_markers(c).first(), text::parse_stats(c)) {
-                    (Some(k), Some(st)) => Some(text::stub("message", st, k)),
-                    _ => None,
-                };
-                match stub {
-                    Some(s) if s.len() < current => {
-                        weight = weight - current + s.len();
-                        history[i].content = s;
-                        report.changed += 1;
-                    }
-                    _ => {}
-                }
-                exhausted[i] = true;
-                continue;
-            }
             if has_marker(c) {
                 exhausted[i] = true;
                 continue;
@@ -188,6 +199,47 @@ pub async fn shrink_largest(
                 exhausted[i] = want <= FLOOR_CHARS;
             }
             _ => exhausted[i] = true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ccr::MemoryStore;
+
+    #[tokio::test]
+    async fn shrinks_largest_first_down_to_the_floor_then_stops() {
+        let store = MemoryStore::new();
+        let line = |c: char| format!("{}\n", c.to_string().repeat(39));
+        let big_user: String = line('u').repeat(500);
+        let big_asst: String = line('a').repeat(250);
+        let mut h = vec![
+            Message::system("s".repeat(1_000)),
+            Message::user(big_user.clone()),
+            Message::assistant(big_asst.clone()),
+        ];
+        let mut report = PassReport::new(Pass::Emergency, Trigger::Auto, history::weight(&h));
+        // Only the largest needs to shrink.
+        shrink_largest(&mut h, 1_000 + 15_000 + 10_000, &store, &mut report).await;
+        assert!(h[1].content.len() <= 15_000 && h[1].content.len() > 14_000);
+        assert_eq!(h[2].content, big_asst);
+        // An impossible target: both stop at the floor, the system message is untouched.
+        shrink_largest(&mut h, 10, &store, &mut report).await;
+        assert_eq!(h[0].content.len(), 1_000);
+        for m in &h[1..] {
+            assert!(
+                m.content.len() <= FLOOR_CHARS && m.content.len() > FLOOR_CHARS / 2,
+                "{}",
+                m.content.len()
+            );
+        }
+        for original in [&big_user, &big_asst] {
+            let key = Key::of(original.as_bytes());
+            assert_eq!(
+                store.fetch(&key).await.expect("ok").as_deref(),
+                Some(original.as_bytes())
+            );
         }
     }
 }

@@ -44,7 +44,7 @@ struct Edit {
 
 /// Runs the age rule and, when `idle_for` reaches `idleMinutes`, the idle rule.
 pub async fn microcompact(
-    history: &mut Vec<Message>,
+    history: &mut [Message],
     policy: &EffectivePolicy,
     idle_for: Option<Duration>,
     store: &dyn Store,

@@ -59,7 +59,7 @@ pub fn tail(s: &str, max: usize) -> &str {
     let start = ceil_boundary(s, s.len() - max);
     let candidate = &s[start..];
     match candidate.find('\n') {
-        Some(nl) if nl + 1 <= candidate.len() / 2 => &candidate[nl + 1..],
+        Some(nl) if nl < candidate.len() / 2 => &candidate[nl + 1..],
         _ => candidate,
     }
 }

@@ -182,8 +182,10 @@ mod tests {
     #[tokio::test]
     async fn trims_old_part_only_and_leaves_protected_kinds() {
         let store = MemoryStore::new();
-        let mut policy = EffectivePolicy::default();
-        policy.min_keep_recent = 2;
+        let policy = EffectivePolicy {
+            min_keep_recent: 2,
+            ..EffectivePolicy::default()
+        };
         let big: String = "log line\n".repeat(2_000);
         let err = "error: cannot find value `x` in this scope\n".repeat(3);
         let mut with_reasoning =
