@@ -168,7 +168,19 @@ pub fn repair(messages: &mut Vec<Message>, mode: OrphanMode) -> PairingReport {
             continue;
         }
         let mut msg = m.clone();
-        flush_removed(&mut report, &mut pending_removed, out.len(), &out);
+        if !pending_removed.is_empty() {
+            // Keys go on the closest earlier non-system message (system messages are never
+            // altered), or on this one.
+            let anchor = out
+                .iter()
+                .rposition(|o| !o.is_system())
+                .or((!msg.is_system()).then_some(out.len()));
+            if let Some(a) = anchor {
+                report
+                    .removed
+                    .extend(pending_removed.drain(..).map(|t| (a, t)));
+            }
+        }
         if !m.tool_calls.is_empty() {
             let keep = &kept_calls[i];
             let mut calls = Vec::with_capacity(m.tool_calls.len());
@@ -217,7 +229,11 @@ pub fn repair(messages: &mut Vec<Message>, mode: OrphanMode) -> PairingReport {
         out.push(msg);
     }
     if !pending_removed.is_empty() {
-        if out.is_empty() {
+        if let Some(anchor) = out.iter().rposition(|o| !o.is_system()) {
+            report
+                .removed
+                .extend(pending_removed.drain(..).map(|t| (anchor, t)));
+        } else {
             // Nothing to hang a key on: keep the text as a user message instead.
             for text in pending_removed.drain(..) {
                 out.push(Message::user(format!(
@@ -225,31 +241,10 @@ pub fn repair(messages: &mut Vec<Message>, mode: OrphanMode) -> PairingReport {
                 )));
                 report.orphans_to_user += 1;
             }
-        } else {
-            let anchor = out.len() - 1;
-            report
-                .removed
-                .extend(pending_removed.drain(..).map(|t| (anchor, t)));
         }
     }
     *messages = out;
     report
-}
-
-fn flush_removed(
-    report: &mut PairingReport,
-    pending: &mut Vec<String>,
-    len: usize,
-    out: &[Message],
-) {
-    if pending.is_empty() {
-        return;
-    }
-    // Keys go on the message before the removed results, or the next one when there is none.
-    let anchor = if out.is_empty() { 0 } else { len - 1 };
-    report
-        .removed
-        .extend(pending.drain(..).map(|t| (anchor, t)));
 }
 
 /// Repairs the pairing of `history`, archiving every removed text first. When the archive
