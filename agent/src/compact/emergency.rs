@@ -136,30 +136,28 @@ pub async fn shrink_largest(
         let excess = weight - target;
         let current = history[i].content.len();
         if !originals.contains_key(&i) && text::is_ours(&history[i].content) {
+            // Already a cairn preview: cut again from its archived original (so the floor
+            // holds), or fall back to a stub, which loses nothing either.
             let c = &history[i].content;
+            let key = extract_markers(c).first().copied();
+            if c.contains(" omitted; full original: ")
+                && let Some(key) = key
+                && let Ok(Some(orig)) = store.fetch(&key).await
+                && Key::of(&orig) == key
+                && let Ok(orig) = String::from_utf8(orig)
             {
-                // Already a cairn preview: cut again from its archived original (so the floor
-                // holds), or fall back to a stub, which loses nothing either.
-                let key = extract_markers(c).first().copied();
-                if c.contains(" omitted; full original: ")
-                    && let Some(key) = key
-                    && let Ok(Some(orig)) = store.fetch(&key).await
-                    && Key::of(&orig) == key
-                    && let Ok(orig) = String::from_utf8(orig)
-                {
-                    originals.insert(i, (orig, key));
-                } else {
-                    if let (Some(k), Some(st)) = (key, text::parse_stats(c)) {
-                        let s = text::stub("message", st, &k);
-                        if s.len() < current {
-                            weight = weight - current + s.len();
-                            history[i].content = s;
-                            report.changed += 1;
-                        }
+                originals.insert(i, (orig, key));
+            } else {
+                if let (Some(k), Some(st)) = (key, text::parse_stats(c)) {
+                    let s = text::stub("message", st, &k);
+                    if s.len() < current {
+                        weight = weight - current + s.len();
+                        history[i].content = s;
+                        report.changed += 1;
                     }
-                    exhausted[i] = true;
-                    continue;
                 }
+                exhausted[i] = true;
+                continue;
             }
         }
         #[allow(clippy::map_entry)] // the archive call between lookup and insert is async

@@ -15,6 +15,47 @@ use super::{
     Budget, BudgetInputs, PassReport, SessionState, Summarizer, Trigger, emergency, trim, verbatim,
 };
 
+/// Pre-flight compacts when a request would exceed this share of a known payload cap.
+pub const PREFLIGHT_CAP_SHARE: f64 = 0.85;
+/// The budget ratio of a pre-flight compaction.
+pub const PREFLIGHT_BUDGET_RATIO: f64 = 0.40;
+/// With no payload cap known, a history past this size is worth one warning per session.
+pub const LARGE_HISTORY_WARN_BYTES: usize = 2_621_440;
+
+/// What to do before sending a request of `request_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Preflight {
+    Send,
+    /// Compact with this budget ratio first ([`Trigger::PreFlight`]).
+    Compact {
+        budget_ratio: f64,
+    },
+    /// Send, and warn once: the history is large and no payload cap is known.
+    WarnLargeHistory,
+}
+
+/// The pre-flight check: compacts hard before a request that would come close to a known
+/// payload cap (configured or learned), warns once about a large history when none is known.
+pub fn preflight(
+    request_bytes: usize,
+    configured_cap: Option<u64>,
+    state: &mut SessionState,
+) -> Preflight {
+    match state.effective_payload_cap(configured_cap) {
+        Some(cap) if request_bytes as f64 > cap as f64 * PREFLIGHT_CAP_SHARE => {
+            Preflight::Compact {
+                budget_ratio: PREFLIGHT_BUDGET_RATIO,
+            }
+        }
+        Some(_) => Preflight::Send,
+        None if request_bytes > LARGE_HISTORY_WARN_BYTES && !state.large_history_warned => {
+            state.large_history_warned = true;
+            Preflight::WarnLargeHistory
+        }
+        None => Preflight::Send,
+    }
+}
+
 /// Everything a compaction needs besides the history and the session state.
 pub struct LadderContext<'a> {
     pub policy: &'a EffectivePolicy,
@@ -132,4 +173,33 @@ pub async fn compact(
     state.compactions += 1;
     out.breaker_opened = !was_open && state.auto_compaction_disabled();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preflight_compacts_near_a_known_cap_and_warns_once_without_one() {
+        let mut st = SessionState::new();
+        assert_eq!(
+            preflight(800_000, Some(1_000_000), &mut st),
+            Preflight::Send
+        );
+        assert_eq!(
+            preflight(900_000, Some(1_000_000), &mut st),
+            Preflight::Compact { budget_ratio: 0.40 }
+        );
+        st.learn_payload_cap(500_000);
+        assert_eq!(
+            preflight(450_000, None, &mut st),
+            Preflight::Compact { budget_ratio: 0.40 }
+        );
+        let mut fresh = SessionState::new();
+        assert_eq!(
+            preflight(3_000_000, None, &mut fresh),
+            Preflight::WarnLargeHistory
+        );
+        assert_eq!(preflight(3_000_000, None, &mut fresh), Preflight::Send);
+    }
 }

@@ -21,12 +21,31 @@ pub mod trim;
 pub mod verbatim;
 pub mod window;
 
-pub use ladder::{CompactionOutcome, compact};
+pub use ladder::{CompactionOutcome, LadderContext, Preflight, compact, preflight};
 pub use state::SessionState;
 pub use summarize::{SummarizeError, Summarizer};
 pub use window::{Budget, BudgetInputs, Headroom};
 
-use crate::ccr::Key;
+use std::time::Duration;
+
+use cairn_crds::EffectivePolicy;
+
+use crate::ccr::{Key, Store};
+use crate::history::Message;
+
+/// The turn's cheap passes, in order: microcompact (with the idle rule when `idle_for` says
+/// so), dedup repeated reads, pairing repair. No LLM, no network beyond the archive.
+pub async fn cheap_passes(
+    history: &mut Vec<Message>,
+    policy: &EffectivePolicy,
+    idle_for: Option<Duration>,
+    store: &dyn Store,
+) -> Vec<PassReport> {
+    let mc = microcompact::microcompact(history, policy, idle_for, store).await;
+    let dd = dedup::dedup_reads(history, store).await;
+    let (pr, _) = pairing::repair_archived(history, store, Trigger::Turn).await;
+    vec![mc, dd, pr]
+}
 
 /// Which pass produced a report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

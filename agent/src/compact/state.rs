@@ -44,6 +44,12 @@ impl SessionState {
         Self::default()
     }
 
+    /// Calibrates chars-per-token from a reply: the request's size and the provider's
+    /// reported input tokens.
+    pub fn observe_usage(&mut self, request_bytes: u64, input_tokens: u64) {
+        self.chars_per_token.observe(request_bytes, input_tokens);
+    }
+
     /// Resets the per-turn counters; call when a new user message starts a turn.
     pub fn begin_turn(&mut self) {
         self.recovery_attempts = 0;

@@ -7,6 +7,8 @@
 use cairn_crds::EffectivePolicy;
 
 use super::SessionState;
+use crate::history::{self, Message};
+use crate::provider::ToolSpec;
 
 /// Share of a payload cap the history may fill; the rest covers the request's framing, the
 /// tool catalog and the reply-side overhead of the wire format.
@@ -115,6 +117,28 @@ pub fn target_chars(
     budget.chars.min(by_headroom.max(budget.chars / 4))
 }
 
+/// Bytes a request really carries for this history and tool catalog: every message's weight
+/// (content, reasoning, tool-call names and arguments, images, system parts) plus the catalog.
+pub fn request_weight(messages: &[Message], tools: &[ToolSpec]) -> usize {
+    history::weight(messages) + catalog_weight(tools)
+}
+
+/// Bytes the tool catalog adds to every request.
+pub fn catalog_weight(tools: &[ToolSpec]) -> usize {
+    tools.iter().map(ToolSpec::weight).sum()
+}
+
+/// The part of every request that no compaction can remove: system messages and the tool
+/// catalog. The recovery ladder's floor diagnosis compares it with a rejected size.
+pub fn uncompactable_bytes(messages: &[Message], tools: &[ToolSpec]) -> usize {
+    messages
+        .iter()
+        .filter(|m| m.is_system())
+        .map(Message::weight)
+        .sum::<usize>()
+        + catalog_weight(tools)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,6 +176,20 @@ mod tests {
             Budget::compute(&inputs(200_000, Some(500_000), 0), &p, &learned).chars,
             70_000
         );
+    }
+
+    #[test]
+    fn weights_are_honest() {
+        let tools = vec![ToolSpec {
+            name: "recall".into(),
+            description: "bring back an archived original".into(),
+            parameters: serde_json::json!({"type": "object"}),
+        }];
+        let h = vec![Message::system("sys"), Message::user("hello")];
+        let catalog = 6 + 31 + r#"{"type":"object"}"#.len();
+        assert_eq!(catalog_weight(&tools), catalog);
+        assert_eq!(request_weight(&h, &tools), 8 + catalog);
+        assert_eq!(uncompactable_bytes(&h, &tools), 3 + catalog);
     }
 
     #[test]
