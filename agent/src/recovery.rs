@@ -226,7 +226,8 @@ async fn cap_messages(
     store: &dyn Store,
     report: &mut PassReport,
 ) {
-    let mut edits: Vec<(usize, String, Key)> = Vec::new();
+    // (index, already-archived stub) — `None`: archive the content, then cut it.
+    let mut edits: Vec<(usize, Option<(String, Key)>)> = Vec::new();
     for &i in targets {
         let c = &history[i].content;
         if c.len() <= cap {
@@ -237,38 +238,44 @@ async fn cap_messages(
             {
                 let s = text::stub("message", st, &k);
                 if s.len() < c.len() {
-                    edits.push((i, s, k));
+                    edits.push((i, Some((s, k))));
                 }
             }
             continue;
         }
-        if has_marker(c) {
-            continue;
-        }
-        let key = Key::of(c.as_bytes());
-        if let Some(p) = text::preview_within(c, cap, &key) {
-            edits.push((i, p, key));
+        if !has_marker(c) {
+            edits.push((i, None));
         }
     }
     let originals: Vec<&[u8]> = edits
         .iter()
-        .filter(|(i, _, _)| !text::is_ours(&history[*i].content))
-        .map(|(i, _, _)| history[*i].content.as_bytes())
+        .filter(|(_, ready)| ready.is_none())
+        .map(|(i, _)| history[*i].content.as_bytes())
         .collect();
-    match archive_all(store, &originals).await {
-        Ok(keys) => {
-            for k in keys {
-                if !report.archived.contains(&k) {
-                    report.archived.push(k);
-                }
-            }
-        }
+    let keys = match archive_all(store, &originals).await {
+        Ok(keys) => keys,
         Err(e) => {
             report.archive_error = Some(e.label());
             return;
         }
+    };
+    for k in &keys {
+        if !report.archived.contains(k) {
+            report.archived.push(*k);
+        }
     }
-    for (i, new, key) in edits {
+    let mut keys = keys.into_iter();
+    for (i, ready) in edits {
+        let (new, key) = match ready {
+            Some(r) => r,
+            None => {
+                let Some(key) = keys.next() else { break };
+                match text::preview_within(&history[i].content, cap, &key) {
+                    Some(p) => (p, key),
+                    None => continue,
+                }
+            }
+        };
         history[i].content = new;
         note_archived(&mut history[i], &key);
         report.changed += 1;
@@ -293,11 +300,14 @@ async fn keep_last(
     let mut staged: Vec<Message> = history.iter().filter(|m| m.is_system()).cloned().collect();
     if !dropped.is_empty() {
         let archive_text = segment_text(&dropped);
-        if let Err(e) = archive_all(store, &[archive_text.as_bytes()]).await {
-            report.archive_error = Some(e.label());
-            return;
-        }
-        let key = Key::of(archive_text.as_bytes());
+        let key = match archive_all(store, &[archive_text.as_bytes()]).await {
+            Ok(keys) if !keys.is_empty() => keys[0],
+            Ok(_) => return,
+            Err(e) => {
+                report.archive_error = Some(e.label());
+                return;
+            }
+        };
         report.archived.push(key);
         let chars: usize = dropped.iter().map(Message::weight).sum();
         let mut n = Message::user(format!(

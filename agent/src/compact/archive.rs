@@ -12,22 +12,22 @@ use serde::Serialize;
 use crate::ccr::{ArchiveError, Key, Store, extract_markers};
 use crate::history::Message;
 
-/// Archives every original (in order, duplicates once). Either all are stored and their keys
-/// returned, or the first error is returned and the caller must leave its history untouched.
+/// Archives every original and returns its key, one per original, in order. Either all are
+/// stored, or the first error is returned and the caller must leave its history untouched.
+/// Markers are built from the keys the store returns, after archiving, so each original is
+/// hashed once (by the store).
 pub async fn archive_all(store: &dyn Store, originals: &[&[u8]]) -> Result<Vec<Key>, ArchiveError> {
     let mut keys: Vec<Key> = Vec::with_capacity(originals.len());
     for original in originals {
-        let expected = Key::of(original);
-        if keys.contains(&expected) {
-            continue;
-        }
-        let key = store.archive(original).await?;
-        if key != expected {
-            return Err(ArchiveError::Corrupt(key));
-        }
-        keys.push(key);
+        keys.push(store.archive(original).await?);
     }
     Ok(keys)
+}
+
+/// `keys` without repetitions, in order of first appearance (for reports).
+pub fn distinct(keys: &[Key]) -> Vec<Key> {
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    keys.iter().copied().filter(|k| seen.insert(*k)).collect()
 }
 
 /// JSON Lines of `messages` with `<` escaped inside strings (see the module comment).

@@ -7,10 +7,10 @@
 //! it stays whole). Previews depend only on the result and the limit, so the same history
 //! yields byte-identical requests turn after turn and provider prompt caches stay warm.
 
-use crate::ccr::{Key, Store, has_marker};
+use crate::ccr::{Store, has_marker};
 use crate::history::{self, Message, Role};
 
-use super::archive::archive_all;
+use super::archive::{archive_all, distinct};
 use super::state::ToolResultLimits;
 use super::{Pass, PassReport, Trigger, text};
 
@@ -31,29 +31,23 @@ pub async fn apply(
         return (history.to_vec(), report);
     }
     let mut out = history.to_vec();
-    let mut originals: Vec<&[u8]> = Vec::with_capacity(caps.len());
-    let mut staged: Vec<(usize, String)> = Vec::with_capacity(caps.len());
-    for (i, cap) in caps {
-        let content = &history[i].content;
-        let key = Key::of(content.as_bytes());
-        if let Some(p) = text::preview_within(content, cap, &key) {
-            originals.push(content.as_bytes());
-            staged.push((i, p));
-        }
-    }
-    if staged.is_empty() {
-        return (out, report);
-    }
-    match archive_all(store, &originals).await {
-        Ok(keys) => report.archived = keys,
+    let originals: Vec<&[u8]> = caps
+        .iter()
+        .map(|&(i, _)| history[i].content.as_bytes())
+        .collect();
+    let keys = match archive_all(store, &originals).await {
+        Ok(keys) => keys,
         Err(e) => {
             report.archive_error = Some(e.label());
             return (out, report);
         }
-    }
-    for (i, p) in staged {
-        out[i].content = p;
-        report.changed += 1;
+    };
+    report.archived = distinct(&keys);
+    for ((i, cap), key) in caps.into_iter().zip(keys) {
+        if let Some(p) = text::preview_within(&history[i].content, cap, &key) {
+            out[i].content = p;
+            report.changed += 1;
+        }
     }
     report.bytes_after = history::weight(&out);
     (out, report)

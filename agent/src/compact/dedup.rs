@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use crate::ccr::{Key, Store, has_marker};
 use crate::history::{self, Message, Role};
 
-use super::archive::{archive_all, note_archived};
+use super::archive::{archive_all, distinct, note_archived};
 use super::{Pass, PassReport, Trigger, text};
 
 /// Tool names that read a file (compared case-insensitively).
@@ -94,6 +94,20 @@ pub fn recognise(name: &str, arguments: &str) -> Option<Read> {
     Some(Read { path, start, end })
 }
 
+fn stub(read: &Read, key: &Key) -> String {
+    let range = match read.end {
+        Some(e) => format!("lines {}-{e}", read.start),
+        None if read.start > 1 => format!("lines {}-end", read.start),
+        None => "whole file".to_string(),
+    };
+    format!(
+        "{}earlier read of {} ({range}) superseded by a later read of the same lines; original: {}]",
+        text::BANNER_PREFIX,
+        read.path,
+        key.marker()
+    )
+}
+
 /// Stubs earlier reads covered by later ones.
 pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassReport {
     let mut report = PassReport::new(Pass::Dedup, Trigger::Turn, history::weight(history));
@@ -116,7 +130,9 @@ pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassRepo
         .filter(|(_, m)| m.role == Role::Tool)
         .filter_map(|(i, m)| Some((i, reads.get(m.tool_call_id.as_deref()?)?)))
         .collect();
-    let mut edits: Vec<(usize, String, Key)> = Vec::new();
+    let mut edits: Vec<(usize, &Read)> = Vec::new();
+    // Stubs have the same length whatever the key.
+    let placeholder = Key::of(b"");
     for (n, (i, read)) in results.iter().enumerate() {
         let m = &history[*i];
         if m.meta.preserve_verbatim
@@ -129,20 +145,8 @@ pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassRepo
         if !results[n + 1..].iter().any(|(_, later)| later.covers(read)) {
             continue;
         }
-        let key = Key::of(m.content.as_bytes());
-        let range = match read.end {
-            Some(e) => format!("lines {}-{e}", read.start),
-            None if read.start > 1 => format!("lines {}-end", read.start),
-            None => "whole file".to_string(),
-        };
-        let stub = format!(
-            "{}earlier read of {} ({range}) superseded by a later read of the same lines; original: {}]",
-            text::BANNER_PREFIX,
-            read.path,
-            key.marker()
-        );
-        if stub.len() < m.content.len() {
-            edits.push((*i, stub, key));
+        if stub(read, &placeholder).len() < m.content.len() {
+            edits.push((*i, *read));
         }
     }
     if edits.is_empty() {
@@ -150,18 +154,24 @@ pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassRepo
     }
     let originals: Vec<&[u8]> = edits
         .iter()
-        .map(|(i, _, _)| history[*i].content.as_bytes())
+        .map(|(i, _)| history[*i].content.as_bytes())
         .collect();
-    match archive_all(store, &originals).await {
-        Ok(keys) => report.archived = keys,
+    let keys = match archive_all(store, &originals).await {
+        Ok(keys) => keys,
         Err(e) => {
             report.archive_error = Some(e.label());
             return report;
         }
-    }
-    for (i, stub, key) in edits {
+    };
+    report.archived = distinct(&keys);
+    let staged: Vec<(usize, String, Key)> = edits
+        .iter()
+        .zip(&keys)
+        .map(|((i, read), key)| (*i, stub(read, key), *key))
+        .collect();
+    for (i, content, key) in staged {
         let m = &mut history[i];
-        m.content = stub;
+        m.content = content;
         note_archived(m, &key);
         report.changed += 1;
     }

@@ -66,14 +66,15 @@ pub async fn emergency(
     staged.extend(history.iter().filter(|m| m.is_system()).cloned());
     if !dropped.is_empty() {
         let archive_text = segment_text(&dropped);
-        match archive_all(store, &[archive_text.as_bytes()]).await {
-            Ok(keys) => report.archived.extend(keys),
+        let key = match archive_all(store, &[archive_text.as_bytes()]).await {
+            Ok(keys) if !keys.is_empty() => keys[0],
+            Ok(_) => return (report, history::weight(history) <= target),
             Err(e) => {
                 report.archive_error = Some(e.label());
                 return (report, history::weight(history) <= target);
             }
-        }
-        let key = Key::of(archive_text.as_bytes());
+        };
+        report.archived.push(key);
         let chars: usize = dropped.iter().map(Message::weight).sum();
         let mut n = Message::user(notice(dropped.len(), chars, &key));
         n.meta.is_summary = true;
@@ -143,7 +144,6 @@ pub async fn shrink_largest(
             if c.contains(" omitted; full original: ")
                 && let Some(key) = key
                 && let Ok(Some(orig)) = store.fetch(&key).await
-                && Key::of(&orig) == key
                 && let Ok(orig) = String::from_utf8(orig)
             {
                 originals.insert(i, (orig, key));
@@ -167,22 +167,21 @@ pub async fn shrink_largest(
                 exhausted[i] = true;
                 continue;
             }
-            match archive_all(store, &[c.as_bytes()]).await {
-                Ok(keys) => {
-                    for k in keys {
-                        if !report.archived.contains(&k) {
-                            report.archived.push(k);
-                        }
-                    }
-                }
+            let key = match archive_all(store, &[c.as_bytes()]).await {
+                Ok(keys) if !keys.is_empty() => keys[0],
+                Ok(_) => break,
                 Err(e) => {
                     report.archive_error = Some(e.label());
                     exhausted[i] = true;
                     continue;
                 }
+            };
+            if !report.archived.contains(&key) {
+                report.archived.push(key);
             }
-            let key = Key::of(c.as_bytes());
-            originals.insert(i, (c.clone(), key));
+            // The original moves into `originals`; every cut below is made from it.
+            let original = std::mem::take(&mut history[i].content);
+            originals.insert(i, (original, key));
             note_archived(&mut history[i], &key);
             report.changed += 1;
         }
@@ -196,7 +195,12 @@ pub async fn shrink_largest(
                 history[i].content = p;
                 exhausted[i] = want <= FLOOR_CHARS;
             }
-            _ => exhausted[i] = true,
+            _ => {
+                if history[i].content.len() != current {
+                    history[i].content = orig.clone();
+                }
+                exhausted[i] = true;
+            }
         }
     }
 }

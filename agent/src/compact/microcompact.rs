@@ -17,7 +17,7 @@ use cairn_crds::EffectivePolicy;
 use crate::ccr::{Key, Store, extract_markers, has_marker};
 use crate::history::{self, Message, Role};
 
-use super::archive::{archive_all, note_archived};
+use super::archive::{archive_all, distinct, note_archived};
 use super::text::{self, Stats};
 use super::{Pass, PassReport, Trigger};
 
@@ -33,13 +33,21 @@ enum Plan {
     },
 }
 
-/// One staged change: message index, the original to archive (none when it is archived
-/// already), the new content.
+/// How a staged message gets its new content once its original is archived.
+enum Render {
+    Preview,
+    Stub,
+    /// A preview promoted to a stub: already archived under `key`.
+    Ready {
+        content: String,
+        key: Key,
+    },
+}
+
+/// One staged change.
 struct Edit {
     index: usize,
-    original: Option<String>,
-    content: String,
-    key: Key,
+    render: Render,
 }
 
 /// Runs the age rule and, when `idle_for` reaches `idleMinutes`, the idle rule.
@@ -94,7 +102,7 @@ pub async fn microcompact(
             edits.push(e);
         }
     }
-    apply_edits(history, edits, store, &mut report).await;
+    apply_edits(history, edits, policy, store, &mut report).await;
     report
 }
 
@@ -111,12 +119,19 @@ pub(crate) fn assistant_ages(history: &[Message]) -> Vec<u32> {
     ages
 }
 
-fn plan_edit(index: usize, m: &Message, plan: Plan, policy: &EffectivePolicy) -> Option<Edit> {
-    let mc = &policy.microcompact;
-    let what = match &m.name {
+/// Room a banner or stub needs besides the kept text: a pass only stages a change that can
+/// make the message shorter.
+const BANNER_ROOM: usize = 160;
+
+fn tool_label(m: &Message) -> String {
+    match &m.name {
         Some(n) => format!("tool result of {n}"),
         None => "tool result".to_string(),
-    };
+    }
+}
+
+fn plan_edit(index: usize, m: &Message, plan: Plan, policy: &EffectivePolicy) -> Option<Edit> {
+    let mc = &policy.microcompact;
     if text::is_ours(&m.content) {
         // Already a preview or a stub: a preview may be promoted, using the key it carries.
         let Plan::Stub { .. } = plan else {
@@ -129,45 +144,37 @@ fn plan_edit(index: usize, m: &Message, plan: Plan, policy: &EffectivePolicy) ->
         let st = text::parse_stats(&m.content)?;
         return Some(Edit {
             index,
-            original: None,
-            content: text::stub(&what, st, &key),
-            key,
+            render: Render::Ready {
+                content: text::stub(&tool_label(m), st, &key),
+                key,
+            },
         });
     }
     if has_marker(&m.content) {
         // Content quoting someone else's marker cannot be archived; leave it whole.
         return None;
     }
-    let key = Key::of(m.content.as_bytes());
-    let large = m.content.len() >= mc.min_content_chars as usize;
-    let content = match plan {
-        Plan::Preview if large => text::preview(
-            &m.content,
-            mc.head_chars as usize,
-            mc.tail_chars as usize,
-            &key,
-        )?,
-        Plan::Stub { any_size } if large || any_size => {
-            let s = text::stub(&what, Stats::of(&m.content), &key);
-            if s.len() >= m.content.len() {
-                return None;
-            }
-            s
+    let len = m.content.len();
+    let large = len >= mc.min_content_chars as usize;
+    let render = match plan {
+        Plan::Preview if large && len > (mc.head_chars + mc.tail_chars) as usize + BANNER_ROOM => {
+            Render::Preview
+        }
+        Plan::Stub { any_size }
+            if (large || any_size) && len > BANNER_ROOM + tool_label(m).len() =>
+        {
+            Render::Stub
         }
         _ => return None,
     };
-    Some(Edit {
-        index,
-        original: Some(m.content.clone()),
-        content,
-        key,
-    })
+    Some(Edit { index, render })
 }
 
 /// Archives every original, then applies every edit; on any archive failure nothing changes.
 async fn apply_edits(
     history: &mut [Message],
     edits: Vec<Edit>,
+    policy: &EffectivePolicy,
     store: &dyn Store,
     report: &mut PassReport,
 ) {
@@ -176,20 +183,43 @@ async fn apply_edits(
     }
     let originals: Vec<&[u8]> = edits
         .iter()
-        .filter_map(|e| e.original.as_deref().map(str::as_bytes))
+        .filter(|e| !matches!(e.render, Render::Ready { .. }))
+        .map(|e| history[e.index].content.as_bytes())
         .collect();
-    match archive_all(store, &originals).await {
-        Ok(keys) => report.archived = keys,
+    let keys = match archive_all(store, &originals).await {
+        Ok(keys) => keys,
         Err(e) => {
             report.archive_error = Some(e.label());
             return;
         }
-    }
+    };
+    report.archived = distinct(&keys);
+    let mc = &policy.microcompact;
+    let mut keys = keys.into_iter();
     for e in edits {
         let m = &mut history[e.index];
-        report.bytes_after = report.bytes_after - m.content.len() + e.content.len();
-        m.content = e.content;
-        note_archived(m, &e.key);
+        let (content, key) = match e.render {
+            Render::Ready { content, key } => (Some(content), key),
+            Render::Preview => {
+                let Some(key) = keys.next() else { break };
+                let p = text::preview(
+                    &m.content,
+                    mc.head_chars as usize,
+                    mc.tail_chars as usize,
+                    &key,
+                );
+                (p, key)
+            }
+            Render::Stub => {
+                let Some(key) = keys.next() else { break };
+                let s = text::stub(&tool_label(m), Stats::of(&m.content), &key);
+                ((s.len() < m.content.len()).then_some(s), key)
+            }
+        };
+        let Some(content) = content else { continue };
+        report.bytes_after = report.bytes_after - m.content.len() + content.len();
+        m.content = content;
+        note_archived(m, &key);
         report.changed += 1;
     }
 }

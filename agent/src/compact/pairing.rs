@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use crate::ccr::Store;
 use crate::history::{self, Message, Role};
 
-use super::archive::{archive_all, note_archived};
+use super::archive::{archive_all, distinct, note_archived};
 use super::{Pass, PassReport, Trigger};
 
 /// Content of the result injected for a call that has none.
@@ -266,13 +266,12 @@ pub async fn repair_archived(
         let originals: Vec<&[u8]> = pr.removed.iter().map(|(_, t)| t.as_bytes()).collect();
         match archive_all(store, &originals).await {
             Ok(keys) => {
-                for (anchor, text) in &pr.removed {
-                    let key = crate::ccr::Key::of(text.as_bytes());
+                for ((anchor, _), key) in pr.removed.iter().zip(&keys) {
                     if let Some(m) = staged.get_mut(*anchor) {
-                        note_archived(m, &key);
+                        note_archived(m, key);
                     }
                 }
-                report.archived = keys;
+                report.archived = distinct(&keys);
             }
             Err(e) => {
                 report.archive_error = Some(e.label());

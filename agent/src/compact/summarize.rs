@@ -12,7 +12,7 @@
 use async_trait::async_trait;
 use cairn_crds::EffectivePolicy;
 
-use crate::ccr::{Key, Store, extract_markers};
+use crate::ccr::{Store, extract_markers};
 use crate::history::{self, Message, Role};
 
 use super::archive::{archive_all, referenced_keys, segment_text};
@@ -262,13 +262,14 @@ pub async fn summarize(
     let owned: Vec<Message> = dropped.iter().map(|m| (*m).clone()).collect();
     let archive_text = segment_text(&owned);
     let keys = match archive_all(store, &[archive_text.as_bytes()]).await {
-        Ok(k) => k,
+        Ok(k) if !k.is_empty() => k,
+        Ok(_) => return (report, SummaryOutcome::ArchiveFailed),
         Err(e) => {
             report.archive_error = Some(e.label());
             return (report, SummaryOutcome::ArchiveFailed);
         }
     };
-    let segment_key = Key::of(archive_text.as_bytes());
+    let segment_key = keys[0];
     let mut msg = Message::user(format!(
         "{}summary of {} earlier messages ({} chars); the full transcript can be recalled with {}]\n\n{}",
         text::BANNER_PREFIX,

@@ -11,7 +11,7 @@ use cairn_crds::EffectivePolicy;
 use crate::ccr::{Key, Store, extract_markers, has_marker};
 use crate::history::{self, Message, Role};
 
-use super::archive::{archive_all, note_archived};
+use super::archive::{archive_all, distinct, note_archived};
 use super::text;
 use super::{Pass, PassReport, Trigger};
 
@@ -29,18 +29,36 @@ pub fn tail_start(history: &[Message], keep: usize) -> usize {
     0
 }
 
-enum Field {
-    Content,
-    Reasoning,
+/// What becomes of a staged message once its original is archived.
+enum Render {
+    StripReasoning,
+    Preview,
+    SameError,
+    /// A preview promoted to a stub: already archived under `key`.
+    Ready {
+        content: String,
+        key: Key,
+    },
 }
 
 struct Edit {
     index: usize,
-    field: Field,
-    original: Option<String>,
-    new: Option<String>,
-    key: Key,
+    render: Render,
 }
+
+impl Edit {
+    fn original<'a>(&self, history: &'a [Message]) -> Option<&'a [u8]> {
+        let m = &history[self.index];
+        match self.render {
+            Render::StripReasoning => m.reasoning.as_deref().map(str::as_bytes),
+            Render::Preview | Render::SameError => Some(m.content.as_bytes()),
+            Render::Ready { .. } => None,
+        }
+    }
+}
+
+/// Room a banner needs besides the kept text.
+const BANNER_ROOM: usize = 160;
 
 pub async fn trim(
     history: &mut [Message],
@@ -51,8 +69,11 @@ pub async fn trim(
     let mut report = PassReport::new(Pass::Trim, trigger, history::weight(history));
     let protect_from = tail_start(history, policy.min_keep_recent as usize);
     let mc = &policy.microcompact;
+    let (head_chars, tail_chars) = (mc.head_chars as usize, mc.tail_chars as usize);
     let mut edits: Vec<Edit> = Vec::new();
     let mut seen_errors: HashSet<&str> = HashSet::new();
+    // Banners have the same length whatever the key.
+    let placeholder = Key::of(b"");
     for (i, m) in history.iter().enumerate().take(protect_from) {
         if m.is_system() || m.meta.preserve_verbatim || m.meta.is_summary {
             continue;
@@ -65,10 +86,7 @@ pub async fn trim(
                 {
                     edits.push(Edit {
                         index: i,
-                        field: Field::Reasoning,
-                        original: Some(r.clone()),
-                        new: None,
-                        key: Key::of(r.as_bytes()),
+                        render: Render::StripReasoning,
                     });
                 }
             }
@@ -81,10 +99,10 @@ pub async fn trim(
                     {
                         edits.push(Edit {
                             index: i,
-                            field: Field::Content,
-                            original: None,
-                            new: Some(text::stub("tool result", st, &key)),
-                            key,
+                            render: Render::Ready {
+                                content: text::stub("tool result", st, &key),
+                                key,
+                            },
                         });
                     }
                     continue;
@@ -92,35 +110,21 @@ pub async fn trim(
                 if has_marker(c) || c.is_empty() {
                     continue;
                 }
-                let key = Key::of(c.as_bytes());
                 if looks_like_error(c) && !seen_errors.insert(c.as_str()) {
-                    let new = format!(
-                        "{}same error output as an earlier tool result ({} chars); original: {}]",
-                        text::BANNER_PREFIX,
-                        c.len(),
-                        key.marker()
-                    );
-                    if new.len() < c.len() {
+                    if same_error(c.len(), &placeholder).len() < c.len() {
                         edits.push(Edit {
                             index: i,
-                            field: Field::Content,
-                            original: Some(c.clone()),
-                            new: Some(new),
-                            key,
+                            render: Render::SameError,
                         });
                     }
                     continue;
                 }
                 if c.len() >= mc.min_content_chars as usize
-                    && let Some(p) =
-                        text::preview(c, mc.head_chars as usize, mc.tail_chars as usize, &key)
+                    && c.len() > head_chars + tail_chars + BANNER_ROOM
                 {
                     edits.push(Edit {
                         index: i,
-                        field: Field::Content,
-                        original: Some(c.clone()),
-                        new: Some(p),
-                        key,
+                        render: Render::Preview,
                     });
                 }
             }
@@ -130,28 +134,49 @@ pub async fn trim(
     if edits.is_empty() {
         return report;
     }
-    let originals: Vec<&[u8]> = edits
-        .iter()
-        .filter_map(|e| e.original.as_deref().map(str::as_bytes))
-        .collect();
-    match archive_all(store, &originals).await {
-        Ok(keys) => report.archived = keys,
+    let originals: Vec<&[u8]> = edits.iter().filter_map(|e| e.original(history)).collect();
+    let keys = match archive_all(store, &originals).await {
+        Ok(keys) => keys,
         Err(e) => {
             report.archive_error = Some(e.label());
             return report;
         }
-    }
+    };
+    report.archived = distinct(&keys);
+    let mut keys = keys.into_iter();
     for e in edits {
         let m = &mut history[e.index];
-        match e.field {
-            Field::Reasoning => m.reasoning = e.new,
-            Field::Content => m.content = e.new.unwrap_or_default(),
+        let key = match &e.render {
+            Render::Ready { key, .. } => *key,
+            _ => match keys.next() {
+                Some(k) => k,
+                None => break,
+            },
+        };
+        match e.render {
+            Render::StripReasoning => m.reasoning = None,
+            Render::Ready { content, .. } => m.content = content,
+            Render::Preview => match text::preview(&m.content, head_chars, tail_chars, &key) {
+                Some(p) => m.content = p,
+                None => continue,
+            },
+            Render::SameError => {
+                m.content = same_error(m.content.len(), &key);
+            }
         }
-        note_archived(m, &e.key);
+        note_archived(m, &key);
         report.changed += 1;
     }
     report.bytes_after = history::weight(history);
     report
+}
+
+fn same_error(len: usize, key: &Key) -> String {
+    format!(
+        "{}same error output as an earlier tool result ({len} chars); original: {}]",
+        text::BANNER_PREFIX,
+        key.marker()
+    )
 }
 
 /// Error output, by its first lines (tool errors repeat verbatim when a model retries).

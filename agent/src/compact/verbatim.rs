@@ -2,10 +2,10 @@
 //! survive every level, but together they may use at most a quarter of the budget; beyond
 //! that the oldest are archived to stubs and lose the flag, so compaction always converges.
 
-use crate::ccr::{Key, Store, has_marker};
+use crate::ccr::{Store, has_marker};
 use crate::history::{self, Message};
 
-use super::archive::{archive_all, note_archived};
+use super::archive::{archive_all, distinct, note_archived};
 use super::text::{self, Stats};
 use super::{Budget, Pass, PassReport, Trigger};
 
@@ -28,7 +28,7 @@ pub async fn enforce(
     if total <= allowance {
         return report;
     }
-    let mut edits: Vec<(usize, String, Key)> = Vec::new();
+    let mut edits: Vec<usize> = Vec::new();
     for (i, m) in history.iter().enumerate() {
         if total <= allowance {
             break;
@@ -36,25 +36,24 @@ pub async fn enforce(
         if !m.meta.preserve_verbatim || m.is_system() || has_marker(&m.content) {
             continue;
         }
-        let key = Key::of(m.content.as_bytes());
-        let stub = text::stub("verbatim message", Stats::of(&m.content), &key);
         total -= m.weight();
-        edits.push((i, stub, key));
+        edits.push(i);
     }
     let originals: Vec<&[u8]> = edits
         .iter()
-        .map(|(i, _, _)| history[*i].content.as_bytes())
+        .map(|&i| history[i].content.as_bytes())
         .collect();
-    match archive_all(store, &originals).await {
-        Ok(keys) => report.archived = keys,
+    let keys = match archive_all(store, &originals).await {
+        Ok(keys) => keys,
         Err(e) => {
             report.archive_error = Some(e.label());
             return report;
         }
-    }
-    for (i, stub, key) in edits {
+    };
+    report.archived = distinct(&keys);
+    for (i, key) in edits.into_iter().zip(keys) {
         let m = &mut history[i];
-        m.content = stub;
+        m.content = text::stub("verbatim message", Stats::of(&m.content), &key);
         m.meta.preserve_verbatim = false;
         note_archived(m, &key);
         report.changed += 1;
