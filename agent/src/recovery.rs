@@ -18,7 +18,7 @@
 
 use cairn_crds::EffectivePolicy;
 
-use crate::ccr::{Key, Store, extract_markers, has_marker};
+use crate::ccr::{Key, Store, extract_markers};
 use crate::classify::FailureClass;
 use crate::compact::archive::{archive_all, note_archived, referenced_keys, segment_text};
 use crate::compact::emergency::user_tail_start;
@@ -210,7 +210,7 @@ async fn cut_long_assistants(history: &mut [Message], store: &dyn Store, report:
             m.role == Role::Assistant
                 && m.content.len() > LONG_ASSISTANT_CHARS
                 && !m.meta.preserve_verbatim
-                && !has_marker(&m.content)
+                && !text::quotes_marker(&m.content)
         })
         .map(|(i, _)| i)
         .collect();
@@ -243,7 +243,7 @@ async fn cap_messages(
             }
             continue;
         }
-        if !has_marker(c) {
+        if !text::quotes_marker(c) {
             edits.push((i, None));
         }
     }

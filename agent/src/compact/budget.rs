@@ -7,7 +7,7 @@
 //! it stays whole). Previews depend only on the result and the limit, so the same history
 //! yields byte-identical requests turn after turn and provider prompt caches stay warm.
 
-use crate::ccr::{Store, has_marker};
+use crate::ccr::Store;
 use crate::history::{self, Message, Role};
 
 use super::archive::{archive_all, distinct};
@@ -69,7 +69,7 @@ fn plan_caps(history: &[Message], limits: ToolResultLimits) -> Vec<(usize, usize
         let group: Vec<usize> = (start..i)
             .filter(|&j| {
                 let m = &history[j];
-                !m.meta.preserve_verbatim && !m.meta.is_summary && !has_marker(&m.content)
+                !m.meta.preserve_verbatim && !m.meta.is_summary && !text::quotes_marker(&m.content)
             })
             .collect();
         let sizes: Vec<usize> = group

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::ccr::{Key, Store, has_marker};
+use crate::ccr::{Key, Store};
 use crate::history::{self, Message, Role};
 
 use super::archive::{archive_all, distinct, note_archived};
@@ -138,7 +138,7 @@ pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassRepo
         if m.meta.preserve_verbatim
             || m.meta.is_summary
             || m.content.is_empty()
-            || has_marker(&m.content)
+            || text::quotes_marker(&m.content)
         {
             continue;
         }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use cairn_crds::EffectivePolicy;
 
-use crate::ccr::{Key, Store, extract_markers, has_marker};
+use crate::ccr::{Key, Store, extract_markers};
 use crate::history::{self, Message, Role};
 
 use super::archive::{archive_all, note_archived, referenced_keys, segment_text};
@@ -163,7 +163,7 @@ pub async fn shrink_largest(
         #[allow(clippy::map_entry)] // the archive call between lookup and insert is async
         if !originals.contains_key(&i) {
             let c = &history[i].content;
-            if has_marker(c) {
+            if text::quotes_marker(c) {
                 exhausted[i] = true;
                 continue;
             }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cairn_crds::EffectivePolicy;
 
-use crate::ccr::{Key, Store, extract_markers, has_marker};
+use crate::ccr::{Key, Store, extract_markers};
 use crate::history::{self, Message, Role};
 
 use super::archive::{archive_all, distinct, note_archived};
@@ -150,7 +150,7 @@ fn plan_edit(index: usize, m: &Message, plan: Plan, policy: &EffectivePolicy) ->
             },
         });
     }
-    if has_marker(&m.content) {
+    if text::quotes_marker(&m.content) {
         // Content quoting someone else's marker cannot be archived; leave it whole.
         return None;
     }

@@ -69,8 +69,26 @@ pub fn line_count(s: &str) -> usize {
     if s.is_empty() {
         0
     } else {
-        s.bytes().filter(|&b| b == b'\n').count() + usize::from(!s.ends_with('\n'))
+        count_newlines(s.as_bytes()) + usize::from(!s.ends_with('\n'))
     }
+}
+
+/// Newlines in `bytes`, eight bytes at a time: tool outputs are megabytes and every stub and
+/// banner states the line count of its original.
+pub fn count_newlines(bytes: &[u8]) -> usize {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const NL: u64 = 0x0a0a_0a0a_0a0a_0a0a;
+    let mut chunks = bytes.chunks_exact(8);
+    let mut n = 0usize;
+    for c in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(c);
+        let x = u64::from_ne_bytes(word) ^ NL;
+        // High bit set exactly in the bytes of `x` that are zero (no borrow between bytes).
+        let zero = !(((x & LOW7) + LOW7) | x | LOW7);
+        n += zero.count_ones() as usize;
+    }
+    n + chunks.remainder().iter().filter(|&&b| b == b'\n').count()
 }
 
 /// A coarse label of what a text is, for stubs: the model decides from it whether to recall.
@@ -164,11 +182,23 @@ pub fn omission_banner(st: Stats, omitted_chars: usize, omitted_lines: usize, ke
 /// Head + banner + tail of `original`, archived under `key`, fitting `max` bytes when it
 /// can (the banner is never cut). `None` when the preview would not be shorter.
 pub fn preview(original: &str, head_max: usize, tail_max: usize, key: &Key) -> Option<String> {
-    let st = Stats::of(original);
+    let total_newlines = count_newlines(original.as_bytes());
+    let st = Stats {
+        chars: original.len(),
+        lines: total_newlines + usize::from(!original.is_empty() && !original.ends_with('\n')),
+        kind: detect_kind(original),
+    };
     let h = head(original, head_max);
     let t = tail(&original[h.len()..], tail_max);
     let omitted = &original[h.len()..original.len() - t.len()];
-    let banner = omission_banner(st, omitted.len(), line_count(omitted), key);
+    let omitted_newlines =
+        total_newlines - count_newlines(h.as_bytes()) - count_newlines(t.as_bytes());
+    let omitted_lines = if omitted.is_empty() {
+        0
+    } else {
+        omitted_newlines + usize::from(!omitted.ends_with('\n'))
+    };
+    let banner = omission_banner(st, omitted.len(), omitted_lines, key);
     let out_len = h.len() + banner.len() + t.len();
     if out_len >= original.len() {
         return None;
@@ -236,6 +266,12 @@ pub fn is_ours(text: &str) -> bool {
     text.contains(BANNER_PREFIX) && crate::ccr::has_marker(text)
 }
 
+/// True when `text` carries a canonical marker. `str::contains` takes the SIMD fast path for
+/// the common answer (no marker at all) on multi-megabyte outputs.
+pub fn quotes_marker(text: &str) -> bool {
+    text.contains(crate::ccr::MARKER_OPEN) && crate::ccr::has_marker(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +297,23 @@ mod tests {
         let w = preview_within(&original, 1000, &key).expect("fits");
         assert!(w.len() <= 1000);
         assert_eq!(w, preview_within(&original, 1000, &key).expect("fits"));
+    }
+
+    #[test]
+    fn newline_count_matches_naive() {
+        for s in [
+            "",
+            "\n",
+            "a\nb",
+            "\n\n\n\n\n\n\n\n\n",
+            "ab\ncd\nef\ngh\nij\nkl\nmn\nop\nqr\n\u{e9}\u{0a}\u{7f}\u{8a}",
+        ] {
+            let naive = s.bytes().filter(|&b| b == b'\n').count();
+            assert_eq!(count_newlines(s.as_bytes()), naive, "{s:?}");
+        }
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 256) as u8).collect();
+        let naive = bytes.iter().filter(|&&b| b == b'\n').count();
+        assert_eq!(count_newlines(&bytes), naive);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use cairn_crds::EffectivePolicy;
 
-use crate::ccr::{Key, Store, extract_markers, has_marker};
+use crate::ccr::{Key, Store, extract_markers};
 use crate::history::{self, Message, Role};
 
 use super::archive::{archive_all, distinct, note_archived};
@@ -82,7 +82,7 @@ pub async fn trim(
             Role::Assistant => {
                 if let Some(r) = &m.reasoning
                     && !r.is_empty()
-                    && !has_marker(r)
+                    && !text::quotes_marker(r)
                 {
                     edits.push(Edit {
                         index: i,
@@ -107,7 +107,7 @@ pub async fn trim(
                     }
                     continue;
                 }
-                if has_marker(c) || c.is_empty() {
+                if text::quotes_marker(c) || c.is_empty() {
                     continue;
                 }
                 if looks_like_error(c) && !seen_errors.insert(c.as_str()) {

@@ -2,7 +2,7 @@
 //! survive every level, but together they may use at most a quarter of the budget; beyond
 //! that the oldest are archived to stubs and lose the flag, so compaction always converges.
 
-use crate::ccr::{Store, has_marker};
+use crate::ccr::Store;
 use crate::history::{self, Message};
 
 use super::archive::{archive_all, distinct, note_archived};
@@ -33,7 +33,7 @@ pub async fn enforce(
         if total <= allowance {
             break;
         }
-        if !m.meta.preserve_verbatim || m.is_system() || has_marker(&m.content) {
+        if !m.meta.preserve_verbatim || m.is_system() || text::quotes_marker(&m.content) {
             continue;
         }
         total -= m.weight();
