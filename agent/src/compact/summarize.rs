@@ -339,6 +339,38 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn transcript_shares_the_budget_and_restores_stubs_that_fit() {
+        use crate::ccr::MemoryStore;
+        let store = MemoryStore::new();
+        let original = "fn small() {}\n".repeat(20);
+        let key = store.archive(original.as_bytes()).await.expect("stored");
+        let stub = Message::tool(
+            "c1",
+            text::stub("tool result", text::Stats::of(&original), &key),
+        );
+        let huge = Message::user(format!("{}{}", "H".repeat(60_000), "T".repeat(60_000)));
+        let small = Message::assistant("short reply");
+        let segment = [&stub, &huge, &small];
+        // Window 30,000 chars: half is below the 20,000 floor, so 20,000 / 3 per message.
+        let t = transcript(&segment, 30_000, &store).await;
+        assert!(
+            t.contains(&original),
+            "the stub's original fits its share and is restored"
+        );
+        assert!(t.contains("short reply"));
+        let share = MIN_INPUT_CHARS / 3;
+        let heads = t.matches('H').count();
+        let tails = t.matches('T').count();
+        assert!(
+            heads <= share * 3 / 4 && heads > share * 3 / 4 - 100,
+            "{heads}"
+        );
+        assert!(tails <= share / 4 && tails > share / 4 - 100, "{tails}");
+        assert!(t.contains("chars cut"));
+        assert!(t.len() < MIN_INPUT_CHARS + 1_000);
+    }
+
     #[test]
     fn instructions_name_all_nine_sections() {
         let i = instructions();
