@@ -19,8 +19,9 @@
 //!   signals or an HTML body is a [`FailureClass::ProxyRejection`]. Headers such as `cf-ray`
 //!   count only when the body is not the provider's own JSON error, because some providers
 //!   sit behind Cloudflare and send `cf-ray` on every answer.
-//! - An HTML body on any other 4xx (except 401/429) is a proxy rejection: every supported
-//!   provider answers errors in JSON, so HTML means a middlebox spoke.
+//! - An HTML body on any other 4xx (except 401/407/429 and the wrong-URL statuses 404/405/410)
+//!   is a proxy rejection: every supported provider answers errors in JSON, so HTML means a
+//!   middlebox spoke.
 
 use crate::provider::{ProviderError, StopReason};
 
@@ -145,7 +146,8 @@ pub fn classify_with(err: &ProviderError, opts: &ClassifyOptions) -> FailureClas
     if is_rate_limit(&codes, &msg) {
         return FailureClass::Other(OtherReason::RateLimit);
     }
-    if status == 401 {
+    // 407: the proxy wants credentials; no request size will change that.
+    if status == 401 || status == 407 {
         return FailureClass::Other(OtherReason::Auth);
     }
     if status == 529 || codes.iter().any(|c| c == "overloaded_error") {
@@ -160,6 +162,10 @@ pub fn classify_with(err: &ProviderError, opts: &ClassifyOptions) -> FailureClas
     }
     if status == 403 {
         return classify_403(err, &parsed, &msg, html);
+    }
+    // A wrong URL or method is a configuration error, whatever page the server renders.
+    if matches!(status, 404 | 405 | 410) {
+        return FailureClass::Other(OtherReason::BadRequest);
     }
     if html {
         return if status == 413 || status == 431 || has_payload_phrase(&msg) {

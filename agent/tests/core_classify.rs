@@ -463,6 +463,20 @@ fn cases() -> Vec<Case> {
             BAD,
         ),
         http(
+            "html 404 from a wrong base url",
+            404,
+            HTML,
+            "<html><head><title>404 Not Found</title></head><body><center><h1>404 Not Found</h1></center><hr><center>nginx</center></body></html>",
+            BAD,
+        ),
+        http(
+            "proxy authentication required",
+            407,
+            HTML,
+            "<html><body><h1>407 Proxy Authentication Required</h1></body></html>",
+            AUTH,
+        ),
+        http(
             "413 inside a 500 body",
             500,
             "text/plain",
