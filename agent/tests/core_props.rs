@@ -160,7 +160,11 @@ fn summarizer(kind: u8) -> Option<ScriptedSummarizer> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    // 64 cases by default; `PROPTEST_CASES=1000` for a deeper run.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn pairing_repair_yields_valid_pairing(ops in proptest::collection::vec(op(), 0..30)) {
