@@ -9,3 +9,9 @@ pub mod catalog;
 pub mod ccr;
 pub mod history;
 pub mod provider;
+
+// Classification, compaction and recovery.
+pub mod classify;
+pub mod compact;
+pub mod recovery;
+pub mod tokens;

@@ -1,0 +1,263 @@
+//! The no-LLM engine on synthetic sessions of realistic tool outputs (logs, diffs, JSON,
+//! source): each cheap pass, level 1, level 3, and the whole pipeline.
+//!
+//! `cargo bench -p cairn-agent --bench engine`
+
+#[path = "../tests/core_support/mod.rs"]
+mod core_support;
+
+use criterion::measurement::{Measurement, ValueFormatter};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+
+use cairn_agent::ccr::MemoryStore;
+use cairn_agent::compact::ladder::LadderContext;
+use cairn_agent::compact::{
+    BudgetInputs, SessionState, Trigger, budget, compact, dedup, emergency, microcompact, pairing,
+    trim,
+};
+use cairn_agent::history::{self, Message};
+use cairn_crds::EffectivePolicy;
+
+const MB: usize = 1024 * 1024;
+const SIZES: [usize; 3] = [MB, 4 * MB, 16 * MB];
+
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_current_thread().build() {
+        Ok(rt) => rt,
+        Err(e) => panic!("tokio runtime: {e}"),
+    }
+}
+
+/// A window whose budget is a quarter of the history, so every level has work to do.
+fn window_for(history: &[Message]) -> u64 {
+    (history::weight(history) as f64 / 4.0 / 2.4) as u64 + 13_000
+}
+
+/// The turn's cheap passes plus the ladder without a summarizer (levels 1 and 3).
+async fn pipeline(
+    h: &mut Vec<Message>,
+    policy: &EffectivePolicy,
+    store: &MemoryStore,
+    window: u64,
+) -> usize {
+    let mut state = SessionState::new();
+    pairing::repair_archived(h, store, Trigger::Turn).await;
+    microcompact::microcompact(h, policy, None, store).await;
+    dedup::dedup_reads(h, store).await;
+    let ctx = LadderContext {
+        policy,
+        inputs: BudgetInputs {
+            context_window: window,
+            payload_cap: None,
+            reserve_bytes: 0,
+        },
+        store,
+        summarizer: None,
+        trigger: Trigger::Auto,
+        budget_ratio: None,
+    };
+    let out = compact(h, &ctx, &mut state).await;
+    let (outgoing, _) = budget::apply(h, state.tool_result_limits(policy), store).await;
+    out.bytes_after + outgoing.len()
+}
+
+/// CPU time of the benchmarking thread. The machine these numbers come from is shared, so
+/// wall time mostly measures the neighbours; the passes run on the calling thread (a
+/// current-thread runtime), so its CPU time is their cost.
+struct ThreadCpuTime;
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl Measurement for ThreadCpuTime {
+    type Intermediate = u64;
+    type Value = u64;
+
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+    fn end(&self, started: u64) -> u64 {
+        thread_cpu_ns().saturating_sub(started)
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &CpuFormatter
+    }
+}
+
+struct CpuFormatter;
+
+impl ValueFormatter for CpuFormatter {
+    fn scale_values(&self, typical: f64, values: &mut [f64]) -> &'static str {
+        let (div, unit) = if typical >= 1e6 {
+            (1e6, "ms cpu")
+        } else if typical >= 1e3 {
+            (1e3, "µs cpu")
+        } else {
+            (1.0, "ns cpu")
+        };
+        values.iter_mut().for_each(|v| *v /= div);
+        unit
+    }
+    fn scale_throughputs(
+        &self,
+        _typical: f64,
+        throughput: &Throughput,
+        values: &mut [f64],
+    ) -> &'static str {
+        if let Throughput::Bytes(b) = throughput {
+            // ns per iteration → MiB per CPU second.
+            values
+                .iter_mut()
+                .for_each(|v| *v = *b as f64 / (*v / 1e9) / (1024.0 * 1024.0));
+            "MiB/cpu-s"
+        } else {
+            "elements"
+        }
+    }
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "ns"
+    }
+}
+
+fn wall(c: &mut Criterion) {
+    benches(c, "engine");
+}
+
+fn cpu(c: &mut Criterion<ThreadCpuTime>) {
+    benches(c, "engine_cpu");
+}
+
+fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
+    let rt = runtime();
+    let policy = EffectivePolicy::default();
+    let sessions: Vec<(usize, Vec<Message>)> = SIZES
+        .iter()
+        .map(|&s| (s, core_support::session(s)))
+        .collect();
+
+    let mut g = c.benchmark_group(group);
+    g.sample_size(10);
+    for (size, h) in &sessions {
+        let label = format!("{}MB", size / MB);
+        let window = window_for(h);
+        g.throughput(Throughput::Bytes(history::weight(h) as u64));
+        g.bench_with_input(BenchmarkId::new("pairing_check", &label), h, |b, h| {
+            b.iter(|| pairing::is_valid(h))
+        });
+        g.bench_with_input(BenchmarkId::new("microcompact", &label), h, |b, h| {
+            b.iter_batched(
+                || (h.clone(), MemoryStore::new()),
+                |(mut h, store)| {
+                    rt.block_on(microcompact::microcompact(&mut h, &policy, None, &store));
+                    (h, store)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        g.bench_with_input(BenchmarkId::new("dedup_reads", &label), h, |b, h| {
+            b.iter_batched(
+                || (h.clone(), MemoryStore::new()),
+                |(mut h, store)| {
+                    rt.block_on(dedup::dedup_reads(&mut h, &store));
+                    (h, store)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        g.bench_with_input(BenchmarkId::new("tool_result_budget", &label), h, |b, h| {
+            let limits = SessionState::new().tool_result_limits(&policy);
+            b.iter_batched(
+                MemoryStore::new,
+                |store| {
+                    let out = rt.block_on(budget::apply(h, limits, &store));
+                    (out, store)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        g.bench_with_input(BenchmarkId::new("level1_trim", &label), h, |b, h| {
+            b.iter_batched(
+                || (h.clone(), MemoryStore::new()),
+                |(mut h, store)| {
+                    rt.block_on(trim::trim(&mut h, &policy, Trigger::Auto, &store));
+                    (h, store)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        g.bench_with_input(BenchmarkId::new("level3_emergency", &label), h, |b, h| {
+            let target = history::weight(h) / 8;
+            b.iter_batched(
+                || (h.clone(), MemoryStore::new()),
+                |(mut h, store)| {
+                    rt.block_on(emergency::emergency(
+                        &mut h,
+                        &policy,
+                        target,
+                        Trigger::Auto,
+                        &store,
+                    ));
+                    (h, store)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        g.bench_with_input(BenchmarkId::new("pipeline", &label), h, |b, h| {
+            b.iter_batched(
+                || (h.clone(), MemoryStore::new()),
+                |(mut h, store)| {
+                    rt.block_on(pipeline(&mut h, &policy, &store, window));
+                    (h, store)
+                },
+                BatchSize::LargeInput,
+            )
+        });
+        // Steady state: the next turn's pipeline over a history the previous turn already
+        // compacted (originals are in the store; most work is recognising its own stubs).
+        let mut settled = h.clone();
+        let settled_store = MemoryStore::new();
+        rt.block_on(pipeline(&mut settled, &policy, &settled_store, window));
+        g.bench_with_input(
+            BenchmarkId::new("pipeline_next_turn", &label),
+            &settled,
+            |b, h| {
+                b.iter_batched(
+                    || h.clone(),
+                    |mut h| {
+                        rt.block_on(pipeline(&mut h, &policy, &settled_store, window));
+                        h
+                    },
+                    BatchSize::LargeInput,
+                )
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(engine, wall);
+criterion_group! {
+    name = engine_cpu;
+    config = Criterion::default().with_measurement(ThreadCpuTime);
+    targets = cpu
+}
+criterion_main!(engine, engine_cpu);

@@ -1,0 +1,60 @@
+//! Pairing repair allocates nothing when the history needs no repair (it runs every turn).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cairn_agent::compact::pairing::{self, OrphanMode};
+use cairn_agent::history::{Message, ToolCall};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn valid_history_is_checked_and_repaired_without_allocating() {
+    let mut h = vec![Message::system("s"), Message::user("go")];
+    for n in 0..50 {
+        let calls = (0..3)
+            .map(|k| ToolCall {
+                id: format!("c{n}_{k}"),
+                name: "read_file".into(),
+                arguments: "{}".into(),
+            })
+            .collect();
+        h.push(Message::assistant_calls("", calls));
+        for k in (0..3).rev() {
+            h.push(Message::tool(format!("c{n}_{k}"), "out"));
+        }
+        h.push(Message::assistant("ok"));
+    }
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let valid = pairing::is_valid(&h);
+    let report = pairing::repair(&mut h, OrphanMode::Remove);
+    let after = ALLOCATIONS.load(Ordering::SeqCst);
+    assert!(valid);
+    assert!(!report.is_change());
+    assert_eq!(after - before, 0, "no allocation on the happy path");
+
+    // A broken history does get repaired (the counter is not vacuous).
+    h.push(Message::tool("orphan", "x"));
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    pairing::repair(&mut h, OrphanMode::Remove);
+    assert!(ALLOCATIONS.load(Ordering::SeqCst) > before);
+    assert!(pairing::is_valid(&h));
+}
