@@ -5,7 +5,7 @@
 //! - the program is the container's `command[0]` when it has one, else the binary the image
 //!   maps to (`ImageMap`, e.g. `ghcr.io/cairn-dev/cairn-agent` → `target/debug/cairn-agent`);
 //! - arguments are the container's; listen addresses (`--listen`, `--metrics-addr`, in both
-//!   `--flag=value` and `--flag value` forms) become `127.0.0.1:<free port>`, reported per pod;
+//!   `--flag=value` and `--flag value` forms, also `--metrics-listen`) become `127.0.0.1:<free port>`, reported per pod;
 //! - environment: literal values, `secretKeyRef` and `configMapKeyRef` values read from the
 //!   API (as the kubelet does), `fieldRef` for the pod's name, namespace and IP;
 //! - identity: a token for the pod's own ServiceAccount from the TokenRequest API, bound to
@@ -57,7 +57,7 @@ pub struct PodRuntime {
 }
 
 /// Flags whose value is a listen address to rewrite to a free local port.
-const LISTEN_FLAGS: [&str; 2] = ["listen", "metrics-addr"];
+const LISTEN_FLAGS: [&str; 3] = ["listen", "metrics-addr", "metrics-listen"];
 
 struct Ctx {
     kubectl: PathBuf,
