@@ -223,8 +223,10 @@ pub fn transitions(
         let before = prev_conditions.iter().find(|p| p.type_ == c.type_);
         let changed = before.is_none_or(|p| p.status != c.status || p.reason != c.reason);
         if changed {
+            // Not ready while starting or suspended is expected, not a warning.
+            let expected = matches!(c.reason.as_str(), "PodNotReady" | "Suspended");
             out.push(Transition {
-                warning: c.status != "True",
+                warning: c.status != "True" && !expected,
                 reason: c.reason.clone(),
                 note: format!("{}={}: {}", c.type_, c.status, c.message),
             });
