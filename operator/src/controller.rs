@@ -40,6 +40,10 @@ pub const FINALIZER: &str = "cairn.dev/archive";
 /// on that object usually triggers sooner; this is the safety net, slow on purpose.
 const WAITING_REQUEUE: Duration = Duration::from_secs(300);
 
+/// Applying a session's objects sends a burst of watch events for its children; waiting this
+/// long folds the burst into one reconcile.
+const DEBOUNCE: Duration = Duration::from_secs(1);
+
 type Guarded = DeserializeGuard<AgentSession>;
 
 /// Shared state of the controller.
@@ -521,7 +525,11 @@ pub async fn run(
             watcher::Config::default(),
             move |secret| sessions_for_secret(&secret_store.state(), &secret, &defaults),
         )
-        .with_config(controller::Config::default().concurrency(concurrency))
+        .with_config(
+            controller::Config::default()
+                .concurrency(concurrency)
+                .debounce(DEBOUNCE),
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

@@ -25,10 +25,17 @@ pub struct PhaseLabels {
     pub phase: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// HTTP method: GET (get, list, watch), POST, PUT, PATCH, DELETE.
+    pub method: String,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     pub registry: Registry,
     reconciles: Family<ResultLabels, Counter>,
+    api_requests: Family<RequestLabels, Counter>,
     duration: Histogram,
     sessions: Family<PhaseLabels, Gauge>,
     phases: Mutex<HashMap<String, Phase>>,
@@ -41,6 +48,12 @@ impl Default for Metrics {
         // 1 ms .. ~33 s
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let sessions = Family::<PhaseLabels, Gauge>::default();
+        let api_requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests sent to the Kubernetes API by HTTP method",
+            api_requests.clone(),
+        );
         registry.register(
             "reconciles",
             "Reconciles of AgentSessions by result",
@@ -72,6 +85,7 @@ impl Default for Metrics {
         Self {
             registry,
             reconciles,
+            api_requests,
             duration,
             sessions,
             phases: Mutex::new(HashMap::new()),
@@ -87,6 +101,24 @@ impl Metrics {
             })
             .inc();
         self.duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts one request to the Kubernetes API.
+    pub fn api_request(&self, method: &http::Method) {
+        self.api_requests
+            .get_or_create(&RequestLabels {
+                method: method.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    /// Requests sent so far with `method`.
+    pub fn api_requests(&self, method: &http::Method) -> u64 {
+        self.api_requests
+            .get_or_create(&RequestLabels {
+                method: method.as_str().to_string(),
+            })
+            .get()
     }
 
     /// Records the phase of a session (`None`: the session is gone).

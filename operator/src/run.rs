@@ -72,10 +72,12 @@ async fn run_controllers(ctx: Arc<Context>, args: &OperatorArgs, stop: watch::Re
 
 /// The whole operator.
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
-    let client = Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API")?;
     let metrics = Arc::new(Metrics::default());
+    let config = kube::Config::infer()
+        .await
+        .context("reading the Kubernetes client configuration")?;
+    let client = crate::client::counting_client(config, metrics.clone())
+        .context("connecting to the Kubernetes API")?;
     let ready = Arc::new(AtomicBool::new(false));
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
