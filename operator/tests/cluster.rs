@@ -799,3 +799,126 @@ async fn an_operator_restart_converges_without_duplicates() {
     }
     env.teardown().await;
 }
+
+/// A `cairn-operator` process (the real binary) with leader election on.
+struct Replica {
+    child: Child,
+    identity: String,
+    metrics_port: u16,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_replica(ns: &str, identity: &str) -> Replica {
+    let metrics_port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn-operator"))
+        .args([
+            "--watch-namespaces",
+            ns,
+            "--operator-namespace",
+            ns,
+            "--leader-election-lease",
+            "cairn-operator-test",
+            "--skip-crd-install",
+            "--log-format",
+            "text",
+            "--metrics-listen",
+            &format!("127.0.0.1:{metrics_port}"),
+        ])
+        .env("POD_NAME", identity)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start cairn-operator");
+    Replica {
+        child,
+        identity: identity.to_string(),
+        metrics_port,
+    }
+}
+
+async fn reconciles(port: u16) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with("cairn_operator_reconciles_total"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+async fn lease_holder(client: &Client, ns: &str) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), ns);
+    leases
+        .get_opt("cairn-operator-test")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn two_replicas_elect_one_leader_and_fail_over() {
+    let mut env = TestEnv::new("leader").await;
+    // The replicas are the operators here.
+    env.stop_operator().await;
+    let a = start_replica(&env.ns, "replica-a");
+    let b = start_replica(&env.ns, "replica-b");
+    let holder = eventually("a leader", || async {
+        lease_holder(&env.client, &env.ns).await
+    })
+    .await;
+    let (mut leader, follower) = if holder == a.identity { (a, b) } else { (b, a) };
+    assert_eq!(holder, leader.identity);
+
+    env.create_session("chat", minimal()).await;
+    env.wait_phase("chat", Phase::Running).await;
+    let follower_count = eventually("the follower's metrics", || async {
+        reconciles(follower.metrics_port).await
+    })
+    .await;
+    assert_eq!(follower_count, 0.0, "the follower never reconciles");
+    assert!(reconciles(leader.metrics_port).await.unwrap_or(0.0) > 0.0);
+
+    // A graceful stop releases the Lease: the follower takes over well before it expires.
+    let pid = leader.child.id().to_string();
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let _ = leader.child.wait();
+    let taken = std::time::Instant::now();
+    eventually("the follower to take over", || async {
+        (lease_holder(&env.client, &env.ns).await.as_deref() == Some(follower.identity.as_str()))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        taken.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        taken.elapsed()
+    );
+    env.patch_session("chat", json!({"spec": {"suspend": true}}))
+        .await;
+    env.wait_phase("chat", Phase::Suspended).await;
+    drop(follower);
+    env.start_operator();
+    env.teardown().await;
+}

@@ -146,7 +146,9 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
                     "spec": {"provider": {"kind": "openai", "model": "gpt-5"}},
                 }))
                 .expect("fixture");
-                api.create(&PostParams::default(), &session).await.map(|_| ())
+                api.create(&PostParams::default(), &session)
+                    .await
+                    .map(|_| ())
             }
         })
         .buffer_unordered(32)
