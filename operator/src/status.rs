@@ -197,8 +197,8 @@ pub struct Transition {
     pub note: String,
 }
 
-/// Events for the differences between two statuses: a new phase, and every condition whose
-/// status or reason changed.
+/// Events for the differences between two statuses: a new phase, every condition whose status
+/// or reason changed, and conditions that start out in trouble.
 pub fn transitions(
     prev: Option<&AgentSessionStatus>,
     next: &AgentSessionStatus,
@@ -222,11 +222,18 @@ pub fn transitions(
     for c in &next.conditions {
         let before = prev_conditions.iter().find(|p| p.type_ == c.type_);
         let changed = before.is_none_or(|p| p.status != c.status || p.reason != c.reason);
-        if changed {
-            // Not ready while starting or suspended is expected, not a warning.
-            let expected = matches!(c.reason.as_str(), "PodNotReady" | "Suspended");
+        // Not ready while starting or suspended is expected, not a warning.
+        let expected = matches!(c.reason.as_str(), "PodNotReady" | "Suspended");
+        let warning = c.status != "True" && !expected;
+        // At scale every Event is a write: a condition that starts out fine, and Ready
+        // turning True (the phase Event says Running), are not news.
+        let news = match before {
+            None => warning,
+            Some(_) => !(c.type_ == READY && c.status == "True"),
+        };
+        if changed && news {
             out.push(Transition {
-                warning: c.status != "True" && !expected,
+                warning,
                 reason: c.reason.clone(),
                 note: format!("{}={}: {}", c.type_, c.status, c.message),
             });

@@ -184,8 +184,27 @@ fn transitions_name_the_new_phase_and_changed_conditions() {
     let t = status::transitions(Some(&pending), &running);
     assert_eq!(
         t.iter().map(|t| t.reason.as_str()).collect::<Vec<_>>(),
-        ["Running", "AgentReady"]
+        ["Running"],
+        "Ready turning True is said by the phase Event"
     );
+    assert!(
+        !first.iter().any(|t| t.reason == "Resolved"),
+        "a condition that starts out fine is not news"
+    );
+    let mut no_archive = observed();
+    no_archive.archive = Err(Problem::new("ArchiveNotConfigured", "no bucket"));
+    let t = status::transitions(None, &status::desired(None, &no_archive, &at(0)));
+    assert!(
+        t.iter()
+            .any(|t| t.reason == "ArchiveNotConfigured" && t.warning)
+    );
+    let mut lost = observed();
+    lost.policy = Err(Problem::new("PolicyNotFound", "gone"));
+    let t = status::transitions(
+        Some(&running),
+        &status::desired(Some(&running), &lost, &at(30)),
+    );
+    assert!(t.iter().any(|t| t.reason == "PolicyNotFound" && t.warning));
     let mut failed_obs = observed();
     failed_obs.blocker = Some(Blocker::Invalid(Problem::new("InvalidPolicy", "x")));
     let failed = status::desired(Some(&running), &failed_obs, &at(20));
