@@ -179,3 +179,90 @@ async fn an_unchanged_session_gets_no_status_write_and_no_event() {
         "nothing happened: no Event"
     );
 }
+
+/// An API server that fails every write with 500.
+async fn serve_failing(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) {
+    while let Some((request, respond)) = handle.next_request().await {
+        let (status, reply) = if request.method() == http::Method::GET {
+            (
+                StatusCode::NOT_FOUND,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "reason": "NotFound", "code": 404, "message": "not found"}),
+            )
+        } else {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "reason": "InternalError", "code": 500, "message": "etcd is down"}),
+            )
+        };
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&reply).unwrap_or_default()))
+            .expect("response");
+        respond.send_response(response);
+    }
+}
+
+#[tokio::test]
+async fn transient_failures_back_off_per_object() {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(serve_failing(handle));
+    let ctx = Arc::new(Context::new(
+        Client::new(service, "default"),
+        Defaults::default(),
+        Arc::new(Metrics::default()),
+        Arc::new(S3Purger),
+        Duration::from_secs(3600),
+    ));
+    let guard = Arc::new(DeserializeGuard(Ok(session(None))));
+    for attempt in 1..=3 {
+        let err = controller::reconcile(guard.clone(), ctx.clone())
+            .await
+            .expect_err("writes fail");
+        assert_eq!(err.label(), "KubeApi");
+        let action = controller::error_policy(guard.clone(), &err, ctx.clone());
+        assert_ne!(action, kube::runtime::controller::Action::await_change());
+        assert_eq!(ctx.backoff.failures("team-a/chat"), attempt);
+    }
+    assert_eq!(ctx.backoff.failures("team-a/other"), 0, "per object");
+    let text = ctx.metrics.encode();
+    assert!(
+        text.contains("cairn_operator_reconciles_total{result=\"KubeApi\"} 3"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn an_undecodable_session_is_reported_and_waits_for_an_edit() {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle));
+    let ctx = Arc::new(Context::new(
+        Client::new(service, "default"),
+        Defaults::default(),
+        Arc::new(Metrics::default()),
+        Arc::new(S3Purger),
+        Duration::from_secs(3600),
+    ));
+    let invalid: DeserializeGuard<AgentSession> = serde_json::from_value(json!({
+        "apiVersion": "cairn.dev/v1alpha1",
+        "kind": "AgentSession",
+        "metadata": {"name": "broken", "namespace": "team-a", "uid": "u-2"},
+        "spec": {"provider": {"kind": "carrier-pigeon", "model": "m"}},
+    }))
+    .expect("a guard always deserializes");
+    assert!(invalid.0.is_err());
+    let action = controller::reconcile(Arc::new(invalid), ctx.clone())
+        .await
+        .expect("reported, not an error");
+    assert_eq!(action, kube::runtime::controller::Action::await_change());
+    drop(ctx);
+    let seen = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("server ends")
+        .expect("server task");
+    assert_eq!(seen.len(), 1, "only the Event: {seen:?}");
+    assert!(seen[0].0.starts_with("POST") && seen[0].0.contains("/events"));
+    assert_eq!(seen[0].1["reason"], "InvalidObject");
+}
