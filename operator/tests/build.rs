@@ -558,6 +558,45 @@ fn invalid(name: &str, spec: &str, policy_spec: Option<&str>) -> ValidationError
 }
 
 #[test]
+fn a_system_prompt_from_a_config_map_is_mounted_not_granted() {
+    let objects = build(
+        &plan(
+            "chat",
+            &format!("{MINIMAL}\nsystemPromptFrom: {{configMapName: prompts, key: reviewer}}"),
+            None,
+        ),
+        &inputs(),
+    );
+    let pod = pod(&objects);
+    let volume = pod
+        .volumes
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|v| v.name == "system-prompt")
+        .expect("prompt volume");
+    let cm = volume.config_map.expect("configMap source");
+    assert_eq!(cm.name, "prompts");
+    assert_eq!(cm.items.clone().unwrap_or_default()[0].key, "reviewer");
+    let mount = container(&objects)
+        .volume_mounts
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| m.name == "system-prompt")
+        .expect("prompt mount");
+    assert_eq!(mount.read_only, Some(true));
+    assert_eq!(
+        env(&objects)["CAIRN_SYSTEM_PROMPT_FILE"],
+        "/etc/cairn/system-prompt/system-prompt"
+    );
+    assert!(
+        !rules_json(&objects).to_string().contains("configmaps"),
+        "the Role stays limited to the session's own objects"
+    );
+}
+
+#[test]
 fn validate_refuses_bad_payload_caps() {
     for cap in ["5XB", "0", "'0MB'", "abc", "'-1MB'"] {
         let err = invalid("chat", &format!("{MINIMAL}\npayloadCap: {cap}"), None);

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SeccompProfile, Secret, SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -34,6 +34,11 @@ const RUN_AS: i64 = 65532;
 /// fallback through `XDG_DATA_HOME`).
 const CACHE_DIR: &str = "/var/cache/cairn";
 const SCRATCH_VOLUME: &str = "scratch";
+/// `spec.systemPromptFrom` is mounted rather than read through the API: the kubelet keeps the
+/// file current and the session's Role needs no access to ConfigMaps.
+const PROMPT_VOLUME: &str = "system-prompt";
+const PROMPT_DIR: &str = "/etc/cairn/system-prompt";
+const PROMPT_FILE: &str = "system-prompt";
 
 pub(super) fn token_secret(plan: &Plan, token: &ApiToken) -> Secret {
     Secret {
@@ -132,14 +137,7 @@ pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
             ..Default::default()
         }),
         containers: vec![agent_container(plan)],
-        volumes: Some(vec![Volume {
-            name: SCRATCH_VOLUME.into(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                size_limit: Some(Quantity(plan.archive.local_cache_size.clone())),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }]),
+        volumes: Some(volumes(plan)),
         node_selector: template.and_then(|t| t.node_selector.clone()),
         tolerations: template.and_then(|t| t.tolerations.clone()),
         ..Default::default()
@@ -168,6 +166,52 @@ pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
     }
 }
 
+fn volumes(plan: &Plan) -> Vec<Volume> {
+    let mut volumes = vec![Volume {
+        name: SCRATCH_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(plan.archive.local_cache_size.clone())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    if let Some(prompt) = &plan.spec.system_prompt_from {
+        volumes.push(Volume {
+            name: PROMPT_VOLUME.into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: prompt.config_map_name.clone(),
+                items: Some(vec![KeyToPath {
+                    key: prompt.key.clone(),
+                    path: PROMPT_FILE.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    volumes
+}
+
+fn volume_mounts(plan: &Plan) -> Vec<VolumeMount> {
+    let scratch = |path: &str, sub: &str| VolumeMount {
+        name: SCRATCH_VOLUME.into(),
+        mount_path: path.to_string(),
+        sub_path: Some(sub.to_string()),
+        ..Default::default()
+    };
+    let mut mounts = vec![scratch("/tmp", "tmp"), scratch(CACHE_DIR, "archive")];
+    if plan.spec.system_prompt_from.is_some() {
+        mounts.push(VolumeMount {
+            name: PROMPT_VOLUME.into(),
+            mount_path: PROMPT_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    mounts
+}
+
 fn runtime_default() -> SeccompProfile {
     SeccompProfile {
         type_: "RuntimeDefault".into(),
@@ -186,12 +230,6 @@ fn agent_container(plan: &Plan) -> Container {
         period_seconds: Some(10),
         timeout_seconds: Some(2),
         failure_threshold: Some(3),
-        ..Default::default()
-    };
-    let mount = |path: &str, sub: &str| VolumeMount {
-        name: SCRATCH_VOLUME.into(),
-        mount_path: path.to_string(),
-        sub_path: Some(sub.to_string()),
         ..Default::default()
     };
     Container {
@@ -230,7 +268,7 @@ fn agent_container(plan: &Plan) -> Container {
             seccomp_profile: Some(runtime_default()),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![mount("/tmp", "tmp"), mount(CACHE_DIR, "archive")]),
+        volume_mounts: Some(volume_mounts(plan)),
         ..Default::default()
     }
 }
@@ -259,6 +297,12 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
         value("XDG_DATA_HOME", CACHE_DIR.to_string()),
         value("HOME", "/tmp".to_string()),
     ]);
+    if plan.spec.system_prompt_from.is_some() {
+        env.push(value(
+            "CAIRN_SYSTEM_PROMPT_FILE",
+            format!("{PROMPT_DIR}/{PROMPT_FILE}"),
+        ));
+    }
     env
 }
 
