@@ -103,9 +103,14 @@ impl TestEnv {
     }
 
     async fn stop_operator(&mut self) {
-        if let Some((tx, handle)) = self.operator.take() {
+        if let Some((tx, mut handle)) = self.operator.take() {
             let _ = tx.send(true);
-            let _ = tokio::time::timeout(Duration::from_secs(30), handle).await;
+            if tokio::time::timeout(Duration::from_secs(10), &mut handle)
+                .await
+                .is_err()
+            {
+                handle.abort();
+            }
         }
     }
 
@@ -814,11 +819,25 @@ impl Drop for Replica {
     }
 }
 
-fn start_replica(ns: &str, identity: &str) -> Replica {
-    let metrics_port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+/// The replica's log, kept for a failed run: `$TMPDIR/<namespace>-<identity>.log`.
+fn log_file(ns: &str, identity: &str) -> Stdio {
+    let path = std::env::temp_dir().join(format!("{ns}-{identity}.log"));
+    std::fs::File::create(&path).map_or_else(|_| Stdio::null(), Stdio::from)
+}
+
+/// `n` distinct free ports (all listeners are held until every port is chosen, so the OS
+/// cannot hand out the same one twice).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
+}
+
+fn start_replica(ns: &str, identity: &str, metrics_port: u16) -> Replica {
     let child = Command::new(env!("CARGO_BIN_EXE_cairn-operator"))
         .args([
             "--watch-namespaces",
@@ -834,8 +853,8 @@ fn start_replica(ns: &str, identity: &str) -> Replica {
             &format!("127.0.0.1:{metrics_port}"),
         ])
         .env("POD_NAME", identity)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
+        .env("RUST_LOG", "info")
+        .stdout(log_file(ns, identity))
         .stderr(Stdio::null())
         .spawn()
         .expect("start cairn-operator");
@@ -882,8 +901,9 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
     let mut env = TestEnv::new("leader").await;
     // The replicas are the operators here.
     env.stop_operator().await;
-    let a = start_replica(&env.ns, "replica-a");
-    let b = start_replica(&env.ns, "replica-b");
+    let ports = free_ports(2);
+    let a = start_replica(&env.ns, "replica-a", ports[0]);
+    let b = start_replica(&env.ns, "replica-b", ports[1]);
     let holder = eventually("a leader", || async {
         lease_holder(&env.client, &env.ns).await
     })
@@ -900,11 +920,18 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
     assert_eq!(follower_count, 0.0, "the follower never reconciles");
     assert!(reconciles(leader.metrics_port).await.unwrap_or(0.0) > 0.0);
 
-    // A graceful stop releases the Lease: the follower takes over well before it expires.
+    // A graceful stop releases the Lease (its holder is cleared on exit); the follower takes
+    // it on its next check, within one lease duration.
     let pid = leader.child.id().to_string();
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
-    let _ = leader.child.wait();
     let taken = std::time::Instant::now();
+    let _ = leader.child.wait();
+    let holder = lease_holder(&env.client, &env.ns).await;
+    assert_ne!(
+        holder.as_deref(),
+        Some(leader.identity.as_str()),
+        "released on exit"
+    );
     eventually("the follower to take over", || async {
         (lease_holder(&env.client, &env.ns).await.as_deref() == Some(follower.identity.as_str()))
             .then_some(())
