@@ -11,6 +11,8 @@
 //! Each test gets its own namespace. By default each test runs the operator in-process, scoped
 //! to that namespace; with `CAIRN_TEST_EXTERNAL_OPERATOR=1` the tests expect an operator that
 //! is already running (installed with the Helm chart) and only drive the API.
+//! `CAIRN_TEST_OPERATOR_AS=system:serviceaccount:NS:NAME` makes the in-process operator
+//! impersonate that identity, to check the RBAC the chart grants (docs/operator.md).
 //! `S3`-backed tests start moto (`python3 -m moto.server`) unless `CAIRN_TEST_S3_ENDPOINT`
 //! names a reachable S3 server (credentials `CAIRN_TEST_S3_ACCESS_KEY` /
 //! `CAIRN_TEST_S3_SECRET_KEY`, default `testing`/`testing`).
@@ -44,6 +46,10 @@ const WAIT: Duration = Duration::from_secs(90);
 /// One test's namespace, and the operator serving it (unless an external one does).
 struct TestEnv {
     client: Client,
+    /// The in-process operator's client: the test's own, or impersonating
+    /// `CAIRN_TEST_OPERATOR_AS` (e.g. `system:serviceaccount:cairn-system:cairn-operator`) to
+    /// check the RBAC the chart grants.
+    operator_client: Client,
     ns: String,
     operator: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
@@ -71,8 +77,17 @@ impl TestEnv {
             sessions.list(&ListParams::default()).await.ok()
         })
         .await;
+        let operator_client = match std::env::var("CAIRN_TEST_OPERATOR_AS") {
+            Ok(user) => {
+                let mut config = kube::Config::infer().await.expect("kubeconfig");
+                config.auth_info.impersonate = Some(user);
+                Client::try_from(config).expect("impersonating client")
+            }
+            Err(_) => client.clone(),
+        };
         let mut env = Self {
             client,
+            operator_client,
             ns,
             operator: None,
         };
@@ -84,7 +99,7 @@ impl TestEnv {
 
     fn start_operator(&mut self) {
         let ctx = Arc::new(Context::new(
-            self.client.clone(),
+            self.operator_client.clone(),
             Defaults {
                 image: "cairn-agent:test".into(),
                 ..Default::default()
