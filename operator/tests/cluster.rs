@@ -964,3 +964,57 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
     env.start_operator();
     env.teardown().await;
 }
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn a_stuck_cleanup_says_why_and_retaining_releases_it() {
+    let env = TestEnv::new("stuck").await;
+    let mut spec = minimal();
+    // Nothing listens on port 9: every purge attempt fails.
+    spec["archive"] = json!({"bucket": "gone", "endpoint": "http://127.0.0.1:9",
+                             "retainOnDelete": false});
+    env.create_session("chat", spec).await;
+    env.wait_phase("chat", Phase::Running).await;
+    env.api::<AgentSession>()
+        .delete("chat", &DeleteParams::default())
+        .await
+        .expect("delete");
+
+    let stuck = eventually("ArchiveReady=False/PurgeFailed", || async {
+        let s = env.api::<AgentSession>().get_opt("chat").await.ok()??;
+        (condition(&s, "ArchiveReady")? == ("False".into(), "PurgeFailed".into())).then_some(s)
+    })
+    .await;
+    assert!(stuck.metadata.deletion_timestamp.is_some());
+    assert!(
+        stuck
+            .finalizers()
+            .iter()
+            .any(|f| f == controller::FINALIZER)
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    eventually("a PurgeFailed Event", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("PurgeFailed"))
+            .then_some(())
+    })
+    .await;
+
+    env.patch_session(
+        "chat",
+        json!({"spec": {"archive": {"retainOnDelete": true}}}),
+    )
+    .await;
+    eventually("the session to be gone", || async {
+        env.api::<AgentSession>()
+            .get_opt("chat")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    env.teardown().await;
+}
