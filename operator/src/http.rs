@@ -59,3 +59,45 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use http::Request;
+    use tower::ServiceExt;
+
+    async fn get(app: &Router, path: &str) -> (StatusCode, String) {
+        let response = app
+            .clone()
+            .oneshot(Request::get(path).body(Body::empty()).expect("request"))
+            .await
+            .expect("router answers");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_start_up_and_metrics_are_served() {
+        let metrics = Arc::new(Metrics::default());
+        let ready = Arc::new(AtomicBool::new(false));
+        let app = router(metrics.clone(), ready.clone());
+        assert_eq!(get(&app, "/healthz").await.0, StatusCode::OK);
+        assert_eq!(
+            get(&app, "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        ready.store(true, Ordering::Relaxed);
+        assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
+        metrics.reconciled("ok", std::time::Duration::from_millis(1));
+        let (status, body) = get(&app, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.contains("cairn_operator_reconciles_total{result=\"ok\"} 1"),
+            "{body}"
+        );
+    }
+}
