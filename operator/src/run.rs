@@ -141,12 +141,15 @@ async fn lead(
         .leader_election_namespace
         .clone()
         .unwrap_or_else(|| args.operator_namespace.clone());
+    // The field manager must differ per replica: the Lease is taken with a non-forced
+    // server-side apply, and only a different manager makes a concurrent take a conflict. The
+    // crate's default (`kube-lease-manager-<identity>`) is unique; a shared one lets two
+    // replicas both believe they lead.
     let manager = LeaseManagerBuilder::new(client, &args.leader_election_lease)
         .with_namespace(&namespace)
         .with_identity(&identity)
         .with_duration(LEASE_SECONDS)
         .with_grace(LEASE_GRACE_SECONDS)
-        .with_field_manager("cairn-operator-leader")
         .build()
         .await
         .context("preparing leader election")?;
