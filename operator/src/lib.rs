@@ -1,7 +1,26 @@
 //! The cairn operator: reconciles each AgentSession into a ServiceAccount, Role, RoleBinding,
 //! Secret, StatefulSet, Service and NetworkPolicy, and keeps its status.
 //!
-//! The reconcile pipeline is dereference → validate → build → apply → status; `validate` and
-//! `build` are pure functions of plain data.
+//! The reconcile pipeline is [`dereference`] → [`validate`] → [`objects::build`] → [`apply`]
+//! → [`status`]; `validate`, `build` and `status` are pure functions of plain data.
 
+pub mod apply;
+pub mod backoff;
+pub mod client;
+pub mod config;
+pub mod controller;
 pub mod crds;
+pub mod dereference;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod objects;
+pub mod purge;
+pub mod run;
+pub mod status;
+pub mod validate;
+
+pub use config::{Defaults, OperatorArgs};
+pub use error::Error;
+pub use objects::{BuildInputs, SessionObjects, build};
+pub use validate::{Plan, ValidationError, validate};

@@ -1,5 +1,6 @@
 //! `cairn-operator`: thin binary over the `cairn_operator` library.
 
+use cairn_operator::config::{LogFormat, OperatorArgs};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -15,14 +16,22 @@ struct Cli {
     /// Install or upgrade the CRDs (server-side apply) and exit.
     #[arg(long)]
     apply_crds: bool,
+    #[command(flatten)]
+    operator: OperatorArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    match cli.operator.log_format {
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init(),
+        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
+    }
     if cli.print_crds {
         print!("{}", cairn_crds::crds_yaml()?);
         return Ok(());
@@ -32,7 +41,5 @@ async fn main() -> anyhow::Result<()> {
         cairn_operator::crds::apply_crds(client).await?;
         return Ok(());
     }
-    anyhow::bail!(
-        "the reconcile loop is not part of this build yet; use --print-crds or --apply-crds"
-    )
+    cairn_operator::run::run(cli.operator).await
 }

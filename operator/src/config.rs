@@ -1,0 +1,213 @@
+//! The operator's configuration: command-line flags, each also readable from an environment
+//! variable (so the Helm chart can set either), and the per-session defaults derived from it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+/// Image run for sessions that do not set `template.image`.
+pub const DEFAULT_AGENT_IMAGE: &str =
+    concat!("ghcr.io/cairn-dev/cairn-agent:", env!("CARGO_PKG_VERSION"));
+
+/// How logs are written.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// Flags of `cairn-operator run` (the default command).
+#[derive(clap::Args, Clone, Debug)]
+pub struct OperatorArgs {
+    /// Agent image for sessions that do not set `spec.template.image`.
+    #[arg(long, env = "CAIRN_AGENT_IMAGE", default_value = DEFAULT_AGENT_IMAGE)]
+    pub agent_image: String,
+
+    /// Default S3 endpoint (MinIO, Garage, Ceph, ...). Unset: AWS.
+    #[arg(long, env = "CAIRN_ARCHIVE_ENDPOINT")]
+    pub archive_endpoint: Option<String>,
+    /// Default S3 bucket. Unset and not set on a session: the agent keeps its archive and
+    /// journal on the pod's scratch volume only (ArchiveReady=False).
+    #[arg(long, env = "CAIRN_ARCHIVE_BUCKET")]
+    pub archive_bucket: Option<String>,
+    /// Default key prefix inside the bucket.
+    #[arg(long, env = "CAIRN_ARCHIVE_PREFIX", default_value = "cairn")]
+    pub archive_prefix: String,
+    /// Default S3 region.
+    #[arg(long, env = "CAIRN_ARCHIVE_REGION", default_value = "us-east-1")]
+    pub archive_region: String,
+    /// Default path-style addressing. Unset: true when an endpoint is configured.
+    #[arg(long, env = "CAIRN_ARCHIVE_FORCE_PATH_STYLE")]
+    pub archive_force_path_style: Option<bool>,
+    /// Default Secret (looked up in each session's namespace) holding the S3 key pair under
+    /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
+    #[arg(long, env = "CAIRN_ARCHIVE_CREDENTIALS_SECRET")]
+    pub archive_credentials_secret: Option<String>,
+    /// Default size of the pod-local archive cache (also bounds the pod's scratch volume).
+    #[arg(long, env = "CAIRN_ARCHIVE_LOCAL_CACHE_SIZE", default_value = "256Mi")]
+    pub archive_local_cache_size: String,
+    /// Default TTL of entries in the pod-local archive cache.
+    #[arg(long, env = "CAIRN_ARCHIVE_TTL", default_value = "168h")]
+    pub archive_ttl: String,
+
+    /// Default CPU request of agent pods.
+    #[arg(long, env = "CAIRN_DEFAULT_CPU_REQUEST", default_value = "100m")]
+    pub default_cpu_request: String,
+    /// Default memory request of agent pods.
+    #[arg(long, env = "CAIRN_DEFAULT_MEMORY_REQUEST", default_value = "256Mi")]
+    pub default_memory_request: String,
+    /// Default CPU limit of agent pods (empty: none).
+    #[arg(long, env = "CAIRN_DEFAULT_CPU_LIMIT", default_value = "")]
+    pub default_cpu_limit: String,
+    /// Default memory limit of agent pods (empty: none).
+    #[arg(long, env = "CAIRN_DEFAULT_MEMORY_LIMIT", default_value = "1Gi")]
+    pub default_memory_limit: String,
+
+    /// Namespaces to watch, comma-separated. Empty: all namespaces.
+    #[arg(
+        long,
+        env = "CAIRN_WATCH_NAMESPACES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub watch_namespaces: Vec<String>,
+    /// Namespace the operator runs in: agent pods accept traffic from it (NetworkPolicy), and
+    /// it holds the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "cairn-system")]
+    pub operator_namespace: String,
+
+    /// Log format.
+    #[arg(long, env = "CAIRN_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+    /// Address of the HTTP server for `/healthz`, `/readyz` and `/metrics`.
+    #[arg(long, env = "CAIRN_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+
+    /// Run the controller only while holding the leader Lease (safe with several replicas).
+    #[arg(long, env = "CAIRN_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "CAIRN_LEADER_ELECTION_LEASE",
+        default_value = "cairn-operator"
+    )]
+    pub leader_election_lease: String,
+    /// Namespace of the leader-election Lease. Default: the operator's namespace.
+    #[arg(long, env = "CAIRN_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Identity in the leader Lease. Default: the pod name (`POD_NAME`) or the host name.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Do not install or upgrade the CRDs at start-up (when the chart or GitOps owns them).
+    #[arg(long, env = "CAIRN_SKIP_CRD_INSTALL")]
+    pub skip_crd_install: bool,
+
+    /// Sessions reconciled at once.
+    #[arg(long, env = "CAIRN_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: u16,
+    /// Period of the safety-net re-reconcile of a healthy session, in seconds.
+    #[arg(long, env = "CAIRN_RESYNC_SECONDS", default_value_t = 3600)]
+    pub resync_seconds: u64,
+}
+
+/// Defaults applied to every session that does not override them: the pure part of the
+/// configuration that `validate` and `build` read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Defaults {
+    pub image: String,
+    pub archive: ArchiveDefaults,
+    pub resources: ResourceRequirements,
+    pub operator_namespace: String,
+}
+
+/// Archive settings a session inherits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArchiveDefaults {
+    pub endpoint: Option<String>,
+    pub bucket: Option<String>,
+    pub prefix: String,
+    pub region: String,
+    pub force_path_style: Option<bool>,
+    pub credentials_secret: Option<String>,
+    pub local_cache_size: String,
+    pub ttl: String,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            image: DEFAULT_AGENT_IMAGE.to_string(),
+            archive: ArchiveDefaults {
+                endpoint: None,
+                bucket: None,
+                prefix: "cairn".into(),
+                region: "us-east-1".into(),
+                force_path_style: None,
+                credentials_secret: None,
+                local_cache_size: "256Mi".into(),
+                ttl: "168h".into(),
+            },
+            resources: resources("100m", "256Mi", "", "1Gi"),
+            operator_namespace: "cairn-system".into(),
+        }
+    }
+}
+
+impl OperatorArgs {
+    pub fn defaults(&self) -> Defaults {
+        let non_empty = |s: &Option<String>| s.clone().filter(|v| !v.trim().is_empty());
+        Defaults {
+            image: self.agent_image.clone(),
+            archive: ArchiveDefaults {
+                endpoint: non_empty(&self.archive_endpoint),
+                bucket: non_empty(&self.archive_bucket),
+                prefix: self.archive_prefix.clone(),
+                region: self.archive_region.clone(),
+                force_path_style: self.archive_force_path_style,
+                credentials_secret: non_empty(&self.archive_credentials_secret),
+                local_cache_size: self.archive_local_cache_size.clone(),
+                ttl: self.archive_ttl.clone(),
+            },
+            resources: resources(
+                &self.default_cpu_request,
+                &self.default_memory_request,
+                &self.default_cpu_limit,
+                &self.default_memory_limit,
+            ),
+            operator_namespace: self.operator_namespace.clone(),
+        }
+    }
+
+    /// The namespaces to watch; empty means all.
+    pub fn namespaces(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .watch_namespaces
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+fn resources(cpu_req: &str, mem_req: &str, cpu_lim: &str, mem_lim: &str) -> ResourceRequirements {
+    let pairs = |cpu: &str, mem: &str| {
+        let map: BTreeMap<String, Quantity> = [("cpu", cpu), ("memory", mem)]
+            .into_iter()
+            .filter(|(_, v)| !v.trim().is_empty())
+            .map(|(k, v)| (k.to_string(), Quantity(v.trim().to_string())))
+            .collect();
+        (!map.is_empty()).then_some(map)
+    };
+    ResourceRequirements {
+        requests: pairs(cpu_req, mem_req),
+        limits: pairs(cpu_lim, mem_lim),
+        ..Default::default()
+    }
+}

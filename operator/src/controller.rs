@@ -1,0 +1,542 @@
+//! The AgentSession controller: watches, the reconcile pipeline (dereference → validate →
+//! build → apply → status), the finalizer that purges a session's archive, and `error_policy`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{self, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use tracing::Instrument;
+
+use cairn_crds::{AgentSession, AgentSessionStatus, CompactionPolicy};
+
+use crate::backoff::Backoff;
+use crate::config::Defaults;
+use crate::error::{Error, ErrorClass};
+use crate::metrics::Metrics;
+use crate::objects::{self, FIELD_MANAGER};
+use crate::purge::{ArchivePurger, PurgeTarget};
+use crate::status::{self, Blocker, Observed, Problem};
+use crate::validate::{self, ArchivePlan};
+use crate::{apply, dereference};
+
+/// Finalizer that purges the session's archive and journal before the session goes away.
+pub const FINALIZER: &str = "cairn.dev/archive";
+
+/// Re-check of a session that waits for something outside it (a policy, a Secret). The watch
+/// on that object usually triggers sooner; this is the safety net, slow on purpose.
+const WAITING_REQUEUE: Duration = Duration::from_secs(300);
+
+/// Applying a session's objects sends a burst of watch events for its children; waiting this
+/// long folds the burst into one reconcile.
+const DEBOUNCE: Duration = Duration::from_secs(1);
+
+type Guarded = DeserializeGuard<AgentSession>;
+
+/// Shared state of the controller.
+pub struct Context {
+    pub client: Client,
+    pub defaults: Defaults,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub backoff: Backoff,
+    pub purger: Arc<dyn ArchivePurger>,
+    /// Period of the safety-net re-reconcile of a healthy session.
+    pub resync: Duration,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        defaults: Defaults,
+        metrics: Arc<Metrics>,
+        purger: Arc<dyn ArchivePurger>,
+        resync: Duration,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: "cairn-operator".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            defaults,
+            metrics,
+            backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
+            purger,
+            resync,
+        }
+    }
+
+    async fn publish(
+        &self,
+        reference: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_string(),
+            note: Some(truncate(note, 1000)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, reference).await {
+            tracing::warn!(error = %e, reason, "publishing an Event failed");
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+fn key_of(meta: &kube::core::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn session_reference(meta: &kube::core::ObjectMeta) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(AgentSession::api_version(&()).into()),
+        kind: Some(AgentSession::kind(&()).into()),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        ..Default::default()
+    }
+}
+
+/// Entry point of one reconcile: counts, times and reports the pipeline's outcome.
+pub async fn reconcile(guard: Arc<Guarded>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = match &guard.0 {
+        Ok(session) => {
+            let key = key_of(&session.metadata);
+            let span = tracing::info_span!("reconcile", session = %key);
+            reconcile_session(Arc::new(session.clone()), &ctx)
+                .instrument(span)
+                .await
+        }
+        Err(invalid) => {
+            // The watch keeps running; the object is reported and waits for an edit.
+            tracing::warn!(session = %key_of(&invalid.metadata), error = %invalid.error, "AgentSession does not deserialize");
+            ctx.publish(
+                &session_reference(&invalid.metadata),
+                true,
+                "InvalidObject",
+                format!("the AgentSession cannot be read: {}", invalid.error),
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+    };
+    let key = guard_key(&guard);
+    match &result {
+        Ok(_) => {
+            ctx.backoff.reset(&key);
+            ctx.metrics.reconciled("ok", started.elapsed());
+        }
+        Err(e) => {
+            ctx.metrics.reconciled(e.label(), started.elapsed());
+            tracing::warn!(session = %key, error = %e, label = e.label(), "reconcile failed");
+            if let Some(meta) = guard_meta(&guard) {
+                ctx.publish(&session_reference(meta), true, e.label(), e.to_string())
+                    .await;
+            }
+        }
+    }
+    result
+}
+
+fn guard_meta(guard: &Guarded) -> Option<&kube::core::ObjectMeta> {
+    match &guard.0 {
+        Ok(s) => Some(&s.metadata),
+        Err(i) => Some(&i.metadata),
+    }
+}
+
+fn guard_key(guard: &Guarded) -> String {
+    guard_meta(guard).map(key_of).unwrap_or_default()
+}
+
+/// Retries by class: an invalid spec waits for an edit, a missing dependency is re-checked
+/// slowly, anything else backs off per object with jitter.
+pub fn error_policy(guard: Arc<Guarded>, error: &Error, ctx: Arc<Context>) -> Action {
+    match error.class() {
+        ErrorClass::Invalid => Action::await_change(),
+        ErrorClass::Waiting => Action::requeue(WAITING_REQUEUE),
+        ErrorClass::Transient => Action::requeue(ctx.backoff.next_delay(&guard_key(&guard))),
+    }
+}
+
+async fn reconcile_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Action, Error> {
+    let namespace =
+        session
+            .namespace()
+            .ok_or(Error::Invalid(validate::ValidationError::NotStored(
+                "namespace",
+            )))?;
+    let api: Api<AgentSession> = Api::namespaced(ctx.client.clone(), &namespace);
+    finalizer(&api, FINALIZER, session, |event| async {
+        match event {
+            finalizer::Event::Apply(s) => apply_session(s, ctx).await,
+            finalizer::Event::Cleanup(s) => cleanup_session(s, ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+fn archive_state(archive: &ArchivePlan, namespace: &str, name: &str) -> Result<String, Problem> {
+    match &archive.bucket {
+        Some(bucket) => Ok(format!(
+            "s3://{bucket}/{}",
+            archive.session_prefix(namespace, name)
+        )),
+        None => Err(Problem::new(
+            "ArchiveNotConfigured",
+            "no archive bucket is configured (spec.archive.bucket or the operator default): \
+             archive and journal live on the pod's scratch volume and do not survive a restart",
+        )),
+    }
+}
+
+async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Action, Error> {
+    let name = session.name_any();
+    let namespace = session.namespace().unwrap_or_default();
+    let policy = dereference::policy(&ctx.client, &namespace, &session).await?;
+
+    let mut obs = Observed {
+        name: name.clone(),
+        namespace: namespace.clone(),
+        generation: session.metadata.generation,
+        suspended: session.spec.suspend,
+        policy: Err(Problem::new("Unknown", "")),
+        blocker: None,
+        ready_replicas: None,
+        archive: validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults)
+            .map_err(|e| Problem::new(e.label(), e.to_string()))
+            .and_then(|a| archive_state(&a, &namespace, &name)),
+    };
+
+    let action = match policy {
+        Err(problem) => {
+            obs.policy = Err(problem);
+            Action::requeue(WAITING_REQUEUE)
+        }
+        Ok(policy) => {
+            obs.policy = cairn_crds::resolve(policy.as_ref(), session.spec.compaction.as_ref())
+                .map(|p| p.hash())
+                .map_err(|e| Problem::new("InvalidPolicy", e.to_string()));
+            match validate::validate(&session, policy.as_ref(), &ctx.defaults) {
+                Err(e) => {
+                    obs.blocker = Some(Blocker::Invalid(Problem::new(e.label(), e.to_string())));
+                    Action::await_change()
+                }
+                Ok(plan) => match dereference::build_inputs(&ctx.client, &plan).await {
+                    Err(e) if e.class() == ErrorClass::Waiting => {
+                        obs.blocker =
+                            Some(Blocker::Waiting(Problem::new(e.label(), e.to_string())));
+                        Action::requeue(WAITING_REQUEUE)
+                    }
+                    Err(e) => return Err(e),
+                    Ok(inputs) => {
+                        let built = objects::build(&plan, &inputs);
+                        let sts = apply::apply_all(&ctx.client, &built).await?;
+                        obs.ready_replicas =
+                            Some(sts.status.and_then(|s| s.ready_replicas).unwrap_or(0));
+                        Action::requeue(ctx.resync)
+                    }
+                },
+            }
+        }
+    };
+
+    write_status(&session, &obs, ctx).await?;
+    Ok(action)
+}
+
+/// Writes the status if the operator's part changed, and publishes an Event per transition.
+async fn write_status(session: &AgentSession, obs: &Observed, ctx: &Context) -> Result<(), Error> {
+    let prev = session.status.as_ref();
+    let next = status::desired(prev, obs, &now());
+    ctx.metrics
+        .set_phase(&key_of(&session.metadata), next.phase);
+    if prev.map(status::operator_part) == Some(status::operator_part(&next)) {
+        return Ok(());
+    }
+    patch_status(session, &next, ctx).await?;
+    let reference = session_reference(&session.metadata);
+    for t in status::transitions(prev, &next) {
+        ctx.publish(&reference, t.warning, &t.reason, t.note).await;
+    }
+    Ok(())
+}
+
+async fn patch_status(
+    session: &AgentSession,
+    next: &AgentSessionStatus,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let api: Api<AgentSession> = Api::namespaced(
+        ctx.client.clone(),
+        session.namespace().as_deref().unwrap_or_default(),
+    );
+    // Only the operator's fields: `status.session` belongs to the agent's field manager.
+    let body = serde_json::json!({
+        "apiVersion": AgentSession::api_version(&()),
+        "kind": AgentSession::kind(&()),
+        "status": status::operator_part(next),
+    });
+    api.patch_status(
+        &session.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+fn now() -> Time {
+    // Conditions carry whole seconds on the wire; dropping the fraction here keeps a freshly
+    // built status equal to what the API server hands back.
+    let secs = Timestamp::now().as_second();
+    Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+async fn cleanup_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Action, Error> {
+    let name = session.name_any();
+    let namespace = session.namespace().unwrap_or_default();
+    let reference = session_reference(&session.metadata);
+    ctx.metrics.set_phase(&key_of(&session.metadata), None);
+
+    let archive = match validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults) {
+        Ok(a) => a,
+        Err(e) => {
+            // An unusable prefix could point anywhere: never delete on a guess.
+            ctx.publish(
+                &reference,
+                true,
+                "PurgeSkipped",
+                format!("archive not purged: {e}"),
+            )
+            .await;
+            return Ok(Action::await_change());
+        }
+    };
+    if archive.retain_on_delete {
+        ctx.publish(
+            &reference,
+            false,
+            "ArchiveRetained",
+            "spec.archive.retainOnDelete: archive and journal are kept".into(),
+        )
+        .await;
+        return Ok(Action::await_change());
+    }
+    let Some(bucket) = archive.bucket.clone() else {
+        return Ok(Action::await_change());
+    };
+
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let target = match dereference::s3_keys(&secrets, &namespace, &archive).await {
+        Ok(credentials) => PurgeTarget {
+            endpoint: archive.endpoint.clone(),
+            bucket,
+            region: archive.region.clone(),
+            force_path_style: archive.force_path_style,
+            prefix: archive.session_prefix(&namespace, &name),
+            credentials,
+        },
+        Err(e) => {
+            report_purge_failure(&session, ctx, &e.to_string()).await;
+            return Err(e);
+        }
+    };
+    match ctx.purger.purge(&target).await {
+        Ok(deleted) => {
+            tracing::info!(session = %format!("{namespace}/{name}"), deleted, "purged session archive");
+            ctx.publish(
+                &reference,
+                false,
+                "ArchivePurged",
+                format!(
+                    "deleted {deleted} objects under s3://{}/{}",
+                    target.bucket, target.prefix
+                ),
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            report_purge_failure(&session, ctx, &e.to_string()).await;
+            Err(e.into())
+        }
+    }
+}
+
+/// A stuck cleanup says why, in the ArchiveReady condition and in an Event.
+async fn report_purge_failure(session: &AgentSession, ctx: &Context, message: &str) {
+    let prev = session.status.clone().unwrap_or_default();
+    let next = status::with_condition(
+        &prev,
+        status::ARCHIVE_READY,
+        false,
+        Problem::new("PurgeFailed", message),
+        session.metadata.generation,
+        &now(),
+    );
+    if status::operator_part(&prev) != status::operator_part(&next)
+        && let Err(e) = patch_status(session, &next, ctx).await
+    {
+        tracing::warn!(error = %e, "recording the purge failure in status failed");
+    }
+    ctx.publish(
+        &session_reference(&session.metadata),
+        true,
+        "PurgeFailed",
+        message.to_string(),
+    )
+    .await;
+}
+
+/// Sessions (from the controller's cache) whose policyRef names `policy`.
+pub fn sessions_for_policy(
+    sessions: &[Arc<Guarded>],
+    policy: &CompactionPolicy,
+) -> Vec<ObjectRef<Guarded>> {
+    let namespace = policy.namespace();
+    let name = policy.name_any();
+    sessions
+        .iter()
+        .filter(|g| {
+            g.0.as_ref().is_ok_and(|s| {
+                s.namespace() == namespace
+                    && s.spec.policy_ref.as_ref().is_some_and(|r| r.name == name)
+            })
+        })
+        .map(|g| ObjectRef::from_obj(g.as_ref()))
+        .collect()
+}
+
+/// Sessions that read `secret`: their token Secret, provider credentials or S3 credentials
+/// (their own or the operator's default).
+pub fn sessions_for_secret(
+    sessions: &[Arc<Guarded>],
+    secret: &Secret,
+    defaults: &Defaults,
+) -> Vec<ObjectRef<Guarded>> {
+    let namespace = secret.namespace();
+    let name = secret.name_any();
+    sessions
+        .iter()
+        .filter(|g| {
+            g.0.as_ref().is_ok_and(|s| {
+                if s.namespace() != namespace {
+                    return false;
+                }
+                let session = s.name_any();
+                let provider = s.spec.provider.credentials.as_ref().map(|c| &c.secret_name);
+                let archive = s
+                    .spec
+                    .archive
+                    .as_ref()
+                    .and_then(|a| a.credentials.as_ref())
+                    .map(|c| &c.secret_name)
+                    .or(defaults.archive.credentials_secret.as_ref());
+                objects::token_secret_name(&session) == name
+                    || provider == Some(&name)
+                    || archive == Some(&name)
+            })
+        })
+        .map(|g| ObjectRef::from_obj(g.as_ref()))
+        .collect()
+}
+
+fn scoped<K>(client: Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    }
+}
+
+/// Runs the controller for one scope (a namespace, or all) until `shutdown` resolves.
+pub async fn run(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    concurrency: u16,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let ns = namespace.as_deref();
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=cairn-operator");
+    let sessions: Api<Guarded> = scoped(client.clone(), ns);
+    let controller = Controller::new(sessions, watcher::Config::default().any_semantic());
+    let policy_store = controller.store();
+    let secret_store = controller.store();
+    let defaults = ctx.defaults.clone();
+    controller
+        .owns(scoped::<StatefulSet>(client.clone(), ns), owned.clone())
+        .owns(scoped::<Service>(client.clone(), ns), owned.clone())
+        .owns(scoped::<ServiceAccount>(client.clone(), ns), owned.clone())
+        .owns(scoped::<Role>(client.clone(), ns), owned.clone())
+        .owns(scoped::<RoleBinding>(client.clone(), ns), owned.clone())
+        .owns(scoped::<NetworkPolicy>(client.clone(), ns), owned)
+        .watches(
+            scoped::<CompactionPolicy>(client.clone(), ns),
+            watcher::Config::default(),
+            move |policy| sessions_for_policy(&policy_store.state(), &policy),
+        )
+        .watches(
+            scoped::<Secret>(client, ns),
+            watcher::Config::default(),
+            move |secret| sessions_for_secret(&secret_store.state(), &secret, &defaults),
+        )
+        .with_config(
+            controller::Config::default()
+                .concurrency(concurrency)
+                .debounce(DEBOUNCE),
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(session = %object, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "controller event"),
+            }
+        })
+        .await;
+}

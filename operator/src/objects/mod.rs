@@ -1,0 +1,168 @@
+//! `build`: every Kubernetes object of one session, as plain data. Pure: the same plan and
+//! inputs always give the same objects, so the reconciler can apply them blindly and tests can
+//! assert them field by field.
+
+mod network;
+mod rbac;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use sha2::{Digest, Sha256};
+
+use crate::validate::Plan;
+
+pub use rbac::lease_name;
+pub use workload::{RESTART_HASH_ANNOTATION, provider_key_env, restart_hash};
+
+/// Port of the agent's HTTP API (and its probes).
+pub const AGENT_PORT: i32 = 8080;
+/// Key of the API bearer token in the session's token Secret.
+pub const TOKEN_KEY: &str = "token";
+/// Field manager of everything the operator writes.
+pub const FIELD_MANAGER: &str = "cairn-operator";
+/// Label naming the session an object belongs to.
+pub const SESSION_LABEL: &str = "cairn.dev/session";
+
+/// Name shared by the session's ServiceAccount, Role, RoleBinding, StatefulSet, Service and
+/// NetworkPolicy.
+pub fn object_name(session: &str) -> String {
+    format!("cairn-{session}")
+}
+
+/// Name of the Secret holding the session's API bearer token.
+pub fn token_secret_name(session: &str) -> String {
+    format!("cairn-{session}-api-token")
+}
+
+/// Name of the single pod of the session's StatefulSet.
+pub fn pod_name(session: &str) -> String {
+    format!("{}-0", object_name(session))
+}
+
+/// In-cluster URL of the session's HTTP API.
+pub fn service_url(session: &str, namespace: &str) -> String {
+    format!(
+        "http://{}.{namespace}.svc:{AGENT_PORT}",
+        object_name(session)
+    )
+}
+
+/// Labels on every object of a session (and on its pod).
+pub fn labels(session: &str) -> BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name", "cairn-agent"),
+        ("app.kubernetes.io/instance", session),
+        ("app.kubernetes.io/managed-by", "cairn-operator"),
+        (SESSION_LABEL, session),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Labels that select the session's pod (a StatefulSet selector is immutable: keep it small).
+pub fn selector_labels(session: &str) -> BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name", "cairn-agent"),
+        (SESSION_LABEL, session),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// The session's API bearer token. Its `Debug` never shows the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiToken(String);
+
+impl ApiToken {
+    /// 32 random bytes from the OS generator, hex-encoded.
+    pub fn generate() -> Self {
+        let bytes: [u8; 32] = rand::random();
+        Self(hex::encode(bytes))
+    }
+
+    pub fn from_existing(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiToken(<redacted>)")
+    }
+}
+
+/// What `build` needs beyond the plan: values read from Secrets by `dereference`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuildInputs {
+    pub api_token: ApiToken,
+    /// Digest of the provider credential the pod sees (`None`: no credentials Secret).
+    pub provider_secret_digest: Option<String>,
+    /// Digest of the S3 key pair the pod sees.
+    pub s3_secret_digest: Option<String>,
+}
+
+/// All objects owned by one session, in apply order (identity and permissions first, so the
+/// pod never starts without its ServiceAccount and Role).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionObjects {
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub token_secret: Secret,
+    pub service: Service,
+    pub network_policy: NetworkPolicy,
+    pub stateful_set: StatefulSet,
+}
+
+/// Builds every object of the planned session.
+pub fn build(plan: &Plan, inputs: &BuildInputs) -> SessionObjects {
+    SessionObjects {
+        service_account: rbac::service_account(plan),
+        role: rbac::role(plan),
+        role_binding: rbac::role_binding(plan),
+        token_secret: workload::token_secret(plan, &inputs.api_token),
+        service: network::service(plan),
+        network_policy: network::network_policy(plan),
+        stateful_set: workload::stateful_set(plan, inputs),
+    }
+}
+
+/// Metadata every owned object carries: name, namespace, labels and the controller owner
+/// reference that garbage-collects it with the session.
+fn meta(plan: &Plan, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: Some(plan.namespace.clone()),
+        labels: Some(labels(&plan.name)),
+        owner_references: Some(vec![plan.owner.clone()]),
+        ..Default::default()
+    }
+}
+
+/// Digest of named Secret values, stable across key order; feeds the restart hash so that a
+/// rotated credential rolls the pod.
+pub fn secret_digest<'a>(values: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut pairs: Vec<(&str, &[u8])> = values.into_iter().collect();
+    pairs.sort();
+    let mut hasher = Sha256::new();
+    for (key, value) in pairs {
+        hasher.update((key.len() as u64).to_be_bytes());
+        hasher.update(key.as_bytes());
+        hasher.update((value.len() as u64).to_be_bytes());
+        hasher.update(value);
+    }
+    hex::encode(&hasher.finalize()[..8])
+}

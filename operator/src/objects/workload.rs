@@ -1,0 +1,360 @@
+//! The session's pod: a one-replica StatefulSet running `cairn-agent serve`, hardened, with
+//! its settings and credentials wired in as environment, and the token Secret it serves with.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SeccompProfile, Secret, SecretKeySelector, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use cairn_crds::ProviderKind;
+
+use super::{
+    AGENT_PORT, ApiToken, BuildInputs, TOKEN_KEY, labels, meta, object_name, selector_labels,
+    token_secret_name,
+};
+use crate::validate::{ArchivePlan, Plan};
+
+/// Pod-template annotation over everything whose change needs a new process. The policy is
+/// not part of it: the agent watches its session and applies policy edits on the next turn.
+pub const RESTART_HASH_ANNOTATION: &str = "cairn.dev/restart-hash";
+
+/// The unprivileged user of distroless images.
+const RUN_AS: i64 = 65532;
+/// Where the pod's scratch volume holds the local archive cache (and the local journal
+/// fallback through `XDG_DATA_HOME`).
+const CACHE_DIR: &str = "/var/cache/cairn";
+const SCRATCH_VOLUME: &str = "scratch";
+/// `spec.systemPromptFrom` is mounted rather than read through the API: the kubelet keeps the
+/// file current and the session's Role needs no access to ConfigMaps.
+const PROMPT_VOLUME: &str = "system-prompt";
+const PROMPT_DIR: &str = "/etc/cairn/system-prompt";
+const PROMPT_FILE: &str = "system-prompt";
+
+pub(super) fn token_secret(plan: &Plan, token: &ApiToken) -> Secret {
+    Secret {
+        metadata: meta(plan, token_secret_name(&plan.name)),
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(
+            TOKEN_KEY.to_string(),
+            ByteString(token.expose().as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// Environment variable the agent reads the provider credential from. Bedrock takes a
+/// Bedrock API key (bearer token): the AWS key-pair variables already carry the S3 identity.
+pub fn provider_key_env(kind: ProviderKind) -> &'static str {
+    match kind {
+        ProviderKind::Openai | ProviderKind::OpenaiResponses | ProviderKind::OpenaiCompatible => {
+            "OPENAI_API_KEY"
+        }
+        ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+        ProviderKind::Gemini => "GEMINI_API_KEY",
+        ProviderKind::Bedrock => "AWS_BEARER_TOKEN_BEDROCK",
+    }
+}
+
+/// What a restart depends on. Serialized with field names so that adding a field changes
+/// every hash once, on purpose.
+#[derive(Serialize)]
+struct RestartInputs<'a> {
+    image: &'a str,
+    resources: &'a k8s_openapi::api::core::v1::ResourceRequirements,
+    provider_secret: Option<&'a str>,
+    s3_secret: Option<&'a str>,
+    archive: ArchiveFields<'a>,
+}
+
+#[derive(Serialize)]
+struct ArchiveFields<'a> {
+    endpoint: Option<&'a str>,
+    bucket: Option<&'a str>,
+    prefix: &'a str,
+    region: &'a str,
+    force_path_style: bool,
+    credentials_secret: Option<&'a str>,
+    local_cache_size: &'a str,
+    ttl: &'a str,
+}
+
+/// Hash of everything whose change must replace the pod.
+pub fn restart_hash(plan: &Plan, inputs: &BuildInputs) -> String {
+    let a = &plan.archive;
+    let fields = RestartInputs {
+        image: &plan.image,
+        resources: &plan.resources,
+        provider_secret: inputs.provider_secret_digest.as_deref(),
+        s3_secret: inputs.s3_secret_digest.as_deref(),
+        archive: ArchiveFields {
+            endpoint: a.endpoint.as_deref(),
+            bucket: a.bucket.as_deref(),
+            prefix: &a.prefix,
+            region: &a.region,
+            force_path_style: a.force_path_style,
+            credentials_secret: a.credentials.as_ref().map(|c| c.secret_name.as_str()),
+            local_cache_size: &a.local_cache_size,
+            ttl: &a.ttl,
+        },
+    };
+    // Serializing plain structs of strings and k8s types cannot fail; an empty input would
+    // still hash deterministically.
+    let bytes = serde_json::to_vec(&fields).unwrap_or_default();
+    hex::encode(&Sha256::digest(&bytes)[..8])
+}
+
+pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
+    let name = object_name(&plan.name);
+    let template = plan.spec.template.as_ref();
+    let mut annotations = template
+        .and_then(|t| t.annotations.clone())
+        .unwrap_or_default();
+    annotations.insert(
+        RESTART_HASH_ANNOTATION.to_string(),
+        restart_hash(plan, inputs),
+    );
+
+    let pod = PodSpec {
+        service_account_name: Some(name.clone()),
+        automount_service_account_token: Some(true),
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS),
+            run_as_group: Some(RUN_AS),
+            fs_group: Some(RUN_AS),
+            seccomp_profile: Some(runtime_default()),
+            ..Default::default()
+        }),
+        containers: vec![agent_container(plan)],
+        volumes: Some(volumes(plan)),
+        node_selector: template.and_then(|t| t.node_selector.clone()),
+        tolerations: template.and_then(|t| t.tolerations.clone()),
+        ..Default::default()
+    };
+
+    StatefulSet {
+        metadata: meta(plan, name.clone()),
+        spec: StatefulSetSpec {
+            replicas: Some(if plan.spec.suspend { 0 } else { 1 }),
+            service_name: Some(name),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(&plan.name)),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(&plan.name)),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn volumes(plan: &Plan) -> Vec<Volume> {
+    let mut volumes = vec![Volume {
+        name: SCRATCH_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(plan.archive.local_cache_size.clone())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    if let Some(prompt) = &plan.spec.system_prompt_from {
+        volumes.push(Volume {
+            name: PROMPT_VOLUME.into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: prompt.config_map_name.clone(),
+                items: Some(vec![KeyToPath {
+                    key: prompt.key.clone(),
+                    path: PROMPT_FILE.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    volumes
+}
+
+fn volume_mounts(plan: &Plan) -> Vec<VolumeMount> {
+    let scratch = |path: &str, sub: &str| VolumeMount {
+        name: SCRATCH_VOLUME.into(),
+        mount_path: path.to_string(),
+        sub_path: Some(sub.to_string()),
+        ..Default::default()
+    };
+    let mut mounts = vec![scratch("/tmp", "tmp"), scratch(CACHE_DIR, "archive")];
+    if plan.spec.system_prompt_from.is_some() {
+        mounts.push(VolumeMount {
+            name: PROMPT_VOLUME.into(),
+            mount_path: PROMPT_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    mounts
+}
+
+fn runtime_default() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        ..Default::default()
+    }
+}
+
+fn agent_container(plan: &Plan) -> Container {
+    let session = format!("{}/{}", plan.namespace, plan.name);
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(10),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(3),
+        ..Default::default()
+    };
+    Container {
+        name: "agent".into(),
+        image: Some(plan.image.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec!["cairn-agent".into()]),
+        args: Some(vec![
+            "serve".into(),
+            "--session".into(),
+            session,
+            "--listen".into(),
+            format!("0.0.0.0:{AGENT_PORT}"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: AGENT_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        env: Some(env(plan)),
+        resources: Some(plan.resources.clone()),
+        liveness_probe: Some(probe("/healthz")),
+        readiness_probe: Some(probe("/readyz")),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS),
+            run_as_group: Some(RUN_AS),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            seccomp_profile: Some(runtime_default()),
+            ..Default::default()
+        }),
+        volume_mounts: Some(volume_mounts(plan)),
+        ..Default::default()
+    }
+}
+
+fn env(plan: &Plan) -> Vec<EnvVar> {
+    let mut env = vec![
+        value("CAIRN_SESSION", format!("{}/{}", plan.namespace, plan.name)),
+        secret_ref("CAIRN_API_TOKEN", &token_secret_name(&plan.name), TOKEN_KEY),
+    ];
+    let provider = &plan.spec.provider;
+    if let Some(creds) = &provider.credentials {
+        env.push(secret_ref(
+            provider_key_env(provider.kind),
+            &creds.secret_name,
+            &creds.key,
+        ));
+    }
+    if provider.kind == ProviderKind::Bedrock
+        && let Some(region) = &provider.region
+    {
+        env.push(value("AWS_REGION", region.clone()));
+    }
+    env.extend(archive_env(&plan.archive));
+    env.extend([
+        value("CAIRN_CACHE_DIR", CACHE_DIR.to_string()),
+        value("XDG_DATA_HOME", CACHE_DIR.to_string()),
+        value("HOME", "/tmp".to_string()),
+    ]);
+    if plan.spec.system_prompt_from.is_some() {
+        env.push(value(
+            "CAIRN_SYSTEM_PROMPT_FILE",
+            format!("{PROMPT_DIR}/{PROMPT_FILE}"),
+        ));
+    }
+    env
+}
+
+fn archive_env(a: &ArchivePlan) -> Vec<EnvVar> {
+    let mut env = Vec::new();
+    if let Some(endpoint) = &a.endpoint {
+        env.push(value("CAIRN_S3_ENDPOINT", endpoint.clone()));
+    }
+    if let Some(bucket) = &a.bucket {
+        env.push(value("CAIRN_S3_BUCKET", bucket.clone()));
+    }
+    env.extend([
+        value("CAIRN_S3_PREFIX", a.prefix.clone()),
+        value("CAIRN_S3_REGION", a.region.clone()),
+        value("CAIRN_S3_FORCE_PATH_STYLE", a.force_path_style.to_string()),
+        value("CAIRN_ARCHIVE_CACHE_SIZE", a.local_cache_size.clone()),
+        value("CAIRN_ARCHIVE_TTL", a.ttl.clone()),
+    ]);
+    if let Some(creds) = &a.credentials {
+        env.push(secret_ref(
+            "AWS_ACCESS_KEY_ID",
+            &creds.secret_name,
+            &creds.access_key_id_key,
+        ));
+        env.push(secret_ref(
+            "AWS_SECRET_ACCESS_KEY",
+            &creds.secret_name,
+            &creds.secret_access_key_key,
+        ));
+    }
+    env
+}
+
+fn value(name: &str, value: String) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value),
+        ..Default::default()
+    }
+}
+
+fn secret_ref(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_string(),
+                key: key.to_string(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,243 @@
+//! The session's status as a pure function of what a reconcile observed, plus the transitions
+//! worth an Event. `lastTransitionTime` moves only when a condition's status flips, so an
+//! unchanged session yields a byte-identical status and no write.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use cairn_crds::{AgentSessionStatus, Phase};
+
+pub const READY: &str = "Ready";
+pub const POLICY_RESOLVED: &str = "PolicyResolved";
+pub const ARCHIVE_READY: &str = "ArchiveReady";
+
+/// A reason (CamelCase, stable) and a human message, for a condition or an Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub reason: String,
+    pub message: String,
+}
+
+impl Problem {
+    pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Why nothing was applied this time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blocker {
+    /// The spec is invalid: only an edit helps (phase Failed).
+    Invalid(Problem),
+    /// Something the session depends on is missing or unreachable; retried.
+    Waiting(Problem),
+}
+
+/// What one reconcile saw and did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    pub name: String,
+    pub namespace: String,
+    pub generation: Option<i64>,
+    pub suspended: bool,
+    /// The effective policy's hash, or why it could not be resolved.
+    pub policy: Result<String, Problem>,
+    pub blocker: Option<Blocker>,
+    /// Ready replicas of the session's StatefulSet; `None` when it was not applied.
+    pub ready_replicas: Option<i32>,
+    /// Where the archive lives, or why it is not durable / not healthy.
+    pub archive: Result<String, Problem>,
+}
+
+/// The status the operator wants, given the previous one (whose agent-written `session` block
+/// is carried over untouched).
+pub fn desired(
+    prev: Option<&AgentSessionStatus>,
+    obs: &Observed,
+    now: &Time,
+) -> AgentSessionStatus {
+    let prev_phase = prev.and_then(|s| s.phase);
+    let ready = obs.ready_replicas.unwrap_or(0) > 0;
+    let phase = match (&obs.blocker, obs.suspended) {
+        (Some(Blocker::Invalid(_)), _) => Phase::Failed,
+        (_, true) => Phase::Suspended,
+        (None, false) if ready && obs.policy.is_ok() => Phase::Running,
+        _ if matches!(prev_phase, Some(Phase::Running | Phase::Degraded)) => Phase::Degraded,
+        _ => Phase::Pending,
+    };
+
+    let ready_cond = match (&obs.blocker, &obs.policy) {
+        (Some(Blocker::Invalid(p) | Blocker::Waiting(p)), _) => (false, p.clone()),
+        (None, _) if obs.suspended => (
+            false,
+            Problem::new(
+                "Suspended",
+                "spec.suspend is true: the pod is stopped, journal and archive are kept",
+            ),
+        ),
+        (None, Err(p)) => (false, Problem::new("PolicyUnresolved", p.message.clone())),
+        (None, Ok(_)) if ready => (
+            true,
+            Problem::new("AgentReady", "the agent is serving the session"),
+        ),
+        (None, Ok(_)) => (
+            false,
+            Problem::new(
+                "PodNotReady",
+                format!(
+                    "waiting for pod {} to become ready",
+                    crate::objects::pod_name(&obs.name)
+                ),
+            ),
+        ),
+    };
+    let policy_cond = match &obs.policy {
+        Ok(hash) => (
+            true,
+            Problem::new("Resolved", format!("effective policy hash {hash}")),
+        ),
+        Err(p) => (false, p.clone()),
+    };
+    let archive_cond = match &obs.archive {
+        Ok(location) => (
+            true,
+            Problem::new("Configured", format!("archive and journal in {location}")),
+        ),
+        Err(p) => (false, p.clone()),
+    };
+
+    let prev_conditions = prev.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let conditions = [
+        (READY, ready_cond),
+        (POLICY_RESOLVED, policy_cond),
+        (ARCHIVE_READY, archive_cond),
+    ]
+    .into_iter()
+    .map(|(kind, (ok, p))| condition(prev_conditions, kind, ok, p, obs.generation, now))
+    .collect();
+
+    let applied = obs.ready_replicas.is_some();
+    AgentSessionStatus {
+        phase: Some(phase),
+        observed_generation: obs.generation,
+        conditions,
+        pod: (applied && !obs.suspended).then(|| crate::objects::pod_name(&obs.name)),
+        service_url: applied
+            .then(|| crate::objects::service_url(&obs.name, &obs.namespace))
+            .or_else(|| prev.and_then(|s| s.service_url.clone())),
+        policy_hash: obs
+            .policy
+            .as_ref()
+            .ok()
+            .cloned()
+            .or_else(|| prev.and_then(|s| s.policy_hash.clone())),
+        session: prev.and_then(|s| s.session.clone()),
+    }
+}
+
+fn condition(
+    prev: &[Condition],
+    kind: &str,
+    ok: bool,
+    p: Problem,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let last_transition_time = prev
+        .iter()
+        .find(|c| c.type_ == kind && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: kind.to_string(),
+        status: status.to_string(),
+        reason: p.reason,
+        message: p.message,
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// `prev` with one condition set (the others untouched), for outcomes outside the normal
+/// pipeline such as a failing cleanup.
+pub fn with_condition(
+    prev: &AgentSessionStatus,
+    kind: &str,
+    ok: bool,
+    problem: Problem,
+    generation: Option<i64>,
+    now: &Time,
+) -> AgentSessionStatus {
+    let updated = condition(&prev.conditions, kind, ok, problem, generation, now);
+    let mut next = prev.clone();
+    match next.conditions.iter_mut().find(|c| c.type_ == kind) {
+        Some(c) => *c = updated,
+        None => next.conditions.push(updated),
+    }
+    next
+}
+
+/// The operator's part of a status (everything but the agent-written `session`), for the
+/// "did it change" test.
+pub fn operator_part(status: &AgentSessionStatus) -> AgentSessionStatus {
+    AgentSessionStatus {
+        session: None,
+        ..status.clone()
+    }
+}
+
+/// A change worth an Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub warning: bool,
+    pub reason: String,
+    pub note: String,
+}
+
+/// Events for the differences between two statuses: a new phase, every condition whose status
+/// or reason changed, and conditions that start out in trouble.
+pub fn transitions(
+    prev: Option<&AgentSessionStatus>,
+    next: &AgentSessionStatus,
+) -> Vec<Transition> {
+    let mut out = Vec::new();
+    let prev_phase = prev.and_then(|s| s.phase);
+    if let Some(phase) = next.phase
+        && prev_phase != Some(phase)
+    {
+        out.push(Transition {
+            warning: matches!(phase, Phase::Failed | Phase::Degraded),
+            reason: phase.as_str().to_string(),
+            note: format!(
+                "phase {} -> {}",
+                prev_phase.map(Phase::as_str).unwrap_or("none"),
+                phase.as_str()
+            ),
+        });
+    }
+    let prev_conditions = prev.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    for c in &next.conditions {
+        let before = prev_conditions.iter().find(|p| p.type_ == c.type_);
+        let changed = before.is_none_or(|p| p.status != c.status || p.reason != c.reason);
+        // Not ready while starting or suspended is expected, not a warning.
+        let expected = matches!(c.reason.as_str(), "PodNotReady" | "Suspended");
+        let warning = c.status != "True" && !expected;
+        // At scale every Event is a write: a condition that starts out fine, and Ready
+        // turning True (the phase Event says Running), are not news.
+        let news = match before {
+            None => warning,
+            Some(_) => !(c.type_ == READY && c.status == "True"),
+        };
+        if changed && news {
+            out.push(Transition {
+                warning,
+                reason: c.reason.clone(),
+                note: format!("{}={}: {}", c.type_, c.status, c.message),
+            });
+        }
+    }
+    out
+}

@@ -1,0 +1,218 @@
+//! `validate`: checks a session (with its dereferenced policy and the operator's defaults) and
+//! turns it into a [`Plan`], every setting resolved. Pure: no API calls.
+//!
+//! The API server's CEL rules already refuse most bad specs; this repeats the checks that
+//! matter for building objects, because objects stored before a rule existed (or written with
+//! validation off) still reach the operator.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{Resource, ResourceExt};
+
+use cairn_crds::session::{ArchiveSpec, S3CredentialsRef};
+use cairn_crds::{
+    AgentSession, AgentSessionSpec, CompactionPolicySpec, EffectivePolicy, PayloadSize,
+    PayloadSizeError, PolicyError, ProviderKind,
+};
+use k8s_openapi::api::core::v1::ResourceRequirements;
+
+use crate::config::Defaults;
+
+/// Longest session name: `cairn-<name>` names the StatefulSet, whose pods carry a
+/// `controller-revision-hash` label of `<statefulset>-<10 chars>` that must fit in 63.
+pub const MAX_SESSION_NAME: usize = 46;
+
+/// Why a session cannot be built. Waiting for a spec change is the only cure.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    #[error(
+        "session name {0:?} must be a DNS label (lower-case letters, digits, '-') of at most {MAX_SESSION_NAME} characters"
+    )]
+    InvalidName(String),
+    #[error("the session has no {0} yet (not stored by the API server)")]
+    NotStored(&'static str),
+    #[error("spec.provider.model must not be empty")]
+    MissingModel,
+    #[error("spec.provider.region is required when provider.kind is bedrock")]
+    MissingRegion,
+    #[error("spec.provider.baseUrl is required when provider.kind is openai-compatible")]
+    MissingBaseUrl,
+    #[error("spec.payloadCap is invalid: {0}")]
+    PayloadCap(#[from] PayloadSizeError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("spec.archive.prefix {0:?} must be relative and must not contain '..'")]
+    ArchivePrefix(String),
+    #[error("spec.maxOutputTokens must be smaller than spec.contextWindow")]
+    OutputExceedsWindow,
+}
+
+impl ValidationError {
+    /// Stable short label for metrics and Event reasons.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::InvalidName(_) => "InvalidName",
+            Self::NotStored(_) => "NotStored",
+            Self::MissingModel => "MissingModel",
+            Self::MissingRegion => "MissingRegion",
+            Self::MissingBaseUrl => "MissingBaseUrl",
+            Self::PayloadCap(_) => "InvalidPayloadCap",
+            Self::Policy(_) => "InvalidPolicy",
+            Self::ArchivePrefix(_) => "InvalidArchivePrefix",
+            Self::OutputExceedsWindow => "OutputExceedsWindow",
+        }
+    }
+}
+
+/// Everything `build` needs, resolved against the operator's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub name: String,
+    pub namespace: String,
+    pub owner: OwnerReference,
+    pub spec: AgentSessionSpec,
+    pub policy: EffectivePolicy,
+    pub policy_hash: String,
+    pub payload_cap: Option<PayloadSize>,
+    pub image: String,
+    pub resources: ResourceRequirements,
+    pub archive: ArchivePlan,
+    /// Namespace whose pods may reach the agent besides the session's own.
+    pub operator_namespace: String,
+}
+
+/// The session's archive settings after defaulting.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArchivePlan {
+    pub endpoint: Option<String>,
+    pub bucket: Option<String>,
+    pub prefix: String,
+    pub region: String,
+    pub force_path_style: bool,
+    pub credentials: Option<S3CredentialsRef>,
+    pub retain_on_delete: bool,
+    pub local_cache_size: String,
+    pub ttl: String,
+}
+
+impl ArchivePlan {
+    /// Key prefix of everything the session stores: `<prefix>/<namespace>/<session>/`.
+    pub fn session_prefix(&self, namespace: &str, name: &str) -> String {
+        let base = self.prefix.trim_matches('/');
+        if base.is_empty() {
+            format!("{namespace}/{name}/")
+        } else {
+            format!("{base}/{namespace}/{name}/")
+        }
+    }
+}
+
+/// Checks `session` and resolves it; `policy` is the dereferenced `policyRef` target.
+pub fn validate(
+    session: &AgentSession,
+    policy: Option<&CompactionPolicySpec>,
+    defaults: &Defaults,
+) -> Result<Plan, ValidationError> {
+    let name = session.name_any();
+    if !is_dns_label(&name) || name.len() > MAX_SESSION_NAME {
+        return Err(ValidationError::InvalidName(name));
+    }
+    let namespace = session
+        .namespace()
+        .ok_or(ValidationError::NotStored("namespace"))?;
+    let owner = session
+        .controller_owner_ref(&())
+        .ok_or(ValidationError::NotStored("uid"))?;
+    let spec = &session.spec;
+
+    let provider = &spec.provider;
+    if provider.model.trim().is_empty() {
+        return Err(ValidationError::MissingModel);
+    }
+    if provider.kind == ProviderKind::Bedrock && provider.region.is_none() {
+        return Err(ValidationError::MissingRegion);
+    }
+    if provider.kind == ProviderKind::OpenaiCompatible && provider.base_url.is_none() {
+        return Err(ValidationError::MissingBaseUrl);
+    }
+    if let (Some(out), Some(window)) = (spec.max_output_tokens, spec.context_window)
+        && out >= window
+    {
+        return Err(ValidationError::OutputExceedsWindow);
+    }
+    let payload_cap = spec.payload_cap()?;
+    let effective = cairn_crds::resolve(policy, spec.compaction.as_ref())?;
+    let archive = archive_plan(spec.archive.as_ref(), defaults)?;
+
+    let template = spec.template.as_ref();
+    Ok(Plan {
+        policy_hash: effective.hash(),
+        policy: effective,
+        payload_cap,
+        image: template
+            .and_then(|t| t.image.clone())
+            .unwrap_or_else(|| defaults.image.clone()),
+        resources: template
+            .and_then(|t| t.resources.clone())
+            .unwrap_or_else(|| defaults.resources.clone()),
+        archive,
+        operator_namespace: defaults.operator_namespace.clone(),
+        name,
+        namespace,
+        owner,
+        spec: spec.clone(),
+    })
+}
+
+/// The session's archive settings after defaulting (also used on delete, where the rest of the
+/// spec need not be valid).
+pub fn archive_plan(
+    spec: Option<&ArchiveSpec>,
+    defaults: &Defaults,
+) -> Result<ArchivePlan, ValidationError> {
+    let empty = ArchiveSpec::default();
+    let spec = spec.unwrap_or(&empty);
+    let d = &defaults.archive;
+    let prefix = spec.prefix.clone().unwrap_or_else(|| d.prefix.clone());
+    if prefix.starts_with('/') || prefix.split('/').any(|part| part == "..") {
+        return Err(ValidationError::ArchivePrefix(prefix));
+    }
+    let endpoint = spec.endpoint.clone().or_else(|| d.endpoint.clone());
+    let force_path_style = spec
+        .force_path_style
+        .or(d.force_path_style)
+        .unwrap_or(endpoint.is_some());
+    let credentials = spec.credentials.clone().or_else(|| {
+        d.credentials_secret.as_ref().map(|name| S3CredentialsRef {
+            secret_name: name.clone(),
+            access_key_id_key: "AWS_ACCESS_KEY_ID".into(),
+            secret_access_key_key: "AWS_SECRET_ACCESS_KEY".into(),
+        })
+    });
+    Ok(ArchivePlan {
+        bucket: spec.bucket.clone().or_else(|| d.bucket.clone()),
+        region: spec.region.clone().unwrap_or_else(|| d.region.clone()),
+        retain_on_delete: spec.retain_on_delete.unwrap_or(true),
+        local_cache_size: spec
+            .local_cache_size
+            .clone()
+            .unwrap_or_else(|| d.local_cache_size.clone()),
+        ttl: spec.ttl.clone().unwrap_or_else(|| d.ttl.clone()),
+        endpoint,
+        force_path_style,
+        credentials,
+        prefix,
+    })
+}
+
+/// RFC 1123 label; every object name is `cairn-<name>`, so it also starts with a letter as
+/// Service names must.
+fn is_dns_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}

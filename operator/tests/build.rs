@@ -1,0 +1,687 @@
+//! `validate` and `build` for representative sessions: every object a session owns, checked
+//! field by field where it matters (security, env wiring, RBAC, owners) and as a whole against
+//! committed snapshots (`tests/snapshots/*.yaml`; `UPDATE_SNAPSHOTS=1` rewrites them).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use cairn_crds::{AgentSession, CompactionPolicySpec};
+use cairn_operator::objects::{
+    ApiToken, BuildInputs, RESTART_HASH_ANNOTATION, SessionObjects, build, restart_hash,
+};
+use cairn_operator::{Defaults, Plan, ValidationError, validate};
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+
+const UID: &str = "0b6f7c5e-1111-2222-3333-444455556666";
+
+fn session(name: &str, spec_yaml: &str) -> AgentSession {
+    let spec = serde_yaml::from_str(spec_yaml).expect("fixture spec parses");
+    let mut s = AgentSession::new(name, spec);
+    s.metadata = ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some("team-a".into()),
+        uid: Some(UID.into()),
+        generation: Some(3),
+        ..Default::default()
+    };
+    s
+}
+
+fn policy(yaml: &str) -> CompactionPolicySpec {
+    serde_yaml::from_str(yaml).expect("fixture policy parses")
+}
+
+fn defaults() -> Defaults {
+    Defaults {
+        image: "registry.local/cairn-agent:1.0".into(),
+        operator_namespace: "cairn-system".into(),
+        ..Default::default()
+    }
+}
+
+fn inputs() -> BuildInputs {
+    BuildInputs {
+        api_token: ApiToken::from_existing("tok-0123456789abcdef".into()),
+        provider_secret_digest: None,
+        s3_secret_digest: None,
+    }
+}
+
+const MINIMAL: &str = "provider: {kind: openai, model: gpt-5}";
+
+const FULL: &str = r#"
+provider:
+  kind: anthropic
+  model: claude-sonnet-4-5
+  baseUrl: http://sim.cairn-test.svc:9000
+  credentials: {secretName: anthropic-key, key: api-key}
+contextWindow: 200000
+payloadCap: 5MB
+policyRef: {name: frugal}
+compaction: {budgetRatio: 0.5}
+archive:
+  bucket: cairn-archive
+  prefix: sessions
+  endpoint: http://s3.cairn-test.svc:9000
+  region: eu-west-1
+  credentials: {secretName: s3-creds}
+  retainOnDelete: false
+  localCacheSize: 512Mi
+  ttl: 24h
+template:
+  image: registry.local/cairn-agent:2.0
+  resources:
+    requests: {cpu: 250m, memory: 512Mi}
+    limits: {memory: 2Gi}
+  nodeSelector: {pool: agents}
+  tolerations: [{key: dedicated, operator: Equal, value: agents, effect: NoSchedule}]
+  annotations: {team: a}
+"#;
+
+const FRUGAL: &str =
+    "budgetRatio: 0.4\nmicrocompact: {truncateAfterTurns: 1, summarizeAfterTurns: 3}";
+
+fn plan(name: &str, spec: &str, policy_spec: Option<&str>) -> Plan {
+    let p = policy_spec.map(policy);
+    validate(&session(name, spec), p.as_ref(), &defaults()).expect("fixture validates")
+}
+
+fn container(objects: &SessionObjects) -> &Container {
+    &pod(objects).containers[0]
+}
+
+fn pod(objects: &SessionObjects) -> &PodSpec {
+    objects
+        .stateful_set
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .expect("pod spec")
+}
+
+fn env(objects: &SessionObjects) -> BTreeMap<String, String> {
+    container(objects)
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e: EnvVar| {
+            let v = match (e.value, e.value_from.and_then(|f| f.secret_key_ref)) {
+                (Some(v), _) => v,
+                (None, Some(r)) => format!("secret:{}/{}", r.name, r.key),
+                _ => "?".into(),
+            };
+            (e.name, v)
+        })
+        .collect()
+}
+
+fn rules_json(objects: &SessionObjects) -> serde_json::Value {
+    serde_json::to_value(objects.role.rules.clone().unwrap_or_default()).expect("rules serialize")
+}
+
+fn all_metas(o: &SessionObjects) -> Vec<(&'static str, &ObjectMeta)> {
+    vec![
+        ("ServiceAccount", &o.service_account.metadata),
+        ("Role", &o.role.metadata),
+        ("RoleBinding", &o.role_binding.metadata),
+        ("Secret", &o.token_secret.metadata),
+        ("Service", &o.service.metadata),
+        ("NetworkPolicy", &o.network_policy.metadata),
+        ("StatefulSet", &o.stateful_set.metadata),
+    ]
+}
+
+fn assert_snapshot(name: &str, objects: &SessionObjects) {
+    let docs = [
+        serde_yaml::to_string(&objects.service_account),
+        serde_yaml::to_string(&objects.role),
+        serde_yaml::to_string(&objects.role_binding),
+        serde_yaml::to_string(&objects.token_secret),
+        serde_yaml::to_string(&objects.service),
+        serde_yaml::to_string(&objects.network_policy),
+        serde_yaml::to_string(&objects.stateful_set),
+    ];
+    let mut actual = String::new();
+    for doc in docs {
+        actual.push_str("---\n");
+        actual.push_str(&doc.expect("object serializes"));
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/snapshots")
+        .join(format!("{name}.yaml"));
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir snapshots");
+        std::fs::write(&path, &actual).expect("write snapshot");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "missing snapshot {}; run with UPDATE_SNAPSHOTS=1",
+            path.display()
+        )
+    });
+    assert_eq!(
+        expected, actual,
+        "snapshot {name} differs; review and run with UPDATE_SNAPSHOTS=1 if intended"
+    );
+}
+
+#[test]
+fn minimal_session_builds_hardened_owned_objects() {
+    let objects = build(&plan("chat", MINIMAL, None), &inputs());
+    assert_snapshot("minimal", &objects);
+
+    for (kind, meta) in all_metas(&objects) {
+        let expected_name = if kind == "Secret" {
+            "cairn-chat-api-token"
+        } else {
+            "cairn-chat"
+        };
+        assert_eq!(meta.name.as_deref(), Some(expected_name), "{kind}");
+        assert_eq!(meta.namespace.as_deref(), Some("team-a"), "{kind}");
+        let owners = meta.owner_references.as_ref().expect("owner refs");
+        assert_eq!(owners.len(), 1, "{kind}");
+        let owner = &owners[0];
+        assert_eq!(owner.kind, "AgentSession", "{kind}");
+        assert_eq!(owner.api_version, "cairn.dev/v1alpha1", "{kind}");
+        assert_eq!(owner.name, "chat", "{kind}");
+        assert_eq!(owner.uid, UID, "{kind}");
+        assert_eq!(owner.controller, Some(true), "{kind}");
+        let labels = meta.labels.as_ref().expect("labels");
+        assert_eq!(labels["app.kubernetes.io/name"], "cairn-agent");
+        assert_eq!(labels["app.kubernetes.io/instance"], "chat");
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "cairn-operator");
+        assert_eq!(labels["cairn.dev/session"], "chat");
+    }
+
+    let sts = &objects.stateful_set.spec;
+    assert_eq!(sts.replicas, Some(1));
+    assert_eq!(sts.service_name.as_deref(), Some("cairn-chat"));
+    let pod = pod(&objects);
+    assert_eq!(pod.service_account_name.as_deref(), Some("cairn-chat"));
+    let psc = pod.security_context.as_ref().expect("pod security context");
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(psc.run_as_user, Some(65532));
+    assert_eq!(
+        psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+
+    let c = container(&objects);
+    assert_eq!(c.image.as_deref(), Some("registry.local/cairn-agent:1.0"));
+    assert_eq!(c.command.as_deref(), Some(&["cairn-agent".to_string()][..]));
+    assert_eq!(
+        c.args.clone().unwrap_or_default(),
+        [
+            "serve",
+            "--session",
+            "team-a/chat",
+            "--listen",
+            "0.0.0.0:8080"
+        ]
+    );
+    let sc = c
+        .security_context
+        .as_ref()
+        .expect("container security context");
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.run_as_user, Some(65532));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+        Some(vec!["ALL".to_string()])
+    );
+    assert_eq!(
+        sc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .map(|h| (h.path.clone().unwrap_or_default(), h.port.clone()))
+    };
+    let http = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into());
+    assert_eq!(
+        probe_path(&c.liveness_probe),
+        Some(("/healthz".into(), http.clone()))
+    );
+    assert_eq!(
+        probe_path(&c.readiness_probe),
+        Some(("/readyz".into(), http))
+    );
+    assert_eq!(c.ports.as_ref().map(|p| p[0].container_port), Some(8080));
+    // Operator defaults apply without a template.
+    assert_eq!(c.resources, Some(defaults().resources));
+    let scratch = &pod.volumes.as_ref().expect("volumes")[0];
+    assert_eq!(
+        scratch
+            .empty_dir
+            .as_ref()
+            .and_then(|e| e.size_limit.clone())
+            .map(|q| q.0),
+        Some("256Mi".into())
+    );
+    let mounts: Vec<_> = c
+        .volume_mounts
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| m.mount_path)
+        .collect();
+    assert_eq!(mounts, ["/tmp", "/var/cache/cairn"]);
+
+    let env = env(&objects);
+    assert_eq!(env["CAIRN_SESSION"], "team-a/chat");
+    assert_eq!(env["CAIRN_API_TOKEN"], "secret:cairn-chat-api-token/token");
+    assert!(!env.contains_key("OPENAI_API_KEY"), "no credentials set");
+    assert!(!env.contains_key("CAIRN_S3_BUCKET"), "no bucket anywhere");
+    assert!(!env.contains_key("AWS_ACCESS_KEY_ID"));
+    assert_eq!(env["CAIRN_S3_PREFIX"], "cairn");
+
+    assert_eq!(
+        rules_json(&objects),
+        serde_json::json!([
+            {"apiGroups": ["cairn.dev"], "resources": ["agentsessions"], "resourceNames": ["chat"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["cairn.dev"], "resources": ["agentsessions/status"], "resourceNames": ["chat"], "verbs": ["patch", "update"]},
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["cairn-chat-api-token"], "verbs": ["get"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["cairn-chat"], "verbs": ["get", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        ])
+    );
+    let subjects = objects.role_binding.subjects.clone().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(subjects[0].name, "cairn-chat");
+    assert_eq!(subjects[0].namespace.as_deref(), Some("team-a"));
+    assert_eq!(objects.role_binding.role_ref.kind, "Role");
+    assert_eq!(objects.role_binding.role_ref.name, "cairn-chat");
+
+    let token = objects.token_secret.data.as_ref().expect("token data");
+    assert_eq!(token["token"].0, b"tok-0123456789abcdef");
+
+    let np = objects.network_policy.spec.as_ref().expect("netpol spec");
+    assert_eq!(np.policy_types.clone().unwrap_or_default(), ["Ingress"]);
+    assert_eq!(
+        serde_json::to_value(&np.ingress).expect("ingress serializes"),
+        serde_json::json!([{
+            "from": [
+                {"podSelector": {}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cairn-system"}}}
+            ],
+            "ports": [{"port": 8080, "protocol": "TCP"}]
+        }])
+    );
+    let svc = objects.service.spec.as_ref().expect("service spec");
+    assert_eq!(svc.ports.as_ref().map(|p| p[0].port), Some(8080));
+    assert_eq!(
+        svc.selector.clone().unwrap_or_default(),
+        BTreeMap::from([
+            (
+                "app.kubernetes.io/name".to_string(),
+                "cairn-agent".to_string()
+            ),
+            ("cairn.dev/session".to_string(), "chat".to_string()),
+        ])
+    );
+}
+
+#[test]
+fn full_session_wires_policy_credentials_archive_and_template() {
+    let mut inputs = inputs();
+    inputs.provider_secret_digest = Some("p1".into());
+    inputs.s3_secret_digest = Some("s1".into());
+    let plan = plan("research", FULL, Some(FRUGAL));
+    let objects = build(&plan, &inputs);
+    assert_snapshot("full", &objects);
+
+    let env = env(&objects);
+    assert_eq!(env["ANTHROPIC_API_KEY"], "secret:anthropic-key/api-key");
+    assert_eq!(env["CAIRN_S3_ENDPOINT"], "http://s3.cairn-test.svc:9000");
+    assert_eq!(env["CAIRN_S3_BUCKET"], "cairn-archive");
+    assert_eq!(env["CAIRN_S3_PREFIX"], "sessions");
+    assert_eq!(env["CAIRN_S3_REGION"], "eu-west-1");
+    assert_eq!(env["CAIRN_S3_FORCE_PATH_STYLE"], "true");
+    assert_eq!(
+        env["AWS_ACCESS_KEY_ID"],
+        "secret:s3-creds/AWS_ACCESS_KEY_ID"
+    );
+    assert_eq!(
+        env["AWS_SECRET_ACCESS_KEY"],
+        "secret:s3-creds/AWS_SECRET_ACCESS_KEY"
+    );
+    assert_eq!(env["CAIRN_ARCHIVE_TTL"], "24h");
+
+    let c = container(&objects);
+    assert_eq!(c.image.as_deref(), Some("registry.local/cairn-agent:2.0"));
+    let resources = c.resources.as_ref().expect("resources");
+    assert_eq!(
+        resources.requests.as_ref().map(|r| r["cpu"].0.clone()),
+        Some("250m".into())
+    );
+    assert_eq!(
+        resources.limits.as_ref().map(|r| r["memory"].0.clone()),
+        Some("2Gi".into())
+    );
+    let pod = pod(&objects);
+    assert_eq!(
+        pod.node_selector.clone().unwrap_or_default()["pool"],
+        "agents"
+    );
+    assert_eq!(pod.tolerations.as_ref().map(Vec::len), Some(1));
+    let annotations = objects
+        .stateful_set
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    assert_eq!(annotations["team"], "a");
+    assert_eq!(
+        annotations[RESTART_HASH_ANNOTATION],
+        restart_hash(&plan, &inputs)
+    );
+
+    assert_eq!(
+        rules_json(&objects),
+        serde_json::json!([
+            {"apiGroups": ["cairn.dev"], "resources": ["agentsessions"], "resourceNames": ["research"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["cairn.dev"], "resources": ["agentsessions/status"], "resourceNames": ["research"], "verbs": ["patch", "update"]},
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["anthropic-key", "cairn-research-api-token", "s3-creds"], "verbs": ["get"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["cairn-research"], "verbs": ["get", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["cairn.dev"], "resources": ["compactionpolicies"], "resourceNames": ["frugal"], "verbs": ["get", "list", "watch"]},
+        ])
+    );
+
+    // Precedence defaults <- policyRef <- inline.
+    assert_eq!(plan.policy.budget_ratio, 0.5);
+    assert_eq!(plan.policy.microcompact.summarize_after_turns, 3);
+    assert_eq!(
+        plan.archive.session_prefix("team-a", "research"),
+        "sessions/team-a/research/"
+    );
+    assert!(!plan.archive.retain_on_delete);
+    assert_eq!(plan.payload_cap.map(|p| p.bytes()), Some(5 * 1024 * 1024));
+}
+
+#[test]
+fn suspended_session_scales_to_zero_and_keeps_everything_else() {
+    let running = build(&plan("chat", MINIMAL, None), &inputs());
+    let suspended = build(
+        &plan("chat", &format!("{MINIMAL}\nsuspend: true"), None),
+        &inputs(),
+    );
+    assert_snapshot("suspended", &suspended);
+    assert_eq!(suspended.stateful_set.spec.replicas, Some(0));
+    let mut resumed = suspended.clone();
+    resumed.stateful_set.spec.replicas = Some(1);
+    assert_eq!(resumed, running, "suspend changes only the replica count");
+}
+
+#[test]
+fn bedrock_and_openai_compatible_keys_land_in_their_variables() {
+    let bedrock = build(
+        &plan(
+            "br",
+            "provider: {kind: bedrock, model: claude, region: us-west-2, credentials: {secretName: br}}",
+            None,
+        ),
+        &inputs(),
+    );
+    let env_b = env(&bedrock);
+    assert_eq!(env_b["AWS_BEARER_TOKEN_BEDROCK"], "secret:br/api-key");
+    assert_eq!(env_b["AWS_REGION"], "us-west-2");
+    let compat = build(
+        &plan(
+            "oc",
+            "provider: {kind: openai-compatible, model: m, baseUrl: 'http://vllm:8000', credentials: {secretName: k, key: token}}",
+            None,
+        ),
+        &inputs(),
+    );
+    assert_eq!(env(&compat)["OPENAI_API_KEY"], "secret:k/token");
+    let gemini = build(
+        &plan(
+            "g",
+            "provider: {kind: gemini, model: gemini-2.5-pro, credentials: {secretName: g}}",
+            None,
+        ),
+        &inputs(),
+    );
+    assert_eq!(env(&gemini)["GEMINI_API_KEY"], "secret:g/api-key");
+}
+
+#[test]
+fn policy_changes_never_touch_the_pod_template() {
+    let base = plan("chat", FULL, Some(FRUGAL));
+    let edited_policy = plan("chat", FULL, Some("budgetRatio: 0.3"));
+    let edited_inline = plan(
+        "chat",
+        &FULL.replace(
+            "compaction: {budgetRatio: 0.5}",
+            "compaction: {minKeepRecent: 20}",
+        ),
+        Some(FRUGAL),
+    );
+    for other in [&edited_policy, &edited_inline] {
+        assert_ne!(base.policy_hash, other.policy_hash, "the policy did change");
+        assert_eq!(
+            restart_hash(&base, &inputs()),
+            restart_hash(other, &inputs())
+        );
+        assert_eq!(
+            build(&base, &inputs()).stateful_set,
+            build(other, &inputs()).stateful_set,
+            "a policy edit must not roll the pod"
+        );
+    }
+}
+
+#[test]
+fn restart_hash_follows_image_resources_credentials_and_s3_settings() {
+    let base = plan("chat", FULL, Some(FRUGAL));
+    let hash = |p: &Plan, i: &BuildInputs| restart_hash(p, i);
+    let h0 = hash(&base, &inputs());
+    assert_eq!(h0, hash(&base, &inputs()), "stable");
+
+    let image = plan(
+        "chat",
+        &FULL.replace("cairn-agent:2.0", "cairn-agent:2.1"),
+        Some(FRUGAL),
+    );
+    assert_ne!(h0, hash(&image, &inputs()), "image");
+    let resources = plan(
+        "chat",
+        &FULL.replace("cpu: 250m", "cpu: 500m"),
+        Some(FRUGAL),
+    );
+    assert_ne!(h0, hash(&resources, &inputs()), "resources");
+    let bucket = plan(
+        "chat",
+        &FULL.replace("bucket: cairn-archive", "bucket: other-bucket"),
+        Some(FRUGAL),
+    );
+    assert_ne!(h0, hash(&bucket, &inputs()), "s3 settings");
+
+    let mut rotated = inputs();
+    rotated.provider_secret_digest = Some("p2".into());
+    assert_ne!(h0, hash(&base, &rotated), "provider credential content");
+    let mut rotated_s3 = inputs();
+    rotated_s3.s3_secret_digest = Some("s2".into());
+    assert_ne!(h0, hash(&base, &rotated_s3), "s3 credential content");
+
+    // The token is not a restart input: it never changes once generated.
+    let mut other_token = inputs();
+    other_token.api_token = ApiToken::from_existing("another".into());
+    assert_eq!(h0, hash(&base, &other_token));
+}
+
+#[test]
+fn the_token_never_shows_in_debug_output() {
+    let token = ApiToken::generate();
+    assert_eq!(token.expose().len(), 64);
+    assert_ne!(token, ApiToken::generate());
+    let mut i = inputs();
+    i.api_token = token.clone();
+    let printed = format!("{i:?} {token:?}");
+    assert!(!printed.contains(token.expose()), "{printed}");
+}
+
+#[test]
+fn operator_archive_defaults_fill_unset_fields() {
+    let mut d = defaults();
+    d.archive.bucket = Some("shared".into());
+    d.archive.endpoint = Some("http://garage:3900".into());
+    d.archive.credentials_secret = Some("cairn-s3".into());
+    let p = validate(&session("chat", MINIMAL), None, &d).expect("validates");
+    assert_eq!(p.archive.bucket.as_deref(), Some("shared"));
+    assert!(p.archive.force_path_style, "an endpoint implies path style");
+    assert!(p.archive.retain_on_delete, "retain by default");
+    let objects = build(&p, &inputs());
+    let env = env(&objects);
+    assert_eq!(env["CAIRN_S3_BUCKET"], "shared");
+    assert_eq!(
+        env["AWS_ACCESS_KEY_ID"],
+        "secret:cairn-s3/AWS_ACCESS_KEY_ID"
+    );
+}
+
+fn invalid(name: &str, spec: &str, policy_spec: Option<&str>) -> ValidationError {
+    let p = policy_spec.map(policy);
+    validate(&session(name, spec), p.as_ref(), &defaults()).expect_err("must be refused")
+}
+
+#[test]
+fn a_system_prompt_from_a_config_map_is_mounted_not_granted() {
+    let objects = build(
+        &plan(
+            "chat",
+            &format!("{MINIMAL}\nsystemPromptFrom: {{configMapName: prompts, key: reviewer}}"),
+            None,
+        ),
+        &inputs(),
+    );
+    let pod = pod(&objects);
+    let volume = pod
+        .volumes
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|v| v.name == "system-prompt")
+        .expect("prompt volume");
+    let cm = volume.config_map.expect("configMap source");
+    assert_eq!(cm.name, "prompts");
+    assert_eq!(cm.items.clone().unwrap_or_default()[0].key, "reviewer");
+    let mount = container(&objects)
+        .volume_mounts
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| m.name == "system-prompt")
+        .expect("prompt mount");
+    assert_eq!(mount.read_only, Some(true));
+    assert_eq!(
+        env(&objects)["CAIRN_SYSTEM_PROMPT_FILE"],
+        "/etc/cairn/system-prompt/system-prompt"
+    );
+    assert!(
+        !rules_json(&objects).to_string().contains("configmaps"),
+        "the Role stays limited to the session's own objects"
+    );
+}
+
+#[test]
+fn validate_refuses_bad_payload_caps() {
+    for cap in ["5XB", "0", "'0MB'", "abc", "'-1MB'"] {
+        let err = invalid("chat", &format!("{MINIMAL}\npayloadCap: {cap}"), None);
+        assert!(
+            matches!(err, ValidationError::PayloadCap(_)),
+            "{cap}: {err:?}"
+        );
+        assert_eq!(err.label(), "InvalidPayloadCap");
+    }
+}
+
+#[test]
+fn validate_refuses_a_merged_policy_that_no_layer_breaks_alone() {
+    // Each layer is valid on its own; together truncateAfterTurns >= summarizeAfterTurns.
+    let err = invalid(
+        "chat",
+        &format!("{MINIMAL}\ncompaction: {{microcompact: {{summarizeAfterTurns: 3}}}}"),
+        Some("microcompact: {truncateAfterTurns: 3}"),
+    );
+    assert!(matches!(err, ValidationError::Policy(_)), "{err:?}");
+    assert!(err.to_string().contains("truncateAfterTurns"), "{err}");
+}
+
+#[test]
+fn validate_refuses_missing_required_bits() {
+    assert_eq!(
+        invalid("chat", "provider: {kind: bedrock, model: m}", None),
+        ValidationError::MissingRegion
+    );
+    assert_eq!(
+        invalid(
+            "chat",
+            "provider: {kind: openai-compatible, model: m}",
+            None
+        ),
+        ValidationError::MissingBaseUrl
+    );
+    assert_eq!(
+        invalid("chat", "provider: {kind: openai, model: ' '}", None),
+        ValidationError::MissingModel
+    );
+    assert_eq!(
+        invalid(
+            "chat",
+            &format!("{MINIMAL}\ncontextWindow: 8192\nmaxOutputTokens: 8192"),
+            None
+        ),
+        ValidationError::OutputExceedsWindow
+    );
+    assert!(matches!(
+        invalid(
+            "chat",
+            &format!("{MINIMAL}\narchive: {{prefix: 'a/../b'}}"),
+            None
+        ),
+        ValidationError::ArchivePrefix(_)
+    ));
+
+    let mut unstored = session("chat", MINIMAL);
+    unstored.metadata.uid = None;
+    assert_eq!(
+        validate(&unstored, None, &defaults()),
+        Err(ValidationError::NotStored("uid"))
+    );
+}
+
+#[test]
+fn validate_refuses_names_that_cannot_name_the_objects() {
+    for name in ["Chat", "a.b", "-a", &"x".repeat(47)] {
+        let err = invalid(name, MINIMAL, None);
+        assert!(
+            matches!(err, ValidationError::InvalidName(_)),
+            "{name}: {err:?}"
+        );
+    }
+    let longest = "x".repeat(46);
+    let p = plan(&longest, MINIMAL, None);
+    let objects = build(&p, &inputs());
+    // The pod's controller-revision-hash label is "<statefulset>-<10 chars>" (<= 63).
+    let sts_name = objects
+        .stateful_set
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_default();
+    assert!(sts_name.len() + 11 <= 63, "{sts_name}");
+    assert!(AgentSession::kind(&()) == "AgentSession");
+}

@@ -1,0 +1,1020 @@
+//! The operator against a real control plane: kube-apiserver, kube-controller-manager (garbage
+//! collection, the StatefulSet controller), kube-scheduler and kwok (fake nodes, so pods get
+//! scheduled and marked Running). The cluster is the one `KUBECONFIG` points at.
+//!
+//! Run (with the local cluster from `tests/harness` up):
+//!
+//! ```text
+//! KUBECONFIG=<harness kubeconfig> cargo test -p cairn-operator --test cluster -- --ignored --test-threads 4
+//! ```
+//!
+//! Each test gets its own namespace. By default each test runs the operator in-process, scoped
+//! to that namespace; with `CAIRN_TEST_EXTERNAL_OPERATOR=1` the tests expect an operator that
+//! is already running (installed with the Helm chart) and only drive the API.
+//! `CAIRN_TEST_OPERATOR_AS=system:serviceaccount:NS:NAME` makes the in-process operator
+//! impersonate that identity, to check the RBAC the chart grants (docs/operator.md).
+//! `S3`-backed tests start moto (`python3 -m moto.server`) unless `CAIRN_TEST_S3_ENDPOINT`
+//! names a reachable S3 server (credentials `CAIRN_TEST_S3_ACCESS_KEY` /
+//! `CAIRN_TEST_S3_SECRET_KEY`, default `testing`/`testing`).
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::primitives::ByteStream;
+use cairn_crds::{AgentSession, CompactionPolicy, Phase};
+use cairn_operator::config::Defaults;
+use cairn_operator::controller::{self, Context};
+use cairn_operator::metrics::Metrics;
+use cairn_operator::objects::RESTART_HASH_ANNOTATION;
+use cairn_operator::purge::S3Purger;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// One test's namespace, and the operator serving it (unless an external one does).
+struct TestEnv {
+    client: Client,
+    /// The in-process operator's client: the test's own, or impersonating
+    /// `CAIRN_TEST_OPERATOR_AS` (e.g. `system:serviceaccount:cairn-system:cairn-operator`) to
+    /// check the RBAC the chart grants.
+    operator_client: Client,
+    ns: String,
+    operator: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+}
+
+impl TestEnv {
+    async fn new(name: &str) -> Self {
+        let client = Client::try_default()
+            .await
+            .expect("KUBECONFIG must point at the local cluster");
+        cairn_operator::crds::apply_crds(client.clone())
+            .await
+            .expect("CRDs apply");
+        let suffix = hex_suffix();
+        let ns = format!("cairn-{name}-{suffix}");
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
+            )
+            .await
+            .expect("create namespace");
+        let sessions: Api<AgentSession> = Api::namespaced(client.clone(), &ns);
+        eventually("the AgentSession API to be served", || async {
+            sessions.list(&ListParams::default()).await.ok()
+        })
+        .await;
+        let operator_client = match std::env::var("CAIRN_TEST_OPERATOR_AS") {
+            Ok(user) => {
+                let mut config = kube::Config::infer().await.expect("kubeconfig");
+                config.auth_info.impersonate = Some(user);
+                Client::try_from(config).expect("impersonating client")
+            }
+            Err(_) => client.clone(),
+        };
+        let mut env = Self {
+            client,
+            operator_client,
+            ns,
+            operator: None,
+        };
+        if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_none() {
+            env.start_operator();
+        }
+        env
+    }
+
+    fn start_operator(&mut self) {
+        let ctx = Arc::new(Context::new(
+            self.operator_client.clone(),
+            Defaults {
+                image: "cairn-agent:test".into(),
+                ..Default::default()
+            },
+            Arc::new(Metrics::default()),
+            Arc::new(S3Purger),
+            Duration::from_secs(3600),
+        ));
+        let (tx, rx) = watch::channel(false);
+        let shutdown = async move {
+            let mut rx = rx;
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let handle = tokio::spawn(controller::run(ctx, Some(self.ns.clone()), 4, shutdown));
+        self.operator = Some((tx, handle));
+    }
+
+    async fn stop_operator(&mut self) {
+        if let Some((tx, mut handle)) = self.operator.take() {
+            let _ = tx.send(true);
+            if tokio::time::timeout(Duration::from_secs(10), &mut handle)
+                .await
+                .is_err()
+            {
+                handle.abort();
+            }
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn create_session(&self, name: &str, spec: serde_json::Value) -> AgentSession {
+        let session: AgentSession = serde_json::from_value(json!({
+            "apiVersion": "cairn.dev/v1alpha1",
+            "kind": "AgentSession",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .expect("session fixture");
+        self.api::<AgentSession>()
+            .create(&PostParams::default(), &session)
+            .await
+            .expect("create session")
+    }
+
+    async fn create_policy(&self, name: &str, spec: serde_json::Value) {
+        let policy: CompactionPolicy = serde_json::from_value(json!({
+            "apiVersion": "cairn.dev/v1alpha1",
+            "kind": "CompactionPolicy",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .expect("policy fixture");
+        self.api::<CompactionPolicy>()
+            .create(&PostParams::default(), &policy)
+            .await
+            .expect("create policy");
+    }
+
+    async fn patch_session(&self, name: &str, patch: serde_json::Value) {
+        self.api::<AgentSession>()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patch session");
+    }
+
+    async fn session(&self, name: &str) -> AgentSession {
+        self.api::<AgentSession>()
+            .get(name)
+            .await
+            .expect("get session")
+    }
+
+    /// Waits until the session reports `phase`.
+    async fn wait_phase(&self, name: &str, phase: Phase) -> AgentSession {
+        let api = self.api::<AgentSession>();
+        eventually(&format!("{name} to reach {phase:?}"), || async {
+            let s = api.get(name).await.ok()?;
+            (s.status.as_ref()?.phase == Some(phase)).then_some(s)
+        })
+        .await
+    }
+
+    async fn pod(&self, session: &str) -> Option<Pod> {
+        self.api::<Pod>()
+            .get_opt(&format!("cairn-{session}-0"))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn teardown(mut self) {
+        self.stop_operator().await;
+        // Drop the finalizers first: the namespace must go even when a test failed mid-way.
+        let sessions = self.api::<AgentSession>();
+        if let Ok(list) = sessions.list(&ListParams::default()).await {
+            for s in list {
+                let _ = sessions
+                    .patch(
+                        &s.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces.delete(&self.ns, &DeleteParams::default()).await;
+    }
+}
+
+fn hex_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{:06x}", (nanos ^ std::process::id()) & 0xff_ffff)
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn condition(s: &AgentSession, kind: &str) -> Option<(String, String)> {
+    s.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == kind)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+fn restart_hash(sts: &StatefulSet) -> String {
+    sts.spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(RESTART_HASH_ANNOTATION).cloned())
+        .unwrap_or_default()
+}
+
+fn minimal() -> serde_json::Value {
+    json!({"provider": {"kind": "openai", "model": "gpt-5"}})
+}
+
+fn assert_owned_by(meta: &kube::core::ObjectMeta, session: &AgentSession, kind: &str) {
+    let owners = meta.owner_references.clone().unwrap_or_default();
+    assert_eq!(owners.len(), 1, "{kind} owners");
+    assert_eq!(owners[0].uid, session.uid().unwrap_or_default(), "{kind}");
+    assert_eq!(owners[0].controller, Some(true), "{kind}");
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn create_builds_owned_objects_and_becomes_ready() {
+    let env = TestEnv::new("create").await;
+    let created = env.create_session("chat", minimal()).await;
+    let session = env.wait_phase("chat", Phase::Running).await;
+    assert_eq!(created.uid(), session.uid());
+
+    let status = session.status.clone().expect("status");
+    assert_eq!(status.pod.as_deref(), Some("cairn-chat-0"));
+    assert_eq!(
+        status.service_url,
+        Some(format!("http://cairn-chat.{}.svc:8080", env.ns))
+    );
+    assert_eq!(status.observed_generation, session.metadata.generation);
+    assert_eq!(
+        condition(&session, "Ready"),
+        Some(("True".into(), "AgentReady".into()))
+    );
+    assert_eq!(
+        condition(&session, "PolicyResolved").map(|c| c.0),
+        Some("True".into())
+    );
+    let expected_hash = cairn_crds::resolve(None, None).expect("defaults").hash();
+    assert_eq!(status.policy_hash, Some(expected_hash));
+    assert!(
+        session
+            .finalizers()
+            .iter()
+            .any(|f| f == controller::FINALIZER),
+        "finalizer added"
+    );
+
+    let name = "cairn-chat";
+    assert_owned_by(
+        &env.api::<StatefulSet>()
+            .get(name)
+            .await
+            .expect("sts")
+            .metadata,
+        &session,
+        "StatefulSet",
+    );
+    assert_owned_by(
+        &env.api::<Service>().get(name).await.expect("svc").metadata,
+        &session,
+        "Service",
+    );
+    assert_owned_by(
+        &env.api::<ServiceAccount>()
+            .get(name)
+            .await
+            .expect("sa")
+            .metadata,
+        &session,
+        "ServiceAccount",
+    );
+    assert_owned_by(
+        &env.api::<Role>().get(name).await.expect("role").metadata,
+        &session,
+        "Role",
+    );
+    assert_owned_by(
+        &env.api::<RoleBinding>()
+            .get(name)
+            .await
+            .expect("rb")
+            .metadata,
+        &session,
+        "RoleBinding",
+    );
+    assert_owned_by(
+        &env.api::<NetworkPolicy>()
+            .get(name)
+            .await
+            .expect("np")
+            .metadata,
+        &session,
+        "NetworkPolicy",
+    );
+    let token = env
+        .api::<Secret>()
+        .get("cairn-chat-api-token")
+        .await
+        .expect("token secret");
+    assert_owned_by(&token.metadata, &session, "Secret");
+    let pod = env.pod("chat").await.expect("pod");
+    assert_eq!(pod.status.and_then(|s| s.phase).as_deref(), Some("Running"));
+
+    // The token survives further reconciles untouched.
+    env.patch_session("chat", json!({"metadata": {"annotations": {"touch": "1"}}}))
+        .await;
+    env.patch_session("chat", json!({"spec": {"contextWindow": 100000}}))
+        .await;
+    eventually("the new generation to be observed", || async {
+        let s = env.session("chat").await;
+        (s.status?.observed_generation == s.metadata.generation).then_some(())
+    })
+    .await;
+    let again = env
+        .api::<Secret>()
+        .get("cairn-chat-api-token")
+        .await
+        .expect("token secret");
+    assert_eq!(token.data, again.data, "the API token is never regenerated");
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn the_agent_identity_reaches_only_its_own_objects() {
+    let env = TestEnv::new("rbac").await;
+    env.create_session("a", minimal()).await;
+    env.create_session("b", minimal()).await;
+    env.wait_phase("a", Phase::Running).await;
+    env.wait_phase("b", Phase::Running).await;
+
+    let mut config = kube::Config::infer().await.expect("kubeconfig");
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{}:cairn-a", env.ns));
+    let agent = Client::try_from(config).expect("impersonating client");
+    let sessions: Api<AgentSession> = Api::namespaced(agent.clone(), &env.ns);
+    let secrets: Api<Secret> = Api::namespaced(agent.clone(), &env.ns);
+
+    sessions.get("a").await.expect("reads its own session");
+    sessions
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"session": {"turns": 1}}})),
+        )
+        .await
+        .expect("patches its own status");
+    secrets
+        .get("cairn-a-api-token")
+        .await
+        .expect("reads its own token");
+    let forbidden =
+        |r: Result<_, kube::Error>| matches!(r, Err(kube::Error::Api(e)) if e.code == 403);
+    assert!(
+        forbidden(secrets.get("cairn-b-api-token").await.map(|_| ())),
+        "another session's Secret"
+    );
+    assert!(
+        forbidden(sessions.get("b").await.map(|_| ())),
+        "another session"
+    );
+    assert!(
+        forbidden(secrets.list(&ListParams::default()).await.map(|_| ())),
+        "listing Secrets"
+    );
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn policy_edit_changes_the_hash_without_restarting_the_pod() {
+    let env = TestEnv::new("policy").await;
+    env.create_policy("frugal", json!({"budgetRatio": 0.5}))
+        .await;
+    let mut spec = minimal();
+    spec["policyRef"] = json!({"name": "frugal"});
+    env.create_session("chat", spec).await;
+    let before = env.wait_phase("chat", Phase::Running).await;
+    let hash_before = before.status.and_then(|s| s.policy_hash).expect("hash");
+    let sts_before = env
+        .api::<StatefulSet>()
+        .get("cairn-chat")
+        .await
+        .expect("sts");
+    let pod_before = env.pod("chat").await.and_then(|p| p.uid()).expect("pod");
+
+    env.api::<CompactionPolicy>()
+        .patch(
+            "frugal",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"budgetRatio": 0.3}})),
+        )
+        .await
+        .expect("patch policy");
+    let expected = cairn_crds::resolve(
+        Some(&serde_json::from_value(json!({"budgetRatio": 0.3})).expect("spec")),
+        None,
+    )
+    .expect("valid")
+    .hash();
+    eventually("policyHash to follow the policy edit", || async {
+        let s = env.session("chat").await;
+        (s.status?.policy_hash.as_deref() == Some(expected.as_str())).then_some(())
+    })
+    .await;
+    assert_ne!(hash_before, expected);
+
+    let sts_after = env
+        .api::<StatefulSet>()
+        .get("cairn-chat")
+        .await
+        .expect("sts");
+    assert_eq!(restart_hash(&sts_before), restart_hash(&sts_after));
+    assert_eq!(
+        sts_before.metadata.generation, sts_after.metadata.generation,
+        "the StatefulSet spec did not change"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        env.pod("chat").await.and_then(|p| p.uid()),
+        Some(pod_before),
+        "same pod"
+    );
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn image_change_replaces_the_pod() {
+    let env = TestEnv::new("image").await;
+    env.create_session("chat", minimal()).await;
+    env.wait_phase("chat", Phase::Running).await;
+    let sts_before = env
+        .api::<StatefulSet>()
+        .get("cairn-chat")
+        .await
+        .expect("sts");
+    let pod_before = env.pod("chat").await.and_then(|p| p.uid()).expect("pod");
+
+    env.patch_session(
+        "chat",
+        json!({"spec": {"template": {"image": "cairn-agent:next"}}}),
+    )
+    .await;
+    let new_hash = eventually("the restart hash to change", || async {
+        let sts = env.api::<StatefulSet>().get("cairn-chat").await.ok()?;
+        let h = restart_hash(&sts);
+        (h != restart_hash(&sts_before)).then_some(h)
+    })
+    .await;
+    let pod = eventually("a new pod with the new image", || async {
+        let pod = env.pod("chat").await?;
+        let replaced = pod.uid() != Some(pod_before.clone());
+        let image = pod.spec.as_ref()?.containers.first()?.image.clone();
+        (replaced && image.as_deref() == Some("cairn-agent:next")).then_some(pod)
+    })
+    .await;
+    assert_eq!(
+        pod.annotations().get(RESTART_HASH_ANNOTATION),
+        Some(&new_hash)
+    );
+    env.wait_phase("chat", Phase::Running).await;
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn suspend_scales_to_zero_and_resume_brings_the_pod_back() {
+    let env = TestEnv::new("suspend").await;
+    env.create_session("chat", minimal()).await;
+    env.wait_phase("chat", Phase::Running).await;
+
+    env.patch_session("chat", json!({"spec": {"suspend": true}}))
+        .await;
+    let suspended = env.wait_phase("chat", Phase::Suspended).await;
+    assert_eq!(suspended.status.as_ref().and_then(|s| s.pod.clone()), None);
+    let sts = env
+        .api::<StatefulSet>()
+        .get("cairn-chat")
+        .await
+        .expect("sts");
+    assert_eq!(sts.spec.replicas, Some(0));
+    eventually("the pod to go away", || async {
+        env.pod("chat").await.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        env.api::<Secret>()
+            .get_opt("cairn-chat-api-token")
+            .await
+            .expect("get")
+            .is_some(),
+        "suspend keeps everything but the pod"
+    );
+
+    env.patch_session("chat", json!({"spec": {"suspend": false}}))
+        .await;
+    env.wait_phase("chat", Phase::Running).await;
+    assert!(env.pod("chat").await.is_some());
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn a_missing_policy_is_reported_and_picked_up_once_created() {
+    let env = TestEnv::new("missing").await;
+    let mut spec = minimal();
+    spec["policyRef"] = json!({"name": "later"});
+    env.create_session("chat", spec).await;
+    let api = env.api::<AgentSession>();
+    let waiting = eventually("PolicyResolved=False", || async {
+        let s = api.get("chat").await.ok()?;
+        (condition(&s, "PolicyResolved")? == ("False".into(), "PolicyNotFound".into())).then_some(s)
+    })
+    .await;
+    assert_eq!(waiting.status.and_then(|s| s.phase), Some(Phase::Pending));
+    assert!(
+        env.api::<StatefulSet>()
+            .get_opt("cairn-chat")
+            .await
+            .expect("get")
+            .is_none(),
+        "nothing is started without its policy"
+    );
+
+    // The CompactionPolicy watch re-triggers the session well before the slow requeue.
+    env.create_policy("later", json!({"minKeepRecent": 12}))
+        .await;
+    let running = env.wait_phase("chat", Phase::Running).await;
+    assert_eq!(
+        condition(&running, "PolicyResolved"),
+        Some(("True".into(), "Resolved".into()))
+    );
+    env.teardown().await;
+}
+
+struct Moto(Child);
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An S3 endpoint: `CAIRN_TEST_S3_ENDPOINT`, or a moto server started here.
+fn s3_endpoint() -> (String, Option<Moto>) {
+    if let Ok(endpoint) = std::env::var("CAIRN_TEST_S3_ENDPOINT") {
+        return (endpoint, None);
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = Command::new("python3")
+        .args([
+            "-m",
+            "moto.server",
+            "-p",
+            &port.to_string(),
+            "-H",
+            "127.0.0.1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start moto (pip install 'moto[server]')");
+    let moto = Moto(child);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "moto did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (format!("http://127.0.0.1:{port}"), Some(moto))
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn delete_purges_the_archive_and_children_are_collected() {
+    let env = TestEnv::new("delete").await;
+    let (endpoint, _moto) = s3_endpoint();
+    let access = std::env::var("CAIRN_TEST_S3_ACCESS_KEY").unwrap_or_else(|_| "testing".into());
+    let secret = std::env::var("CAIRN_TEST_S3_SECRET_KEY").unwrap_or_else(|_| "testing".into());
+    let s3 = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .endpoint_url(&endpoint)
+            .force_path_style(true)
+            .credentials_provider(Credentials::new(&access, &secret, None, None, "test"))
+            .build(),
+    );
+    let bucket = format!("cairn-{}", hex_suffix());
+    s3.create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("bucket");
+
+    let creds: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret},
+    }))
+    .expect("secret");
+    env.api::<Secret>()
+        .create(&PostParams::default(), &creds)
+        .await
+        .expect("create s3 secret");
+    let archive = |retain: bool| {
+        json!({"bucket": bucket, "endpoint": endpoint, "prefix": "cairn",
+               "credentials": {"secretName": "s3"}, "retainOnDelete": retain})
+    };
+    let mut doomed = minimal();
+    doomed["archive"] = archive(false);
+    let mut kept = minimal();
+    kept["archive"] = archive(true);
+    env.create_session("doomed", doomed).await;
+    env.create_session("kept", kept).await;
+    let running = env.wait_phase("doomed", Phase::Running).await;
+    env.wait_phase("kept", Phase::Running).await;
+    assert_eq!(
+        condition(&running, "ArchiveReady").map(|c| c.0),
+        Some("True".into())
+    );
+
+    for key in ["ccr/aaaa", "ccr/bbbb", "journal/000001.jsonl"] {
+        for session in ["doomed", "kept"] {
+            s3.put_object()
+                .bucket(&bucket)
+                .key(format!("cairn/{}/{session}/{key}", env.ns))
+                .body(ByteStream::from_static(b"x"))
+                .send()
+                .await
+                .expect("put");
+        }
+    }
+
+    let sessions = env.api::<AgentSession>();
+    for name in ["doomed", "kept"] {
+        sessions
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    eventually("both sessions to be gone (finalizer done)", || async {
+        let list = sessions.list(&ListParams::default()).await.ok()?;
+        list.items.is_empty().then_some(())
+    })
+    .await;
+    let listed = s3
+        .list_objects_v2()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("list");
+    let mut keys: Vec<String> = listed
+        .contents()
+        .iter()
+        .filter_map(|o| o.key().map(String::from))
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            format!("cairn/{}/kept/ccr/aaaa", env.ns),
+            format!("cairn/{}/kept/ccr/bbbb", env.ns),
+            format!("cairn/{}/kept/journal/000001.jsonl", env.ns),
+        ],
+        "the doomed session's prefix is purged, the retained one is kept"
+    );
+    eventually("children to be garbage-collected", || async {
+        let sts = env
+            .api::<StatefulSet>()
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        let secrets = env
+            .api::<Secret>()
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=cairn-operator"))
+            .await
+            .ok()?;
+        (sts.items.is_empty() && secrets.items.is_empty()).then_some(())
+    })
+    .await;
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn an_operator_restart_converges_without_duplicates() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("restarting an external operator is the harness's job");
+        return;
+    }
+    let mut env = TestEnv::new("restart").await;
+    env.create_session("chat", minimal()).await;
+    // Stop as soon as the first objects exist: mid-reconcile, or just after.
+    eventually("the first objects", || async {
+        env.api::<ServiceAccount>()
+            .get_opt("cairn-chat")
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+    env.stop_operator().await;
+    let token = env
+        .api::<Secret>()
+        .get_opt("cairn-chat-api-token")
+        .await
+        .expect("get");
+    env.start_operator();
+    env.wait_phase("chat", Phase::Running).await;
+
+    let managed = ListParams::default().labels("cairn.dev/session=chat");
+    assert_eq!(
+        env.api::<StatefulSet>()
+            .list(&managed)
+            .await
+            .expect("list")
+            .items
+            .len(),
+        1
+    );
+    assert_eq!(
+        env.api::<Secret>()
+            .list(&managed)
+            .await
+            .expect("list")
+            .items
+            .len(),
+        1
+    );
+    assert_eq!(
+        env.api::<Service>()
+            .list(&managed)
+            .await
+            .expect("list")
+            .items
+            .len(),
+        1
+    );
+    assert_eq!(
+        env.api::<Pod>()
+            .list(&managed)
+            .await
+            .expect("list")
+            .items
+            .len(),
+        1
+    );
+    if let Some(token) = token {
+        let now = env
+            .api::<Secret>()
+            .get("cairn-chat-api-token")
+            .await
+            .expect("get");
+        assert_eq!(token.data, now.data, "a restart keeps the token");
+    }
+    env.teardown().await;
+}
+
+/// A `cairn-operator` process (the real binary) with leader election on.
+struct Replica {
+    child: Child,
+    identity: String,
+    metrics_port: u16,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The replica's log, kept for a failed run: `$TMPDIR/<namespace>-<identity>.log`.
+fn log_file(ns: &str, identity: &str) -> Stdio {
+    let path = std::env::temp_dir().join(format!("{ns}-{identity}.log"));
+    std::fs::File::create(&path).map_or_else(|_| Stdio::null(), Stdio::from)
+}
+
+/// `n` distinct free ports (all listeners are held until every port is chosen, so the OS
+/// cannot hand out the same one twice).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
+}
+
+fn start_replica(ns: &str, identity: &str, metrics_port: u16) -> Replica {
+    let child = Command::new(env!("CARGO_BIN_EXE_cairn-operator"))
+        .args([
+            "--watch-namespaces",
+            ns,
+            "--operator-namespace",
+            ns,
+            "--leader-election-lease",
+            "cairn-operator-test",
+            "--skip-crd-install",
+            "--log-format",
+            "text",
+            "--metrics-listen",
+            &format!("127.0.0.1:{metrics_port}"),
+        ])
+        .env("POD_NAME", identity)
+        .env("RUST_LOG", "info")
+        .stdout(log_file(ns, identity))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start cairn-operator");
+    Replica {
+        child,
+        identity: identity.to_string(),
+        metrics_port,
+    }
+}
+
+async fn reconciles(port: u16) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with("cairn_operator_reconciles_total"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+async fn lease_holder(client: &Client, ns: &str) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), ns);
+    leases
+        .get_opt("cairn-operator-test")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn two_replicas_elect_one_leader_and_fail_over() {
+    let mut env = TestEnv::new("leader").await;
+    // The replicas are the operators here.
+    env.stop_operator().await;
+    let ports = free_ports(2);
+    let a = start_replica(&env.ns, "replica-a", ports[0]);
+    let b = start_replica(&env.ns, "replica-b", ports[1]);
+    let holder = eventually("a leader", || async {
+        lease_holder(&env.client, &env.ns).await
+    })
+    .await;
+    let (mut leader, follower) = if holder == a.identity { (a, b) } else { (b, a) };
+    assert_eq!(holder, leader.identity);
+
+    env.create_session("chat", minimal()).await;
+    env.wait_phase("chat", Phase::Running).await;
+    let follower_count = eventually("the follower's metrics", || async {
+        reconciles(follower.metrics_port).await
+    })
+    .await;
+    assert_eq!(follower_count, 0.0, "the follower never reconciles");
+    assert!(reconciles(leader.metrics_port).await.unwrap_or(0.0) > 0.0);
+
+    // A graceful stop releases the Lease (its holder is cleared on exit); the follower takes
+    // it on its next check, within one lease duration.
+    let pid = leader.child.id().to_string();
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let taken = std::time::Instant::now();
+    let _ = leader.child.wait();
+    let holder = lease_holder(&env.client, &env.ns).await;
+    assert_ne!(
+        holder.as_deref(),
+        Some(leader.identity.as_str()),
+        "released on exit"
+    );
+    eventually("the follower to take over", || async {
+        (lease_holder(&env.client, &env.ns).await.as_deref() == Some(follower.identity.as_str()))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        taken.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        taken.elapsed()
+    );
+    env.patch_session("chat", json!({"spec": {"suspend": true}}))
+        .await;
+    env.wait_phase("chat", Phase::Suspended).await;
+    drop(follower);
+    env.start_operator();
+    env.teardown().await;
+}
+
+#[tokio::test]
+#[ignore = "needs the local cluster: tests/harness"]
+async fn a_stuck_cleanup_says_why_and_retaining_releases_it() {
+    let env = TestEnv::new("stuck").await;
+    let mut spec = minimal();
+    // Nothing listens on port 9: every purge attempt fails.
+    spec["archive"] = json!({"bucket": "gone", "endpoint": "http://127.0.0.1:9",
+                             "retainOnDelete": false});
+    env.create_session("chat", spec).await;
+    env.wait_phase("chat", Phase::Running).await;
+    env.api::<AgentSession>()
+        .delete("chat", &DeleteParams::default())
+        .await
+        .expect("delete");
+
+    let stuck = eventually("ArchiveReady=False/PurgeFailed", || async {
+        let s = env.api::<AgentSession>().get_opt("chat").await.ok()??;
+        (condition(&s, "ArchiveReady")? == ("False".into(), "PurgeFailed".into())).then_some(s)
+    })
+    .await;
+    assert!(stuck.metadata.deletion_timestamp.is_some());
+    assert!(
+        stuck
+            .finalizers()
+            .iter()
+            .any(|f| f == controller::FINALIZER)
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    eventually("a PurgeFailed Event", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("PurgeFailed"))
+            .then_some(())
+    })
+    .await;
+
+    env.patch_session(
+        "chat",
+        json!({"spec": {"archive": {"retainOnDelete": true}}}),
+    )
+    .await;
+    eventually("the session to be gone", || async {
+        env.api::<AgentSession>()
+            .get_opt("chat")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    env.teardown().await;
+}

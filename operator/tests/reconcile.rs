@@ -1,0 +1,268 @@
+//! One reconcile against a mocked API server (tower-test): the requests the pipeline sends, in
+//! order, and that an unchanged session causes no status write and no Event. The real-cluster
+//! behaviour is covered by `tests/cluster.rs`; this pins the request sequence.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_crds::{AgentSession, AgentSessionStatus};
+use cairn_operator::Defaults;
+use cairn_operator::controller::{self, Context, FINALIZER};
+use cairn_operator::metrics::Metrics;
+use cairn_operator::purge::S3Purger;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use kube::Client;
+use kube::client::Body;
+use kube::core::DeserializeGuard;
+use serde_json::{Value, json};
+
+/// What the fake API server saw: "METHOD path?query" and the JSON body.
+type Seen = Vec<(String, Value)>;
+
+async fn serve(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) -> Seen {
+    let mut seen = Seen::new();
+    while let Some((request, respond)) = handle.next_request().await {
+        let method = request.method().clone();
+        let uri = request.uri().clone();
+        let bytes = request
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let path = uri.path().to_string();
+        seen.push((
+            format!("{method} {path}?{}", uri.query().unwrap_or_default()),
+            body.clone(),
+        ));
+        let (status, reply) =
+            if method == http::Method::GET && path.ends_with("/secrets/cairn-chat-api-token") {
+                (
+                    StatusCode::NOT_FOUND,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "reason": "NotFound", "code": 404, "message": "not found"}),
+                )
+            } else if path.ends_with("/status") {
+                let mut stored = serde_json::to_value(session(None)).unwrap_or_default();
+                stored["status"] = body["status"].clone();
+                (StatusCode::OK, stored)
+            } else if path.contains("/statefulsets/") {
+                let mut sts = body;
+                sts["status"] = json!({"replicas": 1, "readyReplicas": 1});
+                (StatusCode::OK, sts)
+            } else {
+                (StatusCode::OK, body)
+            };
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&reply).unwrap_or_default()))
+            .expect("response");
+        respond.send_response(response);
+    }
+    seen
+}
+
+fn session(status: Option<AgentSessionStatus>) -> AgentSession {
+    let mut s: AgentSession = serde_json::from_value(json!({
+        "apiVersion": "cairn.dev/v1alpha1",
+        "kind": "AgentSession",
+        "metadata": {"name": "chat", "namespace": "team-a", "uid": "u-1", "generation": 1,
+                     "finalizers": [FINALIZER]},
+        "spec": {"provider": {"kind": "openai", "model": "gpt-5"}},
+    }))
+    .expect("fixture");
+    s.status = status;
+    s
+}
+
+async fn reconcile_once(s: AgentSession) -> Seen {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle));
+    let client = Client::new(service, "default");
+    let ctx = Arc::new(Context::new(
+        client,
+        Defaults::default(),
+        Arc::new(Metrics::default()),
+        Arc::new(S3Purger),
+        Duration::from_secs(3600),
+    ));
+    let action = controller::reconcile(Arc::new(DeserializeGuard(Ok(s))), ctx.clone()).await;
+    assert!(action.is_ok(), "{action:?}");
+    drop(ctx);
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("mock server ends when the client is dropped")
+        .expect("mock server task")
+}
+
+fn requests(seen: &Seen) -> Vec<&str> {
+    seen.iter()
+        .map(|(r, _)| r.as_str())
+        .filter(|r| !r.contains("/events"))
+        .collect()
+}
+
+#[tokio::test]
+async fn first_reconcile_applies_every_object_then_writes_status() {
+    let seen = reconcile_once(session(None)).await;
+    let ssa = |p: &str| format!("PATCH {p}");
+    let expected = [
+        "GET /api/v1/namespaces/team-a/secrets/cairn-chat-api-token".to_string(),
+        ssa("/api/v1/namespaces/team-a/serviceaccounts/cairn-chat"),
+        ssa("/apis/rbac.authorization.k8s.io/v1/namespaces/team-a/roles/cairn-chat"),
+        ssa("/apis/rbac.authorization.k8s.io/v1/namespaces/team-a/rolebindings/cairn-chat"),
+        ssa("/api/v1/namespaces/team-a/secrets/cairn-chat-api-token"),
+        ssa("/api/v1/namespaces/team-a/services/cairn-chat"),
+        ssa("/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-chat"),
+        ssa("/apis/apps/v1/namespaces/team-a/statefulsets/cairn-chat"),
+        ssa("/apis/cairn.dev/v1alpha1/namespaces/team-a/agentsessions/chat/status"),
+    ];
+    let got = requests(&seen);
+    let paths: Vec<&str> = got
+        .iter()
+        .map(|r| r.split_once('?').map_or(*r, |(p, _)| p))
+        .collect();
+    assert_eq!(paths, expected, "requests in order");
+    for patch in got.iter().filter(|r| r.starts_with("PATCH")) {
+        let query = patch.split_once('?').map(|(_, q)| q).unwrap_or_default();
+        let mut params: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
+        params.sort();
+        assert_eq!(
+            params,
+            ["fieldManager=cairn-operator", "force=true"],
+            "server-side apply, forced, one field manager: {patch}"
+        );
+    }
+
+    let status = &seen
+        .iter()
+        .find(|(r, _)| r.contains("/status"))
+        .expect("status patch")
+        .1;
+    assert_eq!(status["apiVersion"], "cairn.dev/v1alpha1");
+    assert_eq!(status["kind"], "AgentSession");
+    assert_eq!(status["status"]["phase"], "Running");
+    assert_eq!(status["status"]["pod"], "cairn-chat-0");
+    assert!(
+        status["status"].get("session").is_none(),
+        "the agent's block is not ours"
+    );
+    assert!(
+        seen.iter()
+            .any(|(r, _)| r.starts_with("POST") && r.contains("/events")),
+        "transitions are published as Events"
+    );
+}
+
+#[tokio::test]
+async fn an_unchanged_session_gets_no_status_write_and_no_event() {
+    let first = reconcile_once(session(None)).await;
+    let written: AgentSessionStatus = serde_json::from_value(
+        first
+            .iter()
+            .find(|(r, _)| r.contains("/status"))
+            .expect("status patch")
+            .1["status"]
+            .clone(),
+    )
+    .expect("status parses");
+    let second = reconcile_once(session(Some(written))).await;
+    assert!(
+        !second.iter().any(|(r, _)| r.contains("/status")),
+        "status unchanged: not written"
+    );
+    assert!(
+        !second.iter().any(|(r, _)| r.contains("/events")),
+        "nothing happened: no Event"
+    );
+}
+
+/// An API server that fails every write with 500.
+async fn serve_failing(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) {
+    while let Some((request, respond)) = handle.next_request().await {
+        let (status, reply) = if request.method() == http::Method::GET {
+            (
+                StatusCode::NOT_FOUND,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "reason": "NotFound", "code": 404, "message": "not found"}),
+            )
+        } else {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "reason": "InternalError", "code": 500, "message": "etcd is down"}),
+            )
+        };
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&reply).unwrap_or_default()))
+            .expect("response");
+        respond.send_response(response);
+    }
+}
+
+#[tokio::test]
+async fn transient_failures_back_off_per_object() {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(serve_failing(handle));
+    let ctx = Arc::new(Context::new(
+        Client::new(service, "default"),
+        Defaults::default(),
+        Arc::new(Metrics::default()),
+        Arc::new(S3Purger),
+        Duration::from_secs(3600),
+    ));
+    let guard = Arc::new(DeserializeGuard(Ok(session(None))));
+    for attempt in 1..=3 {
+        let err = controller::reconcile(guard.clone(), ctx.clone())
+            .await
+            .expect_err("writes fail");
+        assert_eq!(err.label(), "KubeApi");
+        let action = controller::error_policy(guard.clone(), &err, ctx.clone());
+        assert_ne!(action, kube::runtime::controller::Action::await_change());
+        assert_eq!(ctx.backoff.failures("team-a/chat"), attempt);
+    }
+    assert_eq!(ctx.backoff.failures("team-a/other"), 0, "per object");
+    let text = ctx.metrics.encode();
+    assert!(
+        text.contains("cairn_operator_reconciles_total{result=\"KubeApi\"} 3"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn an_undecodable_session_is_reported_and_waits_for_an_edit() {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle));
+    let ctx = Arc::new(Context::new(
+        Client::new(service, "default"),
+        Defaults::default(),
+        Arc::new(Metrics::default()),
+        Arc::new(S3Purger),
+        Duration::from_secs(3600),
+    ));
+    let invalid: DeserializeGuard<AgentSession> = serde_json::from_value(json!({
+        "apiVersion": "cairn.dev/v1alpha1",
+        "kind": "AgentSession",
+        "metadata": {"name": "broken", "namespace": "team-a", "uid": "u-2"},
+        "spec": {"provider": {"kind": "carrier-pigeon", "model": "m"}},
+    }))
+    .expect("a guard always deserializes");
+    assert!(invalid.0.is_err());
+    let action = controller::reconcile(Arc::new(invalid), ctx.clone())
+        .await
+        .expect("reported, not an error");
+    assert_eq!(action, kube::runtime::controller::Action::await_change());
+    drop(ctx);
+    let seen = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("server ends")
+        .expect("server task");
+    assert_eq!(seen.len(), 1, "only the Event: {seen:?}");
+    assert!(seen[0].0.starts_with("POST") && seen[0].0.contains("/events"));
+    assert_eq!(seen[0].1["reason"], "InvalidObject");
+}

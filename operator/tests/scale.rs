@@ -1,0 +1,219 @@
+//! Scale test: many AgentSessions created at once converge to Running; then an idle minute
+//! must produce no writes from the operator (no hot loop).
+//!
+//! Runs the real `cairn-operator` binary (so its peak RSS is its own) against the cluster that
+//! `KUBECONFIG` points at (the local control plane with kwok), scoped to a fresh namespace:
+//!
+//! ```text
+//! KUBECONFIG=<harness kubeconfig> cargo test -p cairn-operator --release --test scale -- --ignored --nocapture
+//! ```
+//!
+//! `CAIRN_SCALE_SESSIONS` (default 1000) sets the number of sessions, `CAIRN_SCALE_IDLE_SECS`
+//! (default 60) the idle window. Results are printed as one line of `key=value` pairs.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_crds::{AgentSession, Phase};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Operator(Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn scrape(port: u16) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return out;
+    };
+    let request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return out;
+    }
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body).await;
+    for line in body.lines().filter(|l| l.starts_with("cairn_operator_")) {
+        if let Some((key, value)) = line.rsplit_once(' ')
+            && let Ok(v) = value.parse()
+        {
+            out.insert(key.to_string(), v);
+        }
+    }
+    out
+}
+
+fn requests(metrics: &BTreeMap<String, f64>, method: &str) -> f64 {
+    metrics
+        .get(&format!(
+            "cairn_operator_api_requests_total{{method=\"{method}\"}}"
+        ))
+        .copied()
+        .unwrap_or(0.0)
+}
+
+fn writes(metrics: &BTreeMap<String, f64>) -> f64 {
+    ["POST", "PUT", "PATCH", "DELETE"]
+        .iter()
+        .map(|m| requests(metrics, m))
+        .sum()
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+#[ignore = "scale test: needs the local cluster (tests/harness); see the module docs"]
+async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
+    let sessions_wanted = env_or("CAIRN_SCALE_SESSIONS", 1000);
+    let idle = Duration::from_secs(env_or("CAIRN_SCALE_IDLE_SECS", 60));
+    let client = Client::try_default().await.expect("KUBECONFIG");
+    cairn_operator::crds::apply_crds(client.clone())
+        .await
+        .expect("CRDs");
+    let ns = format!("cairn-scale-{}", std::process::id());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns"),
+        )
+        .await
+        .expect("namespace");
+
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let operator = Operator(
+        Command::new(env!("CARGO_BIN_EXE_cairn-operator"))
+            .args([
+                "--watch-namespaces",
+                &ns,
+                "--leader-election",
+                "false",
+                "--skip-crd-install",
+                "--log-format",
+                "text",
+                "--metrics-listen",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start cairn-operator"),
+    );
+    let pid = operator.0.id();
+
+    let api: Api<AgentSession> = Api::namespaced(client.clone(), &ns);
+    let started = Instant::now();
+    futures::stream::iter(0..sessions_wanted)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let session: AgentSession = serde_json::from_value(json!({
+                    "apiVersion": "cairn.dev/v1alpha1",
+                    "kind": "AgentSession",
+                    "metadata": {"name": format!("s{i:05}")},
+                    "spec": {"provider": {"kind": "openai", "model": "gpt-5"}},
+                }))
+                .expect("fixture");
+                api.create(&PostParams::default(), &session)
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("create sessions");
+    let created = started.elapsed();
+
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    let converged = loop {
+        let list = api.list(&ListParams::default()).await.expect("list");
+        let running = list
+            .items
+            .iter()
+            .filter(|s| s.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
+            .count() as u64;
+        if running == sessions_wanted {
+            break started.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {running}/{sessions_wanted} Running after 30 minutes"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    let at_convergence = scrape(port).await;
+    let rss_converged = peak_rss_kib(pid);
+
+    tokio::time::sleep(idle).await;
+    let after_idle = scrape(port).await;
+    let idle_writes = writes(&after_idle) - writes(&at_convergence);
+    let idle_reads = requests(&after_idle, "GET") - requests(&at_convergence, "GET");
+
+    let total: f64 = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+        .iter()
+        .map(|m| requests(&at_convergence, m))
+        .sum();
+    let n = sessions_wanted as f64;
+    println!(
+        "sessions={sessions_wanted} create_secs={:.1} converge_secs={:.1} peak_rss_mib={:.1} \
+         api_requests={total} per_session={:.2} get_per_session={:.2} patch_per_session={:.2} \
+         reconciles={} idle_secs={} idle_writes={idle_writes} idle_reads={idle_reads}",
+        created.as_secs_f64(),
+        converged.as_secs_f64(),
+        rss_converged as f64 / 1024.0,
+        total / n,
+        requests(&at_convergence, "GET") / n,
+        requests(&at_convergence, "PATCH") / n,
+        at_convergence
+            .get("cairn_operator_reconciles_total{result=\"ok\"}")
+            .copied()
+            .unwrap_or(0.0),
+        idle.as_secs(),
+    );
+    // The operator still runs its finalizers while the namespace goes.
+    let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
+    let gone = Instant::now() + Duration::from_secs(600);
+    while Instant::now() < gone
+        && api
+            .list(&ListParams::default().limit(1))
+            .await
+            .is_ok_and(|l| !l.items.is_empty())
+    {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    drop(operator);
+    assert_eq!(idle_writes, 0.0, "the operator wrote while nothing changed");
+}

@@ -1,0 +1,339 @@
+//! The status a reconcile writes, and the Events it publishes, as pure functions of what it
+//! observed; and the watch mappers that re-trigger sessions when a policy or Secret changes.
+
+use std::sync::Arc;
+
+use cairn_crds::{AgentSession, AgentSessionStatus, CompactionPolicy, Phase};
+use cairn_operator::Defaults;
+use cairn_operator::controller::{sessions_for_policy, sessions_for_secret};
+use cairn_operator::status::{self, Blocker, Observed, Problem};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::core::DeserializeGuard;
+
+fn at(secs: i64) -> Time {
+    Time(Timestamp::from_second(1_800_000_000 + secs).expect("valid timestamp"))
+}
+
+fn observed() -> Observed {
+    Observed {
+        name: "chat".into(),
+        namespace: "team-a".into(),
+        generation: Some(2),
+        suspended: false,
+        policy: Ok("abc123".into()),
+        blocker: None,
+        ready_replicas: Some(1),
+        archive: Ok("s3://b/cairn/team-a/chat/".into()),
+    }
+}
+
+fn condition<'a>(
+    s: &'a AgentSessionStatus,
+    kind: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == kind)
+        .unwrap_or_else(|| panic!("condition {kind} missing"))
+}
+
+#[test]
+fn running_session_reports_pod_url_hash_and_true_conditions() {
+    let s = status::desired(None, &observed(), &at(0));
+    assert_eq!(s.phase, Some(Phase::Running));
+    assert_eq!(s.observed_generation, Some(2));
+    assert_eq!(s.pod.as_deref(), Some("cairn-chat-0"));
+    assert_eq!(
+        s.service_url.as_deref(),
+        Some("http://cairn-chat.team-a.svc:8080")
+    );
+    assert_eq!(s.policy_hash.as_deref(), Some("abc123"));
+    for kind in [
+        status::READY,
+        status::POLICY_RESOLVED,
+        status::ARCHIVE_READY,
+    ] {
+        let c = condition(&s, kind);
+        assert_eq!(c.status, "True", "{kind}");
+        assert_eq!(c.observed_generation, Some(2));
+        assert_eq!(c.last_transition_time, at(0));
+    }
+    assert_eq!(condition(&s, status::READY).reason, "AgentReady");
+}
+
+#[test]
+fn an_unchanged_session_yields_an_identical_status() {
+    let first = status::desired(None, &observed(), &at(0));
+    let again = status::desired(Some(&first), &observed(), &at(60));
+    assert_eq!(status::operator_part(&first), status::operator_part(&again));
+    assert!(status::transitions(Some(&first), &again).is_empty());
+}
+
+#[test]
+fn last_transition_time_moves_only_when_status_flips() {
+    let running = status::desired(None, &observed(), &at(0));
+    let mut obs = observed();
+    obs.policy = Err(Problem::new(
+        "PolicyNotFound",
+        "CompactionPolicy team-a/frugal does not exist",
+    ));
+    let broken = status::desired(Some(&running), &obs, &at(30));
+    let policy = condition(&broken, status::POLICY_RESOLVED);
+    assert_eq!(policy.status, "False");
+    assert_eq!(policy.reason, "PolicyNotFound");
+    assert_eq!(policy.last_transition_time, at(30));
+    // Archive did not flip: its time stays.
+    assert_eq!(
+        condition(&broken, status::ARCHIVE_READY).last_transition_time,
+        at(0)
+    );
+    // The agent keeps running with the last resolved policy: its hash stays.
+    assert_eq!(broken.policy_hash.as_deref(), Some("abc123"));
+    assert_eq!(broken.phase, Some(Phase::Degraded));
+    assert_eq!(condition(&broken, status::READY).reason, "PolicyUnresolved");
+
+    // Same failure, new message: the reason/message update, the time does not.
+    let mut obs2 = obs.clone();
+    obs2.policy = Err(Problem::new("PolicyNotFound", "still missing"));
+    let still = status::desired(Some(&broken), &obs2, &at(90));
+    let policy = condition(&still, status::POLICY_RESOLVED);
+    assert_eq!(policy.message, "still missing");
+    assert_eq!(policy.last_transition_time, at(30));
+}
+
+#[test]
+fn missing_policy_on_a_new_session_is_pending_not_failed() {
+    let mut obs = observed();
+    obs.policy = Err(Problem::new("PolicyNotFound", "missing"));
+    obs.ready_replicas = None;
+    let s = status::desired(None, &obs, &at(0));
+    assert_eq!(s.phase, Some(Phase::Pending));
+    assert_eq!(s.policy_hash, None);
+    assert_eq!(s.pod, None);
+    assert_eq!(
+        condition(&s, status::POLICY_RESOLVED).reason,
+        "PolicyNotFound"
+    );
+}
+
+#[test]
+fn phases_follow_suspend_invalid_waiting_and_readiness() {
+    let mut obs = observed();
+    obs.suspended = true;
+    obs.ready_replicas = Some(0);
+    let s = status::desired(None, &obs, &at(0));
+    assert_eq!(s.phase, Some(Phase::Suspended));
+    assert_eq!(s.pod, None, "no pod while suspended");
+    assert_eq!(condition(&s, status::READY).reason, "Suspended");
+
+    let mut obs = observed();
+    obs.blocker = Some(Blocker::Invalid(Problem::new("InvalidPayloadCap", "bad")));
+    obs.ready_replicas = None;
+    let s = status::desired(None, &obs, &at(0));
+    assert_eq!(s.phase, Some(Phase::Failed));
+    assert_eq!(condition(&s, status::READY).reason, "InvalidPayloadCap");
+
+    let mut obs = observed();
+    obs.blocker = Some(Blocker::Waiting(Problem::new(
+        "SecretNotFound",
+        "Secret team-a/k not found",
+    )));
+    obs.ready_replicas = None;
+    let s = status::desired(None, &obs, &at(0));
+    assert_eq!(s.phase, Some(Phase::Pending));
+    assert_eq!(condition(&s, status::READY).reason, "SecretNotFound");
+
+    let mut obs = observed();
+    obs.ready_replicas = Some(0);
+    let s = status::desired(None, &obs, &at(0));
+    assert_eq!(s.phase, Some(Phase::Pending));
+    assert_eq!(condition(&s, status::READY).reason, "PodNotReady");
+    let running = status::desired(None, &observed(), &at(0));
+    let s = status::desired(Some(&running), &obs, &at(10));
+    assert_eq!(
+        s.phase,
+        Some(Phase::Degraded),
+        "a running pod that stops being ready"
+    );
+}
+
+#[test]
+fn agent_written_counters_are_kept_but_not_compared() {
+    let mut prev = status::desired(None, &observed(), &at(0));
+    prev.session = Some(cairn_crds::SessionStats {
+        turns: 7,
+        ..Default::default()
+    });
+    let next = status::desired(Some(&prev), &observed(), &at(5));
+    assert_eq!(next.session.as_ref().map(|s| s.turns), Some(7));
+    assert_eq!(status::operator_part(&next).session, None);
+}
+
+#[test]
+fn transitions_name_the_new_phase_and_changed_conditions() {
+    let pending = {
+        let mut o = observed();
+        o.ready_replicas = Some(0);
+        status::desired(None, &o, &at(0))
+    };
+    let first = status::transitions(None, &pending);
+    assert!(first.iter().any(|t| t.reason == "Pending" && !t.warning));
+    let running = status::desired(Some(&pending), &observed(), &at(10));
+    let t = status::transitions(Some(&pending), &running);
+    assert_eq!(
+        t.iter().map(|t| t.reason.as_str()).collect::<Vec<_>>(),
+        ["Running"],
+        "Ready turning True is said by the phase Event"
+    );
+    assert!(
+        !first.iter().any(|t| t.reason == "Resolved"),
+        "a condition that starts out fine is not news"
+    );
+    let mut no_archive = observed();
+    no_archive.archive = Err(Problem::new("ArchiveNotConfigured", "no bucket"));
+    let t = status::transitions(None, &status::desired(None, &no_archive, &at(0)));
+    assert!(
+        t.iter()
+            .any(|t| t.reason == "ArchiveNotConfigured" && t.warning)
+    );
+    let mut lost = observed();
+    lost.policy = Err(Problem::new("PolicyNotFound", "gone"));
+    let t = status::transitions(
+        Some(&running),
+        &status::desired(Some(&running), &lost, &at(30)),
+    );
+    assert!(t.iter().any(|t| t.reason == "PolicyNotFound" && t.warning));
+    let mut failed_obs = observed();
+    failed_obs.blocker = Some(Blocker::Invalid(Problem::new("InvalidPolicy", "x")));
+    let failed = status::desired(Some(&running), &failed_obs, &at(20));
+    let t = status::transitions(Some(&running), &failed);
+    assert!(t.iter().any(|t| t.reason == "Failed" && t.warning));
+}
+
+#[test]
+fn purge_failure_sets_only_archive_ready() {
+    let running = status::desired(None, &observed(), &at(0));
+    let next = status::with_condition(
+        &running,
+        status::ARCHIVE_READY,
+        false,
+        Problem::new("PurgeFailed", "listing s3://b: timeout"),
+        Some(2),
+        &at(40),
+    );
+    let c = condition(&next, status::ARCHIVE_READY);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "PurgeFailed")
+    );
+    assert_eq!(c.last_transition_time, at(40));
+    assert_eq!(
+        condition(&next, status::READY),
+        condition(&running, status::READY)
+    );
+    assert_eq!(next.phase, running.phase);
+}
+
+fn guarded(name: &str, ns: &str, spec: &str) -> Arc<DeserializeGuard<AgentSession>> {
+    let mut s = AgentSession::new(name, serde_yaml::from_str(spec).expect("spec parses"));
+    s.metadata.namespace = Some(ns.into());
+    Arc::new(DeserializeGuard(Ok(s)))
+}
+
+fn names(
+    refs: Vec<kube::runtime::reflector::ObjectRef<DeserializeGuard<AgentSession>>>,
+) -> Vec<String> {
+    let mut out: Vec<String> = refs
+        .into_iter()
+        .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn policy_changes_map_to_the_sessions_that_reference_them() {
+    let sessions = vec![
+        guarded(
+            "a",
+            "team-a",
+            "provider: {kind: openai, model: m}\npolicyRef: {name: frugal}",
+        ),
+        guarded(
+            "b",
+            "team-a",
+            "provider: {kind: openai, model: m}\npolicyRef: {name: other}",
+        ),
+        guarded(
+            "c",
+            "team-b",
+            "provider: {kind: openai, model: m}\npolicyRef: {name: frugal}",
+        ),
+        guarded("d", "team-a", "provider: {kind: openai, model: m}"),
+    ];
+    let mut policy = CompactionPolicy::new("frugal", Default::default());
+    policy.metadata.namespace = Some("team-a".into());
+    assert_eq!(names(sessions_for_policy(&sessions, &policy)), ["team-a/a"]);
+}
+
+#[test]
+fn secret_changes_map_to_the_sessions_that_read_them() {
+    let sessions = vec![
+        guarded(
+            "a",
+            "team-a",
+            "provider: {kind: anthropic, model: m, credentials: {secretName: key}}",
+        ),
+        guarded(
+            "b",
+            "team-a",
+            "provider: {kind: openai, model: m}\narchive: {credentials: {secretName: s3}}",
+        ),
+        guarded("c", "team-a", "provider: {kind: openai, model: m}"),
+        guarded(
+            "d",
+            "team-b",
+            "provider: {kind: anthropic, model: m, credentials: {secretName: key}}",
+        ),
+    ];
+    let secret = |name: &str| Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("team-a".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let d = Defaults::default();
+    assert_eq!(
+        names(sessions_for_secret(&sessions, &secret("key"), &d)),
+        ["team-a/a"]
+    );
+    assert_eq!(
+        names(sessions_for_secret(&sessions, &secret("s3"), &d)),
+        ["team-a/b"]
+    );
+    assert_eq!(
+        names(sessions_for_secret(
+            &sessions,
+            &secret("cairn-c-api-token"),
+            &d
+        )),
+        ["team-a/c"]
+    );
+    assert!(sessions_for_secret(&sessions, &secret("unrelated"), &d).is_empty());
+
+    let mut with_default = Defaults::default();
+    with_default.archive.credentials_secret = Some("shared-s3".into());
+    assert_eq!(
+        names(sessions_for_secret(
+            &sessions,
+            &secret("shared-s3"),
+            &with_default
+        )),
+        ["team-a/a", "team-a/c"],
+        "sessions without their own S3 Secret use the default"
+    );
+}
