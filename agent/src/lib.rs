@@ -6,5 +6,6 @@
 //! traits at the edges.
 
 pub mod ccr;
+pub mod compress;
 pub mod history;
 pub mod provider;
