@@ -34,7 +34,40 @@ pub struct LocalLimits {
     pub ttl: Duration,
 }
 
+/// `archive.localCacheSize` when the session sets none (as documented on the CRD).
+pub const DEFAULT_CACHE_SIZE: &str = "256Mi";
+/// `archive.ttl` when the session sets none (as documented on the CRD).
+pub const DEFAULT_TTL: &str = "168h";
+
+/// A cache size or TTL that does not parse (the CRD's CEL rules normally catch these first).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LimitsError {
+    #[error("archive.localCacheSize {0:?} is not a quantity like 256Mi")]
+    Size(String),
+    #[error("archive.ttl {0:?} is not a duration like 168h, 30m or 1h30m")]
+    Ttl(String),
+}
+
+impl LimitsError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Size(_) => "invalid_cache_size",
+            Self::Ttl(_) => "invalid_ttl",
+        }
+    }
+}
+
 impl LocalLimits {
+    /// From `AgentSession.spec.archive.localCacheSize` and `.ttl`, defaults filled in.
+    pub fn from_spec(size: Option<&str>, ttl: Option<&str>) -> Result<Self, LimitsError> {
+        let size = size.unwrap_or(DEFAULT_CACHE_SIZE);
+        let ttl = ttl.unwrap_or(DEFAULT_TTL);
+        Ok(Self {
+            max_bytes: parse_quantity(size).ok_or_else(|| LimitsError::Size(size.to_owned()))?,
+            ttl: parse_duration(ttl).ok_or_else(|| LimitsError::Ttl(ttl.to_owned()))?,
+        })
+    }
+
     /// The largest single entry: a quarter of the store.
     pub fn per_entry_cap(&self) -> u64 {
         self.max_bytes / 4
@@ -321,6 +354,46 @@ impl Inner {
     }
 }
 
+/// A Kubernetes quantity as the CRD allows it: digits and an optional `Ki`/`Mi`/`Gi`
+/// (binary) or `K`/`M`/`G` (decimal) suffix.
+fn parse_quantity(s: &str) -> Option<u64> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let n: u64 = s.get(..digits)?.parse().ok()?;
+    let unit: u64 = match &s[digits..] {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
+/// `168h`, `30m`, `1h30m`, `45s`.
+fn parse_duration(s: &str) -> Option<Duration> {
+    let mut total = 0u64;
+    let mut rest = s;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let n: u64 = rest.get(..digits)?.parse().ok()?;
+        let unit = match rest.as_bytes().get(digits)? {
+            b'h' => 3600,
+            b'm' => 60,
+            b's' => 1,
+            _ => return None,
+        };
+        total = total.checked_add(n.checked_mul(unit)?)?;
+        rest = &rest[digits + 1..];
+    }
+    Some(Duration::from_secs(total))
+}
+
 fn write_synced(path: &Path, content: &[u8]) -> io::Result<()> {
     let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
     file.write_all(content)?;
@@ -364,6 +437,25 @@ mod tests {
         let f = OpenOptions::new().write(true).open(path).expect("open");
         f.set_times(FileTimes::new().set_accessed(t).set_modified(t))
             .expect("set times");
+    }
+
+    #[test]
+    fn limits_from_the_spec() {
+        let d = LocalLimits::from_spec(None, None).expect("defaults");
+        assert_eq!(d.max_bytes, 256 << 20);
+        assert_eq!(d.ttl, Duration::from_secs(168 * 3600));
+        let l = LocalLimits::from_spec(Some("1G"), Some("1h30m")).expect("parsed");
+        assert_eq!(
+            (l.max_bytes, l.ttl),
+            (1_000_000_000, Duration::from_secs(5400))
+        );
+        assert_eq!(
+            LocalLimits::from_spec(Some("12Xi"), None).map_err(|e| e.label()),
+            Err("invalid_cache_size")
+        );
+        for bad in ["", "h", "10", "10d", "1h30"] {
+            assert!(LocalLimits::from_spec(None, Some(bad)).is_err(), "{bad}");
+        }
     }
 
     #[tokio::test]

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 
 pub use layered::LayeredStore;
-pub use local::{LocalLimits, LocalStore};
+pub use local::{LimitsError, LocalLimits, LocalStore};
 pub use recall::{RecallError, Recalled, extract_keys, recall};
 pub use s3::{S3Config, S3Credentials, S3Store, S3Timeouts, SessionScope};
 pub use stats::{ArchiveCounters, ArchiveSnapshot, CompressionCounters, StoreUsage};
