@@ -18,15 +18,16 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+fn limits() -> LocalLimits {
+    LocalLimits {
+        max_bytes: 256 << 20,
+        ttl: Duration::from_secs(3600),
+    }
+}
+
+/// The local tier as the durable store (standalone sessions): every entry is flushed.
 fn store(dir: &std::path::Path) -> LocalStore {
-    LocalStore::open(
-        dir,
-        LocalLimits {
-            max_bytes: 256 << 20,
-            ttl: Duration::from_secs(3600),
-        },
-    )
-    .expect("open")
+    LocalStore::open(dir, limits()).expect("open")
 }
 
 /// Deterministic, incompressible-looking bytes.
@@ -68,20 +69,24 @@ fn archive_and_recall(c: &mut Criterion) {
     let rt = runtime();
     let mut group = c.benchmark_group("ccr_local");
     for size in [64 << 10, 1 << 20] {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let s = store(dir.path());
         let base = payload(size, 1);
         group.throughput(Throughput::Bytes(size as u64));
-        let mut seq = 0u64;
-        group.bench_with_input(BenchmarkId::new("archive", size), &size, |b, _| {
-            b.iter(|| {
-                seq += 1;
-                let mut content = base.clone();
-                content[..8].copy_from_slice(&seq.to_le_bytes());
-                rt.block_on(s.archive(black_box(&content)))
-                    .expect("archive")
-            })
-        });
+        let cache_dir = tempfile::tempdir().expect("tempdir");
+        let cache = LocalStore::open_cache(cache_dir.path(), limits()).expect("open");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path());
+        for (name, tier) in [("archive_cache", &cache), ("archive_durable", &s)] {
+            let mut seq = 0u64;
+            group.bench_with_input(BenchmarkId::new(name, size), &size, |b, _| {
+                b.iter(|| {
+                    seq += 1;
+                    let mut content = base.clone();
+                    content[..8].copy_from_slice(&seq.to_le_bytes());
+                    rt.block_on(tier.archive(black_box(&content)))
+                        .expect("archive")
+                })
+            });
+        }
         let key = rt.block_on(s.archive(&base)).expect("archive");
         let marker = key.marker();
         group.bench_with_input(BenchmarkId::new("recall", size), &size, |b, _| {

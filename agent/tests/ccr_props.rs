@@ -181,3 +181,21 @@ proptest! {
         })?;
     }
 }
+
+proptest! {
+    #[test]
+    fn byte_scan_agrees_with_the_text_scan(
+        prefix in prop::collection::vec(any::<u8>(), 0..64),
+        hex in "[0-9a-fA-F]{15,17}",
+        close in prop_oneof![Just(">>"), Just(">"), Just("")],
+        suffix in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let mut content = prefix;
+        content.extend_from_slice(format!("<<ccr:{hex}{close}").as_bytes());
+        content.extend_from_slice(&suffix);
+        prop_assert_eq!(
+            cairn_agent::ccr::has_marker_bytes(&content),
+            cairn_agent::ccr::has_marker(&String::from_utf8_lossy(&content))
+        );
+    }
+}

@@ -34,7 +34,7 @@ impl LayeredStore {
     ) -> Result<Self, ArchiveError> {
         let scope = remote.scope();
         let dir = cache_root.join(scope.namespace()).join(scope.session());
-        Ok(Self::new(LocalStore::open(dir, limits)?, remote))
+        Ok(Self::new(LocalStore::open_cache(dir, limits)?, remote))
     }
 
     /// Combines tiers the caller opened; the caller keeps the local directory per session.

@@ -24,6 +24,10 @@ use super::{ArchiveError, Key, Store, check_archivable};
 const TEMP_PREFIX: &str = ".tmp-";
 /// A temp file this old belongs to a writer that crashed (a live write takes milliseconds).
 const STALE_TEMP_AGE: Duration = Duration::from_secs(10 * 60);
+/// Writes between full scans of the directory when this process's running total stays under
+/// the bound: the scan also catches what other processes sharing the directory wrote, and
+/// entries past their TTL that nobody reads any more.
+const RESCAN_EVERY: u64 = 64;
 
 /// Bounds of a local tier (from `AgentSession.spec.archive.localCacheSize` and `.ttl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +88,12 @@ struct Inner {
     dir: PathBuf,
     limits: LocalLimits,
     counters: Arc<ArchiveCounters>,
+    /// Flush each entry before it is renamed into place (when this tier is the durable one).
+    sync_writes: bool,
     temp_seq: AtomicU64,
+    /// Bytes in the directory as of the last scan plus what this process wrote since.
+    approx_bytes: AtomicU64,
+    writes_since_scan: AtomicU64,
 }
 
 /// What `put` did.
@@ -102,23 +111,47 @@ impl LocalStore {
         Self::open_with_counters(dir, limits, Arc::new(ArchiveCounters::default()))
     }
 
+    /// Opens the directory as a cache in front of a durable tier: entries are not flushed to
+    /// disk one by one (the durable tier already holds them; a torn entry after a crash fails
+    /// its key check and is fetched again).
+    pub fn open_cache(dir: impl Into<PathBuf>, limits: LocalLimits) -> Result<Self, ArchiveError> {
+        Self::open_inner(
+            dir.into(),
+            limits,
+            Arc::new(ArchiveCounters::default()),
+            false,
+        )
+    }
+
     /// As [`LocalStore::open`], counting into shared counters.
     pub fn open_with_counters(
         dir: impl Into<PathBuf>,
         limits: LocalLimits,
         counters: Arc<ArchiveCounters>,
     ) -> Result<Self, ArchiveError> {
-        let dir = dir.into();
+        Self::open_inner(dir.into(), limits, counters, true)
+    }
+
+    fn open_inner(
+        dir: PathBuf,
+        limits: LocalLimits,
+        counters: Arc<ArchiveCounters>,
+        sync_writes: bool,
+    ) -> Result<Self, ArchiveError> {
         fs::create_dir_all(&dir)?;
         let store = Self {
             inner: Arc::new(Inner {
                 dir,
                 limits,
                 counters,
+                sync_writes,
                 temp_seq: AtomicU64::new(0),
+                approx_bytes: AtomicU64::new(0),
+                writes_since_scan: AtomicU64::new(0),
             }),
         };
         store.inner.sweep_stale_temps(SystemTime::now())?;
+        store.inner.evict(None, SystemTime::now())?;
         Ok(store)
     }
 
@@ -222,13 +255,20 @@ impl Inner {
             std::process::id(),
             self.temp_seq.fetch_add(1, Ordering::Relaxed)
         ));
-        let written =
-            write_synced(&temp, content).and_then(|()| fs::rename(&temp, self.path_of(key)));
+        let written = write_new(&temp, content, self.sync_writes)
+            .and_then(|()| fs::rename(&temp, self.path_of(key)));
         if let Err(e) = written {
             let _ = fs::remove_file(&temp);
             return Err(e.into());
         }
-        self.evict(Some(key), now)?;
+        let approx = self
+            .approx_bytes
+            .fetch_add(content.len() as u64, Ordering::Relaxed)
+            + content.len() as u64;
+        let writes = self.writes_since_scan.fetch_add(1, Ordering::Relaxed) + 1;
+        if approx > self.limits.max_bytes || writes >= RESCAN_EVERY {
+            self.evict(Some(key), now)?;
+        }
         Ok(PutOutcome::Stored)
     }
 
@@ -300,12 +340,16 @@ impl Inner {
             }
         }
         let mut total: u64 = kept.iter().map(|e| e.bytes).sum();
+        self.writes_since_scan.store(0, Ordering::Relaxed);
+        self.approx_bytes.store(total, Ordering::Relaxed);
         if total <= self.limits.max_bytes {
             return Ok(());
         }
+        // Evicting down to 90% leaves room for the next writes without another scan each.
+        let low_water = self.limits.max_bytes - self.limits.max_bytes / 10;
         kept.sort_by_key(|e| e.last_access);
         for entry in kept {
-            if total <= self.limits.max_bytes {
+            if total <= low_water {
                 break;
             }
             if Some(entry.key) == keep {
@@ -315,6 +359,7 @@ impl Inner {
             total = total.saturating_sub(entry.bytes);
             self.counters.record_eviction();
         }
+        self.approx_bytes.store(total, Ordering::Relaxed);
         Ok(())
     }
 
@@ -394,10 +439,13 @@ fn parse_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs(total))
 }
 
-fn write_synced(path: &Path, content: &[u8]) -> io::Result<()> {
+fn write_new(path: &Path, content: &[u8], sync: bool) -> io::Result<()> {
     let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
     file.write_all(content)?;
-    file.sync_all()
+    if sync {
+        file.sync_all()?;
+    }
+    Ok(())
 }
 
 fn last_access(meta: &fs::Metadata) -> SystemTime {

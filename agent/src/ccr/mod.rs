@@ -146,11 +146,30 @@ pub trait Store: Send + Sync {
 
 /// Refuses content that already carries a marker (shared by every tier).
 pub fn check_archivable(content: &[u8]) -> Result<(), ArchiveError> {
-    // A marker is ASCII, so a lossy view of non-UTF-8 content finds it all the same.
-    if has_marker(&String::from_utf8_lossy(content)) {
+    if has_marker_bytes(content) {
         return Err(ArchiveError::AlreadyArchived);
     }
     Ok(())
+}
+
+/// [`has_marker`] over raw bytes: a marker is ASCII, so it reads the same in non-UTF-8
+/// content, and scanning bytes avoids a lossy copy of every large original.
+pub fn has_marker_bytes(content: &[u8]) -> bool {
+    let open = MARKER_OPEN.as_bytes();
+    let close = MARKER_CLOSE.as_bytes();
+    let mut rest = content;
+    while let Some(pos) = rest.iter().position(|&c| c == open[0]) {
+        let candidate = &rest[pos..];
+        if candidate.starts_with(open)
+            && let Some(hex) = candidate.get(open.len()..open.len() + KEY_LEN)
+            && hex.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+            && candidate[open.len() + KEY_LEN..].starts_with(close)
+        {
+            return true;
+        }
+        rest = &rest[pos + 1..];
+    }
+    false
 }
 
 /// An in-process store: for tests and for sessions that run without any archive configured
