@@ -7,6 +7,9 @@ use super::{code, json, log, search};
 
 /// Bytes of the input the router may look at: half from the head, half from the tail.
 pub const SAMPLE_BYTES: usize = 64 * 1024;
+/// Of those, the bytes at each end whose lines are classified: a few hundred lines decide as
+/// well as a thousand.
+const LINE_SAMPLE_BYTES: usize = 8 * 1024;
 
 /// The kinds of content with a dedicated compressor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -92,7 +95,14 @@ pub fn detect(tool: Option<&str>, text: &str) -> Kind {
     if json::looks_like_json(head) && ends_like_json(tail) {
         return Kind::Json;
     }
-    let stats = LineStats::of(head, tail);
+    let stats = if text.len() <= 2 * LINE_SAMPLE_BYTES {
+        LineStats::of(text, "")
+    } else {
+        LineStats::of(
+            prefix(text, LINE_SAMPLE_BYTES),
+            suffix(text, LINE_SAMPLE_BYTES),
+        )
+    };
     if stats.diff_headers > 0 && stats.hunks > 0 {
         return Kind::Diff;
     }
@@ -116,22 +126,34 @@ fn ends_like_json(tail: &str) -> bool {
     tail.trim_end().ends_with(['}', ']'])
 }
 
-/// The first and last `SAMPLE_BYTES / 2` bytes (cut at character boundaries); the tail is
-/// empty when the head already covers everything.
+/// The first and last `SAMPLE_BYTES / 2` bytes (cut at character boundaries); both are the
+/// whole text when it fits.
 fn sample(text: &str) -> (&str, &str) {
-    let half = SAMPLE_BYTES / 2;
     if text.len() <= SAMPLE_BYTES {
         return (text, text);
     }
-    let mut head_end = half;
-    while !text.is_char_boundary(head_end) {
-        head_end -= 1;
+    (
+        prefix(text, SAMPLE_BYTES / 2),
+        suffix(text, SAMPLE_BYTES / 2),
+    )
+}
+
+/// At most the first `n` bytes, ending at a character boundary.
+fn prefix(text: &str, n: usize) -> &str {
+    let mut end = n.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
     }
-    let mut tail_start = text.len() - half;
-    while !text.is_char_boundary(tail_start) {
-        tail_start += 1;
+    &text[..end]
+}
+
+/// At most the last `n` bytes, starting at a character boundary.
+fn suffix(text: &str, n: usize) -> &str {
+    let mut start = text.len().saturating_sub(n);
+    while !text.is_char_boundary(start) {
+        start += 1;
     }
-    (&text[..head_end], &text[tail_start..])
+    &text[start..]
 }
 
 #[derive(Default)]
@@ -148,7 +170,6 @@ struct LineStats {
 impl LineStats {
     fn of(head: &str, tail: &str) -> Self {
         let mut s = Self::default();
-        let tail = if std::ptr::eq(head, tail) { "" } else { tail };
         for line in head.lines().chain(tail.lines()) {
             if line.trim().is_empty() {
                 continue;
