@@ -92,8 +92,16 @@ async fn a_new_instance_with_an_empty_cache_recalls_identical_bytes_and_fills_it
         let got = recall(&store, &text).await.expect("recall");
         assert_eq!(&got.output, content);
     }
-    let usage = store.local_usage().await.expect("usage");
-    assert_eq!(usage.entries, keys.len() as u64);
+    let report = store.report().await.expect("report");
+    assert_eq!(report.local.entries, keys.len() as u64);
+    assert_eq!(
+        report.local.bytes,
+        keys.iter().map(|(_, c)| c.len() as u64).sum::<u64>()
+    );
+    assert_eq!(
+        (report.counters.hits, report.counters.puts),
+        (keys.len() as u64, 0)
+    );
 }
 
 /// Run only by `a_new_process_recalls_identical_bytes`, which sets its inputs.

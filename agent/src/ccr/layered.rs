@@ -14,7 +14,7 @@ use async_trait::async_trait;
 
 use super::local::{LocalLimits, LocalStore};
 use super::s3::S3Store;
-use super::stats::{ArchiveCounters, StoreUsage};
+use super::stats::{ArchiveCounters, ArchiveReport, StoreUsage};
 use super::{ArchiveError, Key, Store, check_archivable};
 
 #[derive(Clone)]
@@ -61,6 +61,14 @@ impl LayeredStore {
     /// Occupancy of the local tier.
     pub async fn local_usage(&self) -> Result<StoreUsage, ArchiveError> {
         self.local.usage().await
+    }
+
+    /// Counters and local occupancy, for `/metrics` and `status.session.archive`.
+    pub async fn report(&self) -> Result<ArchiveReport, ArchiveError> {
+        Ok(ArchiveReport {
+            counters: self.counters.snapshot(),
+            local: self.local.usage().await?,
+        })
     }
 
     async fn fill_local(&self, key: Key, content: &[u8]) {

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use super::stats::{ArchiveCounters, StoreUsage};
+use super::stats::{ArchiveCounters, ArchiveReport, StoreUsage};
 use super::{ArchiveError, Key, Store, check_archivable};
 
 /// Temp files start with this; no key does, so the sweep can never remove an entry.
@@ -189,6 +189,14 @@ impl LocalStore {
     pub async fn usage(&self) -> Result<StoreUsage, ArchiveError> {
         let inner = Arc::clone(&self.inner);
         blocking(move || inner.usage(SystemTime::now())).await
+    }
+
+    /// Counters and occupancy, for `/metrics` and `status.session.archive`.
+    pub async fn report(&self) -> Result<ArchiveReport, ArchiveError> {
+        Ok(ArchiveReport {
+            counters: self.inner.counters.snapshot(),
+            local: self.usage().await?,
+        })
     }
 
     /// Drops expired entries, then least recently used ones until the byte bound holds.

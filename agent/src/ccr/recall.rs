@@ -166,7 +166,9 @@ fn scan_bare_keys(text: &str, out: &mut Vec<(usize, Key)>) {
 fn normalise_candidate(value: &str) -> Option<Key> {
     let compact: String = value.chars().filter(|c| !c.is_whitespace()).collect();
     let mut s = compact.trim_matches(|c: char| "`'\"<>[]()".contains(c));
-    if s.len() >= 4 && s[..4].eq_ignore_ascii_case("ccr:") {
+    if let Some(prefix) = s.get(..4)
+        && prefix.eq_ignore_ascii_case("ccr:")
+    {
         s = &s[4..];
     }
     if s.len() != KEY_LEN || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
@@ -316,6 +318,10 @@ mod tests {
             format!("Please bring back the log in <<ccr:{K}>>, I need the stack trace."),
             format!("recall ccr:{} please", K.to_uppercase()),
         ];
+        // Multi-byte characters where a prefix would be cut never split a character.
+        for text in ["€€€€€€€€", "ab€cd", r#"{"key": "ab€"}"#, "ccr€:"] {
+            assert!(extract_keys(text).is_empty(), "{text}");
+        }
         for form in forms {
             assert_eq!(extract_keys(&form), vec![key(K)], "{form}");
         }

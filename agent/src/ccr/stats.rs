@@ -118,6 +118,14 @@ mod seconds {
     }
 }
 
+/// Everything the archive reports about itself: traffic and local occupancy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveReport {
+    pub counters: ArchiveSnapshot,
+    pub local: StoreUsage,
+}
+
 /// Compression outcomes per strategy (`log`, `search`, `diff`, `json`, `code`, `prose`).
 #[derive(Default, Debug)]
 pub struct CompressionCounters {
