@@ -281,6 +281,21 @@ mod tests {
     }
 
     #[test]
+    fn only_the_ends_decide() {
+        let log = repeat("2026-01-01T10:00:{i} INFO request handled\n", 1500);
+        let diff = repeat(
+            "diff --git a/f{i} b/f{i}\n--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n",
+            40_000,
+        );
+        let text = format!("{log}{diff}{log}");
+        assert!(diff.len() > 1_000_000 && log.len() > SAMPLE_BYTES / 2);
+        assert_eq!(detect(None, &text), Kind::Log);
+        let items = repeat("{\"id\": {i}, \"name\": \"item\"},\n", 100_000);
+        let json = format!("[\n{items}{{\"id\": -1}}\n]\n");
+        assert_eq!(detect(None, &json), Kind::Json);
+    }
+
+    #[test]
     fn sample_is_bounded_and_on_char_boundaries() {
         let text = "é".repeat(100_000);
         let (head, tail) = sample(&text);
