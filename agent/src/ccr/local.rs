@@ -43,6 +43,23 @@ pub const DEFAULT_CACHE_SIZE: &str = "256Mi";
 /// `archive.ttl` when the session sets none (as documented on the CRD).
 pub const DEFAULT_TTL: &str = "168h";
 
+/// Where a session without S3 keeps its archive: `$XDG_DATA_HOME/cairn`, else
+/// `~/.local/share/cairn`, else `./.cairn` (no home at all, e.g. a bare container).
+pub fn default_root() -> PathBuf {
+    let non_empty = |v: &str| {
+        std::env::var_os(v)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(data) = non_empty("XDG_DATA_HOME") {
+        return data.join("cairn");
+    }
+    if let Some(home) = non_empty("HOME") {
+        return home.join(".local").join("share").join("cairn");
+    }
+    PathBuf::from(".cairn")
+}
+
 /// A cache size or TTL that does not parse (the CRD's CEL rules normally catch these first).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LimitsError {

@@ -52,6 +52,19 @@ impl ScopeError {
 }
 
 impl SessionScope {
+    /// The scope of session `namespace/session` under `archive.prefix` (default `cairn`).
+    pub fn for_session(
+        spec: &cairn_crds::session::ArchiveSpec,
+        namespace: &str,
+        session: &str,
+    ) -> Result<Self, ScopeError> {
+        Self::new(
+            spec.prefix.as_deref().unwrap_or(DEFAULT_PREFIX),
+            namespace,
+            session,
+        )
+    }
+
     /// Validates every component: a namespace or session name can never climb out of its
     /// directory or reach into a sibling's (`a/b` + `c` vs `a` + `b/c`).
     pub fn new(prefix: &str, namespace: &str, session: &str) -> Result<Self, ScopeError> {
@@ -255,7 +268,41 @@ pub struct S3Config {
     pub timeouts: S3Timeouts,
 }
 
+/// `archive.prefix` when neither the session nor the operator sets one.
+pub const DEFAULT_PREFIX: &str = "cairn";
+/// `archive.region` when neither the session nor the operator sets one.
+pub const DEFAULT_REGION: &str = "us-east-1";
+
 impl S3Config {
+    /// From `AgentSession.spec.archive` (the operator has already filled in its own defaults;
+    /// the remaining ones are the CRD's documented defaults). `None` when no bucket is
+    /// configured: the session then archives to a local directory only.
+    pub fn from_spec(
+        spec: &cairn_crds::session::ArchiveSpec,
+        credentials: S3Credentials,
+    ) -> Result<Option<Self>, S3ConfigError> {
+        let Some(bucket) = spec.bucket.clone() else {
+            return Ok(None);
+        };
+        if let Some(endpoint) = &spec.endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            return Err(S3ConfigError::Endpoint(endpoint.clone()));
+        }
+        Ok(Some(Self {
+            bucket,
+            endpoint: spec.endpoint.clone(),
+            region: spec
+                .region
+                .clone()
+                .unwrap_or_else(|| DEFAULT_REGION.to_owned()),
+            // Self-hosted stores (any endpoint override) mostly need path-style addressing.
+            force_path_style: spec.force_path_style.unwrap_or(spec.endpoint.is_some()),
+            credentials,
+            timeouts: S3Timeouts::default(),
+        }))
+    }
+
     /// An SDK client for these settings (rustls with ring; no ambient credential chain).
     pub fn client(&self) -> Result<Client, S3ConfigError> {
         if let Some(endpoint) = &self.endpoint
@@ -480,6 +527,43 @@ mod tests {
         assert_eq!(scope.journal_prefix(), "cairn/team-a/s1/journal/");
         let bare = SessionScope::new("", "ns", "s").expect("scope");
         assert_eq!(bare.ccr_prefix(), "ns/s/ccr/");
+    }
+
+    #[test]
+    fn config_from_the_spec() {
+        use cairn_crds::session::ArchiveSpec;
+        let creds = S3Credentials {
+            access_key_id: "a".into(),
+            secret_access_key: "s".into(),
+            session_token: None,
+        };
+        assert!(
+            S3Config::from_spec(&ArchiveSpec::default(), creds.clone())
+                .expect("ok")
+                .is_none()
+        );
+        let spec = ArchiveSpec {
+            bucket: Some("b".into()),
+            endpoint: Some("http://garage:3900".into()),
+            ..Default::default()
+        };
+        let c = S3Config::from_spec(&spec, creds.clone())
+            .expect("ok")
+            .expect("configured");
+        assert_eq!((c.region.as_str(), c.force_path_style), ("us-east-1", true));
+        let scope = SessionScope::for_session(&spec, "ns", "s").expect("scope");
+        assert_eq!(scope.root(), "cairn/ns/s/");
+        let bad = ArchiveSpec {
+            bucket: Some("b".into()),
+            endpoint: Some("garage:3900".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            S3Config::from_spec(&bad, creds)
+                .map_err(|e| e.label())
+                .err(),
+            Some("invalid_endpoint")
+        );
     }
 
     #[test]
