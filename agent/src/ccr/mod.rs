@@ -4,12 +4,24 @@
 //! This module holds the addressing scheme and the [`Store`] trait the compaction engine
 //! uses; the tiers (local directory, S3, layered) implement it.
 
+pub mod layered;
+pub mod local;
+pub mod recall;
+pub mod s3;
+pub mod stats;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
+
+pub use layered::LayeredStore;
+pub use local::{LimitsError, LocalLimits, LocalStore};
+pub use recall::{RecallError, Recalled, extract_keys, recall};
+pub use s3::{S3Config, S3Credentials, S3Store, S3Timeouts, SessionScope};
+pub use stats::{ArchiveCounters, ArchiveReport, ArchiveSnapshot, CompressionCounters, StoreUsage};
 
 /// Prefix of a marker; a marker is `<<ccr:` + 16 lowercase hex + `>>`.
 pub const MARKER_OPEN: &str = "<<ccr:";
@@ -134,11 +146,30 @@ pub trait Store: Send + Sync {
 
 /// Refuses content that already carries a marker (shared by every tier).
 pub fn check_archivable(content: &[u8]) -> Result<(), ArchiveError> {
-    // A marker is ASCII, so a lossy view of non-UTF-8 content finds it all the same.
-    if has_marker(&String::from_utf8_lossy(content)) {
+    if has_marker_bytes(content) {
         return Err(ArchiveError::AlreadyArchived);
     }
     Ok(())
+}
+
+/// [`has_marker`] over raw bytes: a marker is ASCII, so it reads the same in non-UTF-8
+/// content, and scanning bytes avoids a lossy copy of every large original.
+pub fn has_marker_bytes(content: &[u8]) -> bool {
+    let open = MARKER_OPEN.as_bytes();
+    let close = MARKER_CLOSE.as_bytes();
+    let mut rest = content;
+    while let Some(pos) = rest.iter().position(|&c| c == open[0]) {
+        let candidate = &rest[pos..];
+        if candidate.starts_with(open)
+            && let Some(hex) = candidate.get(open.len()..open.len() + KEY_LEN)
+            && hex.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+            && candidate[open.len() + KEY_LEN..].starts_with(close)
+        {
+            return true;
+        }
+        rest = &rest[pos + 1..];
+    }
+    false
 }
 
 /// An in-process store: for tests and for sessions that run without any archive configured
