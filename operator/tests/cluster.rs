@@ -1,11 +1,11 @@
 //! The operator against a real control plane: kube-apiserver, kube-controller-manager (garbage
 //! collection, the StatefulSet controller), kube-scheduler and kwok (fake nodes, so pods get
-//! scheduled and marked Running). The cluster is the one `KUBECONFIG` points at.
-//!
-//! Run (with the local cluster from `tests/harness` up):
+//! scheduled and marked Running). The cluster is the one `KUBECONFIG` points at when it is
+//! set (a kind cluster, `tests/e2e/kind.sh`), else the local control plane of `tests/harness`,
+//! started for this test binary:
 //!
 //! ```text
-//! KUBECONFIG=<harness kubeconfig> cargo test -p cairn-operator --test cluster -- --ignored --test-threads 4
+//! cargo test -p cairn-operator --test cluster
 //! ```
 //!
 //! Each test gets its own namespace. By default each test runs the operator in-process, scoped
@@ -54,11 +54,24 @@ struct TestEnv {
     operator: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
 
+/// The kubeconfig of the cluster under test: `KUBECONFIG`, else the harness's own.
+fn kubeconfig() -> std::path::PathBuf {
+    match std::env::var_os("KUBECONFIG") {
+        Some(path) => path.into(),
+        None => cairn_tests::harness::shared_cluster().kubeconfig.clone(),
+    }
+}
+
+async fn config() -> kube::Config {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig()).expect("kubeconfig reads");
+    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("kubeconfig is usable")
+}
+
 impl TestEnv {
     async fn new(name: &str) -> Self {
-        let client = Client::try_default()
-            .await
-            .expect("KUBECONFIG must point at the local cluster");
+        let client = Client::try_from(config().await).expect("client");
         cairn_operator::crds::apply_crds(client.clone())
             .await
             .expect("CRDs apply");
@@ -79,7 +92,7 @@ impl TestEnv {
         .await;
         let operator_client = match std::env::var("CAIRN_TEST_OPERATOR_AS") {
             Ok(user) => {
-                let mut config = kube::Config::infer().await.expect("kubeconfig");
+                let mut config = config().await;
                 config.auth_info.impersonate = Some(user);
                 Client::try_from(config).expect("impersonating client")
             }
@@ -274,7 +287,6 @@ fn assert_owned_by(meta: &kube::core::ObjectMeta, session: &AgentSession, kind: 
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn create_builds_owned_objects_and_becomes_ready() {
     let env = TestEnv::new("create").await;
     let created = env.create_session("chat", minimal()).await;
@@ -382,7 +394,6 @@ async fn create_builds_owned_objects_and_becomes_ready() {
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn the_agent_identity_reaches_only_its_own_objects() {
     let env = TestEnv::new("rbac").await;
     env.create_session("a", minimal()).await;
@@ -390,7 +401,7 @@ async fn the_agent_identity_reaches_only_its_own_objects() {
     env.wait_phase("a", Phase::Running).await;
     env.wait_phase("b", Phase::Running).await;
 
-    let mut config = kube::Config::infer().await.expect("kubeconfig");
+    let mut config = config().await;
     config.auth_info.impersonate = Some(format!("system:serviceaccount:{}:cairn-a", env.ns));
     let agent = Client::try_from(config).expect("impersonating client");
     let sessions: Api<AgentSession> = Api::namespaced(agent.clone(), &env.ns);
@@ -427,7 +438,6 @@ async fn the_agent_identity_reaches_only_its_own_objects() {
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn policy_edit_changes_the_hash_without_restarting_the_pod() {
     let env = TestEnv::new("policy").await;
     env.create_policy("frugal", json!({"budgetRatio": 0.5}))
@@ -485,7 +495,6 @@ async fn policy_edit_changes_the_hash_without_restarting_the_pod() {
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn image_change_replaces_the_pod() {
     let env = TestEnv::new("image").await;
     env.create_session("chat", minimal()).await;
@@ -524,7 +533,6 @@ async fn image_change_replaces_the_pod() {
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn suspend_scales_to_zero_and_resume_brings_the_pod_back() {
     let env = TestEnv::new("suspend").await;
     env.create_session("chat", minimal()).await;
@@ -561,7 +569,6 @@ async fn suspend_scales_to_zero_and_resume_brings_the_pod_back() {
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn a_missing_policy_is_reported_and_picked_up_once_created() {
     let env = TestEnv::new("missing").await;
     let mut spec = minimal();
@@ -635,7 +642,6 @@ fn s3_endpoint() -> (String, Option<Moto>) {
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn delete_purges_the_archive_and_children_are_collected() {
     let env = TestEnv::new("delete").await;
     let (endpoint, _moto) = s3_endpoint();
@@ -746,7 +752,6 @@ async fn delete_purges_the_archive_and_children_are_collected() {
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn an_operator_restart_converges_without_duplicates() {
     if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
         eprintln!("restarting an external operator is the harness's job");
@@ -867,6 +872,7 @@ fn start_replica(ns: &str, identity: &str, metrics_port: u16) -> Replica {
             "--metrics-listen",
             &format!("127.0.0.1:{metrics_port}"),
         ])
+        .env("KUBECONFIG", kubeconfig())
         .env("POD_NAME", identity)
         .env("RUST_LOG", "info")
         .stdout(log_file(ns, identity))
@@ -911,7 +917,6 @@ async fn lease_holder(client: &Client, ns: &str) -> Option<String> {
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn two_replicas_elect_one_leader_and_fail_over() {
     let mut env = TestEnv::new("leader").await;
     // The replicas are the operators here.
@@ -966,7 +971,6 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
 }
 
 #[tokio::test]
-#[ignore = "needs the local cluster: tests/harness"]
 async fn a_stuck_cleanup_says_why_and_retaining_releases_it() {
     let env = TestEnv::new("stuck").await;
     let mut spec = minimal();
