@@ -8,3 +8,9 @@
 pub mod ccr;
 pub mod history;
 pub mod provider;
+
+// Classification, compaction and recovery.
+pub mod classify;
+pub mod compact;
+pub mod recovery;
+pub mod tokens;

@@ -1,0 +1,241 @@
+//! Repeated reads: an earlier read of a file whose line range a later read covers becomes a
+//! stub with a recall marker. Reads are recognised from the tool call (name, path argument,
+//! range arguments), never from one client's text markers. The newest read, verbatim
+//! messages and summaries are never touched.
+
+use std::collections::HashMap;
+
+use crate::ccr::{Key, Store, has_marker};
+use crate::history::{self, Message, Role};
+
+use super::archive::{archive_all, note_archived};
+use super::{Pass, PassReport, Trigger, text};
+
+/// Tool names that read a file (compared case-insensitively).
+const READ_TOOLS: [&str; 10] = [
+    "read_file",
+    "read",
+    "readfile",
+    "file_read",
+    "view",
+    "view_file",
+    "open_file",
+    "cat",
+    "get_file_contents",
+    "read_text_file",
+];
+/// Editor tools that read when their `command` is `view`.
+const EDITOR_TOOLS: [&str; 2] = ["str_replace_based_edit_tool", "str_replace_editor"];
+const PATH_KEYS: [&str; 7] = [
+    "path",
+    "file_path",
+    "filePath",
+    "filename",
+    "file",
+    "target_file",
+    "absolute_path",
+];
+
+/// A file read: path and inclusive line range (`end == None`: to the end of the file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Read {
+    pub path: String,
+    pub start: u64,
+    pub end: Option<u64>,
+}
+
+impl Read {
+    /// True when `self` (a later read) covers every line of `earlier`.
+    pub fn covers(&self, earlier: &Read) -> bool {
+        self.path == earlier.path
+            && self.start <= earlier.start
+            && match (self.end, earlier.end) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(a), Some(b)) => a >= b,
+            }
+    }
+}
+
+/// Recognises a read from a tool call's name and JSON arguments.
+pub fn recognise(name: &str, arguments: &str) -> Option<Read> {
+    let lname = name.to_ascii_lowercase();
+    let args: serde_json::Value = serde_json::from_str(arguments).ok()?;
+    let obj = args.as_object()?;
+    let is_read = READ_TOOLS.contains(&lname.as_str())
+        || EDITOR_TOOLS.contains(&lname.as_str())
+            && obj.get("command").and_then(|c| c.as_str()) == Some("view");
+    if !is_read {
+        return None;
+    }
+    let path = PATH_KEYS
+        .iter()
+        .find_map(|k| obj.get(*k).and_then(|v| v.as_str()))?
+        .to_string();
+    let num = |k: &str| obj.get(k).and_then(serde_json::Value::as_u64);
+    let (start, end) = if let Some(r) = obj.get("view_range").and_then(|v| v.as_array()) {
+        let a = r.first().and_then(serde_json::Value::as_u64).unwrap_or(1);
+        let b = r.get(1).and_then(serde_json::Value::as_i64).unwrap_or(-1);
+        (a, u64::try_from(b).ok())
+    } else if let Some(offset) = num("offset") {
+        (offset, num("limit").map(|l| offset + l.saturating_sub(1)))
+    } else if obj.contains_key("limit") {
+        (1, num("limit"))
+    } else {
+        let start = ["start_line", "line_start", "startLine", "start"]
+            .iter()
+            .find_map(|k| num(k))
+            .unwrap_or(1);
+        let end = ["end_line", "line_end", "endLine", "end"]
+            .iter()
+            .find_map(|k| num(k));
+        (start, end)
+    };
+    Some(Read { path, start, end })
+}
+
+/// Stubs earlier reads covered by later ones.
+pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassReport {
+    let mut report = PassReport::new(Pass::Dedup, Trigger::Turn, history::weight(history));
+    // Call id → the read it performed.
+    let mut reads: HashMap<&str, Read> = HashMap::new();
+    for m in history.iter() {
+        for c in &m.tool_calls {
+            if let Some(r) = recognise(&c.name, &c.arguments) {
+                reads.insert(c.id.as_str(), r);
+            }
+        }
+    }
+    if reads.len() < 2 {
+        return report;
+    }
+    // Results of reads, in history order.
+    let results: Vec<(usize, &Read)> = history
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == Role::Tool)
+        .filter_map(|(i, m)| Some((i, reads.get(m.tool_call_id.as_deref()?)?)))
+        .collect();
+    let mut edits: Vec<(usize, String, Key)> = Vec::new();
+    for (n, (i, read)) in results.iter().enumerate() {
+        let m = &history[*i];
+        if m.meta.preserve_verbatim
+            || m.meta.is_summary
+            || m.content.is_empty()
+            || has_marker(&m.content)
+        {
+            continue;
+        }
+        if !results[n + 1..].iter().any(|(_, later)| later.covers(read)) {
+            continue;
+        }
+        let key = Key::of(m.content.as_bytes());
+        let range = match read.end {
+            Some(e) => format!("lines {}-{e}", read.start),
+            None if read.start > 1 => format!("lines {}-end", read.start),
+            None => "whole file".to_string(),
+        };
+        let stub = format!(
+            "{}earlier read of {} ({range}) superseded by a later read of the same lines; original: {}]",
+            text::BANNER_PREFIX,
+            read.path,
+            key.marker()
+        );
+        if stub.len() < m.content.len() {
+            edits.push((*i, stub, key));
+        }
+    }
+    if edits.is_empty() {
+        return report;
+    }
+    let originals: Vec<&[u8]> = edits
+        .iter()
+        .map(|(i, _, _)| history[*i].content.as_bytes())
+        .collect();
+    match archive_all(store, &originals).await {
+        Ok(keys) => report.archived = keys,
+        Err(e) => {
+            report.archive_error = Some(e.label());
+            return report;
+        }
+    }
+    for (i, stub, key) in edits {
+        let m = &mut history[i];
+        m.content = stub;
+        note_archived(m, &key);
+        report.changed += 1;
+    }
+    report.bytes_after = history::weight(history);
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ccr::MemoryStore;
+    use crate::history::ToolCall;
+
+    fn read(id: &str, name: &str, args: &str, out: &str) -> Vec<Message> {
+        vec![
+            Message::assistant_calls(
+                "",
+                vec![ToolCall {
+                    id: id.into(),
+                    name: name.into(),
+                    arguments: args.into(),
+                }],
+            ),
+            Message::tool(id, out),
+        ]
+    }
+
+    #[test]
+    fn recognises_common_shapes() {
+        let r = recognise("Read", r#"{"file_path":"/a.rs","offset":10,"limit":20}"#).expect("read");
+        assert_eq!((r.start, r.end), (10, Some(29)));
+        let r = recognise(
+            "str_replace_based_edit_tool",
+            r#"{"command":"view","path":"a.rs","view_range":[5,-1]}"#,
+        )
+        .expect("read");
+        assert_eq!((r.start, r.end), (5, None));
+        assert!(
+            recognise(
+                "str_replace_based_edit_tool",
+                r#"{"command":"create","path":"a"}"#
+            )
+            .is_none()
+        );
+        assert!(recognise("bash", r#"{"command":"cat a.rs"}"#).is_none());
+        let whole = recognise("read_file", r#"{"path":"a.rs"}"#).expect("read");
+        assert!(whole.covers(&r));
+        assert!(!r.covers(&whole));
+    }
+
+    #[tokio::test]
+    async fn earlier_covered_read_becomes_stub_newest_stays() {
+        let store = MemoryStore::new();
+        let body = "fn a() {}\n".repeat(50);
+        let mut h = vec![Message::user("go")];
+        h.extend(read(
+            "1",
+            "read_file",
+            r#"{"path":"a.rs","start_line":1,"end_line":20}"#,
+            &body,
+        ));
+        h.extend(read("2", "read_file", r#"{"path":"b.rs"}"#, &body));
+        h.extend(read("3", "read_file", r#"{"path":"a.rs"}"#, &body));
+        let r = dedup_reads(&mut h, &store).await;
+        assert_eq!(r.changed, 1);
+        assert!(h[2].content.contains("earlier read of a.rs"));
+        assert_eq!(h[4].content, body);
+        assert_eq!(h[6].content, body);
+        let key = Key::parse(&h[2].meta.archived[0]).expect("key");
+        assert_eq!(
+            store.fetch(&key).await.expect("ok"),
+            Some(body.into_bytes())
+        );
+        let again = dedup_reads(&mut h, &store).await;
+        assert!(!again.is_change());
+    }
+}

@@ -1,0 +1,245 @@
+//! Level 3: emergency truncation. Keeps the system messages, the verbatim messages and the
+//! recent tail (starting at a user message), with a notice that says truthfully what
+//! happened (the middle was truncated, not summarized) and carries the recall marker of the
+//! archived segment. Then, while still over budget, the largest non-system message is cut
+//! first (its original archived before the first cut, never below [`FLOOR_CHARS`]), until
+//! the budget is met or nothing can shrink any more.
+
+use std::collections::HashMap;
+
+use cairn_crds::EffectivePolicy;
+
+use crate::ccr::{Key, Store, extract_markers, has_marker};
+use crate::history::{self, Message, Role};
+
+use super::archive::{archive_all, note_archived, referenced_keys, segment_text};
+use super::pairing::{self, OrphanMode};
+use super::text;
+use super::trim::tail_start;
+use super::{Pass, PassReport, Trigger};
+
+/// No message is cut below this many bytes.
+pub const FLOOR_CHARS: usize = 400;
+
+/// First index of the kept tail: at or after the protected tail start, on a user message.
+pub fn user_tail_start(history: &[Message], keep: usize) -> usize {
+    let first_non_system = history
+        .iter()
+        .position(|m| !m.is_system())
+        .unwrap_or(history.len());
+    let ts = tail_start(history, keep).max(first_non_system);
+    let is_user = |m: &Message| m.role == Role::User;
+    if let Some(off) = history[ts..].iter().position(is_user) {
+        return ts + off;
+    }
+    if let Some(back) = history[..ts].iter().rposition(is_user) {
+        return back;
+    }
+    first_non_system
+}
+
+/// The truthful notice that replaces a truncated segment.
+pub fn notice(dropped: usize, chars: usize, key: &Key) -> String {
+    format!(
+        "{}the conversation outgrew the model's context window, so {dropped} earlier messages ({chars} chars) were truncated, not summarized. They are archived; recall {} to read them.]",
+        text::BANNER_PREFIX,
+        key.marker()
+    )
+}
+
+/// Runs level 3 towards `target` bytes. Returns the report and whether the target was met.
+pub async fn emergency(
+    history: &mut Vec<Message>,
+    policy: &EffectivePolicy,
+    target: usize,
+    trigger: Trigger,
+    store: &dyn Store,
+) -> (PassReport, bool) {
+    let mut report = PassReport::new(Pass::Emergency, trigger, history::weight(history));
+    let ts = user_tail_start(history, policy.min_keep_recent as usize);
+    let dropped: Vec<Message> = history[..ts]
+        .iter()
+        .filter(|m| !m.is_system() && !m.meta.preserve_verbatim)
+        .cloned()
+        .collect();
+    let mut staged: Vec<Message> = Vec::with_capacity(history.len() - dropped.len() + 1);
+    staged.extend(history.iter().filter(|m| m.is_system()).cloned());
+    if !dropped.is_empty() {
+        let archive_text = segment_text(&dropped);
+        match archive_all(store, &[archive_text.as_bytes()]).await {
+            Ok(keys) => report.archived.extend(keys),
+            Err(e) => {
+                report.archive_error = Some(e.label());
+                return (report, history::weight(history) <= target);
+            }
+        }
+        let key = Key::of(archive_text.as_bytes());
+        let chars: usize = dropped.iter().map(Message::weight).sum();
+        let mut n = Message::user(notice(dropped.len(), chars, &key));
+        n.meta.is_summary = true;
+        n.meta.archived.push(key.as_str().to_string());
+        for k in referenced_keys(&dropped) {
+            if k != key {
+                n.meta.archived.push(k.as_str().to_string());
+            }
+        }
+        staged.push(n);
+        report.removed = dropped.len();
+        report.added = 1;
+    }
+    staged.extend(
+        history[..ts]
+            .iter()
+            .filter(|m| !m.is_system() && m.meta.preserve_verbatim)
+            .cloned(),
+    );
+    staged.extend(history[ts..].iter().filter(|m| !m.is_system()).cloned());
+    pairing::repair(&mut staged, OrphanMode::ToUser);
+
+    shrink_largest(&mut staged, target, store, &mut report).await;
+    *history = staged;
+    report.bytes_after = history::weight(history);
+    let met = report.bytes_after <= target;
+    if !met {
+        report.notes.push(format!(
+            "floor reached at {} bytes (target {target})",
+            report.bytes_after
+        ));
+    }
+    (report, met)
+}
+
+/// Cuts the largest non-system, non-verbatim message first until `target` is met or no
+/// message can shrink further. Each original is archived before its first cut.
+pub async fn shrink_largest(
+    history: &mut [Message],
+    target: usize,
+    store: &dyn Store,
+    report: &mut PassReport,
+) {
+    let mut weight = history::weight(history);
+    let mut originals: HashMap<usize, (String, Key)> = HashMap::new();
+    let mut exhausted = vec![false; history.len()];
+    while weight > target {
+        let Some(i) = (0..history.len())
+            .filter(|&i| {
+                let m = &history[i];
+                !exhausted[i]
+                    && !m.is_system()
+                    && !m.meta.preserve_verbatim
+                    && m.content.len() > FLOOR_CHARS
+            })
+            .max_by_key(|&i| (history[i].content.len(), std::cmp::Reverse(i)))
+        else {
+            break;
+        };
+        let excess = weight - target;
+        let current = history[i].content.len();
+        if !originals.contains_key(&i) && text::is_ours(&history[i].content) {
+            let c = &history[i].content;
+            {
+                // Already a cairn preview: cut again from its archived original (so the floor
+                // holds), or fall back to a stub, which loses nothing either.
+                let key = extract_markers(c).first().copied();
+                if c.contains(" omitted; full original: ")
+                    && let Some(key) = key
+                    && let Ok(Some(orig)) = store.fetch(&key).await
+                    && Key::of(&orig) == key
+                    && let Ok(orig) = String::from_utf8(orig)
+                {
+                    originals.insert(i, (orig, key));
+                } else {
+                    if let (Some(k), Some(st)) = (key, text::parse_stats(c)) {
+                        let s = text::stub("message", st, &k);
+                        if s.len() < current {
+                            weight = weight - current + s.len();
+                            history[i].content = s;
+                            report.changed += 1;
+                        }
+                    }
+                    exhausted[i] = true;
+                    continue;
+                }
+            }
+        }
+        #[allow(clippy::map_entry)] // the archive call between lookup and insert is async
+        if !originals.contains_key(&i) {
+            let c = &history[i].content;
+            if has_marker(c) {
+                exhausted[i] = true;
+                continue;
+            }
+            match archive_all(store, &[c.as_bytes()]).await {
+                Ok(keys) => {
+                    for k in keys {
+                        if !report.archived.contains(&k) {
+                            report.archived.push(k);
+                        }
+                    }
+                }
+                Err(e) => {
+                    report.archive_error = Some(e.label());
+                    exhausted[i] = true;
+                    continue;
+                }
+            }
+            let key = Key::of(c.as_bytes());
+            originals.insert(i, (c.clone(), key));
+            note_archived(&mut history[i], &key);
+            report.changed += 1;
+        }
+        let Some((orig, key)) = originals.get(&i) else {
+            break;
+        };
+        let want = current.saturating_sub(excess).max(FLOOR_CHARS);
+        match text::preview_within(orig, want, key) {
+            Some(p) if p.len() < current => {
+                weight = weight - current + p.len();
+                history[i].content = p;
+                exhausted[i] = want <= FLOOR_CHARS;
+            }
+            _ => exhausted[i] = true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ccr::MemoryStore;
+
+    #[tokio::test]
+    async fn shrinks_largest_first_down_to_the_floor_then_stops() {
+        let store = MemoryStore::new();
+        let line = |c: char| format!("{}\n", c.to_string().repeat(39));
+        let big_user: String = line('u').repeat(500);
+        let big_asst: String = line('a').repeat(250);
+        let mut h = vec![
+            Message::system("s".repeat(1_000)),
+            Message::user(big_user.clone()),
+            Message::assistant(big_asst.clone()),
+        ];
+        let mut report = PassReport::new(Pass::Emergency, Trigger::Auto, history::weight(&h));
+        // Only the largest needs to shrink.
+        shrink_largest(&mut h, 1_000 + 15_000 + 10_000, &store, &mut report).await;
+        assert!(h[1].content.len() <= 15_000 && h[1].content.len() > 14_000);
+        assert_eq!(h[2].content, big_asst);
+        // An impossible target: both stop at the floor, the system message is untouched.
+        shrink_largest(&mut h, 10, &store, &mut report).await;
+        assert_eq!(h[0].content.len(), 1_000);
+        for m in &h[1..] {
+            assert!(
+                m.content.len() <= FLOOR_CHARS && m.content.len() > FLOOR_CHARS / 2,
+                "{}",
+                m.content.len()
+            );
+        }
+        for original in [&big_user, &big_asst] {
+            let key = Key::of(original.as_bytes());
+            assert_eq!(
+                store.fetch(&key).await.expect("ok").as_deref(),
+                Some(original.as_bytes())
+            );
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The compaction ladder: verbatim budget, then level 1 trim, level 2 summary, level 3
+//! emergency truncation, stopping as soon as the history fits. Three failed compactions in a
+//! row open the session's circuit breaker: auto-compaction stops (manual compaction and
+//! recovery still run) until a compaction succeeds.
+
+use cairn_crds::EffectivePolicy;
+
+use crate::ccr::Store;
+use crate::history::{self, Message};
+
+use super::state::SKIP_LEVEL2_AFTER_NON_CONVERGING;
+use super::summarize::{self, SummaryOutcome};
+use super::window::target_chars;
+use super::{
+    Budget, BudgetInputs, PassReport, SessionState, Summarizer, Trigger, emergency, trim, verbatim,
+};
+
+/// Everything a compaction needs besides the history and the session state.
+pub struct LadderContext<'a> {
+    pub policy: &'a EffectivePolicy,
+    pub inputs: BudgetInputs,
+    pub store: &'a dyn Store,
+    /// `None`, or a disabled summarizer in the policy: level 2 is skipped.
+    pub summarizer: Option<&'a dyn Summarizer>,
+    pub trigger: Trigger,
+    /// Overrides the policy's budget ratio (pre-flight compacts to 0.40).
+    pub budget_ratio: Option<f64>,
+}
+
+/// Why a compaction did not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotRun {
+    /// Already within the target.
+    NotNeeded,
+    /// The circuit breaker is open.
+    CircuitOpen,
+}
+
+/// The result of one compaction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompactionOutcome {
+    pub trigger: Trigger,
+    /// The target in bytes the ladder aimed for.
+    pub target: usize,
+    pub bytes_before: usize,
+    pub bytes_after: usize,
+    /// The history fits the target.
+    pub met: bool,
+    /// Highest level that ran (1-3).
+    pub level: Option<u8>,
+    pub not_run: Option<NotRun>,
+    pub reports: Vec<PassReport>,
+    /// The circuit breaker opened with this compaction.
+    pub breaker_opened: bool,
+}
+
+/// Runs the ladder on `history`.
+pub async fn compact(
+    history: &mut Vec<Message>,
+    ctx: &LadderContext<'_>,
+    state: &mut SessionState,
+) -> CompactionOutcome {
+    let ratio = ctx.budget_ratio.unwrap_or(ctx.policy.budget_ratio);
+    let budget = Budget::with_ratio(&ctx.inputs, ratio, state);
+    let target = target_chars(budget, &ctx.inputs, ctx.policy, state).min(budget.chars);
+    let before = history::weight(history);
+    let mut out = CompactionOutcome {
+        trigger: ctx.trigger,
+        target,
+        bytes_before: before,
+        bytes_after: before,
+        met: before <= target,
+        level: None,
+        not_run: None,
+        reports: Vec::new(),
+        breaker_opened: false,
+    };
+    if ctx.trigger == Trigger::Auto && state.auto_compaction_disabled() {
+        out.not_run = Some(NotRun::CircuitOpen);
+        return out;
+    }
+    let manual = ctx.trigger == Trigger::Manual;
+    if out.met && !manual {
+        out.not_run = Some(NotRun::NotNeeded);
+        return out;
+    }
+    let fits = |h: &[Message]| history::weight(h) <= target;
+
+    out.reports
+        .push(verbatim::enforce(history, budget, ctx.trigger, ctx.store).await);
+
+    if !fits(history) || manual {
+        out.reports
+            .push(trim::trim(history, ctx.policy, ctx.trigger, ctx.store).await);
+        out.level = Some(1);
+    }
+
+    let summarizer = ctx.summarizer.filter(|_| ctx.policy.summarizer.enabled);
+    if (!fits(history) || manual)
+        && let Some(s) = summarizer
+    {
+        if state.skip_level2 > 0 {
+            state.skip_level2 -= 1;
+        } else {
+            let (mut report, outcome) =
+                summarize::summarize(history, ctx.policy, ctx.trigger, s, ctx.store).await;
+            if outcome == SummaryOutcome::Applied {
+                out.level = Some(2);
+                if !fits(history) {
+                    state.skip_level2 = SKIP_LEVEL2_AFTER_NON_CONVERGING;
+                    report
+                        .notes
+                        .push("summary did not bring the history under budget; level 2 is skipped for the next 2 compactions".into());
+                }
+            }
+            out.reports.push(report);
+        }
+    }
+
+    if !fits(history) {
+        let (report, _) =
+            emergency::emergency(history, ctx.policy, target, ctx.trigger, ctx.store).await;
+        out.reports.push(report);
+        out.level = Some(3);
+        state.level3_compactions += 1;
+    }
+
+    out.bytes_after = history::weight(history);
+    out.met = out.bytes_after <= target;
+    let was_open = state.auto_compaction_disabled();
+    state.record_outcome(out.met);
+    state.compactions += 1;
+    out.breaker_opened = !was_open && state.auto_compaction_disabled();
+    out
+}

@@ -1,0 +1,293 @@
+//! Microcompaction: old tool results shrink without any LLM call.
+//!
+//! Age is counted in assistant turns after the result. At `truncateAfterTurns` a result of at
+//! least `minContentChars` becomes a head+tail preview with an omission banner; at
+//! `summarizeAfterTurns` it becomes a one-line typed stub. The original is archived first; a
+//! preview promoted to a stub keeps the key its banner already carries. A second run over the
+//! same history changes nothing.
+//!
+//! The idle rule: after `idleMinutes` without an assistant message (the provider's prompt
+//! cache has expired, so rewriting old results costs nothing extra), every tool result but
+//! the [`IDLE_KEEP_RECENT`] most recent becomes a stub.
+
+use std::time::Duration;
+
+use cairn_crds::EffectivePolicy;
+
+use crate::ccr::{Key, Store, extract_markers, has_marker};
+use crate::history::{self, Message, Role};
+
+use super::archive::{archive_all, note_archived};
+use super::text::{self, Stats};
+use super::{Pass, PassReport, Trigger};
+
+/// Tool results the idle rule leaves alone.
+pub const IDLE_KEEP_RECENT: usize = 5;
+
+/// What the microcompaction of one message should become.
+enum Plan {
+    Preview,
+    /// `any_size`: the idle rule stubs results of any size (when the stub is shorter).
+    Stub {
+        any_size: bool,
+    },
+}
+
+/// One staged change: message index, the original to archive (none when it is archived
+/// already), the new content.
+struct Edit {
+    index: usize,
+    original: Option<String>,
+    content: String,
+    key: Key,
+}
+
+/// Runs the age rule and, when `idle_for` reaches `idleMinutes`, the idle rule.
+pub async fn microcompact(
+    history: &mut [Message],
+    policy: &EffectivePolicy,
+    idle_for: Option<Duration>,
+    store: &dyn Store,
+) -> PassReport {
+    let mc = &policy.microcompact;
+    let idle = mc.idle_minutes > 0
+        && idle_for.is_some_and(|d| d >= Duration::from_secs(u64::from(mc.idle_minutes) * 60));
+    let pass = if idle {
+        Pass::IdleClear
+    } else {
+        Pass::Microcompact
+    };
+    let mut report = PassReport::new(pass, Trigger::Turn, history::weight(history));
+
+    let ages = assistant_ages(history);
+    let idle_cutoff = if idle {
+        let tool_positions: Vec<usize> = history
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.role == Role::Tool)
+            .map(|(i, _)| i)
+            .collect();
+        tool_positions
+            .len()
+            .checked_sub(IDLE_KEEP_RECENT)
+            .and_then(|n| tool_positions.get(n).copied())
+    } else {
+        None
+    };
+
+    let mut edits: Vec<Edit> = Vec::new();
+    for (i, m) in history.iter().enumerate() {
+        if m.role != Role::Tool || m.meta.preserve_verbatim || m.meta.is_summary {
+            continue;
+        }
+        let age = ages[i];
+        let plan = if idle_cutoff.is_some_and(|cut| i < cut) {
+            Plan::Stub { any_size: true }
+        } else if age >= mc.summarize_after_turns {
+            Plan::Stub { any_size: false }
+        } else if age >= mc.truncate_after_turns {
+            Plan::Preview
+        } else {
+            continue;
+        };
+        if let Some(e) = plan_edit(i, m, plan, policy) {
+            edits.push(e);
+        }
+    }
+    apply_edits(history, edits, store, &mut report).await;
+    report
+}
+
+/// Assistant messages after each position.
+pub(crate) fn assistant_ages(history: &[Message]) -> Vec<u32> {
+    let mut ages = vec![0u32; history.len()];
+    let mut seen = 0u32;
+    for (i, m) in history.iter().enumerate().rev() {
+        ages[i] = seen;
+        if m.role == Role::Assistant {
+            seen = seen.saturating_add(1);
+        }
+    }
+    ages
+}
+
+fn plan_edit(index: usize, m: &Message, plan: Plan, policy: &EffectivePolicy) -> Option<Edit> {
+    let mc = &policy.microcompact;
+    let what = match &m.name {
+        Some(n) => format!("tool result of {n}"),
+        None => "tool result".to_string(),
+    };
+    if text::is_ours(&m.content) {
+        // Already a preview or a stub: a preview may be promoted, using the key it carries.
+        let Plan::Stub { .. } = plan else {
+            return None;
+        };
+        if !m.content.contains(" omitted; full original: ") {
+            return None;
+        }
+        let key = *extract_markers(&m.content).first()?;
+        let st = text::parse_stats(&m.content)?;
+        return Some(Edit {
+            index,
+            original: None,
+            content: text::stub(&what, st, &key),
+            key,
+        });
+    }
+    if has_marker(&m.content) {
+        // Content quoting someone else's marker cannot be archived; leave it whole.
+        return None;
+    }
+    let key = Key::of(m.content.as_bytes());
+    let large = m.content.len() >= mc.min_content_chars as usize;
+    let content = match plan {
+        Plan::Preview if large => text::preview(
+            &m.content,
+            mc.head_chars as usize,
+            mc.tail_chars as usize,
+            &key,
+        )?,
+        Plan::Stub { any_size } if large || any_size => {
+            let s = text::stub(&what, Stats::of(&m.content), &key);
+            if s.len() >= m.content.len() {
+                return None;
+            }
+            s
+        }
+        _ => return None,
+    };
+    Some(Edit {
+        index,
+        original: Some(m.content.clone()),
+        content,
+        key,
+    })
+}
+
+/// Archives every original, then applies every edit; on any archive failure nothing changes.
+async fn apply_edits(
+    history: &mut [Message],
+    edits: Vec<Edit>,
+    store: &dyn Store,
+    report: &mut PassReport,
+) {
+    if edits.is_empty() {
+        return;
+    }
+    let originals: Vec<&[u8]> = edits
+        .iter()
+        .filter_map(|e| e.original.as_deref().map(str::as_bytes))
+        .collect();
+    match archive_all(store, &originals).await {
+        Ok(keys) => report.archived = keys,
+        Err(e) => {
+            report.archive_error = Some(e.label());
+            return;
+        }
+    }
+    for e in edits {
+        let m = &mut history[e.index];
+        report.bytes_after = report.bytes_after - m.content.len() + e.content.len();
+        m.content = e.content;
+        note_archived(m, &e.key);
+        report.changed += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ccr::MemoryStore;
+    use crate::history::ToolCall;
+
+    fn big(n: usize) -> String {
+        (0..n).map(|i| format!("output line {i}\n")).collect()
+    }
+
+    fn turn(id: &str, out: String) -> Vec<Message> {
+        vec![
+            Message::assistant_calls(
+                "",
+                vec![ToolCall {
+                    id: id.into(),
+                    name: "bash".into(),
+                    arguments: "{}".into(),
+                }],
+            ),
+            Message::tool(id, out),
+        ]
+    }
+
+    fn history_with_ages() -> Vec<Message> {
+        let mut h = vec![Message::system("sys"), Message::user("go")];
+        for i in 0..6 {
+            h.extend(turn(&format!("c{i}"), big(400)));
+        }
+        h.push(Message::assistant("done"));
+        h
+    }
+
+    #[tokio::test]
+    async fn previews_then_stubs_by_age_and_is_idempotent() {
+        let store = MemoryStore::new();
+        let policy = EffectivePolicy::default();
+        let mut h = history_with_ages();
+        let original = h[3].content.clone();
+        let r = microcompact(&mut h, &policy, None, &store).await;
+        assert!(r.changed > 0);
+        // c0's result (index 3) is 6 assistant turns old: a stub.
+        assert!(
+            h[3].content.starts_with("[cairn: tool result archived"),
+            "{}",
+            h[3].content
+        );
+        // c4's result is 2 turns old: a preview.
+        let c4 = &h[11].content;
+        assert!(c4.starts_with("output line 0\n") && c4.contains("omitted; full original"));
+        // c5's result is 1 turn old: untouched.
+        assert_eq!(h[13].content, big(400));
+        let key = Key::parse(&h[3].meta.archived[0]).expect("key");
+        assert_eq!(
+            store.fetch(&key).await.expect("ok"),
+            Some(original.into_bytes())
+        );
+
+        let snapshot = h.clone();
+        let again = microcompact(&mut h, &policy, None, &store).await;
+        assert!(!again.is_change());
+        assert_eq!(h, snapshot);
+
+        // Two more turns: the preview is promoted to a stub with the same key.
+        let key4 = h[11].meta.archived[0].clone();
+        h.extend(turn("c6", "x".into()));
+        h.extend(turn("c7", "y".into()));
+        microcompact(&mut h, &policy, None, &store).await;
+        assert!(h[11].content.starts_with("[cairn: tool result archived"));
+        assert!(h[11].content.contains("400 lines"));
+        assert_eq!(h[11].meta.archived, vec![key4]);
+    }
+
+    #[tokio::test]
+    async fn idle_rule_keeps_five_most_recent() {
+        let store = MemoryStore::new();
+        let policy = EffectivePolicy::default();
+        let mut h = vec![Message::user("go")];
+        for i in 0..8 {
+            h.extend(turn(
+                &format!("c{i}"),
+                format!("small result {i} {}", "z".repeat(300)),
+            ));
+        }
+        let r = microcompact(&mut h, &policy, Some(Duration::from_secs(61 * 60)), &store).await;
+        assert_eq!(r.pass, Pass::IdleClear);
+        let tools: Vec<&Message> = h.iter().filter(|m| m.role == Role::Tool).collect();
+        assert!(tools[..3].iter().all(|m| m.content.starts_with("[cairn:")));
+        assert!(
+            tools[3..]
+                .iter()
+                .all(|m| m.content.starts_with("small result"))
+        );
+        let short = microcompact(&mut h, &policy, Some(Duration::from_secs(59 * 60)), &store).await;
+        assert_eq!(short.pass, Pass::Microcompact);
+    }
+}

@@ -1,0 +1,96 @@
+//! Everything one session learns while it runs. Owned by the caller (the session loop), one
+//! per session: nothing here is shared between sessions or kept in a global.
+
+use cairn_crds::EffectivePolicy;
+
+use crate::tokens::CharsPerToken;
+
+/// Consecutive failed compactions after which auto-compaction stops for the session.
+pub const CIRCUIT_BREAKER_FAILURES: u32 = 3;
+/// Compactions that skip level 2 after a summary that did not bring the history under budget.
+pub const SKIP_LEVEL2_AFTER_NON_CONVERGING: u32 = 2;
+/// Recovery halves the tool-result budgets at most this many times (down to 1/8).
+pub const MAX_TOOL_BUDGET_HALVINGS: u32 = 3;
+
+/// Per-session state of the compaction and recovery machinery.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SessionState {
+    /// Calibrated characters per token.
+    pub chars_per_token: CharsPerToken,
+    /// Byte cap learned from a payload rejection; only ever tightens.
+    pub learned_payload_cap: Option<u64>,
+    /// Failed compactions in a row (reset by a success).
+    pub consecutive_failures: u32,
+    /// Upcoming compactions that go straight from level 1 to level 3.
+    pub skip_level2: u32,
+    /// How often recovery halved the tool-result budgets.
+    pub tool_budget_halvings: u32,
+    /// The payload-limit guidance is in the history already (never stacked).
+    pub payload_notice_injected: bool,
+    /// Recovery attempts made in the current turn.
+    pub recovery_attempts: u32,
+    /// Output-token escalations made in the current turn.
+    pub token_escalations: u32,
+    /// The once-per-session "large history, no payload cap known" warning was given.
+    pub large_history_warned: bool,
+    /// Counters for status and metrics.
+    pub compactions: u64,
+    pub level3_compactions: u64,
+    pub recoveries: u64,
+}
+
+impl SessionState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Resets the per-turn counters; call when a new user message starts a turn.
+    pub fn begin_turn(&mut self) {
+        self.recovery_attempts = 0;
+        self.token_escalations = 0;
+    }
+
+    /// True when the circuit breaker has opened.
+    pub fn auto_compaction_disabled(&self) -> bool {
+        self.consecutive_failures >= CIRCUIT_BREAKER_FAILURES
+    }
+
+    /// Learns a payload cap; keeps the tighter of the old and the new one. Returns the cap.
+    pub fn learn_payload_cap(&mut self, cap: u64) -> u64 {
+        let cap = self.learned_payload_cap.map_or(cap, |old| old.min(cap));
+        self.learned_payload_cap = Some(cap);
+        cap
+    }
+
+    /// The tightest payload cap known: the configured one or the learned one.
+    pub fn effective_payload_cap(&self, configured: Option<u64>) -> Option<u64> {
+        match (configured, self.learned_payload_cap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The per-request tool-result limits in force, after recovery's halvings.
+    pub fn tool_result_limits(&self, policy: &EffectivePolicy) -> ToolResultLimits {
+        let shift = self.tool_budget_halvings.min(MAX_TOOL_BUDGET_HALVINGS);
+        ToolResultLimits {
+            per_result: (policy.tool_results.per_result_chars as usize) >> shift,
+            per_turn: (policy.tool_results.per_turn_chars as usize) >> shift,
+        }
+    }
+
+    pub(crate) fn record_outcome(&mut self, success: bool) {
+        if success {
+            self.consecutive_failures = 0;
+        } else {
+            self.consecutive_failures = self.consecutive_failures.saturating_add(1);
+        }
+    }
+}
+
+/// Per-request tool-result limits, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ToolResultLimits {
+    pub per_result: usize,
+    pub per_turn: usize,
+}

@@ -1,0 +1,348 @@
+//! Level 2: a structured summary of the middle of the conversation, written by an LLM behind
+//! the [`Summarizer`] trait.
+//!
+//! The segment runs from after the system prefix to the start of the recent tail (snapped
+//! back so a tool call is never separated from its results). The summarizer's input is
+//! budgeted to half its window (never below [`MIN_INPUT_CHARS`]), an equal share per message,
+//! cut 3:1 head/tail; stubs whose archived original fits its share are restored. The reply
+//! must pass a quality gate (not empty, not a refusal, not too short for the segment) or is
+//! retried once. The whole segment is archived and the summary carries its marker; system
+//! messages and verbatim messages of the segment stay in the history.
+
+use async_trait::async_trait;
+use cairn_crds::EffectivePolicy;
+
+use crate::ccr::{Key, Store, extract_markers};
+use crate::history::{self, Message, Role};
+
+use super::archive::{archive_all, referenced_keys, segment_text};
+use super::pairing::{self, OrphanMode};
+use super::text;
+use super::trim::tail_start;
+use super::{Pass, PassReport, Trigger};
+
+/// Floor of the summarizer's input budget.
+pub const MIN_INPUT_CHARS: usize = 20_000;
+/// A summary must be at least segment/[`SUMMARY_RATIO`] chars, within these bounds.
+pub const SUMMARY_MIN_CHARS: usize = 200;
+pub const SUMMARY_MIN_CHARS_CAP: usize = 2_000;
+pub const SUMMARY_RATIO: usize = 50;
+
+/// The nine sections every summary has, in order.
+pub const SECTIONS: [&str; 9] = [
+    "Primary request and intent",
+    "Key technical concepts",
+    "Files and code",
+    "Errors and fixes",
+    "Problem solving",
+    "All user messages (verbatim)",
+    "Pending tasks",
+    "Current work",
+    "Optional next step",
+];
+
+/// What the summarizer is asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SummaryRequest {
+    /// The instructions (sections, rules).
+    pub instructions: String,
+    /// The budgeted transcript of the segment.
+    pub transcript: String,
+    /// 1 for the first try, 2 for the retry after a rejected summary.
+    pub attempt: u32,
+}
+
+/// Why the summarizer gave no summary.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SummarizeError {
+    #[error("summarizer call failed: {0}")]
+    Failed(String),
+    #[error("no summarizer is configured")]
+    Unavailable,
+}
+
+impl SummarizeError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Failed(_) => "failed",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// The model that writes level-2 summaries (the session's own or a dedicated cheaper one).
+#[async_trait]
+pub trait Summarizer: Send + Sync {
+    /// The summarizer model's context window, in characters.
+    fn window_chars(&self) -> usize;
+    async fn summarize(&self, request: &SummaryRequest) -> Result<String, SummarizeError>;
+}
+
+/// Why a summary was rejected by the quality gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    Empty,
+    Refusal,
+    TooShort,
+    NotShorter,
+}
+
+impl Rejection {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Empty => "empty",
+            Self::Refusal => "refusal",
+            Self::TooShort => "too_short",
+            Self::NotShorter => "not_shorter",
+        }
+    }
+}
+
+/// The quality gate.
+pub fn check_quality(summary: &str, segment_chars: usize) -> Result<(), Rejection> {
+    let s = summary.trim();
+    if s.is_empty() {
+        return Err(Rejection::Empty);
+    }
+    let head = s[..text::floor_boundary(s, 120)].to_lowercase();
+    const REFUSALS: [&str; 9] = [
+        "i'm sorry",
+        "i am sorry",
+        "sorry,",
+        "i cannot",
+        "i can't",
+        "i can not",
+        "i'm unable",
+        "i am unable",
+        "as an ai",
+    ];
+    if REFUSALS.iter().any(|r| head.starts_with(r)) {
+        return Err(Rejection::Refusal);
+    }
+    let required = (segment_chars / SUMMARY_RATIO)
+        .clamp(SUMMARY_MIN_CHARS, SUMMARY_MIN_CHARS_CAP)
+        .min(segment_chars / 4);
+    if s.len() < required {
+        return Err(Rejection::TooShort);
+    }
+    if s.len() >= segment_chars {
+        return Err(Rejection::NotShorter);
+    }
+    Ok(())
+}
+
+/// The instructions sent with every summary request.
+pub fn instructions() -> String {
+    let mut out = String::from(
+        "Summarize the conversation transcript below so that the work can continue without it. \
+         Write plain text with exactly these nine numbered sections, in this order:\n",
+    );
+    for (n, s) in SECTIONS.iter().enumerate() {
+        out.push_str(&format!("{}. {s}\n", n + 1));
+    }
+    out.push_str(
+        "Quote every user message in section 6 word for word. Keep file paths, identifiers, \
+         commands, error messages and numbers exact. Keep every <<ccr:KEY>> marker you see \
+         (they let the original text be recalled). Section 9 may say \"none\".",
+    );
+    out
+}
+
+/// Where the segment starts and ends: `[start, end)`.
+pub fn segment_bounds(history: &[Message], keep_recent: usize) -> (usize, usize) {
+    let start = history.iter().take_while(|m| m.is_system()).count();
+    let mut end = tail_start(history, keep_recent).max(start);
+    while end > start && history.get(end).is_some_and(|m| m.role == Role::Tool) {
+        end -= 1;
+    }
+    (start, end)
+}
+
+/// The budgeted transcript of `segment`.
+pub async fn transcript(segment: &[&Message], window_chars: usize, store: &dyn Store) -> String {
+    let budget = (window_chars / 2).max(MIN_INPUT_CHARS);
+    let share = budget / segment.len().max(1);
+    let mut out = String::new();
+    for m in segment {
+        let mut body = m.content.clone();
+        // A stub is worth more restored than as a stub, when its original fits the share.
+        if text::is_ours(&body)
+            && let [key] = extract_markers(&body)[..]
+            && let Ok(Some(orig)) = store.fetch(&key).await
+            && orig.len() <= share
+            && let Ok(orig) = String::from_utf8(orig)
+        {
+            body = orig;
+        }
+        for c in &m.tool_calls {
+            body.push_str(&format!(
+                "\n[tool call {} {}({})]",
+                c.id, c.name, c.arguments
+            ));
+        }
+        let cut = if body.len() > share {
+            let h = text::head(&body, share * 3 / 4);
+            let t = text::tail(&body[h.len()..], share / 4);
+            format!(
+                "{h}\n[... {} chars cut ...]\n{t}",
+                body.len() - h.len() - t.len()
+            )
+        } else {
+            body
+        };
+        out.push_str(&format!("--- {} ---\n{cut}\n", m.role.as_str()));
+    }
+    out
+}
+
+/// How level 2 ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SummaryOutcome {
+    /// The history now holds the summary.
+    Applied,
+    /// Nothing between the system prefix and the tail.
+    NothingToSummarize,
+    /// Both tries were rejected by the gate.
+    Rejected(Rejection),
+    Failed(SummarizeError),
+    /// The summary was fine but the archive refused the segment; nothing changed.
+    ArchiveFailed,
+}
+
+/// Runs level 2 on `history`.
+pub async fn summarize(
+    history: &mut Vec<Message>,
+    policy: &EffectivePolicy,
+    trigger: Trigger,
+    summarizer: &dyn Summarizer,
+    store: &dyn Store,
+) -> (PassReport, SummaryOutcome) {
+    let mut report = PassReport::new(Pass::Summary, trigger, history::weight(history));
+    let (start, end) = segment_bounds(history, policy.min_keep_recent as usize);
+    let dropped: Vec<&Message> = history[start..end]
+        .iter()
+        .filter(|m| !m.is_system() && !m.meta.preserve_verbatim)
+        .collect();
+    if dropped.is_empty() {
+        return (report, SummaryOutcome::NothingToSummarize);
+    }
+    let segment_chars: usize = dropped.iter().map(|m| m.weight()).sum();
+    let mut request = SummaryRequest {
+        instructions: instructions(),
+        transcript: transcript(&dropped, summarizer.window_chars(), store).await,
+        attempt: 1,
+    };
+    let mut summary = None;
+    let mut last_rejection = Rejection::Empty;
+    for attempt in 1..=2 {
+        request.attempt = attempt;
+        match summarizer.summarize(&request).await {
+            Ok(s) => match check_quality(&s, segment_chars) {
+                Ok(()) => {
+                    summary = Some(s);
+                    break;
+                }
+                Err(r) => {
+                    report
+                        .notes
+                        .push(format!("summary attempt {attempt} rejected: {}", r.label()));
+                    last_rejection = r;
+                }
+            },
+            Err(e) => {
+                report.notes.push(e.to_string());
+                return (report, SummaryOutcome::Failed(e));
+            }
+        }
+    }
+    let Some(summary) = summary else {
+        return (report, SummaryOutcome::Rejected(last_rejection));
+    };
+
+    let owned: Vec<Message> = dropped.iter().map(|m| (*m).clone()).collect();
+    let archive_text = segment_text(&owned);
+    let keys = match archive_all(store, &[archive_text.as_bytes()]).await {
+        Ok(k) => k,
+        Err(e) => {
+            report.archive_error = Some(e.label());
+            return (report, SummaryOutcome::ArchiveFailed);
+        }
+    };
+    let segment_key = Key::of(archive_text.as_bytes());
+    let mut msg = Message::user(format!(
+        "{}summary of {} earlier messages ({} chars); the full transcript can be recalled with {}]\n\n{}",
+        text::BANNER_PREFIX,
+        owned.len(),
+        segment_chars,
+        segment_key.marker(),
+        summary.trim()
+    ));
+    msg.meta.is_summary = true;
+    msg.meta.archived.push(segment_key.as_str().to_string());
+    for k in referenced_keys(&owned) {
+        if k != segment_key {
+            msg.meta.archived.push(k.as_str().to_string());
+        }
+    }
+
+    let mut staged: Vec<Message> = Vec::with_capacity(history.len() - owned.len() + 1);
+    staged.extend(history[..start].iter().cloned());
+    staged.extend(
+        history[start..end]
+            .iter()
+            .filter(|m| m.is_system())
+            .cloned(),
+    );
+    staged.push(msg);
+    staged.extend(
+        history[start..end]
+            .iter()
+            .filter(|m| !m.is_system() && m.meta.preserve_verbatim)
+            .cloned(),
+    );
+    staged.extend(history[end..].iter().cloned());
+    // Verbatim results whose call was summarised become user messages; nothing is removed.
+    pairing::repair(&mut staged, OrphanMode::ToUser);
+
+    report.archived = keys;
+    report.removed = owned.len();
+    report.added = 1;
+    *history = staged;
+    report.bytes_after = history::weight(history);
+    (report, SummaryOutcome::Applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quality_gate() {
+        assert_eq!(check_quality("  ", 10_000), Err(Rejection::Empty));
+        assert_eq!(
+            check_quality(
+                &format!("I'm sorry, I can't help. {}", "x".repeat(500)),
+                10_000
+            ),
+            Err(Rejection::Refusal)
+        );
+        assert_eq!(check_quality("short", 100_000), Err(Rejection::TooShort));
+        assert_eq!(
+            check_quality(&"s".repeat(300), 100_000),
+            Err(Rejection::TooShort)
+        );
+        assert!(check_quality(&"s".repeat(2_000), 100_000).is_ok());
+        assert_eq!(
+            check_quality(&"s".repeat(2_000), 1_500),
+            Err(Rejection::NotShorter)
+        );
+    }
+
+    #[test]
+    fn instructions_name_all_nine_sections() {
+        let i = instructions();
+        for s in SECTIONS {
+            assert!(i.contains(s), "{s}");
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Text surgery shared by the passes: head+tail cuts at line boundaries, content-kind
+//! detection, and the banners and stubs cairn writes in place of archived text.
+//!
+//! Sizes are in bytes of UTF-8 (what a request really carries); cuts always land on
+//! character boundaries, and on line boundaries when a newline is near.
+
+use crate::ccr::Key;
+
+/// Every banner and stub cairn writes starts with this, so passes recognise their own work.
+pub const BANNER_PREFIX: &str = "[cairn: ";
+
+/// Largest index `<= at` that is a char boundary of `s`.
+pub fn floor_boundary(s: &str, at: usize) -> usize {
+    if at >= s.len() {
+        return s.len();
+    }
+    let mut i = at;
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Smallest index `>= at` that is a char boundary of `s`.
+pub fn ceil_boundary(s: &str, at: usize) -> usize {
+    if at >= s.len() {
+        return s.len();
+    }
+    let mut i = at;
+    while i < s.len() && !s.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
+/// A head of at most `max` bytes, ending after a newline when one is in the second half of
+/// the allowance (so a cut never splits a line unless the line is huge).
+pub fn head(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let end = floor_boundary(s, max);
+    let candidate = &s[..end];
+    match candidate.rfind('\n') {
+        Some(nl) if nl + 1 >= end / 2 => &s[..nl + 1],
+        _ => candidate,
+    }
+}
+
+/// A tail of at most `max` bytes, starting after a newline when one is in the first half of
+/// the allowance.
+pub fn tail(s: &str, max: usize) -> &str {
+    if max == 0 {
+        return "";
+    }
+    if s.len() <= max {
+        return s;
+    }
+    let start = ceil_boundary(s, s.len() - max);
+    let candidate = &s[start..];
+    match candidate.find('\n') {
+        Some(nl) if nl < candidate.len() / 2 => &candidate[nl + 1..],
+        _ => candidate,
+    }
+}
+
+/// Lines in `s` (a trailing partial line counts).
+pub fn line_count(s: &str) -> usize {
+    if s.is_empty() {
+        0
+    } else {
+        s.bytes().filter(|&b| b == b'\n').count() + usize::from(!s.ends_with('\n'))
+    }
+}
+
+/// A coarse label of what a text is, for stubs: the model decides from it whether to recall.
+pub fn detect_kind(s: &str) -> &'static str {
+    let t = s.trim_start();
+    let sample = &t[..floor_boundary(t, 4096)];
+    let end = t.trim_end();
+    // Shape only: parsing a multi-megabyte output just to label it would cost more than the
+    // whole pass.
+    if (t.starts_with('{') && end.ends_with('}')) || (t.starts_with('[') && end.ends_with(']')) {
+        return "json";
+    }
+    if sample.starts_with("diff --git")
+        || sample.starts_with("--- ")
+        || sample.contains("\n@@ ")
+        || sample.starts_with("@@ ")
+    {
+        return "diff";
+    }
+    if sample.to_ascii_lowercase().contains("<html") {
+        return "html";
+    }
+    let lines: Vec<&str> = sample.lines().take(40).collect();
+    let n = lines.len().max(1);
+    let loggy = lines
+        .iter()
+        .filter(|l| {
+            let l = l.to_ascii_uppercase();
+            l.contains("ERROR")
+                || l.contains("WARN")
+                || l.contains("INFO")
+                || l.contains("DEBUG")
+                || l.starts_with("20") && l.len() > 10 && l.as_bytes().get(4) == Some(&b'-')
+        })
+        .count();
+    if loggy * 3 >= n && loggy > 0 {
+        return "log";
+    }
+    let code = lines
+        .iter()
+        .filter(|l| {
+            let l = l.trim();
+            l.ends_with('{')
+                || l.ends_with(';')
+                || l.ends_with(':')
+                || l.starts_with("fn ")
+                || l.starts_with("def ")
+                || l.starts_with("import ")
+                || l.starts_with("use ")
+                || l.starts_with("pub ")
+                || l.starts_with("func ")
+                || l.starts_with("class ")
+                || l == "}"
+        })
+        .count();
+    if code * 4 >= n && code > 1 {
+        return "source";
+    }
+    "text"
+}
+
+/// Statistics of an archived original, written into banners and stubs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    pub chars: usize,
+    pub lines: usize,
+    pub kind: &'static str,
+}
+
+impl Stats {
+    pub fn of(s: &str) -> Self {
+        Self {
+            chars: s.len(),
+            lines: line_count(s),
+            kind: detect_kind(s),
+        }
+    }
+}
+
+/// The banner between head and tail of a truncated text.
+pub fn omission_banner(st: Stats, omitted_chars: usize, omitted_lines: usize, key: &Key) -> String {
+    format!(
+        "\n{BANNER_PREFIX}{omitted_chars} of {} chars ({omitted_lines} of {} lines, {}) omitted; full original: {}]\n",
+        st.chars,
+        st.lines,
+        st.kind,
+        key.marker()
+    )
+}
+
+/// Head + banner + tail of `original`, archived under `key`, fitting `max` bytes when it
+/// can (the banner is never cut). `None` when the preview would not be shorter.
+pub fn preview(original: &str, head_max: usize, tail_max: usize, key: &Key) -> Option<String> {
+    let st = Stats::of(original);
+    let h = head(original, head_max);
+    let t = tail(&original[h.len()..], tail_max);
+    let omitted = &original[h.len()..original.len() - t.len()];
+    let banner = omission_banner(st, omitted.len(), line_count(omitted), key);
+    let out_len = h.len() + banner.len() + t.len();
+    if out_len >= original.len() {
+        return None;
+    }
+    let mut out = String::with_capacity(out_len);
+    out.push_str(h);
+    out.push_str(&banner);
+    out.push_str(t);
+    Some(out)
+}
+
+/// A preview that fits in `max` bytes total, head and tail in a 3:1 ratio. Byte-stable: the
+/// same original and `max` always give the same text.
+pub fn preview_within(original: &str, max: usize, key: &Key) -> Option<String> {
+    let st = Stats::of(original);
+    let banner_len = omission_banner(st, original.len(), st.lines, key).len();
+    let room = max.saturating_sub(banner_len);
+    let text = preview(original, room * 3 / 4, room / 4, key)?;
+    (text.len() <= max.max(banner_len)).then_some(text)
+}
+
+/// A one-line typed stub for an archived original.
+pub fn stub(what: &str, st: Stats, key: &Key) -> String {
+    format!(
+        "{BANNER_PREFIX}{what} archived: {} lines, {} chars, {}; recall {}]",
+        st.lines,
+        st.chars,
+        st.kind,
+        key.marker()
+    )
+}
+
+/// Parses the statistics back out of a banner or stub cairn wrote (used to turn a preview
+/// into a stub without fetching the original).
+pub fn parse_stats(text: &str) -> Option<Stats> {
+    let start = text.find(BANNER_PREFIX)?;
+    let rest = &text[start + BANNER_PREFIX.len()..];
+    let rest = &rest[..rest.find(']')?];
+    // "N of C chars (M of L lines, KIND) omitted; ..."
+    let (_, after_of) = rest.split_once(" of ")?;
+    let (chars, after) = after_of.split_once(" chars (")?;
+    let (_, after) = after.split_once(" of ")?;
+    let (lines, after) = after.split_once(" lines, ")?;
+    let (kind, _) = after.split_once(')')?;
+    Some(Stats {
+        chars: chars.parse().ok()?,
+        lines: lines.parse().ok()?,
+        kind: static_kind(kind),
+    })
+}
+
+fn static_kind(k: &str) -> &'static str {
+    match k {
+        "json" => "json",
+        "diff" => "diff",
+        "html" => "html",
+        "log" => "log",
+        "source" => "source",
+        _ => "text",
+    }
+}
+
+/// True when `text` is (or contains) a banner or stub cairn wrote.
+pub fn is_ours(text: &str) -> bool {
+    text.contains(BANNER_PREFIX) && crate::ccr::has_marker(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_and_tail_cut_at_lines() {
+        let s = "aaaa\nbbbb\ncccc\ndddd\n";
+        assert_eq!(head(s, 12), "aaaa\nbbbb\n");
+        assert_eq!(tail(s, 12), "cccc\ndddd\n");
+        assert_eq!(head("héllo", 2), "h");
+    }
+
+    #[test]
+    fn preview_round_trips_stats() {
+        let original: String = (0..500).map(|i| format!("line {i}\n")).collect();
+        let key = Key::of(original.as_bytes());
+        let p = preview(&original, 200, 50, &key).expect("shorter");
+        assert!(p.starts_with("line 0\n"));
+        assert!(p.ends_with("line 499\n"));
+        assert!(p.contains(&key.marker()));
+        let st = parse_stats(&p).expect("parses");
+        assert_eq!(st, Stats::of(&original));
+        let w = preview_within(&original, 1000, &key).expect("fits");
+        assert!(w.len() <= 1000);
+        assert_eq!(w, preview_within(&original, 1000, &key).expect("fits"));
+    }
+
+    #[test]
+    fn kinds() {
+        assert_eq!(detect_kind("{\"a\": 1}"), "json");
+        assert_eq!(detect_kind("diff --git a/x b/x\n@@ -1 +1 @@\n"), "diff");
+        assert_eq!(
+            detect_kind("2024-01-01 INFO start\n2024-01-01 ERROR boom\n"),
+            "log"
+        );
+        assert_eq!(detect_kind("fn main() {\n    let x = 1;\n}\n"), "source");
+        assert_eq!(detect_kind("hello there"), "text");
+    }
+}
