@@ -6,6 +6,7 @@
 //! traits at the edges.
 
 pub mod ccr;
+pub mod compress;
 pub mod history;
 pub mod provider;
 

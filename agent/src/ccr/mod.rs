@@ -4,12 +4,24 @@
 //! This module holds the addressing scheme and the [`Store`] trait the compaction engine
 //! uses; the tiers (local directory, S3, layered) implement it.
 
+pub mod layered;
+pub mod local;
+pub mod recall;
+pub mod s3;
+pub mod stats;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
+
+pub use layered::LayeredStore;
+pub use local::{LimitsError, LocalLimits, LocalStore};
+pub use recall::{RecallError, Recalled, extract_keys, recall};
+pub use s3::{S3Config, S3Credentials, S3Store, S3Timeouts, SessionScope};
+pub use stats::{ArchiveCounters, ArchiveSnapshot, CompressionCounters, StoreUsage};
 
 /// Prefix of a marker; a marker is `<<ccr:` + 16 lowercase hex + `>>`.
 pub const MARKER_OPEN: &str = "<<ccr:";

@@ -1,0 +1,555 @@
+//! The local tier: one file per entry in a directory that is its own index.
+//!
+//! There is no index file to corrupt or to keep in step with the entries: a file named after a
+//! key is an entry, its length is its size and its modification time is its last access
+//! (set explicitly on every hit, because `atime` is often disabled). Writes go to a temp file
+//! that is renamed into place, so a reader — in this process or another one sharing the
+//! directory — sees a whole entry or none. Entries are bounded by total bytes (least recently
+//! used first) and by age; one entry may use at most a quarter of the store, so an insert can
+//! never evict itself and leave a dangling marker.
+
+use std::fs::{self, File, FileTimes, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use super::stats::{ArchiveCounters, StoreUsage};
+use super::{ArchiveError, Key, Store, check_archivable};
+
+/// Temp files start with this; no key does, so the sweep can never remove an entry.
+const TEMP_PREFIX: &str = ".tmp-";
+/// A temp file this old belongs to a writer that crashed (a live write takes milliseconds).
+const STALE_TEMP_AGE: Duration = Duration::from_secs(10 * 60);
+
+/// Bounds of a local tier (from `AgentSession.spec.archive.localCacheSize` and `.ttl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalLimits {
+    /// Total bytes of all entries.
+    pub max_bytes: u64,
+    /// Entries not accessed for this long are dropped.
+    pub ttl: Duration,
+}
+
+/// `archive.localCacheSize` when the session sets none (as documented on the CRD).
+pub const DEFAULT_CACHE_SIZE: &str = "256Mi";
+/// `archive.ttl` when the session sets none (as documented on the CRD).
+pub const DEFAULT_TTL: &str = "168h";
+
+/// A cache size or TTL that does not parse (the CRD's CEL rules normally catch these first).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LimitsError {
+    #[error("archive.localCacheSize {0:?} is not a quantity like 256Mi")]
+    Size(String),
+    #[error("archive.ttl {0:?} is not a duration like 168h, 30m or 1h30m")]
+    Ttl(String),
+}
+
+impl LimitsError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Size(_) => "invalid_cache_size",
+            Self::Ttl(_) => "invalid_ttl",
+        }
+    }
+}
+
+impl LocalLimits {
+    /// From `AgentSession.spec.archive.localCacheSize` and `.ttl`, defaults filled in.
+    pub fn from_spec(size: Option<&str>, ttl: Option<&str>) -> Result<Self, LimitsError> {
+        let size = size.unwrap_or(DEFAULT_CACHE_SIZE);
+        let ttl = ttl.unwrap_or(DEFAULT_TTL);
+        Ok(Self {
+            max_bytes: parse_quantity(size).ok_or_else(|| LimitsError::Size(size.to_owned()))?,
+            ttl: parse_duration(ttl).ok_or_else(|| LimitsError::Ttl(ttl.to_owned()))?,
+        })
+    }
+
+    /// The largest single entry: a quarter of the store.
+    pub fn per_entry_cap(&self) -> u64 {
+        self.max_bytes / 4
+    }
+}
+
+/// A content-addressed directory of originals.
+#[derive(Clone)]
+pub struct LocalStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    limits: LocalLimits,
+    counters: Arc<ArchiveCounters>,
+    temp_seq: AtomicU64,
+}
+
+/// What `put` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// A new entry was written.
+    Stored,
+    /// The entry was already there and intact; its recency was refreshed.
+    Deduplicated,
+}
+
+impl LocalStore {
+    /// Opens (creating if needed) the directory and sweeps temp files left by a crash.
+    pub fn open(dir: impl Into<PathBuf>, limits: LocalLimits) -> Result<Self, ArchiveError> {
+        Self::open_with_counters(dir, limits, Arc::new(ArchiveCounters::default()))
+    }
+
+    /// As [`LocalStore::open`], counting into shared counters.
+    pub fn open_with_counters(
+        dir: impl Into<PathBuf>,
+        limits: LocalLimits,
+        counters: Arc<ArchiveCounters>,
+    ) -> Result<Self, ArchiveError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir)?;
+        let store = Self {
+            inner: Arc::new(Inner {
+                dir,
+                limits,
+                counters,
+                temp_seq: AtomicU64::new(0),
+            }),
+        };
+        store.inner.sweep_stale_temps(SystemTime::now())?;
+        Ok(store)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    pub fn limits(&self) -> LocalLimits {
+        self.inner.limits
+    }
+
+    pub fn counters(&self) -> &Arc<ArchiveCounters> {
+        &self.inner.counters
+    }
+
+    /// Stores `content` under `key` (which the caller has computed with [`Key::of`]).
+    /// Content over the per-entry cap is refused with `Unavailable`.
+    pub async fn put(&self, key: Key, content: Vec<u8>) -> Result<PutOutcome, ArchiveError> {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || inner.put(key, &content)).await
+    }
+
+    /// The entry's bytes, verified against the key, refreshing its recency.
+    pub async fn get(&self, key: Key) -> Result<Option<Vec<u8>>, ArchiveError> {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || inner.get(key, SystemTime::now())).await
+    }
+
+    /// True when an intact entry exists (refreshing its recency).
+    pub async fn contains(&self, key: Key) -> Result<bool, ArchiveError> {
+        Ok(self.get(key).await?.is_some())
+    }
+
+    /// Entries, bytes and the age of the least recently used entry.
+    pub async fn usage(&self) -> Result<StoreUsage, ArchiveError> {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || inner.usage(SystemTime::now())).await
+    }
+
+    /// Drops expired entries, then least recently used ones until the byte bound holds.
+    pub async fn evict(&self) -> Result<(), ArchiveError> {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || inner.evict(None, SystemTime::now())).await
+    }
+}
+
+#[async_trait]
+impl Store for LocalStore {
+    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError> {
+        check_archivable(content)?;
+        let key = Key::of(content);
+        match self.put(key, content.to_vec()).await? {
+            PutOutcome::Stored => self.inner.counters.record_put(content.len()),
+            PutOutcome::Deduplicated => self.inner.counters.record_dedupe(),
+        }
+        Ok(key)
+    }
+
+    async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
+        let found = self.get(*key).await?;
+        self.inner.counters.record_fetch(found.as_deref());
+        Ok(found)
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ArchiveError> + Send + 'static,
+) -> Result<T, ArchiveError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ArchiveError::Unavailable(format!("local archive task failed: {e}")))?
+}
+
+/// One entry as the directory listing shows it.
+struct Entry {
+    path: PathBuf,
+    key: Key,
+    bytes: u64,
+    last_access: SystemTime,
+}
+
+impl Inner {
+    fn path_of(&self, key: Key) -> PathBuf {
+        self.dir.join(key.as_str())
+    }
+
+    fn put(&self, key: Key, content: &[u8]) -> Result<PutOutcome, ArchiveError> {
+        let cap = self.limits.per_entry_cap();
+        if content.len() as u64 > cap {
+            return Err(ArchiveError::Unavailable(format!(
+                "entry of {} bytes exceeds the local archive's per-entry cap of {cap} bytes",
+                content.len()
+            )));
+        }
+        let now = SystemTime::now();
+        if self.get(key, now)?.is_some() {
+            return Ok(PutOutcome::Deduplicated);
+        }
+        let temp = self.dir.join(format!(
+            "{TEMP_PREFIX}{key}-{}-{}",
+            std::process::id(),
+            self.temp_seq.fetch_add(1, Ordering::Relaxed)
+        ));
+        let written =
+            write_synced(&temp, content).and_then(|()| fs::rename(&temp, self.path_of(key)));
+        if let Err(e) = written {
+            let _ = fs::remove_file(&temp);
+            return Err(e.into());
+        }
+        self.evict(Some(key), now)?;
+        Ok(PutOutcome::Stored)
+    }
+
+    fn get(&self, key: Key, now: SystemTime) -> Result<Option<Vec<u8>>, ArchiveError> {
+        let path = self.path_of(key);
+        let mut file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let meta = file.metadata()?;
+        if self.expired(last_access(&meta), now) {
+            drop(file);
+            remove_if_present(&path)?;
+            return Ok(None);
+        }
+        let mut content = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        file.read_to_end(&mut content)?;
+        if Key::of(&content) != key {
+            // A damaged entry must not shadow the intact copy another tier may hold.
+            drop(file);
+            remove_if_present(&path)?;
+            return Err(ArchiveError::Corrupt(key));
+        }
+        touch(&path, now)?;
+        Ok(Some(content))
+    }
+
+    fn expired(&self, last_access: SystemTime, now: SystemTime) -> bool {
+        now.duration_since(last_access)
+            .is_ok_and(|age| age > self.limits.ttl)
+    }
+
+    fn entries(&self) -> Result<Vec<Entry>, ArchiveError> {
+        let mut out = Vec::new();
+        for dirent in fs::read_dir(&self.dir)? {
+            let dirent = dirent?;
+            let name = dirent.file_name();
+            let Some(key) = name.to_str().and_then(Key::parse) else {
+                continue;
+            };
+            let meta = match dirent.metadata() {
+                Ok(m) => m,
+                // Removed by another process between listing and stat.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if !meta.is_file() {
+                continue;
+            }
+            out.push(Entry {
+                path: dirent.path(),
+                key,
+                bytes: meta.len(),
+                last_access: last_access(&meta),
+            });
+        }
+        Ok(out)
+    }
+
+    fn evict(&self, keep: Option<Key>, now: SystemTime) -> Result<(), ArchiveError> {
+        let mut entries = self.entries()?;
+        let mut kept = Vec::with_capacity(entries.len());
+        for entry in entries.drain(..) {
+            if Some(entry.key) != keep && self.expired(entry.last_access, now) {
+                remove_if_present(&entry.path)?;
+            } else {
+                kept.push(entry);
+            }
+        }
+        let mut total: u64 = kept.iter().map(|e| e.bytes).sum();
+        if total <= self.limits.max_bytes {
+            return Ok(());
+        }
+        kept.sort_by_key(|e| e.last_access);
+        for entry in kept {
+            if total <= self.limits.max_bytes {
+                break;
+            }
+            if Some(entry.key) == keep {
+                continue;
+            }
+            remove_if_present(&entry.path)?;
+            total = total.saturating_sub(entry.bytes);
+            self.counters.record_eviction();
+        }
+        Ok(())
+    }
+
+    fn usage(&self, now: SystemTime) -> Result<StoreUsage, ArchiveError> {
+        let entries = self.entries()?;
+        let oldest = entries.iter().map(|e| e.last_access).min();
+        Ok(StoreUsage {
+            entries: entries.len() as u64,
+            bytes: entries.iter().map(|e| e.bytes).sum(),
+            oldest_age: oldest
+                .and_then(|t| now.duration_since(t).ok())
+                .unwrap_or_default(),
+        })
+    }
+
+    fn sweep_stale_temps(&self, now: SystemTime) -> Result<(), ArchiveError> {
+        for dirent in fs::read_dir(&self.dir)? {
+            let dirent = dirent?;
+            let is_temp = dirent
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(TEMP_PREFIX));
+            if !is_temp {
+                continue;
+            }
+            let Ok(meta) = dirent.metadata() else {
+                continue;
+            };
+            let stale = now
+                .duration_since(meta.modified().unwrap_or(now))
+                .is_ok_and(|age| age >= STALE_TEMP_AGE);
+            if stale {
+                remove_if_present(&dirent.path())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A Kubernetes quantity as the CRD allows it: digits and an optional `Ki`/`Mi`/`Gi`
+/// (binary) or `K`/`M`/`G` (decimal) suffix.
+fn parse_quantity(s: &str) -> Option<u64> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let n: u64 = s.get(..digits)?.parse().ok()?;
+    let unit: u64 = match &s[digits..] {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
+/// `168h`, `30m`, `1h30m`, `45s`.
+fn parse_duration(s: &str) -> Option<Duration> {
+    let mut total = 0u64;
+    let mut rest = s;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let n: u64 = rest.get(..digits)?.parse().ok()?;
+        let unit = match rest.as_bytes().get(digits)? {
+            b'h' => 3600,
+            b'm' => 60,
+            b's' => 1,
+            _ => return None,
+        };
+        total = total.checked_add(n.checked_mul(unit)?)?;
+        rest = &rest[digits + 1..];
+    }
+    Some(Duration::from_secs(total))
+}
+
+fn write_synced(path: &Path, content: &[u8]) -> io::Result<()> {
+    let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
+    file.write_all(content)?;
+    file.sync_all()
+}
+
+fn last_access(meta: &fs::Metadata) -> SystemTime {
+    meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+fn touch(path: &Path, now: SystemTime) -> io::Result<()> {
+    let file = match OpenOptions::new().write(true).open(path) {
+        Ok(f) => f,
+        // Evicted by another process just after we read it: the read itself was whole.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    file.set_times(FileTimes::new().set_accessed(now).set_modified(now))
+}
+
+fn remove_if_present(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_bytes: u64) -> LocalLimits {
+        LocalLimits {
+            max_bytes,
+            ttl: Duration::from_secs(3600),
+        }
+    }
+
+    fn set_age(path: &Path, age: Duration) {
+        let t = SystemTime::now() - age;
+        let f = OpenOptions::new().write(true).open(path).expect("open");
+        f.set_times(FileTimes::new().set_accessed(t).set_modified(t))
+            .expect("set times");
+    }
+
+    #[test]
+    fn limits_from_the_spec() {
+        let d = LocalLimits::from_spec(None, None).expect("defaults");
+        assert_eq!(d.max_bytes, 256 << 20);
+        assert_eq!(d.ttl, Duration::from_secs(168 * 3600));
+        let l = LocalLimits::from_spec(Some("1G"), Some("1h30m")).expect("parsed");
+        assert_eq!(
+            (l.max_bytes, l.ttl),
+            (1_000_000_000, Duration::from_secs(5400))
+        );
+        assert_eq!(
+            LocalLimits::from_spec(Some("12Xi"), None).map_err(|e| e.label()),
+            Err("invalid_cache_size")
+        );
+        for bad in ["", "h", "10", "10d", "1h30"] {
+            assert!(LocalLimits::from_spec(None, Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn round_trip_dedupe_and_second_instance() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = LocalStore::open(dir.path(), limits(1 << 20)).expect("open");
+        let k = a.archive(b"\x00\xffbinary").await.expect("archive");
+        assert_eq!(a.archive(b"\x00\xffbinary").await.expect("again"), k);
+        let snap = a.counters().snapshot();
+        assert_eq!((snap.puts, snap.dedupes), (1, 1));
+        let b = LocalStore::open(dir.path(), limits(1 << 20)).expect("reopen");
+        assert_eq!(
+            b.fetch(&k).await.expect("fetch").as_deref(),
+            Some(&b"\x00\xffbinary"[..])
+        );
+        let usage = b.usage().await.expect("usage");
+        assert_eq!((usage.entries, usage.bytes), (1, 8));
+    }
+
+    #[tokio::test]
+    async fn corrupt_entry_is_reported_and_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = LocalStore::open(dir.path(), limits(1 << 20)).expect("open");
+        let k = s.archive(b"original").await.expect("archive");
+        fs::write(dir.path().join(k.as_str()), b"tampered").expect("tamper");
+        assert!(matches!(s.fetch(&k).await, Err(ArchiveError::Corrupt(c)) if c == k));
+        assert_eq!(s.fetch(&k).await.expect("second read"), None);
+    }
+
+    #[tokio::test]
+    async fn lru_evicts_least_recently_used_and_never_the_new_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = LocalStore::open(dir.path(), limits(1000)).expect("open");
+        let a = s.archive(&[b'a'; 240]).await.expect("a");
+        let b = s.archive(&[b'b'; 240]).await.expect("b");
+        let c = s.archive(&[b'c'; 240]).await.expect("c");
+        set_age(&dir.path().join(a.as_str()), Duration::from_secs(30));
+        set_age(&dir.path().join(b.as_str()), Duration::from_secs(20));
+        set_age(&dir.path().join(c.as_str()), Duration::from_secs(10));
+        // Reading `a` makes it the most recent, so `b` goes first.
+        assert!(s.contains(a).await.expect("a"));
+        let d = s.archive(&[b'd'; 240]).await.expect("d");
+        let e = s.archive(&[b'e'; 240]).await.expect("e");
+        assert!(!s.contains(b).await.expect("b"));
+        for k in [a, d, e] {
+            assert!(s.contains(k).await.expect("kept"), "{k}");
+        }
+        assert!(s.usage().await.expect("usage").bytes <= 1000);
+    }
+
+    #[tokio::test]
+    async fn entry_over_a_quarter_of_the_store_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = LocalStore::open(dir.path(), limits(1000)).expect("open");
+        assert!(s.archive(&[b'x'; 250]).await.is_ok());
+        assert!(matches!(
+            s.archive(&[b'y'; 251]).await,
+            Err(ArchiveError::Unavailable(_))
+        ));
+        assert_eq!(s.usage().await.expect("usage").entries, 1);
+    }
+
+    #[tokio::test]
+    async fn ttl_expires_entries() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = LocalStore::open(
+            dir.path(),
+            LocalLimits {
+                max_bytes: 1 << 20,
+                ttl: Duration::from_secs(60),
+            },
+        )
+        .expect("open");
+        let old = s.archive(b"old").await.expect("old");
+        let fresh = s.archive(b"fresh").await.expect("fresh");
+        set_age(&dir.path().join(old.as_str()), Duration::from_secs(120));
+        assert_eq!(s.fetch(&old).await.expect("old"), None);
+        assert!(s.contains(fresh).await.expect("fresh"));
+    }
+
+    #[tokio::test]
+    async fn stale_temp_files_are_swept_on_open_but_fresh_ones_stay() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stale = dir.path().join(".tmp-0123456789abcdef-1-0");
+        let fresh = dir.path().join(".tmp-0123456789abcdef-2-0");
+        fs::write(&stale, b"half").expect("stale");
+        fs::write(&fresh, b"half").expect("fresh");
+        set_age(&stale, STALE_TEMP_AGE + Duration::from_secs(1));
+        let s = LocalStore::open(dir.path(), limits(1 << 20)).expect("open");
+        assert!(!stale.exists());
+        assert!(
+            fresh.exists(),
+            "a concurrent writer's temp file is left alone"
+        );
+        assert_eq!(s.usage().await.expect("usage").entries, 0);
+    }
+}

@@ -1,0 +1,515 @@
+//! The durable tier: S3 or any S3-compatible store (MinIO, Garage, Ceph, moto).
+//!
+//! One session's originals live under `<prefix>/<namespace>/<session>/ccr/<key>`; the journal
+//! shares the session's root (`.../journal/`). Every request is bounded: a connect timeout, a
+//! per-attempt timeout and an overall operation timeout, with a few retries backing off in
+//! between, so an unreachable or stalled store makes `archive` fail within a known time instead
+//! of hanging a turn.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::retry::RetryConfig;
+use aws_sdk_s3::config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::{
+    BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+};
+use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+
+use super::stats::ArchiveCounters;
+use super::{ArchiveError, Key, Store, check_archivable};
+
+/// Where one session's objects live inside a bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionScope {
+    prefix: String,
+    namespace: String,
+    session: String,
+}
+
+/// A scope component that would let one session's objects leak into another's.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ScopeError {
+    #[error("archive prefix {0:?} must be relative, without '..', empty segments or spaces")]
+    Prefix(String),
+    #[error("{what} {value:?} is not a valid Kubernetes object name")]
+    Name { what: &'static str, value: String },
+}
+
+impl ScopeError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Prefix(_) => "invalid_prefix",
+            Self::Name { .. } => "invalid_name",
+        }
+    }
+}
+
+impl SessionScope {
+    /// Validates every component: a namespace or session name can never climb out of its
+    /// directory or reach into a sibling's (`a/b` + `c` vs `a` + `b/c`).
+    pub fn new(prefix: &str, namespace: &str, session: &str) -> Result<Self, ScopeError> {
+        let prefix = prefix.trim_end_matches('/');
+        let prefix_ok = prefix.is_empty()
+            || (prefix.len() <= 512
+                && prefix.split('/').all(|seg| {
+                    !seg.is_empty()
+                        && seg != "."
+                        && seg != ".."
+                        && seg.chars().all(|c| c.is_ascii_graphic())
+                }));
+        if !prefix_ok {
+            return Err(ScopeError::Prefix(prefix.to_owned()));
+        }
+        for (what, value) in [("namespace", namespace), ("session", session)] {
+            if !is_object_name(value) {
+                return Err(ScopeError::Name {
+                    what,
+                    value: value.to_owned(),
+                });
+            }
+        }
+        Ok(Self {
+            prefix: prefix.to_owned(),
+            namespace: namespace.to_owned(),
+            session: session.to_owned(),
+        })
+    }
+
+    /// `<prefix>/<namespace>/<session>/`: everything the session owns (archive and journal).
+    pub fn root(&self) -> String {
+        if self.prefix.is_empty() {
+            format!("{}/{}/", self.namespace, self.session)
+        } else {
+            format!("{}/{}/{}/", self.prefix, self.namespace, self.session)
+        }
+    }
+
+    /// `<root>ccr/`.
+    pub fn ccr_prefix(&self) -> String {
+        format!("{}ccr/", self.root())
+    }
+
+    /// `<root>journal/`.
+    pub fn journal_prefix(&self) -> String {
+        format!("{}journal/", self.root())
+    }
+
+    /// The object name of an archived original. Only a validated [`Key`] reaches here.
+    pub fn object_key(&self, key: &Key) -> String {
+        format!("{}{}", self.ccr_prefix(), key.as_str())
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+}
+
+fn is_object_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 253
+        && b.iter()
+            .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && !s.contains("..")
+}
+
+/// A static access key pair.
+#[derive(Clone, PartialEq, Eq)]
+pub struct S3Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl fmt::Debug for S3Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Why an S3 tier could not be configured.
+#[derive(Debug, thiserror::Error)]
+pub enum S3ConfigError {
+    #[error("S3 credentials: {0} is not set")]
+    MissingVariable(&'static str),
+    #[error("S3 credentials: cannot read {path}: {source}")]
+    SecretFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("S3 credentials: {0} is empty")]
+    Empty(String),
+    #[error("S3 endpoint {0:?} must be an http:// or https:// URL")]
+    Endpoint(String),
+    #[error(transparent)]
+    Scope(#[from] ScopeError),
+}
+
+impl S3ConfigError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::MissingVariable(_) => "missing_variable",
+            Self::SecretFile { .. } => "secret_file",
+            Self::Empty(_) => "empty_credential",
+            Self::Endpoint(_) => "invalid_endpoint",
+            Self::Scope(e) => e.label(),
+        }
+    }
+}
+
+impl S3Credentials {
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and optionally `AWS_SESSION_TOKEN`.
+    pub fn from_env() -> Result<Self, S3ConfigError> {
+        let var = |name: &'static str| {
+            std::env::var(name)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .ok_or(S3ConfigError::MissingVariable(name))
+        };
+        Ok(Self {
+            access_key_id: var("AWS_ACCESS_KEY_ID")?,
+            secret_access_key: var("AWS_SECRET_ACCESS_KEY")?,
+            session_token: var("AWS_SESSION_TOKEN").ok(),
+        })
+    }
+
+    /// A mounted Secret: one file per key, named as in the Secret (`AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY` by default). Trailing newlines are ignored.
+    pub fn from_dir(
+        dir: &Path,
+        access_key_id_file: &str,
+        secret_access_key_file: &str,
+    ) -> Result<Self, S3ConfigError> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            let value =
+                std::fs::read_to_string(&path).map_err(|source| S3ConfigError::SecretFile {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            let value = value.trim_end_matches(['\r', '\n']).to_owned();
+            if value.is_empty() {
+                return Err(S3ConfigError::Empty(path.display().to_string()));
+            }
+            Ok(value)
+        };
+        Ok(Self {
+            access_key_id: read(access_key_id_file)?,
+            secret_access_key: read(secret_access_key_file)?,
+            session_token: None,
+        })
+    }
+}
+
+/// How long a request may take. Generous enough for multi-megabyte originals inside a
+/// cluster, short enough that a dead store turns a lossy step into a no-op within seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct S3Timeouts {
+    pub connect: Duration,
+    /// One attempt (request sent to response read).
+    pub attempt: Duration,
+    /// All attempts and the backoff between them.
+    pub operation: Duration,
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+}
+
+impl Default for S3Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(3),
+            attempt: Duration::from_secs(10),
+            operation: Duration::from_secs(30),
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Connection settings of the durable tier.
+#[derive(Clone, Debug)]
+pub struct S3Config {
+    pub bucket: String,
+    /// Endpoint override (self-hosted stores); `None` is AWS.
+    pub endpoint: Option<String>,
+    pub region: String,
+    /// `endpoint/bucket/key` addressing, which most self-hosted stores need.
+    pub force_path_style: bool,
+    pub credentials: S3Credentials,
+    pub timeouts: S3Timeouts,
+}
+
+impl S3Config {
+    /// An SDK client for these settings (rustls with ring; no ambient credential chain).
+    pub fn client(&self) -> Result<Client, S3ConfigError> {
+        if let Some(endpoint) = &self.endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            return Err(S3ConfigError::Endpoint(endpoint.clone()));
+        }
+        let t = &self.timeouts;
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+            .build_https();
+        let creds = Credentials::new(
+            &self.credentials.access_key_id,
+            &self.credentials.secret_access_key,
+            self.credentials.session_token.clone(),
+            None,
+            "cairn-static",
+        );
+        let mut builder = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .http_client(http)
+            .region(Region::new(self.region.clone()))
+            .credentials_provider(creds)
+            .force_path_style(self.force_path_style)
+            // Flexible checksums are not implemented by every S3-compatible store.
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .retry_config(
+                RetryConfig::standard()
+                    .with_max_attempts(t.max_attempts.max(1))
+                    .with_initial_backoff(t.initial_backoff),
+            )
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(t.connect)
+                    .operation_attempt_timeout(t.attempt)
+                    .operation_timeout(t.operation)
+                    .build(),
+            );
+        if let Some(endpoint) = &self.endpoint {
+            builder = builder.endpoint_url(endpoint);
+        }
+        Ok(Client::from_conf(builder.build()))
+    }
+}
+
+/// One session's originals in S3.
+#[derive(Clone)]
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+    scope: SessionScope,
+    counters: Arc<ArchiveCounters>,
+}
+
+impl S3Store {
+    pub fn new(config: &S3Config, scope: SessionScope) -> Result<Self, S3ConfigError> {
+        Ok(Self::with_client(config.client()?, &config.bucket, scope))
+    }
+
+    pub fn with_client(client: Client, bucket: &str, scope: SessionScope) -> Self {
+        Self {
+            client,
+            bucket: bucket.to_owned(),
+            scope,
+            counters: Arc::new(ArchiveCounters::default()),
+        }
+    }
+
+    pub fn with_counters(mut self, counters: Arc<ArchiveCounters>) -> Self {
+        self.counters = counters;
+        self
+    }
+
+    pub fn scope(&self) -> &SessionScope {
+        &self.scope
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// Stores `content` under `key` (computed by the caller with [`Key::of`]) and returns once
+    /// the store has acknowledged it.
+    pub async fn put(&self, key: &Key, content: &[u8]) -> Result<(), ArchiveError> {
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.scope.object_key(key))
+            .content_type("application/octet-stream")
+            .body(ByteStream::from(content.to_vec()))
+            .send()
+            .await
+            .map_err(|e| unavailable("put", &e))?;
+        Ok(())
+    }
+
+    /// The object's bytes, verified against the key; `None` when this session has no such key.
+    pub async fn get(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
+        let out = match self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.scope.object_key(key))
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(unavailable("get", &e)),
+        };
+        let bytes = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| ArchiveError::Unavailable(format!("S3 get: reading body: {e}")))?
+            .into_bytes()
+            .to_vec();
+        if Key::of(&bytes) != *key {
+            return Err(ArchiveError::Corrupt(*key));
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Deletes everything under the session's root (archive and journal): the operator's
+    /// finalizer when `retainOnDelete` is false. Returns the number of objects deleted.
+    pub async fn delete_session_prefix(&self) -> Result<u64, ArchiveError> {
+        delete_prefix(&self.client, &self.bucket, &self.scope.root()).await
+    }
+}
+
+/// Deletes every object under `prefix`. Objects are deleted one by one because several
+/// S3-compatible stores reject or mishandle batch deletes.
+pub async fn delete_prefix(
+    client: &Client,
+    bucket: &str,
+    prefix: &str,
+) -> Result<u64, ArchiveError> {
+    let mut deleted = 0;
+    let mut token: Option<String> = None;
+    loop {
+        let page = client
+            .list_objects_v2()
+            .bucket(bucket)
+            .prefix(prefix)
+            .set_continuation_token(token.take())
+            .send()
+            .await
+            .map_err(|e| unavailable("list", &e))?;
+        for object in page.contents() {
+            let Some(name) = object.key() else { continue };
+            client
+                .delete_object()
+                .bucket(bucket)
+                .key(name)
+                .send()
+                .await
+                .map_err(|e| unavailable("delete", &e))?;
+            deleted += 1;
+        }
+        match page.next_continuation_token() {
+            Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
+            _ => return Ok(deleted),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for S3Store {
+    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError> {
+        check_archivable(content)?;
+        let key = Key::of(content);
+        if let Err(e) = self.put(&key, content).await {
+            self.counters.record_failure();
+            return Err(e);
+        }
+        self.counters.record_put(content.len());
+        Ok(key)
+    }
+
+    async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
+        let found = self.get(key).await?;
+        self.counters.record_fetch(found.as_deref());
+        Ok(found)
+    }
+}
+
+fn is_not_found<E, R>(e: &SdkError<E, R>) -> bool
+where
+    E: aws_sdk_s3::error::ProvideErrorMetadata,
+{
+    match e {
+        SdkError::ServiceError(service) => {
+            matches!(service.err().code(), Some("NoSuchKey" | "NotFound"))
+        }
+        _ => false,
+    }
+}
+
+fn unavailable<E, R>(op: &str, e: &SdkError<E, R>) -> ArchiveError
+where
+    E: std::error::Error + 'static,
+    R: fmt::Debug,
+{
+    ArchiveError::Unavailable(format!("S3 {op}: {}", DisplayErrorContext(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_prefix_namespace_session_ccr_key() {
+        let scope = SessionScope::new("cairn/", "team-a", "s1").expect("scope");
+        let key = Key::of(b"x");
+        assert_eq!(scope.root(), "cairn/team-a/s1/");
+        assert_eq!(scope.object_key(&key), format!("cairn/team-a/s1/ccr/{key}"));
+        assert_eq!(scope.journal_prefix(), "cairn/team-a/s1/journal/");
+        let bare = SessionScope::new("", "ns", "s").expect("scope");
+        assert_eq!(bare.ccr_prefix(), "ns/s/ccr/");
+    }
+
+    #[test]
+    fn scope_components_cannot_escape() {
+        for (p, n, s) in [
+            ("/abs", "ns", "s"),
+            ("a/../b", "ns", "s"),
+            ("a//b", "ns", "s"),
+            ("a b", "ns", "s"),
+            ("p", "a/b", "s"),
+            ("p", "ns", "../s"),
+            ("p", "ns", ""),
+            ("p", "NS", "s"),
+            ("p", "ns", "s."),
+        ] {
+            assert!(SessionScope::new(p, n, s).is_err(), "{p:?} {n:?} {s:?}");
+        }
+    }
+
+    #[test]
+    fn credentials_from_a_mounted_secret() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("AWS_ACCESS_KEY_ID"), "AKID\n").expect("write");
+        std::fs::write(dir.path().join("AWS_SECRET_ACCESS_KEY"), "s3cr3t").expect("write");
+        let c = S3Credentials::from_dir(dir.path(), "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+            .expect("creds");
+        assert_eq!(c.access_key_id, "AKID");
+        assert_eq!(c.secret_access_key, "s3cr3t");
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        let missing = S3Credentials::from_dir(dir.path(), "AWS_ACCESS_KEY_ID", "nope");
+        assert_eq!(missing.map_err(|e| e.label()).err(), Some("secret_file"));
+    }
+}

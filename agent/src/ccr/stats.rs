@@ -1,0 +1,195 @@
+//! Counters of the archive and of content-aware compression, for `/metrics` and
+//! `status.session.archive`. Lock-free on the hot path; a snapshot is plain data.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Archive traffic of one session.
+#[derive(Default, Debug)]
+pub struct ArchiveCounters {
+    puts: AtomicU64,
+    dedupes: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    evictions: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// A point-in-time copy of [`ArchiveCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveSnapshot {
+    /// New originals stored.
+    pub puts: u64,
+    /// Archives of content that was already stored.
+    pub dedupes: u64,
+    /// Fetches that found their key.
+    pub hits: u64,
+    /// Fetches of keys this session's archive does not hold.
+    pub misses: u64,
+    /// Bytes of new originals stored.
+    pub bytes_in: u64,
+    /// Bytes returned by fetches.
+    pub bytes_out: u64,
+    /// Local entries dropped to honour the byte bound.
+    pub evictions: u64,
+    /// Archives refused because the durable tier was unreachable.
+    pub failures: u64,
+}
+
+impl ArchiveCounters {
+    pub fn record_put(&self, bytes: usize) {
+        self.puts.fetch_add(1, Ordering::Relaxed);
+        self.bytes_in.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_dedupe(&self) {
+        self.dedupes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn record_fetch(&self, found: Option<&[u8]>) {
+        match found {
+            Some(bytes) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.bytes_out
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn record_eviction(&self) {
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn record_failure(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> ArchiveSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ArchiveSnapshot {
+            puts: get(&self.puts),
+            dedupes: get(&self.dedupes),
+            hits: get(&self.hits),
+            misses: get(&self.misses),
+            bytes_in: get(&self.bytes_in),
+            bytes_out: get(&self.bytes_out),
+            evictions: get(&self.evictions),
+            failures: get(&self.failures),
+        }
+    }
+}
+
+impl ArchiveSnapshot {
+    /// What `status.session.archive` reports: objects and bytes this session archived.
+    pub fn session_stats(&self) -> cairn_crds::session::ArchiveStats {
+        cairn_crds::session::ArchiveStats {
+            objects: self.puts,
+            bytes: self.bytes_in,
+        }
+    }
+}
+
+/// Occupancy of a store tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreUsage {
+    pub entries: u64,
+    pub bytes: u64,
+    /// Time since the least recently used entry was last accessed.
+    #[serde(with = "seconds")]
+    pub oldest_age: Duration,
+}
+
+mod seconds {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_secs())
+    }
+}
+
+/// Compression outcomes per strategy (`log`, `search`, `diff`, `json`, `code`, `prose`).
+#[derive(Default, Debug)]
+pub struct CompressionCounters {
+    by_strategy: Mutex<BTreeMap<&'static str, StrategySnapshot>>,
+}
+
+/// Totals of one strategy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StrategySnapshot {
+    /// Inputs that came out smaller (original archived).
+    pub compressed: u64,
+    /// Inputs left byte-identical (below threshold, not smaller, mode, archive down).
+    pub unchanged: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+impl CompressionCounters {
+    pub fn record(&self, strategy: &'static str, bytes_in: usize, bytes_out: Option<usize>) {
+        let Ok(mut map) = self.by_strategy.lock() else {
+            return;
+        };
+        let s = map.entry(strategy).or_default();
+        s.bytes_in += bytes_in as u64;
+        match bytes_out {
+            Some(out) => {
+                s.compressed += 1;
+                s.bytes_out += out as u64;
+            }
+            None => {
+                s.unchanged += 1;
+                s.bytes_out += bytes_in as u64;
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<&'static str, StrategySnapshot> {
+        self.by_strategy
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_counts_and_session_stats() {
+        let c = ArchiveCounters::default();
+        c.record_put(10);
+        c.record_put(5);
+        c.record_dedupe();
+        c.record_fetch(Some(b"abc"));
+        c.record_fetch(None);
+        let s = c.snapshot();
+        assert_eq!((s.puts, s.dedupes, s.hits, s.misses), (2, 1, 1, 1));
+        assert_eq!((s.bytes_in, s.bytes_out), (15, 3));
+        assert_eq!(s.session_stats().objects, 2);
+        assert_eq!(s.session_stats().bytes, 15);
+    }
+
+    #[test]
+    fn compression_counts_per_strategy() {
+        let c = CompressionCounters::default();
+        c.record("log", 100, Some(40));
+        c.record("log", 50, None);
+        let s = c.snapshot();
+        let log = s.get("log").copied().unwrap_or_default();
+        assert_eq!((log.compressed, log.unchanged), (1, 1));
+        assert_eq!((log.bytes_in, log.bytes_out), (150, 90));
+    }
+}

@@ -1,0 +1,129 @@
+//! Build, test and command logs: keep the start, the end, every error or failure line with
+//! the stack trace or compiler notes that follow it, and collapse runs of identical lines.
+//! Everything else — progress, passing tests, download chatter — becomes one note per run.
+
+use super::lines::{self, contains_ci};
+use super::profile::Limits;
+
+/// Words that make a line one the reader must see.
+const ERROR_WORDS: [&str; 14] = [
+    "error",
+    "fail",
+    "panic",
+    "exception",
+    "fatal",
+    "traceback",
+    "segmentation fault",
+    "assertion",
+    "critical",
+    "denied",
+    "refused",
+    "aborted",
+    "timed out",
+    "killed",
+];
+
+/// True for a line the log compressor never drops.
+pub fn is_error_line(line: &str) -> bool {
+    ERROR_WORDS.iter().any(|w| contains_ci(line, w))
+}
+
+fn is_warning_line(line: &str) -> bool {
+    contains_ci(line, "warn")
+}
+
+/// A line that continues a trace: stack frames, `Caused by`, rustc's `-->`/`|` gutter, Python's
+/// `File "..."`, indented detail.
+fn is_trace_line(line: &str) -> bool {
+    let t = lines::content(line);
+    let trimmed = t.trim_start();
+    !trimmed.is_empty()
+        && (t.starts_with([' ', '\t'])
+            || trimmed.starts_with("at ")
+            || trimmed.starts_with("Caused by")
+            || trimmed.starts_with("File \"")
+            || trimmed.starts_with("-->")
+            || trimmed.starts_with('|')
+            || trimmed.starts_with("= ")
+            || trimmed.starts_with("note:")
+            || trimmed.starts_with("help:")
+            || trimmed.starts_with("...")
+            || trimmed
+                .split_once(':')
+                .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit())))
+}
+
+pub fn compress(text: &str, limits: &Limits, marker: &str) -> Option<String> {
+    let all = lines::split(text);
+    let mut keep = vec![false; all.len()];
+    lines::keep_ends(&mut keep, limits.head_lines, limits.tail_lines);
+    let mut i = 0;
+    while i < all.len() {
+        let important = is_error_line(all[i]) || (limits.keep_warnings && is_warning_line(all[i]));
+        if !important {
+            i += 1;
+            continue;
+        }
+        keep[i] = true;
+        let mut j = i + 1;
+        while j < all.len() && j - i <= limits.error_context && is_trace_line(all[j]) {
+            keep[j] = true;
+            j += 1;
+        }
+        i = j.max(i + 1);
+    }
+    // A run of identical lines keeps only its first; the first of a run of error lines is an
+    // error line itself, so every error text stays present.
+    for i in 1..all.len() {
+        if lines::content(all[i]) == lines::content(all[i - 1]) {
+            keep[i] = false;
+        }
+    }
+    lines::emit(&all, &keep, marker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_crds::policy::CompressionProfile;
+
+    const M: &str = "<<ccr:0123456789abcdef>>";
+
+    #[test]
+    fn keeps_errors_and_their_traces_drops_noise() {
+        let mut log = String::new();
+        for i in 0..500 {
+            log.push_str(&format!("   Compiling crate{i} v0.1.0\n"));
+            if i == 250 {
+                log.push_str("thread 'main' panicked at src/lib.rs:10:5:\n");
+                log.push_str("    0: std::panicking::begin_panic\n");
+                log.push_str("    1: app::run\n");
+                log.push_str("error[E0308]: mismatched types\n");
+                log.push_str("  --> src/main.rs:4:5\n");
+            }
+        }
+        log.push_str("test result: FAILED. 3 passed; 1 failed\n");
+        let out = compress(&log, &Limits::of(CompressionProfile::Default), M).expect("dropped");
+        for line in [
+            "thread 'main' panicked at src/lib.rs:10:5:",
+            "    0: std::panicking::begin_panic",
+            "    1: app::run",
+            "error[E0308]: mismatched types",
+            "  --> src/main.rs:4:5",
+            "test result: FAILED. 3 passed; 1 failed",
+        ] {
+            assert!(out.contains(line), "{line}");
+        }
+        assert!(!out.contains("crate200 "));
+        assert!(out.contains(M));
+        assert!(out.len() < log.len() / 5);
+    }
+
+    #[test]
+    fn identical_error_lines_collapse_but_stay_present() {
+        let log = "start\n".to_owned() + &"ERROR retrying\n".repeat(400) + "end\n";
+        let out = compress(&log, &Limits::of(CompressionProfile::Aggressive), M).expect("dropped");
+        assert!(out.contains("ERROR retrying\n"));
+        assert!(out.len() < 400);
+    }
+}
