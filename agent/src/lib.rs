@@ -5,6 +5,7 @@
 //! data; I/O (providers, the archive store, the journal, the Kubernetes API) sits behind
 //! traits at the edges.
 
+pub mod catalog;
 pub mod ccr;
 pub mod compress;
 pub mod history;

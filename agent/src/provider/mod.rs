@@ -9,6 +9,36 @@ use serde::{Deserialize, Serialize};
 
 use crate::history::{Message, ToolCall};
 
+mod anthropic;
+mod bedrock;
+mod config;
+mod gemini;
+mod http;
+mod openai;
+mod responses;
+pub mod retry;
+pub mod sigv4;
+pub mod sse;
+
+pub use anthropic::Anthropic;
+pub use bedrock::{AwsCredentials, Bedrock, BedrockAuth};
+pub use config::{BuildError, ClientOptions, Credentials, Secret, build, default_base_url};
+pub use gemini::Gemini;
+pub use openai::OpenAiChat;
+pub use responses::OpenAiResponses;
+pub use retry::RetryPolicy;
+
+/// Response decoders exposed for fuzzing and tests: each takes raw bytes as a provider would
+/// send them and never panics.
+pub mod decode {
+    pub use super::anthropic::{decode_response as anthropic, decode_stream as anthropic_stream};
+    pub use super::bedrock::decode_response as bedrock;
+    pub use super::gemini::{decode_response as gemini, decode_stream as gemini_stream};
+    pub use super::http::DecodeError;
+    pub use super::openai::{decode_response as openai, decode_stream as openai_stream};
+    pub use super::responses::{decode_response as responses, decode_stream as responses_stream};
+}
+
 /// A tool offered to the model.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ToolSpec {
@@ -135,11 +165,42 @@ impl ProviderError {
         }
     }
 
+    /// The body is an HTML page (a proxy's or WAF's), not the provider's JSON.
+    pub fn is_html(&self) -> bool {
+        self.content_type
+            .as_deref()
+            .is_some_and(|c| c.to_ascii_lowercase().contains("html"))
+            || http::looks_like_html(self.body.as_bytes())
+    }
+
+    /// Short stable label for metrics: what kind of failure this was, before classification.
+    pub fn label(&self) -> &'static str {
+        match (self.status, &self.transport) {
+            (Some(200..=299), Some(_)) => "bad_response",
+            (Some(_), _) if self.is_html() => "http_html",
+            (Some(429), _) => "http_429",
+            (Some(400..=499), _) => "http_4xx",
+            (Some(_), _) => "http_5xx",
+            (None, _) => "transport",
+        }
+    }
+
     fn summary(&self) -> String {
         const MAX: usize = 300;
         let body: String = self.body.chars().take(MAX).collect();
         match (self.status, &self.transport) {
-            (Some(s), _) => format!(
+            (Some(s), Some(t)) => format!(
+                "{} answered HTTP {s} to a {}-byte request but the reply was unusable: {t}",
+                self.provider, self.request_bytes
+            ),
+            (Some(s), None) if self.is_html() => format!(
+                "{} answered HTTP {s} to a {}-byte request with an HTML page ({}), not the \
+                 provider's JSON; a proxy or firewall on the path probably answered: {body}",
+                self.provider,
+                self.request_bytes,
+                self.content_type.as_deref().unwrap_or("no content type"),
+            ),
+            (Some(s), None) => format!(
                 "{} answered HTTP {s} to a {}-byte request: {body}",
                 self.provider, self.request_bytes
             ),
@@ -163,5 +224,7 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> &str;
 
     /// Sends one request and returns the complete reply (a streamed reply is assembled).
+    /// Dropping the future cancels the request; so does the `cancel` token of
+    /// [`ClientOptions`].
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError>;
 }

@@ -1,0 +1,471 @@
+//! Anthropic Messages API (`POST /v1/messages`), plain and streamed (content blocks: text,
+//! tool_use with `input_json_delta`, thinking).
+
+use async_trait::async_trait;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::config::{BuildError, ClientOptions, Secret};
+use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
+use super::sse::SseEvent;
+use super::{ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage};
+use crate::history::{Message, Role, ToolCall};
+
+const API_VERSION: &str = "2023-06-01";
+
+pub struct Anthropic {
+    url: String,
+    key: Secret,
+    http: HttpClient,
+}
+
+impl std::fmt::Debug for Anthropic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Anthropic")
+            .field("url", &self.url)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Anthropic {
+    /// `base` is the API root (`https://api.anthropic.com`); a trailing `/v1` is accepted.
+    pub fn new(
+        base: impl Into<String>,
+        key: Secret,
+        options: ClientOptions,
+    ) -> Result<Self, BuildError> {
+        let base = base.into();
+        let base = base.trim_end_matches('/');
+        let base = base.strip_suffix("/v1").unwrap_or(base);
+        Ok(Self {
+            url: format!("{base}/v1/messages"),
+            key,
+            http: HttpClient::new("anthropic", options)?,
+        })
+    }
+
+    /// The exact JSON body sent for `request`.
+    pub fn body(request: &ChatRequest) -> Value {
+        let system: Vec<&str> = request
+            .messages
+            .iter()
+            .filter(|m| m.is_system())
+            .map(|m| m.content.as_str())
+            .collect();
+        let mut body = json!({
+            "model": request.model,
+            "max_tokens": request.max_output_tokens,
+            "messages": wire_messages(&request.messages),
+        });
+        if !system.is_empty() {
+            body["system"] = json!(system.join("\n\n"));
+        }
+        if !request.tools.is_empty() {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({"name": t.name, "description": t.description,
+                           "input_schema": t.parameters})
+                })
+                .collect();
+        }
+        if request.stream {
+            body["stream"] = json!(true);
+        }
+        body
+    }
+}
+
+/// Tool arguments as a JSON object; text that is not one is wrapped so the call still
+/// round-trips (the API requires an object).
+pub(crate) fn arguments_object(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => v,
+        _ if arguments.trim().is_empty() => json!({}),
+        _ => json!({"arguments": arguments}),
+    }
+}
+
+/// Messages alternate user/assistant; tool results travel as user content blocks, and
+/// consecutive messages of one role merge into one.
+fn wire_messages(messages: &[Message]) -> Vec<Value> {
+    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for m in messages {
+        let (role, blocks) = match m.role {
+            Role::System => continue,
+            Role::User => {
+                let mut blocks: Vec<Value> = m
+                    .images
+                    .iter()
+                    .map(|i| {
+                        json!({"type": "image", "source": {
+                            "type": "base64", "media_type": i.media_type, "data": i.data}})
+                    })
+                    .collect();
+                if !m.content.is_empty() {
+                    blocks.push(json!({"type": "text", "text": m.content}));
+                }
+                ("user", blocks)
+            }
+            Role::Assistant => {
+                let mut blocks = Vec::new();
+                if !m.content.is_empty() {
+                    blocks.push(json!({"type": "text", "text": m.content}));
+                }
+                blocks.extend(m.tool_calls.iter().map(|c| {
+                    json!({"type": "tool_use", "id": c.id, "name": c.name,
+                           "input": arguments_object(&c.arguments)})
+                }));
+                ("assistant", blocks)
+            }
+            Role::Tool => (
+                "user",
+                vec![json!({"type": "tool_result",
+                    "tool_use_id": m.tool_call_id.as_deref().unwrap_or_default(),
+                    "content": m.content})],
+            ),
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match out.last_mut() {
+            Some((r, b)) if *r == role => b.extend(blocks),
+            _ => out.push((role, blocks)),
+        }
+    }
+    out.into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect()
+}
+
+#[async_trait]
+impl Provider for Anthropic {
+    fn name(&self) -> &str {
+        "anthropic"
+    }
+
+    async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
+        let body = serde_json::to_vec(&Self::body(request))
+            .map_err(|e| ProviderError::transport("anthropic", e.to_string(), 0))?;
+        let key = self.key.clone();
+        let headers = move |_: &[u8]| -> Result<HeaderMap, String> {
+            let mut h = HeaderMap::new();
+            let mut v = HeaderValue::from_str(key.expose())
+                .map_err(|_| "the API key contains characters not allowed in a header")?;
+            v.set_sensitive(true);
+            h.insert(HeaderName::from_static("x-api-key"), v);
+            h.insert(
+                HeaderName::from_static("anthropic-version"),
+                HeaderValue::from_static(API_VERSION),
+            );
+            Ok(h)
+        };
+        let headers: HeaderFn<'_> = &headers;
+        if request.stream {
+            self.http
+                .post_sse(&self.url, headers, body, MessageStream::default())
+                .await
+        } else {
+            self.http
+                .post_json(&self.url, headers, body, decode_reply)
+                .await
+        }
+    }
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct WireReply {
+    content: Option<Vec<Value>>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+fn stop_reason(s: &str) -> StopReason {
+    match s {
+        "end_turn" | "stop_sequence" => StopReason::End,
+        "tool_use" => StopReason::ToolUse,
+        "max_tokens" => StopReason::MaxTokens,
+        _ => StopReason::Other,
+    }
+}
+
+fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+fn decode_reply(bytes: &[u8]) -> Result<Reply, DecodeError> {
+    let raw: Value = parse_json("message", bytes)?;
+    if str_field(&raw, "type") == Some("error") {
+        return Err(DecodeError::Provider(raw.to_string()));
+    }
+    let r: WireReply = serde_json::from_value(raw).map_err(|e| DecodeError::json("message", e))?;
+    let mut reply = Reply {
+        stop: r.stop_reason.as_deref().map(stop_reason),
+        ..Reply::default()
+    };
+    for block in r.content.ok_or(DecodeError::Missing("content"))? {
+        match str_field(&block, "type") {
+            Some("text") => reply
+                .text
+                .push_str(str_field(&block, "text").unwrap_or_default()),
+            Some("thinking") => reply
+                .reasoning
+                .push_str(str_field(&block, "thinking").unwrap_or_default()),
+            Some("tool_use") => reply.calls.push(ToolCall {
+                id: str_field(&block, "id")
+                    .ok_or(DecodeError::Missing("tool_use.id"))?
+                    .to_string(),
+                name: str_field(&block, "name")
+                    .ok_or(DecodeError::Missing("tool_use.name"))?
+                    .to_string(),
+                arguments: block.get("input").map_or("{}".into(), Value::to_string),
+            }),
+            _ => {}
+        }
+    }
+    if let Some(u) = r.usage {
+        reply.usage = usage(u, Usage::default());
+    }
+    Ok(reply)
+}
+
+fn usage(u: WireUsage, prev: Usage) -> Usage {
+    Usage {
+        input_tokens: u.input_tokens.unwrap_or(prev.input_tokens),
+        output_tokens: u.output_tokens.unwrap_or(prev.output_tokens),
+        cache_read_tokens: u.cache_read_input_tokens.unwrap_or(prev.cache_read_tokens),
+    }
+}
+
+/// Decodes a non-streamed Messages body.
+pub fn decode_response(bytes: &[u8]) -> Result<ChatResponse, DecodeError> {
+    decode_reply(bytes).map(|r| r.into_response(0))
+}
+
+/// Decodes a complete Messages event stream.
+pub fn decode_stream(bytes: &[u8]) -> Result<ChatResponse, DecodeError> {
+    super::http::decode_sse_bytes(bytes, MessageStream::default()).map(|r| r.into_response(0))
+}
+
+enum Block {
+    Text,
+    Thinking,
+    Tool {
+        id: String,
+        name: String,
+        json: String,
+    },
+    Other,
+}
+
+#[derive(Default)]
+struct MessageStream {
+    reply: Reply,
+    blocks: Vec<(usize, Block)>,
+    stopped: bool,
+}
+
+impl MessageStream {
+    fn block(&mut self, index: usize) -> Option<&mut Block> {
+        self.blocks
+            .iter_mut()
+            .find(|(i, _)| *i == index)
+            .map(|(_, b)| b)
+    }
+}
+
+impl StreamState for MessageStream {
+    fn on_event(&mut self, ev: &SseEvent) -> Result<bool, DecodeError> {
+        let v: Value = parse_json("stream event", ev.data.as_bytes())?;
+        let kind = str_field(&v, "type").or(ev.event.as_deref()).unwrap_or("");
+        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+        match kind {
+            "message_start" => {
+                if let Some(u) = v.pointer("/message/usage") {
+                    let u: WireUsage = serde_json::from_value(u.clone()).unwrap_or_default();
+                    self.reply.usage = usage(u, self.reply.usage);
+                }
+            }
+            "content_block_start" => {
+                let b = v.get("content_block").cloned().unwrap_or(Value::Null);
+                let block = match str_field(&b, "type") {
+                    Some("text") => {
+                        self.reply
+                            .text
+                            .push_str(str_field(&b, "text").unwrap_or_default());
+                        Block::Text
+                    }
+                    Some("thinking") => Block::Thinking,
+                    Some("tool_use") => Block::Tool {
+                        id: str_field(&b, "id").unwrap_or_default().to_string(),
+                        name: str_field(&b, "name").unwrap_or_default().to_string(),
+                        json: String::new(),
+                    },
+                    _ => Block::Other,
+                };
+                self.blocks.push((index, block));
+            }
+            "content_block_delta" => {
+                let d = v.get("delta").cloned().unwrap_or(Value::Null);
+                let text = |k| str_field(&d, k).unwrap_or_default().to_string();
+                match (str_field(&d, "type"), self.block(index)) {
+                    (Some("text_delta"), _) => self.reply.text.push_str(&text("text")),
+                    (Some("thinking_delta"), _) => {
+                        self.reply.reasoning.push_str(&text("thinking"));
+                    }
+                    (Some("input_json_delta"), Some(Block::Tool { json, .. })) => {
+                        json.push_str(&text("partial_json"));
+                    }
+                    (Some("input_json_delta"), _) => {
+                        return Err(DecodeError::Stream(format!(
+                            "input_json_delta for block {index}, which is not a tool_use"
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(s) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.reply.stop = Some(stop_reason(s));
+                    self.stopped = true;
+                }
+                if let Some(u) = v.get("usage") {
+                    let u: WireUsage = serde_json::from_value(u.clone()).unwrap_or_default();
+                    self.reply.usage = usage(u, self.reply.usage);
+                }
+            }
+            "message_stop" => return Ok(true),
+            "error" => return Err(DecodeError::Provider(ev.data.clone())),
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {
+        decode_reply(bytes)
+    }
+
+    fn finish(mut self, saw_terminal: bool) -> Result<Reply, DecodeError> {
+        if !saw_terminal {
+            return Err(DecodeError::Incomplete("message_stop"));
+        }
+        if !self.stopped {
+            return Err(DecodeError::Missing("stop_reason"));
+        }
+        for (_, b) in std::mem::take(&mut self.blocks) {
+            if let Block::Tool { id, name, json } = b {
+                let arguments = if json.trim().is_empty() {
+                    "{}".to_string()
+                } else {
+                    json
+                };
+                self.reply.calls.push(ToolCall {
+                    id,
+                    name,
+                    arguments,
+                });
+            }
+        }
+        Ok(self.reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_results_merge_into_one_user_turn_and_system_is_lifted() {
+        let req = ChatRequest {
+            model: "claude-sonnet-4-5".into(),
+            messages: vec![
+                Message::system("be brief"),
+                Message::user("go"),
+                Message::assistant_calls(
+                    "",
+                    vec![
+                        ToolCall {
+                            id: "a".into(),
+                            name: "t".into(),
+                            arguments: "{\"x\":1}".into(),
+                        },
+                        ToolCall {
+                            id: "b".into(),
+                            name: "t".into(),
+                            arguments: "not json".into(),
+                        },
+                    ],
+                ),
+                Message::tool("a", "ra"),
+                Message::tool("b", "rb"),
+            ],
+            tools: vec![],
+            max_output_tokens: 100,
+            stream: false,
+        };
+        let body = Anthropic::body(&req);
+        assert_eq!(body["system"], "be brief");
+        let msgs = body["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(
+            msgs[1]["content"][1]["input"],
+            json!({"arguments": "not json"})
+        );
+        assert_eq!(msgs[2]["content"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn stream_handles_thinking_text_and_tool_blocks() {
+        let s = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":4,\"output_tokens\":1}}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hmm\"}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+            "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":2,\"content_block\":{\"type\":\"tool_use\",\"id\":\"tu1\",\"name\":\"read\",\"input\":{}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"p\\\":\"}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"2}\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":7}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        );
+        let r = decode_stream(s.as_bytes()).unwrap();
+        assert_eq!(r.message.content, "Hi");
+        assert_eq!(r.message.reasoning.as_deref(), Some("hmm"));
+        assert_eq!(r.tool_calls()[0].arguments, "{\"p\":2}");
+        assert_eq!(r.stop, StopReason::ToolUse);
+        assert_eq!(
+            r.usage,
+            Usage {
+                input_tokens: 10,
+                output_tokens: 7,
+                cache_read_tokens: 4
+            }
+        );
+        let cut = &s[..s.find("event: message_delta").unwrap()];
+        assert_eq!(
+            decode_stream(cut.as_bytes()).unwrap_err().label(),
+            "stream_incomplete"
+        );
+        let overloaded = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+        assert_eq!(
+            decode_stream(overloaded.as_bytes()).unwrap_err().label(),
+            "provider_error_event"
+        );
+    }
+}

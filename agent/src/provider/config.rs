@@ -1,0 +1,339 @@
+//! Building a provider from an AgentSession's `spec.provider`: endpoints, credentials and
+//! client options.
+
+use std::time::Duration;
+
+use cairn_crds::{ProviderKind, ProviderSpec};
+use tokio_util::sync::CancellationToken;
+
+use super::bedrock::{AwsCredentials, Bedrock, BedrockAuth};
+use super::retry::RetryPolicy;
+use super::{Anthropic, Gemini, OpenAiChat, OpenAiResponses, Provider};
+
+/// A credential string. Its `Debug` and `Display` never show the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value, for building an authentication header and nothing else.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl std::fmt::Display for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// What a provider authenticates with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// API key (OpenAI, Anthropic, Gemini, OpenAI-compatible) or Bedrock API key (bearer).
+    pub api_key: Option<Secret>,
+    /// AWS access keys for SigV4 (Bedrock).
+    pub aws: Option<AwsCredentials>,
+}
+
+impl Credentials {
+    pub fn api_key(key: impl Into<String>) -> Self {
+        Self {
+            api_key: Some(Secret::new(key)),
+            aws: None,
+        }
+    }
+
+    /// The conventional environment variables of each provider: `OPENAI_API_KEY`,
+    /// `ANTHROPIC_API_KEY`, `GEMINI_API_KEY` (or `GOOGLE_API_KEY`), and for Bedrock
+    /// `AWS_BEARER_TOKEN_BEDROCK` or `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/
+    /// `AWS_SESSION_TOKEN`.
+    pub fn from_env(kind: ProviderKind) -> Self {
+        Self::from_lookup(kind, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`Credentials::from_env`] with an injected lookup (testable without touching the
+    /// process environment).
+    pub fn from_lookup(kind: ProviderKind, get: impl Fn(&str) -> Option<String>) -> Self {
+        let first = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|n| get(n).filter(|v| !v.is_empty()))
+                .map(Secret::new)
+        };
+        match kind {
+            ProviderKind::Openai | ProviderKind::OpenaiResponses => Self {
+                api_key: first(&["OPENAI_API_KEY"]),
+                aws: None,
+            },
+            ProviderKind::OpenaiCompatible => Self {
+                api_key: first(&["OPENAI_COMPATIBLE_API_KEY", "OPENAI_API_KEY"]),
+                aws: None,
+            },
+            ProviderKind::Anthropic => Self {
+                api_key: first(&["ANTHROPIC_API_KEY"]),
+                aws: None,
+            },
+            ProviderKind::Gemini => Self {
+                api_key: first(&["GEMINI_API_KEY", "GOOGLE_API_KEY"]),
+                aws: None,
+            },
+            ProviderKind::Bedrock => Self {
+                api_key: first(&["AWS_BEARER_TOKEN_BEDROCK"]),
+                aws: match (get("AWS_ACCESS_KEY_ID"), get("AWS_SECRET_ACCESS_KEY")) {
+                    (Some(id), Some(secret)) if !id.is_empty() && !secret.is_empty() => {
+                        Some(AwsCredentials {
+                            access_key_id: id,
+                            secret_access_key: Secret::new(secret),
+                            session_token: get("AWS_SESSION_TOKEN")
+                                .filter(|t| !t.is_empty())
+                                .map(Secret::new),
+                        })
+                    }
+                    _ => None,
+                },
+            },
+        }
+    }
+}
+
+/// Timeouts, retries and cancellation of one provider client.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    pub connect_timeout: Duration,
+    /// Longest wait for the response headers (a model may think for minutes before
+    /// answering a non-streamed request).
+    pub response_timeout: Duration,
+    /// Longest silence between two chunks of a body or stream: a stream cut without a close
+    /// ends in an error instead of a hang.
+    pub idle_timeout: Duration,
+    pub retry: RetryPolicy,
+    /// Cancels every in-flight call of this client when fired.
+    pub cancel: Option<CancellationToken>,
+    /// Headers added to every request (gateways, OpenRouter's attribution headers). Their
+    /// values are treated as sensitive and never logged.
+    pub extra_headers: Vec<(String, String)>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            response_timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(120),
+            retry: RetryPolicy::default(),
+            cancel: None,
+            extra_headers: Vec::new(),
+        }
+    }
+}
+
+/// A provider could not be built from its spec.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("provider {kind} needs credentials: {hint}")]
+    MissingCredentials { kind: &'static str, hint: String },
+    #[error("bedrock needs provider.region (or a baseUrl)")]
+    MissingRegion,
+    #[error("invalid provider.baseUrl: {0}")]
+    BaseUrl(String),
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+impl BuildError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::MissingCredentials { .. } => "missing_credentials",
+            Self::MissingRegion => "missing_region",
+            Self::BaseUrl(_) => "bad_base_url",
+            Self::Client(_) => "http_client",
+        }
+    }
+}
+
+/// The public endpoint of a provider kind (Bedrock needs a region).
+pub fn default_base_url(kind: ProviderKind, region: Option<&str>) -> Option<String> {
+    Some(match kind {
+        ProviderKind::Openai | ProviderKind::OpenaiResponses => "https://api.openai.com/v1".into(),
+        ProviderKind::Anthropic => "https://api.anthropic.com".into(),
+        ProviderKind::Gemini => "https://generativelanguage.googleapis.com".into(),
+        ProviderKind::Bedrock => format!("https://bedrock-runtime.{}.amazonaws.com", region?),
+        ProviderKind::OpenaiCompatible => return None,
+    })
+}
+
+/// Builds the client for `spec` (one HTTP client per provider instance).
+pub fn build(
+    spec: &ProviderSpec,
+    credentials: Credentials,
+    options: ClientOptions,
+) -> Result<Box<dyn Provider>, BuildError> {
+    let base = match &spec.base_url {
+        Some(u) => u.clone(),
+        None => default_base_url(spec.kind, spec.region.as_deref()).ok_or(match spec.kind {
+            ProviderKind::Bedrock => BuildError::MissingRegion,
+            _ => BuildError::BaseUrl("openai-compatible needs provider.baseUrl".into()),
+        })?,
+    };
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        return Err(BuildError::BaseUrl(
+            "must start with http:// or https://".into(),
+        ));
+    }
+    let base = base.trim_end_matches('/').to_string();
+    let need_key = |kind: &'static str, var: &str| {
+        credentials
+            .api_key
+            .clone()
+            .ok_or_else(|| BuildError::MissingCredentials {
+                kind,
+                hint: format!("set provider.credentials or {var}"),
+            })
+    };
+    Ok(match spec.kind {
+        ProviderKind::Openai => Box::new(OpenAiChat::new(
+            "openai",
+            base,
+            Some(need_key("openai", "OPENAI_API_KEY")?),
+            false,
+            options,
+        )?),
+        ProviderKind::OpenaiCompatible => Box::new(OpenAiChat::new(
+            "openai-compatible",
+            base,
+            credentials.api_key,
+            true,
+            options,
+        )?),
+        ProviderKind::OpenaiResponses => Box::new(OpenAiResponses::new(
+            base,
+            need_key("openai-responses", "OPENAI_API_KEY")?,
+            options,
+        )?),
+        ProviderKind::Anthropic => Box::new(Anthropic::new(
+            base,
+            need_key("anthropic", "ANTHROPIC_API_KEY")?,
+            options,
+        )?),
+        ProviderKind::Gemini => Box::new(Gemini::new(
+            base,
+            need_key("gemini", "GEMINI_API_KEY")?,
+            options,
+        )?),
+        ProviderKind::Bedrock => {
+            let region = spec.region.clone().ok_or(BuildError::MissingRegion)?;
+            let auth = match (credentials.api_key, credentials.aws) {
+                (Some(key), _) => BedrockAuth::ApiKey(key),
+                (None, Some(aws)) => BedrockAuth::SigV4(aws),
+                (None, None) => {
+                    return Err(BuildError::MissingCredentials {
+                        kind: "bedrock",
+                        hint: "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or \
+                               AWS_BEARER_TOKEN_BEDROCK"
+                            .into(),
+                    });
+                }
+            };
+            Box::new(Bedrock::new(base, region, auth, options)?)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_show_in_debug_or_display() {
+        let c = Credentials {
+            api_key: Some(Secret::new("sk-live-123")),
+            aws: Some(AwsCredentials {
+                access_key_id: "AKIDEXAMPLE".into(),
+                secret_access_key: Secret::new("wJalrXUtnFEMI"),
+                session_token: Some(Secret::new("tok-abc")),
+            }),
+        };
+        let text = format!("{c:?} {}", Secret::new("sk-live-123"));
+        for s in ["sk-live-123", "wJalrXUtnFEMI", "tok-abc"] {
+            assert!(!text.contains(s), "{s} leaked: {text}");
+        }
+    }
+
+    #[test]
+    fn env_lookup_follows_each_providers_convention() {
+        let env = |n: &str| match n {
+            "ANTHROPIC_API_KEY" => Some("a".to_string()),
+            "GOOGLE_API_KEY" => Some("g".to_string()),
+            "AWS_ACCESS_KEY_ID" => Some("id".to_string()),
+            "AWS_SECRET_ACCESS_KEY" => Some("sec".to_string()),
+            _ => None,
+        };
+        let a = Credentials::from_lookup(ProviderKind::Anthropic, env);
+        assert_eq!(a.api_key.as_ref().map(Secret::expose), Some("a"));
+        let g = Credentials::from_lookup(ProviderKind::Gemini, env);
+        assert_eq!(g.api_key.as_ref().map(Secret::expose), Some("g"));
+        let b = Credentials::from_lookup(ProviderKind::Bedrock, env);
+        assert!(b.api_key.is_none());
+        assert_eq!(b.aws.map(|a| a.access_key_id), Some("id".to_string()));
+        assert!(
+            Credentials::from_lookup(ProviderKind::Openai, env)
+                .api_key
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn build_reports_missing_pieces() {
+        let spec = |kind, region: Option<&str>| ProviderSpec {
+            kind,
+            model: "m".into(),
+            base_url: None,
+            credentials: None,
+            region: region.map(str::to_string),
+        };
+        let e = build(
+            &spec(ProviderKind::Anthropic, None),
+            Credentials::default(),
+            ClientOptions::default(),
+        )
+        .err()
+        .map(|e| e.label());
+        assert_eq!(e, Some("missing_credentials"));
+        let e = build(
+            &spec(ProviderKind::Bedrock, None),
+            Credentials::api_key("k"),
+            ClientOptions::default(),
+        )
+        .err()
+        .map(|e| e.label());
+        assert_eq!(e, Some("missing_region"));
+        let e = build(
+            &spec(ProviderKind::OpenaiCompatible, None),
+            Credentials::default(),
+            ClientOptions::default(),
+        )
+        .err()
+        .map(|e| e.label());
+        assert_eq!(e, Some("bad_base_url"));
+        let p = build(
+            &spec(ProviderKind::Bedrock, Some("eu-west-1")),
+            Credentials::api_key("k"),
+            ClientOptions::default(),
+        );
+        assert_eq!(
+            p.map(|p| p.name().to_string()).ok().as_deref(),
+            Some("bedrock")
+        );
+    }
+}

@@ -1,0 +1,385 @@
+//! Google Gemini `generateContent` and `streamGenerateContent?alt=sse`.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::anthropic::arguments_object;
+use super::config::{BuildError, ClientOptions, Secret};
+use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
+use super::sse::SseEvent;
+use super::{ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage};
+use crate::history::{Message, Role, ToolCall};
+
+pub struct Gemini {
+    base: String,
+    key: Secret,
+    http: HttpClient,
+}
+
+impl std::fmt::Debug for Gemini {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gemini")
+            .field("base", &self.base)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gemini {
+    /// `base` is the API root (`https://generativelanguage.googleapis.com`); a trailing
+    /// `/v1beta` is accepted.
+    pub fn new(
+        base: impl Into<String>,
+        key: Secret,
+        options: ClientOptions,
+    ) -> Result<Self, BuildError> {
+        let base = base.into();
+        let base = base.trim_end_matches('/');
+        let base = base.strip_suffix("/v1beta").unwrap_or(base).to_string();
+        Ok(Self {
+            base,
+            key,
+            http: HttpClient::new("gemini", options)?,
+        })
+    }
+
+    fn url(&self, model: &str, stream: bool) -> String {
+        let model = model.strip_prefix("models/").unwrap_or(model);
+        let model = percent_encoding::utf8_percent_encode(model, super::sigv4::PATH_SEGMENT);
+        if stream {
+            format!(
+                "{}/v1beta/models/{model}:streamGenerateContent?alt=sse",
+                self.base
+            )
+        } else {
+            format!("{}/v1beta/models/{model}:generateContent", self.base)
+        }
+    }
+
+    /// The exact JSON body sent for `request`.
+    pub fn body(request: &ChatRequest) -> Value {
+        let system: Vec<Value> = request
+            .messages
+            .iter()
+            .filter(|m| m.is_system())
+            .map(|m| json!({"text": m.content}))
+            .collect();
+        let mut body = json!({
+            "contents": wire_contents(&request.messages),
+            "generationConfig": {"maxOutputTokens": request.max_output_tokens},
+        });
+        if !system.is_empty() {
+            body["systemInstruction"] = json!({"parts": system});
+        }
+        if !request.tools.is_empty() {
+            let decls: Vec<Value> = request
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({"name": t.name, "description": t.description,
+                           "parameters": t.parameters})
+                })
+                .collect();
+            body["tools"] = json!([{"functionDeclarations": decls}]);
+        }
+        body
+    }
+}
+
+/// Tool results answer a function by name, so the name comes from the call they answer.
+fn wire_contents(messages: &[Message]) -> Vec<Value> {
+    let names: HashMap<&str, &str> = messages
+        .iter()
+        .flat_map(|m| m.tool_calls.iter())
+        .map(|c| (c.id.as_str(), c.name.as_str()))
+        .collect();
+    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for m in messages {
+        let (role, parts) = match m.role {
+            Role::System => continue,
+            Role::User => {
+                let mut parts = Vec::new();
+                if !m.content.is_empty() {
+                    parts.push(json!({"text": m.content}));
+                }
+                parts.extend(
+                    m.images
+                        .iter()
+                        .map(|i| json!({"inlineData": {"mimeType": i.media_type, "data": i.data}})),
+                );
+                ("user", parts)
+            }
+            Role::Assistant => {
+                let mut parts = Vec::new();
+                if !m.content.is_empty() {
+                    parts.push(json!({"text": m.content}));
+                }
+                parts.extend(m.tool_calls.iter().map(|c| {
+                    json!({"functionCall": {"name": c.name, "args": arguments_object(&c.arguments)}})
+                }));
+                ("model", parts)
+            }
+            Role::Tool => {
+                let id = m.tool_call_id.as_deref().unwrap_or_default();
+                let name = m
+                    .name
+                    .as_deref()
+                    .or_else(|| names.get(id).copied())
+                    .unwrap_or(id);
+                (
+                    "user",
+                    vec![json!({"functionResponse": {
+                        "name": name, "response": {"content": m.content}}})],
+                )
+            }
+        };
+        if parts.is_empty() {
+            continue;
+        }
+        match out.last_mut() {
+            Some((r, p)) if *r == role => p.extend(parts),
+            _ => out.push((role, parts)),
+        }
+    }
+    out.into_iter()
+        .map(|(role, parts)| json!({"role": role, "parts": parts}))
+        .collect()
+}
+
+#[async_trait]
+impl Provider for Gemini {
+    fn name(&self) -> &str {
+        "gemini"
+    }
+
+    async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
+        let body = serde_json::to_vec(&Self::body(request))
+            .map_err(|e| ProviderError::transport("gemini", e.to_string(), 0))?;
+        let key = self.key.clone();
+        let headers = move |_: &[u8]| -> Result<HeaderMap, String> {
+            let mut h = HeaderMap::new();
+            let mut v = HeaderValue::from_str(key.expose())
+                .map_err(|_| "the API key contains characters not allowed in a header")?;
+            v.set_sensitive(true);
+            h.insert(HeaderName::from_static("x-goog-api-key"), v);
+            Ok(h)
+        };
+        let headers: HeaderFn<'_> = &headers;
+        let url = self.url(&request.model, request.stream);
+        if request.stream {
+            self.http
+                .post_sse(&url, headers, body, ChunkStream::default())
+                .await
+        } else {
+            self.http.post_json(&url, headers, body, decode_reply).await
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireResponse {
+    #[serde(default)]
+    candidates: Option<Vec<Candidate>>,
+    #[serde(default)]
+    usage_metadata: Option<WireUsage>,
+    #[serde(default)]
+    prompt_feedback: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Candidate {
+    #[serde(default)]
+    content: Option<Content>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Content {
+    #[serde(default)]
+    parts: Vec<Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct WireUsage {
+    #[serde(default)]
+    prompt_token_count: u64,
+    #[serde(default)]
+    candidates_token_count: u64,
+    #[serde(default)]
+    thoughts_token_count: u64,
+    #[serde(default)]
+    cached_content_token_count: u64,
+}
+
+fn stop_reason(s: &str) -> StopReason {
+    match s {
+        "STOP" => StopReason::End,
+        "MAX_TOKENS" => StopReason::MaxTokens,
+        _ => StopReason::Other,
+    }
+}
+
+/// Folds one response (whole or a stream chunk) into `reply`; true when it carried a
+/// finish reason.
+fn apply(reply: &mut Reply, r: WireResponse, first: bool) -> Result<bool, DecodeError> {
+    if let Some(u) = r.usage_metadata {
+        reply.usage = Usage {
+            input_tokens: u.prompt_token_count,
+            output_tokens: u.candidates_token_count + u.thoughts_token_count,
+            cache_read_tokens: u.cached_content_token_count,
+        };
+    }
+    let candidates = r.candidates.unwrap_or_default();
+    let Some(c) = candidates.into_iter().next() else {
+        if let Some(reason) = r
+            .prompt_feedback
+            .as_ref()
+            .and_then(|f| f.get("blockReason"))
+            .and_then(Value::as_str)
+        {
+            return Err(DecodeError::Blocked(reason.to_string()));
+        }
+        // A stream may carry a usage-only chunk; a whole reply must have a candidate.
+        return if first {
+            Err(DecodeError::Empty)
+        } else {
+            Ok(false)
+        };
+    };
+    for part in c.content.map(|c| c.parts).unwrap_or_default() {
+        if let Some(call) = part.get("functionCall") {
+            let name = call
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or(DecodeError::Missing("functionCall.name"))?;
+            let id = call
+                .get("id")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("gemini-call-{}", reply.calls.len()));
+            reply.calls.push(ToolCall {
+                id,
+                name: name.to_string(),
+                arguments: call.get("args").map_or("{}".into(), Value::to_string),
+            });
+        } else if let Some(t) = part.get("text").and_then(Value::as_str) {
+            if part.get("thought").and_then(Value::as_bool) == Some(true) {
+                reply.reasoning.push_str(t);
+            } else {
+                reply.text.push_str(t);
+            }
+        }
+    }
+    let Some(f) = c.finish_reason else {
+        return Ok(false);
+    };
+    let stop = stop_reason(&f);
+    // Gemini reports STOP when it calls a function.
+    reply.stop = Some(if stop == StopReason::End && !reply.calls.is_empty() {
+        StopReason::ToolUse
+    } else {
+        stop
+    });
+    Ok(true)
+}
+
+fn decode_reply(bytes: &[u8]) -> Result<Reply, DecodeError> {
+    let raw: Value = parse_json("generateContent response", bytes)?;
+    if let Some(e) = raw.get("error") {
+        return Err(DecodeError::Provider(e.to_string()));
+    }
+    let r: WireResponse = serde_json::from_value(raw)
+        .map_err(|e| DecodeError::json("generateContent response", e))?;
+    let mut reply = Reply::default();
+    apply(&mut reply, r, true)?;
+    Ok(reply)
+}
+
+/// Decodes a non-streamed generateContent body.
+pub fn decode_response(bytes: &[u8]) -> Result<ChatResponse, DecodeError> {
+    decode_reply(bytes).map(|r| r.into_response(0))
+}
+
+/// Decodes a complete `streamGenerateContent?alt=sse` stream.
+pub fn decode_stream(bytes: &[u8]) -> Result<ChatResponse, DecodeError> {
+    super::http::decode_sse_bytes(bytes, ChunkStream::default()).map(|r| r.into_response(0))
+}
+
+#[derive(Default)]
+struct ChunkStream {
+    reply: Reply,
+    finished: bool,
+    chunks: usize,
+}
+
+impl StreamState for ChunkStream {
+    fn on_event(&mut self, ev: &SseEvent) -> Result<bool, DecodeError> {
+        let raw: Value = parse_json("stream chunk", ev.data.as_bytes())?;
+        if let Some(e) = raw.get("error") {
+            return Err(DecodeError::Provider(e.to_string()));
+        }
+        let r: WireResponse =
+            serde_json::from_value(raw).map_err(|e| DecodeError::json("stream chunk", e))?;
+        self.chunks += 1;
+        if apply(&mut self.reply, r, false)? {
+            self.finished = true;
+        }
+        // The usage of the final chunk may follow its finish reason; read to the end.
+        Ok(false)
+    }
+
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {
+        decode_reply(bytes)
+    }
+
+    fn finish(self, _saw_terminal: bool) -> Result<Reply, DecodeError> {
+        if !self.finished {
+            return Err(DecodeError::Incomplete("a chunk with finishReason"));
+        }
+        Ok(self.reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn function_calls_stop_as_tool_use_and_results_find_their_name() {
+        let r = decode_response(br#"{"candidates":[{"content":{"role":"model","parts":[{"text":"think","thought":true},{"functionCall":{"name":"read","args":{"p":1}}}]},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":2,"thoughtsTokenCount":3}}"#).unwrap();
+        assert_eq!(r.stop, StopReason::ToolUse);
+        assert_eq!(r.usage.output_tokens, 5);
+        assert_eq!(r.message.reasoning.as_deref(), Some("think"));
+        let req = ChatRequest {
+            model: "gemini-2.5-pro".into(),
+            messages: vec![
+                Message::user("go"),
+                r.message.clone(),
+                Message::tool(r.tool_calls()[0].id.clone(), "out"),
+            ],
+            tools: vec![],
+            max_output_tokens: 10,
+            stream: false,
+        };
+        let body = Gemini::body(&req);
+        assert_eq!(
+            body["contents"][2]["parts"][0]["functionResponse"]["name"],
+            "read"
+        );
+        assert_eq!(
+            decode_response(br#"{"promptFeedback":{"blockReason":"SAFETY"}}"#)
+                .unwrap_err()
+                .label(),
+            "blocked"
+        );
+        assert_eq!(decode_response(b"{}").unwrap_err().label(), "empty_choices");
+    }
+}

@@ -1,0 +1,543 @@
+//! The HTTP exchange every provider shares: send the exact body, retry transient answers,
+//! read success bodies and event streams with idle timeouts, and turn every failure into a
+//! [`ProviderError`] that keeps status, headers, content type, a bounded body and the request
+//! size.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use reqwest::header::{CONTENT_TYPE, HeaderMap};
+
+use super::config::{BuildError, ClientOptions};
+use super::retry::{Decision, parse_retry_after};
+use super::sse::{SseDecoder, SseEvent};
+use super::{ChatResponse, ProviderError, StopReason, Usage};
+use crate::history::{Message, ToolCall};
+
+/// Bytes of an error body kept for the classifier and logs.
+pub const MAX_ERROR_BODY: usize = 64 * 1024;
+/// Largest non-streamed success body accepted.
+const MAX_SUCCESS_BODY: usize = 64 * 1024 * 1024;
+
+/// Why a successful HTTP answer could not be turned into a reply.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("malformed JSON in {what}: {detail}")]
+    Json { what: &'static str, detail: String },
+    #[error("expected the provider's JSON but got an HTML page")]
+    Html,
+    #[error("the reply has no {0}")]
+    Missing(&'static str),
+    #[error("the reply has no choices/candidates")]
+    Empty,
+    #[error("the prompt was blocked: {0}")]
+    Blocked(String),
+    #[error("the provider reported an error inside the reply: {0}")]
+    Provider(String),
+    #[error("the stream ended before its final event ({0})")]
+    Incomplete(&'static str),
+    #[error("the stream stalled: no data for {0:?}")]
+    Stalled(Duration),
+    #[error("the reply is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("invalid event stream: {0}")]
+    Stream(String),
+    #[error("the connection broke while reading the reply: {0}")]
+    Interrupted(String),
+}
+
+impl DecodeError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Json { .. } => "malformed_json",
+            Self::Html => "html_body",
+            Self::Missing(_) => "missing_field",
+            Self::Empty => "empty_choices",
+            Self::Blocked(_) => "blocked",
+            Self::Provider(_) => "provider_error_event",
+            Self::Incomplete(_) => "stream_incomplete",
+            Self::Stalled(_) => "stream_stalled",
+            Self::TooLarge(_) => "too_large",
+            Self::Stream(_) => "bad_event_stream",
+            Self::Interrupted(_) => "body_interrupted",
+        }
+    }
+
+    pub(crate) fn json(what: &'static str, e: serde_json::Error) -> Self {
+        Self::Json {
+            what,
+            detail: e.to_string(),
+        }
+    }
+}
+
+/// Parses JSON, reporting an HTML page as such rather than as a parse error.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, DecodeError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        if looks_like_html(bytes) {
+            DecodeError::Html
+        } else {
+            DecodeError::json(what, e)
+        }
+    })
+}
+
+/// True when a body starts like an HTML document (after whitespace).
+pub fn looks_like_html(body: &[u8]) -> bool {
+    let start = body
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(body.len());
+    let head: Vec<u8> = body[start..]
+        .iter()
+        .take(15)
+        .map(u8::to_ascii_lowercase)
+        .collect();
+    head.starts_with(b"<!doctype html")
+        || head.starts_with(b"<html")
+        || head.starts_with(b"<head")
+        || head.starts_with(b"<body")
+}
+
+/// A provider's decoded reply before it is bound to a request size.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Reply {
+    pub text: String,
+    pub reasoning: String,
+    pub calls: Vec<ToolCall>,
+    pub stop: Option<StopReason>,
+    pub usage: Usage,
+}
+
+impl Reply {
+    pub fn into_response(self, request_bytes: u64) -> ChatResponse {
+        let stop = match self.stop {
+            Some(s) => s,
+            None if !self.calls.is_empty() => StopReason::ToolUse,
+            None => StopReason::End,
+        };
+        let mut message = Message::assistant_calls(self.text, self.calls);
+        if !self.reasoning.is_empty() {
+            message.reasoning = Some(self.reasoning);
+        }
+        ChatResponse {
+            message,
+            stop,
+            usage: self.usage,
+            request_bytes,
+        }
+    }
+}
+
+/// Assembles a streamed reply from its events.
+pub(crate) trait StreamState: Send {
+    /// Applies one event; `Ok(true)` when it was the terminal event.
+    fn on_event(&mut self, event: &SseEvent) -> Result<bool, DecodeError>;
+    /// The reply once the stream ended; an error when it ended too early.
+    fn finish(self, saw_terminal: bool) -> Result<Reply, DecodeError>;
+    /// Decodes a whole JSON reply, for servers that answer a stream request without
+    /// streaming.
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError>;
+}
+
+/// Runs a whole event stream held in memory through `state` (tests and fuzzing).
+pub(crate) fn decode_sse_bytes<S: StreamState>(
+    bytes: &[u8],
+    mut state: S,
+) -> Result<Reply, DecodeError> {
+    let mut decoder = SseDecoder::default();
+    let mut events = decoder
+        .feed(bytes)
+        .map_err(|e| DecodeError::Stream(e.to_string()))?;
+    events.extend(decoder.finish());
+    let mut done = false;
+    for ev in &events {
+        if state.on_event(ev)? {
+            done = true;
+            break;
+        }
+    }
+    state.finish(done)
+}
+
+/// Builds the request headers for one attempt (Bedrock signs each attempt anew).
+pub(crate) type HeaderFn<'a> = &'a (dyn Fn(&[u8]) -> Result<HeaderMap, String> + Send + Sync);
+
+/// One HTTP client per provider instance.
+pub(crate) struct HttpClient {
+    client: reqwest::Client,
+    provider: String,
+    options: ClientOptions,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient")
+            .field("provider", &self.provider)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Success {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    content_type: Option<String>,
+    response: reqwest::Response,
+}
+
+impl HttpClient {
+    pub fn new(provider: &str, options: ClientOptions) -> Result<Self, BuildError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| BuildError::Client(e.to_string()))?;
+        Ok(Self {
+            client,
+            provider: provider.to_string(),
+            options,
+        })
+    }
+
+    /// POSTs `body` and decodes a JSON reply with `decode`.
+    pub async fn post_json(
+        &self,
+        url: &str,
+        headers: HeaderFn<'_>,
+        body: Vec<u8>,
+        decode: fn(&[u8]) -> Result<Reply, DecodeError>,
+    ) -> Result<ChatResponse, ProviderError> {
+        let request_bytes = body.len() as u64;
+        let work = async {
+            let ok = self.send(url, headers, Bytes::from(body)).await?;
+            let (status, hdrs, ct) = (ok.status, ok.headers, ok.content_type);
+            let fail = |e: DecodeError, body: &[u8]| {
+                self.decode_error(status, &hdrs, ct.clone(), body, e, request_bytes)
+            };
+            let bytes = match self.read_all(ok.response).await {
+                Ok(b) => b,
+                Err((e, partial)) => return Err(fail(e, &partial)),
+            };
+            if ct.as_deref().is_some_and(|c| c.contains("html")) || looks_like_html(&bytes) {
+                return Err(fail(DecodeError::Html, &bytes));
+            }
+            decode(&bytes)
+                .map(|r| r.into_response(request_bytes))
+                .map_err(|e| fail(e, &bytes))
+        };
+        self.cancellable(work, request_bytes).await
+    }
+
+    /// POSTs `body` and assembles an event-stream reply with `state`.
+    pub async fn post_sse<S: StreamState>(
+        &self,
+        url: &str,
+        headers: HeaderFn<'_>,
+        body: Vec<u8>,
+        mut state: S,
+    ) -> Result<ChatResponse, ProviderError> {
+        let request_bytes = body.len() as u64;
+        let work = async {
+            let ok = self.send(url, headers, Bytes::from(body)).await?;
+            let (status, hdrs, ct) = (ok.status, ok.headers, ok.content_type);
+            let mut response = ok.response;
+            let mut decoder = SseDecoder::default();
+            let mut seen: Vec<u8> = Vec::new();
+            let mut done = false;
+            let fail = |e: DecodeError, seen: &[u8]| {
+                self.decode_error(status, &hdrs, ct.clone(), seen, e, request_bytes)
+            };
+            if ct.as_deref().is_some_and(|c| c.contains("html")) {
+                let bytes = self.read_all(response).await.unwrap_or_default();
+                return Err(fail(DecodeError::Html, &bytes));
+            }
+            if ct.as_deref().is_some_and(|c| c.contains("json")) {
+                let bytes = match self.read_all(response).await {
+                    Ok(b) => b,
+                    Err((e, partial)) => return Err(fail(e, &partial)),
+                };
+                return S::whole(&bytes)
+                    .map(|r| r.into_response(request_bytes))
+                    .map_err(|e| fail(e, &bytes));
+            }
+            while !done {
+                let chunk = match self.next_chunk(&mut response).await {
+                    Ok(Some(c)) => c,
+                    Ok(None) => break,
+                    Err(e) => return Err(fail(e, &seen)),
+                };
+                if seen.len() < MAX_ERROR_BODY {
+                    seen.extend_from_slice(&chunk[..chunk.len().min(MAX_ERROR_BODY - seen.len())]);
+                }
+                let events = decoder
+                    .feed(&chunk)
+                    .map_err(|e| fail(DecodeError::Stream(e.to_string()), &seen))?;
+                for ev in &events {
+                    if state.on_event(ev).map_err(|e| fail(e, &seen))? {
+                        done = true;
+                        break;
+                    }
+                }
+            }
+            if !done && let Some(ev) = decoder.finish() {
+                done = state.on_event(&ev).map_err(|e| fail(e, &seen))?;
+            }
+            if !done && looks_like_html(&seen) {
+                return Err(fail(DecodeError::Html, &seen));
+            }
+            state
+                .finish(done)
+                .map(|r| r.into_response(request_bytes))
+                .map_err(|e| fail(e, &seen))
+        };
+        self.cancellable(work, request_bytes).await
+    }
+
+    async fn cancellable<F>(
+        &self,
+        work: F,
+        request_bytes: u64,
+    ) -> Result<ChatResponse, ProviderError>
+    where
+        F: Future<Output = Result<ChatResponse, ProviderError>>,
+    {
+        match &self.options.cancel {
+            Some(token) => tokio::select! {
+                r = work => r,
+                () = token.cancelled() => Err(ProviderError::transport(&self.provider, "cancelled", request_bytes)),
+            },
+            None => work.await,
+        }
+    }
+
+    /// Sends with retries; returns the first 2xx answer or the last error.
+    async fn send(
+        &self,
+        url: &str,
+        headers: HeaderFn<'_>,
+        body: Bytes,
+    ) -> Result<Success, ProviderError> {
+        let request_bytes = body.len() as u64;
+        let mut attempt = 0u32;
+        loop {
+            let err = match self.attempt(url, headers, body.clone()).await {
+                Ok(ok) => return Ok(ok),
+                Err(e) => e,
+            };
+            match self
+                .options
+                .retry
+                .decide(attempt, err.status, err.retry_after, fastrand::f64())
+            {
+                Decision::GiveUp => return Err(err),
+                Decision::Retry(wait) => {
+                    tracing::warn!(
+                        provider = %self.provider,
+                        status = ?err.status,
+                        attempt,
+                        wait_ms = wait.as_millis() as u64,
+                        request_bytes,
+                        "transient provider failure, retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    async fn attempt(
+        &self,
+        url: &str,
+        headers: HeaderFn<'_>,
+        body: Bytes,
+    ) -> Result<Success, ProviderError> {
+        let request_bytes = body.len() as u64;
+        let mut hdrs = headers(&body)
+            .map_err(|e| ProviderError::transport(&self.provider, e, request_bytes))?;
+        for (k, v) in &self.options.extra_headers {
+            let name = reqwest::header::HeaderName::from_bytes(k.as_bytes());
+            let value = reqwest::header::HeaderValue::from_str(v);
+            match (name, value) {
+                (Ok(name), Ok(mut value)) => {
+                    value.set_sensitive(true);
+                    hdrs.insert(name, value);
+                }
+                _ => {
+                    return Err(ProviderError::transport(
+                        &self.provider,
+                        format!("extra header {k:?} is not a valid HTTP header"),
+                        request_bytes,
+                    ));
+                }
+            }
+        }
+        let request = self
+            .client
+            .post(url)
+            .headers(hdrs)
+            .header(CONTENT_TYPE, "application/json")
+            .body(body);
+        let response =
+            match tokio::time::timeout(self.options.response_timeout, request.send()).await {
+                Err(_) => {
+                    return Err(ProviderError::transport(
+                        &self.provider,
+                        format!(
+                            "no response within {:?} (timeout)",
+                            self.options.response_timeout
+                        ),
+                        request_bytes,
+                    ));
+                }
+                Ok(Err(e)) => {
+                    return Err(ProviderError::transport(
+                        &self.provider,
+                        describe_reqwest(e),
+                        request_bytes,
+                    ));
+                }
+                Ok(Ok(r)) => r,
+            };
+        let status = response.status().as_u16();
+        let headers = header_map(response.headers());
+        let content_type = headers.get("content-type").cloned();
+        if (200..300).contains(&status) {
+            return Ok(Success {
+                status,
+                headers,
+                content_type,
+                response,
+            });
+        }
+        let retry_after = retry_after(&headers);
+        let body = self.read_bounded(response).await;
+        let mut err = ProviderError::http(
+            &self.provider,
+            status,
+            content_type,
+            String::from_utf8_lossy(&body).into_owned(),
+            request_bytes,
+        );
+        err.headers = headers;
+        err.retry_after = retry_after;
+        Err(err)
+    }
+
+    fn decode_error(
+        &self,
+        status: u16,
+        headers: &BTreeMap<String, String>,
+        content_type: Option<String>,
+        body: &[u8],
+        e: DecodeError,
+        request_bytes: u64,
+    ) -> ProviderError {
+        let body = &body[..body.len().min(MAX_ERROR_BODY)];
+        let mut err = ProviderError::http(
+            &self.provider,
+            status,
+            content_type,
+            String::from_utf8_lossy(body).into_owned(),
+            request_bytes,
+        );
+        err.headers = headers.clone();
+        err.transport = Some(format!("{} [{}]", e, e.label()));
+        err
+    }
+
+    async fn next_chunk(
+        &self,
+        response: &mut reqwest::Response,
+    ) -> Result<Option<Bytes>, DecodeError> {
+        match tokio::time::timeout(self.options.idle_timeout, response.chunk()).await {
+            Err(_) => Err(DecodeError::Stalled(self.options.idle_timeout)),
+            Ok(Err(e)) => Err(DecodeError::Interrupted(describe_reqwest(e))),
+            Ok(Ok(c)) => Ok(c),
+        }
+    }
+
+    async fn read_all(
+        &self,
+        mut response: reqwest::Response,
+    ) -> Result<Vec<u8>, (DecodeError, Vec<u8>)> {
+        let mut out = Vec::new();
+        loop {
+            match self.next_chunk(&mut response).await {
+                Ok(Some(c)) => {
+                    if out.len() + c.len() > MAX_SUCCESS_BODY {
+                        return Err((DecodeError::TooLarge(MAX_SUCCESS_BODY), out));
+                    }
+                    out.extend_from_slice(&c);
+                }
+                Ok(None) => return Ok(out),
+                Err(e) => return Err((e, out)),
+            }
+        }
+    }
+
+    async fn read_bounded(&self, mut response: reqwest::Response) -> Vec<u8> {
+        let mut out = Vec::new();
+        while out.len() < MAX_ERROR_BODY {
+            match self.next_chunk(&mut response).await {
+                Ok(Some(c)) => out.extend_from_slice(&c[..c.len().min(MAX_ERROR_BODY - out.len())]),
+                _ => break,
+            }
+        }
+        out
+    }
+}
+
+fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (name, value) in headers {
+        let v = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        out.entry(name.as_str().to_ascii_lowercase())
+            .and_modify(|e: &mut String| {
+                e.push_str(", ");
+                e.push_str(&v);
+            })
+            .or_insert(v);
+    }
+    out
+}
+
+fn retry_after(headers: &BTreeMap<String, String>) -> Option<Duration> {
+    if let Some(ms) = headers.get("retry-after-ms")
+        && let Ok(ms) = ms.trim().parse::<f64>()
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
+    }
+    headers
+        .get("retry-after")
+        .and_then(|v| parse_retry_after(v, SystemTime::now()))
+}
+
+/// A transport error in words the classifier can match (reset, EOF, timeout), without the
+/// URL (it may carry a key in its query).
+fn describe_reqwest(e: reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timeout: "
+    } else if e.is_connect() {
+        "connect: "
+    } else {
+        ""
+    };
+    let e = e.without_url();
+    let mut parts = vec![e.to_string()];
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    format!("{kind}{}", parts.join(": "))
+}

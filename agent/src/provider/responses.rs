@@ -1,0 +1,305 @@
+//! OpenAI Responses API (`POST /responses`), stateless (`store: false`): the whole
+//! conversation travels in `input` on every call, so the request size stays honest.
+
+use async_trait::async_trait;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::config::{BuildError, ClientOptions, Secret};
+use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
+use super::sse::SseEvent;
+use super::{ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage};
+use crate::history::{Role, ToolCall};
+
+pub struct OpenAiResponses {
+    url: String,
+    key: Secret,
+    http: HttpClient,
+}
+
+impl std::fmt::Debug for OpenAiResponses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiResponses")
+            .field("url", &self.url)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenAiResponses {
+    /// `base` ends before `/responses` (e.g. `https://api.openai.com/v1`).
+    pub fn new(
+        base: impl Into<String>,
+        key: Secret,
+        options: ClientOptions,
+    ) -> Result<Self, BuildError> {
+        let base = base.into();
+        Ok(Self {
+            url: format!("{}/responses", base.trim_end_matches('/')),
+            key,
+            http: HttpClient::new("openai-responses", options)?,
+        })
+    }
+
+    /// The exact JSON body sent for `request`.
+    pub fn body(request: &ChatRequest) -> Value {
+        let mut input = Vec::new();
+        let mut instructions = Vec::new();
+        for m in &request.messages {
+            match m.role {
+                Role::System => instructions.push(m.content.as_str()),
+                Role::User => {
+                    let mut parts = vec![json!({"type": "input_text", "text": m.content})];
+                    parts.extend(m.images.iter().map(|i| {
+                        json!({"type": "input_image",
+                               "image_url": format!("data:{};base64,{}", i.media_type, i.data)})
+                    }));
+                    input.push(json!({"role": "user", "content": parts}));
+                }
+                Role::Assistant => {
+                    if !m.content.is_empty() {
+                        input.push(json!({"role": "assistant", "content": [
+                            {"type": "output_text", "text": m.content}]}));
+                    }
+                    input.extend(m.tool_calls.iter().map(|c| {
+                        json!({"type": "function_call", "call_id": c.id, "name": c.name,
+                               "arguments": c.arguments})
+                    }));
+                }
+                Role::Tool => input.push(json!({
+                    "type": "function_call_output",
+                    "call_id": m.tool_call_id.as_deref().unwrap_or_default(),
+                    "output": m.content,
+                })),
+            }
+        }
+        let mut body = json!({
+            "model": request.model,
+            "input": input,
+            "max_output_tokens": request.max_output_tokens,
+            "store": false,
+        });
+        if !instructions.is_empty() {
+            body["instructions"] = json!(instructions.join("\n\n"));
+        }
+        if !request.tools.is_empty() {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "name": t.name, "description": t.description,
+                           "parameters": t.parameters})
+                })
+                .collect();
+        }
+        if request.stream {
+            body["stream"] = json!(true);
+        }
+        body
+    }
+}
+
+#[async_trait]
+impl Provider for OpenAiResponses {
+    fn name(&self) -> &str {
+        "openai-responses"
+    }
+
+    async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
+        let body = serde_json::to_vec(&Self::body(request))
+            .map_err(|e| ProviderError::transport("openai-responses", e.to_string(), 0))?;
+        let key = self.key.clone();
+        let headers = move |_: &[u8]| -> Result<HeaderMap, String> {
+            let mut h = HeaderMap::new();
+            let mut v = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
+                .map_err(|_| "the API key contains characters not allowed in a header")?;
+            v.set_sensitive(true);
+            h.insert(AUTHORIZATION, v);
+            Ok(h)
+        };
+        let headers: HeaderFn<'_> = &headers;
+        if request.stream {
+            self.http
+                .post_sse(&self.url, headers, body, ResponseStream::default())
+                .await
+        } else {
+            self.http
+                .post_json(&self.url, headers, body, decode_reply)
+                .await
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WireResponse {
+    #[serde(default)]
+    status: Option<String>,
+    output: Option<Vec<Value>>,
+    #[serde(default)]
+    incomplete_details: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    input_tokens_details: Option<Value>,
+}
+
+fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+fn from_value(raw: Value) -> Result<Reply, DecodeError> {
+    let r: WireResponse =
+        serde_json::from_value(raw).map_err(|e| DecodeError::json("response", e))?;
+    if let Some(e) = r.error.filter(|e| !e.is_null()) {
+        return Err(DecodeError::Provider(e.to_string()));
+    }
+    let mut reply = Reply::default();
+    for item in r.output.ok_or(DecodeError::Missing("output"))? {
+        match str_field(&item, "type") {
+            Some("message") => {
+                for part in item
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if str_field(part, "type") == Some("output_text") {
+                        reply
+                            .text
+                            .push_str(str_field(part, "text").unwrap_or_default());
+                    }
+                }
+            }
+            Some("function_call") => reply.calls.push(ToolCall {
+                id: str_field(&item, "call_id")
+                    .ok_or(DecodeError::Missing("function_call.call_id"))?
+                    .to_string(),
+                name: str_field(&item, "name")
+                    .ok_or(DecodeError::Missing("function_call.name"))?
+                    .to_string(),
+                arguments: str_field(&item, "arguments").unwrap_or("{}").to_string(),
+            }),
+            Some("reasoning") => {
+                for part in item
+                    .get("summary")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    reply
+                        .reasoning
+                        .push_str(str_field(part, "text").unwrap_or_default());
+                }
+            }
+            _ => {}
+        }
+    }
+    reply.stop = Some(match r.status.as_deref() {
+        Some("incomplete") => {
+            let reason = r
+                .incomplete_details
+                .as_ref()
+                .and_then(|d| str_field(d, "reason"));
+            if reason == Some("max_output_tokens") {
+                StopReason::MaxTokens
+            } else {
+                StopReason::Other
+            }
+        }
+        _ if !reply.calls.is_empty() => StopReason::ToolUse,
+        Some("completed") | None => StopReason::End,
+        Some(_) => StopReason::Other,
+    });
+    if let Some(u) = r.usage {
+        reply.usage = Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cache_read_tokens: u
+                .input_tokens_details
+                .as_ref()
+                .and_then(|d| d.get("cached_tokens"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+        };
+    }
+    Ok(reply)
+}
+
+fn decode_reply(bytes: &[u8]) -> Result<Reply, DecodeError> {
+    from_value(parse_json("response", bytes)?)
+}
+
+/// Decodes a non-streamed Responses body.
+pub fn decode_response(bytes: &[u8]) -> Result<ChatResponse, DecodeError> {
+    decode_reply(bytes).map(|r| r.into_response(0))
+}
+
+/// Decodes a complete Responses event stream.
+pub fn decode_stream(bytes: &[u8]) -> Result<ChatResponse, DecodeError> {
+    super::http::decode_sse_bytes(bytes, ResponseStream::default()).map(|r| r.into_response(0))
+}
+
+/// The terminal `response.completed` / `response.incomplete` event carries the whole
+/// response, so deltas only matter for a live display; the stream must reach that event.
+#[derive(Default)]
+struct ResponseStream {
+    done: Option<Reply>,
+}
+
+impl StreamState for ResponseStream {
+    fn on_event(&mut self, ev: &SseEvent) -> Result<bool, DecodeError> {
+        let v: Value = parse_json("stream event", ev.data.as_bytes())?;
+        let kind = str_field(&v, "type").or(ev.event.as_deref()).unwrap_or("");
+        match kind {
+            "response.completed" | "response.incomplete" => {
+                let r = v
+                    .get("response")
+                    .cloned()
+                    .ok_or(DecodeError::Missing("response"))?;
+                self.done = Some(from_value(r)?);
+                Ok(true)
+            }
+            "response.failed" | "error" => Err(DecodeError::Provider(ev.data.clone())),
+            _ => Ok(false),
+        }
+    }
+
+    fn whole(bytes: &[u8]) -> Result<Reply, DecodeError> {
+        decode_reply(bytes)
+    }
+
+    fn finish(self, _saw_terminal: bool) -> Result<Reply, DecodeError> {
+        self.done
+            .ok_or(DecodeError::Incomplete("response.completed"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incomplete_for_output_tokens_is_max_tokens() {
+        let r = decode_response(br#"{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[{"type":"message","content":[{"type":"output_text","text":"par"}]}],"usage":{"input_tokens":3,"output_tokens":9,"input_tokens_details":{"cached_tokens":2}}}"#).unwrap();
+        assert_eq!(r.stop, StopReason::MaxTokens);
+        assert_eq!(r.message.content, "par");
+        assert_eq!(r.usage.cache_read_tokens, 2);
+        assert_eq!(
+            decode_response(br#"{"status":"completed"}"#)
+                .unwrap_err()
+                .label(),
+            "missing_field"
+        );
+    }
+}

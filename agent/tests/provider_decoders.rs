@@ -1,0 +1,144 @@
+//! Response decoders: whatever bytes arrive, they return a reply or a typed error and never
+//! panic; what cairn-sim renders in each wire format decodes back to the same reply; a
+//! stream cut anywhere before its final event is an error.
+
+use cairn_agent::provider::StopReason;
+use cairn_agent::provider::decode;
+use cairn_sim::Stop;
+use cairn_sim::wire::{Turn, Wire, render_reply};
+use proptest::prelude::*;
+use serde_json::json;
+
+type Decoder = fn(&[u8]) -> Result<cairn_agent::provider::ChatResponse, decode::DecodeError>;
+
+const ALL: [Decoder; 9] = [
+    decode::openai,
+    decode::openai_stream,
+    decode::responses,
+    decode::responses_stream,
+    decode::anthropic,
+    decode::anthropic_stream,
+    decode::gemini,
+    decode::gemini_stream,
+    decode::bedrock,
+];
+
+fn decoders(wire: Wire) -> (Decoder, Option<Decoder>) {
+    match wire {
+        Wire::OpenaiChat => (decode::openai, Some(decode::openai_stream)),
+        Wire::OpenaiResponses => (decode::responses, Some(decode::responses_stream)),
+        Wire::Anthropic => (decode::anthropic, Some(decode::anthropic_stream)),
+        Wire::Gemini => (decode::gemini, Some(decode::gemini_stream)),
+        Wire::Bedrock => (decode::bedrock, None),
+    }
+}
+
+fn wires() -> impl Strategy<Value = Wire> {
+    prop_oneof![
+        Just(Wire::OpenaiChat),
+        Just(Wire::OpenaiResponses),
+        Just(Wire::Anthropic),
+        Just(Wire::Gemini),
+        Just(Wire::Bedrock),
+    ]
+}
+
+fn turns() -> impl Strategy<Value = Turn> {
+    (
+        "[a-zA-Z0-9 éß😀\"\\\\\n]{0,60}",
+        proptest::option::of("[a-z ]{1,20}"),
+        proptest::option::of(("[a-z_]{1,10}", "[a-z0-9]{0,8}")),
+        prop_oneof![Just(Stop::End), Just(Stop::MaxTokens)],
+        0u64..10_000,
+        0u64..500,
+    )
+        .prop_map(|(text, reasoning, call, stop, input, output)| {
+            let text = if text.is_empty() && call.is_none() {
+                "x".to_string()
+            } else {
+                text
+            };
+            let stop = if call.is_some() { Stop::ToolUse } else { stop };
+            Turn {
+                seq: 1,
+                model: "m".into(),
+                text,
+                reasoning,
+                call: call.map(|(name, v)| ("call_1".into(), name, json!({"v": v, "n": [1, 2]}))),
+                stop,
+                input_tokens: input,
+                output_tokens: output,
+                cached_tokens: input / 2,
+            }
+        })
+}
+
+fn expected_stop(s: Stop) -> StopReason {
+    match s {
+        Stop::End => StopReason::End,
+        Stop::ToolUse => StopReason::ToolUse,
+        Stop::MaxTokens => StopReason::MaxTokens,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        for d in ALL {
+            let _ = d(&bytes);
+        }
+    }
+
+    #[test]
+    fn json_shaped_garbage_never_panics(text in r#"[\{\}\[\]":,a-z0-9 \n]{0,200}"#) {
+        let framed = format!("data: {text}\n\n");
+        for d in ALL {
+            let _ = d(text.as_bytes());
+            let _ = d(framed.as_bytes());
+        }
+    }
+
+    #[test]
+    fn simulator_replies_decode_back(turn in turns(), wire in wires()) {
+        let (whole, streamed) = decoders(wire);
+        let mut variants = vec![(whole, render_reply(wire, &turn, false, true).frames.concat())];
+        if let Some(s) = streamed {
+            variants.push((s, render_reply(wire, &turn, true, true).frames.concat()));
+        }
+        for (d, bytes) in variants {
+            let r = d(&bytes).map_err(|e| TestCaseError::fail(format!("{wire:?}: {e}")))?;
+            prop_assert_eq!(&r.message.content, &turn.text);
+            prop_assert_eq!(r.message.reasoning.as_deref(), turn.reasoning.as_deref());
+            prop_assert_eq!(r.stop, expected_stop(turn.stop));
+            prop_assert_eq!(r.usage.input_tokens, turn.input_tokens);
+            prop_assert_eq!(r.usage.output_tokens, turn.output_tokens);
+            match &turn.call {
+                Some((_, name, args)) => {
+                    prop_assert_eq!(&r.tool_calls()[0].name, name);
+                    let got: serde_json::Value =
+                        serde_json::from_str(&r.tool_calls()[0].arguments).unwrap();
+                    prop_assert_eq!(&got, args);
+                }
+                None => prop_assert!(r.tool_calls().is_empty()),
+            }
+        }
+    }
+
+    #[test]
+    fn streams_cut_before_the_end_are_errors(turn in turns(), wire in wires(), cut in 0.0f64..1.0) {
+        let (_, Some(streamed)) = decoders(wire) else { return Ok(()) };
+        let frames = render_reply(wire, &turn, true, true).frames;
+        // Everything but the last frame carries no completion for OpenAI ([DONE] follows the
+        // finish chunk) so cut before the frame that completes the reply.
+        let last_needed = match wire {
+            Wire::OpenaiChat => frames.len() - 3,
+            _ => frames.len() - 1,
+        };
+        let bytes = frames[..last_needed].concat();
+        let at = ((bytes.len() as f64) * cut) as usize;
+        let r = streamed(&bytes[..at]);
+        prop_assert!(r.is_err(), "{wire:?} cut at {at}/{}", bytes.len());
+    }
+}
