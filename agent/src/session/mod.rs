@@ -285,14 +285,15 @@ impl Session {
     }
 
     fn summarizer(&self, extra: Option<String>) -> ProviderSummarizer {
-        ProviderSummarizer::new(
-            Arc::clone(&self.provider),
-            &self.live,
-            self.state
-                .chars_per_token
-                .chars(self.live.limits.context_window),
-            extra,
-        )
+        let mut window = self
+            .state
+            .chars_per_token
+            .chars(self.live.limits.context_window);
+        // The summary request crosses the same network path as every other request.
+        if let Some(cap) = self.state.effective_payload_cap(self.live.payload_cap) {
+            window = window.min((cap as f64 * crate::compact::window::PAYLOAD_CAP_SHARE) as usize);
+        }
+        ProviderSummarizer::new(Arc::clone(&self.provider), &self.live, window, extra)
     }
 
     /// Runs the ladder with `trigger` and counts it.

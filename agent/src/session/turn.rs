@@ -535,7 +535,7 @@ impl Session {
                                 notices,
                                 "recovery",
                                 format!(
-                                    "{} ({}); recovery attempt {} shrank the history from {} to {} bytes",
+                                    "{} ({}); recovery attempt {} took the history from {} to {} bytes",
                                     class.label(),
                                     err.label(),
                                     o.attempt,
@@ -556,6 +556,8 @@ impl Session {
                             if let Some(w) = o.floor_warning {
                                 notice(notices, "warning", w);
                             }
+                            // A learned cap takes effect on the retry itself.
+                            self.prepare(notices, changes).await;
                         }
                         Err(re) => {
                             self.metrics.inc(
