@@ -487,6 +487,22 @@ impl Session {
                         .map(Message::weight)
                         .sum::<usize>()
                         + tools_bytes;
+                    // Rejected again although what remains compactable was already cut
+                    // down, and the part that can never shrink is over the learned cap: no
+                    // retry can pass.
+                    if class.is_payload()
+                        && self.state.recovery_attempts >= 1
+                        && let Some(cap) = self.state.learned_payload_cap
+                        && uncompactable as u64 >= cap
+                    {
+                        return Err(TurnError::Floor(
+                            RecoveryError::Floor {
+                                uncompactable: uncompactable as u64,
+                                rejected: err.request_bytes,
+                            }
+                            .to_string(),
+                        ));
+                    }
                     let before = self.history.clone();
                     let ctx = RecoveryContext {
                         policy,
