@@ -255,7 +255,9 @@ impl Session {
                     &[("outcome", "ok")],
                     1.0,
                 );
-                self.committed.clone_from(&self.history);
+                // The first `at` messages are equal already.
+                self.committed.truncate(at);
+                self.committed.extend_from_slice(&self.history[at..]);
                 if let Some(u) = undo {
                     self.rewindable = Some((seq, u));
                 } else if rewinds.is_some() {

@@ -159,23 +159,36 @@ impl Session {
         input: Vec<Message>,
         provider_time: &mut Duration,
     ) -> Result<TurnOutcome, TurnError> {
-        let pre_turn = self.history.clone();
         self.state.begin_turn();
         // 1. The input is journaled before anything else happens to it.
         self.ensure_system_prompt();
+        let pre_turn_len = self.history.len();
         self.history.extend(input);
         self.commit(Vec::new(), None, None).await?;
 
         let mut notices = Vec::new();
         let mut changes = Changes::default();
-        match self.rounds(&mut notices, &mut changes, provider_time).await {
-            Ok(mut out) => {
+        let result = match self.rounds(&mut notices, &mut changes, provider_time).await {
+            Ok(out) => {
                 self.turns += 1;
-                self.last_reply_at = Some(SystemTime::now());
                 let undo = changes.undo();
                 // 6. The reply and the compactions are journaled before the turn is answered.
-                self.commit(std::mem::take(&mut changes.records), undo, None)
-                    .await?;
+                match self
+                    .commit(std::mem::take(&mut changes.records), undo, None)
+                    .await
+                {
+                    Ok(()) => Ok(out),
+                    Err(e) => {
+                        self.turns -= 1;
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(mut out) => {
+                self.last_reply_at = Some(SystemTime::now());
                 for n in &notices {
                     self.metrics
                         .inc("cairn_agent_notices_total", &[("kind", n.kind)], 1.0);
@@ -184,8 +197,10 @@ impl Session {
                 Ok(out)
             }
             Err(e) => {
-                // The journal holds the input; the next commit rewrites it away.
-                self.history = pre_turn;
+                // Back to the history before the input; the journal may still hold the
+                // input, which the next entry rewrites away.
+                self.history.clone_from(&self.committed);
+                self.history.truncate(pre_turn_len);
                 Err(e)
             }
         }
