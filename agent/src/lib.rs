@@ -16,3 +16,12 @@ pub mod classify;
 pub mod compact;
 pub mod recovery;
 pub mod tokens;
+
+// The running agent: settings, journal, session loop, HTTP API, cluster integration.
+pub mod app;
+pub mod config;
+pub mod journal;
+pub mod kube;
+pub mod metrics;
+pub mod server;
+pub mod session;

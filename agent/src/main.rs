@@ -1,8 +1,10 @@
 //! `cairn-agent`: thin binary over the `cairn_agent` library.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use cairn_agent::app::{self, Prompt, Source};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -28,6 +30,65 @@ enum Command {
         #[arg(long)]
         policy: Option<PathBuf>,
     },
+    /// One turn: the answer on stdout, notices on stderr. Exit codes: 0 ok, 1 journal or
+    /// archive failure, 2 bad input, 3 provider failure not recoverable, 4 floor diagnosis.
+    Run {
+        /// The session: YAML of the AgentSession spec plus `name` and `namespace`.
+        #[arg(long)]
+        config: PathBuf,
+        /// JSON Lines history that replaces the session's history before the turn.
+        #[arg(long)]
+        history: Option<PathBuf>,
+        #[arg(
+            long,
+            conflicts_with = "prompt_file",
+            required_unless_present = "prompt_file"
+        )]
+        prompt: Option<String>,
+        #[arg(long)]
+        prompt_file: Option<PathBuf>,
+    },
+    /// Serve the session's HTTP API.
+    Serve {
+        /// NAMESPACE/NAME of the AgentSession (in a cluster).
+        #[arg(
+            long,
+            env = "CAIRN_SESSION",
+            conflicts_with = "config",
+            required_unless_present = "config"
+        )]
+        session: Option<String>,
+        /// Standalone: the session's config file (re-read when it changes).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: SocketAddr,
+    },
+    /// Print an archived original, byte for byte.
+    Recall {
+        /// A <<ccr:KEY>> marker or its 16-hex key.
+        key: String,
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cairn-agent: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn fail(e: app::AppError) -> ExitCode {
+    eprintln!("cairn-agent: {e}");
+    ExitCode::from(e.code)
 }
 
 fn main() -> ExitCode {
@@ -40,6 +101,63 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Run {
+            config,
+            history,
+            prompt,
+            prompt_file,
+        } => {
+            app::init_tracing(false);
+            let prompt = match (prompt, prompt_file) {
+                (Some(t), _) => Prompt::Text(t),
+                (None, Some(f)) => Prompt::File(f),
+                (None, None) => {
+                    return fail(app::AppError {
+                        code: 2,
+                        message: "--prompt or --prompt-file is required".into(),
+                    });
+                }
+            };
+            match runtime().block_on(app::run(&config, history.as_deref(), prompt)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            }
+        }
+        Command::Serve {
+            session,
+            config,
+            listen,
+        } => {
+            app::init_tracing(true);
+            let source = match (session, config) {
+                (_, Some(c)) => Source::File(c),
+                (Some(s), None) => Source::Cluster(s),
+                (None, None) => {
+                    return fail(app::AppError {
+                        code: 2,
+                        message: "--session or --config is required".into(),
+                    });
+                }
+            };
+            match runtime().block_on(app::serve(source, listen)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            }
+        }
+        Command::Recall { key, config } => {
+            app::init_tracing(false);
+            match runtime().block_on(app::recall_cmd(&key, &config)) {
+                Ok(bytes) => {
+                    use std::io::Write;
+                    let mut out = std::io::stdout().lock();
+                    if out.write_all(&bytes).and_then(|()| out.flush()).is_err() {
+                        return ExitCode::from(1);
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
     }
 }
 

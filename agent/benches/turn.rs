@@ -1,0 +1,191 @@
+//! Per-turn overhead of the agent: everything a turn does except waiting for the model —
+//! journal the input, cheap passes, pre-flight, budget, building and serializing the request
+//! body, journal the reply — on a 1 MB and a 4 MB history.
+//!
+//! The provider answers at once, so what is measured is the agent's own work: `loop` is the
+//! session loop with an in-memory journal; `full` adds serializing the request body as the
+//! Anthropic client does and a journal in a local directory (`fsync` on every entry).
+//!
+//! `cargo bench -p cairn-agent --bench turn`
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cairn_agent::ccr::{LocalLimits, LocalStore};
+use cairn_agent::config::{ConfigFile, Live};
+use cairn_agent::history::{Message, ToolCall};
+use cairn_agent::journal::{DirObjects, JournalError, ObjectStore};
+use cairn_agent::metrics::Metrics;
+use cairn_agent::provider::{
+    Anthropic, ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage,
+};
+use cairn_agent::session::{Session, SessionParts};
+use criterion::{Criterion, criterion_group, criterion_main};
+use tokio::sync::watch;
+
+/// Answers immediately; with `serialize`, the request body is still built and serialized as
+/// the Anthropic client does before sending.
+struct Instant {
+    serialize: bool,
+}
+
+#[async_trait]
+impl Provider for Instant {
+    fn name(&self) -> &str {
+        "instant"
+    }
+
+    async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
+        let request_bytes = if self.serialize {
+            serde_json::to_vec(&Anthropic::body(request)).map_or(0, |b| b.len() as u64)
+        } else {
+            cairn_agent::history::weight(&request.messages) as u64
+        };
+        Ok(ChatResponse {
+            message: Message::assistant("ok"),
+            stop: StopReason::End,
+            usage: Usage::default(),
+            request_bytes,
+        })
+    }
+}
+
+/// A journal that only keeps objects in memory: isolates the journal's I/O from the rest.
+#[derive(Default)]
+struct MemObjects(std::sync::Mutex<std::collections::BTreeMap<String, Vec<u8>>>);
+
+#[async_trait]
+impl ObjectStore for MemObjects {
+    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(name.to_owned(), body);
+        }
+        Ok(())
+    }
+    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
+        Ok(self.0.lock().ok().and_then(|m| m.get(name).cloned()))
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
+        Ok(self
+            .0
+            .lock()
+            .map(|m| {
+                m.keys()
+                    .filter(|k| k.starts_with(prefix))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+}
+
+/// A coding-session-like history of about `bytes`: prompts, tool calls with results of a
+/// few KB, assistant prose.
+fn history(bytes: usize) -> Vec<Message> {
+    let mut h = vec![Message::system("You are a coding agent.")];
+    let mut size = 0;
+    let mut i = 0;
+    while size < bytes {
+        let result: String = (0..60)
+            .map(|l| format!("src/module_{i}.rs:{l}: let value_{l} = compute({l}, {i});\n"))
+            .collect();
+        let msgs = [
+            Message::user(format!("step {i}: look at module {i} and fix the warning")),
+            Message::assistant_calls(
+                "",
+                vec![ToolCall {
+                    id: format!("c{i}"),
+                    name: "read_file".into(),
+                    arguments: format!("{{\"path\":\"src/module_{i}.rs\",\"offset\":{i}}}"),
+                }],
+            ),
+            Message::tool(format!("c{i}"), result),
+            Message::assistant(format!(
+                "Module {i} computes values in a loop; the warning is an unused binding. {}",
+                "Details follow. ".repeat(20)
+            )),
+        ];
+        for m in msgs {
+            size += m.weight();
+            h.push(m);
+        }
+        i += 1;
+    }
+    h
+}
+
+fn session(
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    bytes: usize,
+    full: bool,
+) -> Session {
+    // A window large enough that the history never needs compacting: the steady state.
+    let yaml = "name: bench\nprovider: {kind: anthropic, model: claude-sonnet-4-5}\ncontextWindow: 4000000\nmaxOutputTokens: 8000\n";
+    let cfg = ConfigFile::parse(yaml, "bench").expect("config");
+    let live = Live::resolve(&cfg.spec, None, None).expect("live");
+    let (_tx, rx) = watch::channel(Arc::new(live));
+    std::mem::forget(_tx);
+    let store = LocalStore::open(
+        dir.join("ccr"),
+        LocalLimits {
+            max_bytes: 1 << 40,
+            ttl: Duration::from_secs(1 << 30),
+        },
+    )
+    .expect("store");
+    let counters = Arc::clone(store.counters());
+    rt.block_on(async {
+        let mut s = Session::open(SessionParts {
+            namespace: "bench".into(),
+            name: "bench".into(),
+            holder: "bench".into(),
+            live: rx,
+            provider: Arc::new(Instant { serialize: full }),
+            store: Arc::new(store),
+            journal: if full {
+                Arc::new(DirObjects::open(dir.join("journal")).expect("journal"))
+            } else {
+                Arc::new(MemObjects::default())
+            },
+            archive_counters: counters,
+            metrics: Arc::new(Metrics::new()),
+        })
+        .await
+        .expect("session");
+        s.replace_history(history(bytes)).await.expect("seed");
+        s
+    })
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("turn_overhead");
+    group.sample_size(30);
+    group.measurement_time(Duration::from_secs(10));
+    // `loop`: the session loop alone (journal in memory, no request serialization);
+    // `full`: plus serializing the request body and the journal on disk with fsync.
+    for (label, bytes, full) in [
+        ("1MB/loop", 1 << 20, false),
+        ("4MB/loop", 4 << 20, false),
+        ("1MB/full", 1 << 20, true),
+        ("4MB/full", 4 << 20, true),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = session(&rt, dir.path(), bytes, full);
+        group.bench_function(label, |b| {
+            b.iter(|| {
+                rt.block_on(s.turn(vec![Message::user("next step")]))
+                    .expect("turn")
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,345 @@
+//! From a config file, the environment or an AgentSession spec to the settings a session
+//! runs with: the live part (policy, limits, system prompt — replaceable between turns) and
+//! the storage (archive and journal, in S3 or a local directory).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_crds::{AgentSessionSpec, CompactionPolicySpec, EffectivePolicy};
+use serde::Deserialize;
+
+use crate::catalog::{self, Limits};
+use crate::ccr::stats::ArchiveCounters;
+use crate::ccr::{
+    LayeredStore, LocalLimits, LocalStore, S3Config, S3Credentials, S3Store, S3Timeouts,
+    SessionScope, Store,
+};
+use crate::journal::{DirObjects, ObjectStore, S3Objects};
+
+/// The default S3 key prefix (the operator's default too).
+pub const DEFAULT_PREFIX: &str = "cairn";
+
+/// A settings problem: bad input, exit code 2 in `run`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Parse { path: String, reason: String },
+    #[error("invalid session {0:?}: expected NAMESPACE/NAME")]
+    SessionName(String),
+    #[error("compaction policy: {0}")]
+    Policy(String),
+    #[error("payloadCap: {0}")]
+    PayloadCap(String),
+    #[error("archive: {0}")]
+    Archive(String),
+}
+
+impl ConfigError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Read { .. } => "read",
+            Self::Parse { .. } => "parse",
+            Self::SessionName(_) => "session_name",
+            Self::Policy(_) => "policy",
+            Self::PayloadCap(_) => "payload_cap",
+            Self::Archive(_) => "archive",
+        }
+    }
+}
+
+/// `--config FILE`: the AgentSession spec's fields plus `name` and `namespace`.
+#[derive(Deserialize, Clone, Debug, PartialEq)]
+pub struct ConfigFile {
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    #[serde(flatten)]
+    pub spec: AgentSessionSpec,
+    /// The CompactionPolicy spec the session references, inlined (standalone has no API to
+    /// read it from).
+    #[serde(default)]
+    pub policy: Option<CompactionPolicySpec>,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+impl ConfigFile {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// `NS/NAME`.
+pub fn parse_session_ref(s: &str) -> Result<(String, String), ConfigError> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_owned(), name.to_owned()))
+        }
+        _ => Err(ConfigError::SessionName(s.to_owned())),
+    }
+}
+
+/// What may change between two turns without a restart.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Live {
+    pub spec: AgentSessionSpec,
+    pub policy: EffectivePolicy,
+    pub policy_hash: String,
+    pub limits: Limits,
+    /// `spec.payloadCap` in bytes.
+    pub payload_cap: Option<u64>,
+    pub system_prompt: Option<String>,
+}
+
+impl Live {
+    /// Resolves the effective policy (defaults ← referenced policy ← inline overrides), the
+    /// model limits and the system prompt (`CAIRN_SYSTEM_PROMPT` stands for
+    /// `spec.systemPromptFrom`, whose ConfigMap the agent cannot read).
+    pub fn resolve(
+        spec: &AgentSessionSpec,
+        policy: Option<&CompactionPolicySpec>,
+        system_prompt_env: Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let effective = cairn_crds::resolve(policy, spec.compaction.as_ref())
+            .map_err(|e| ConfigError::Policy(e.to_string()))?;
+        let payload_cap = spec
+            .payload_cap()
+            .map_err(|e| ConfigError::PayloadCap(e.to_string()))?
+            .map(|c| c.bytes());
+        let system_prompt = system_prompt_env
+            .filter(|s| !s.is_empty())
+            .or_else(|| spec.system_prompt.clone());
+        if system_prompt.is_none() && spec.system_prompt_from.is_some() {
+            tracing::warn!(
+                "spec.systemPromptFrom is set but CAIRN_SYSTEM_PROMPT is not: running without a system prompt"
+            );
+        }
+        Ok(Self {
+            policy_hash: effective.hash(),
+            policy: effective,
+            limits: catalog::limits_for(spec),
+            payload_cap,
+            system_prompt,
+            spec: spec.clone(),
+        })
+    }
+}
+
+/// Where the archive and the journal live.
+#[derive(Clone, Debug)]
+pub struct StorageSettings {
+    /// `None`: everything in `data_dir`.
+    pub s3: Option<S3Config>,
+    pub prefix: String,
+    /// Root of the local archive cache (S3 mode).
+    pub cache_dir: PathBuf,
+    /// Root of the local archive and journal (no S3).
+    pub data_dir: PathBuf,
+    pub cache_limits: LocalLimits,
+}
+
+fn truthy(v: &str) -> bool {
+    matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes")
+}
+
+impl StorageSettings {
+    /// From the spec's `archive` block, overridden by the environment the operator sets
+    /// (`CAIRN_S3_*`, `CAIRN_ARCHIVE_*`, `CAIRN_CACHE_DIR`, `AWS_*`, `XDG_DATA_HOME`, `HOME`).
+    pub fn from_spec(
+        spec: &AgentSessionSpec,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let var = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+        let a = spec.archive.clone().unwrap_or_default();
+        let data_dir = var("XDG_DATA_HOME")
+            .map(PathBuf::from)
+            .or_else(|| var("HOME").map(|h| Path::new(&h).join(".local/share")))
+            .unwrap_or_else(|| PathBuf::from("/tmp"))
+            .join("cairn");
+        let cache_dir = var("CAIRN_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| data_dir.join("cache"));
+        let size = var("CAIRN_ARCHIVE_CACHE_SIZE").or(a.local_cache_size.clone());
+        let ttl = var("CAIRN_ARCHIVE_TTL").or(a.ttl.clone());
+        let cache_limits = LocalLimits::from_spec(size.as_deref(), ttl.as_deref())
+            .map_err(|e| ConfigError::Archive(e.to_string()))?;
+        let prefix = var("CAIRN_S3_PREFIX")
+            .or(a.prefix.clone())
+            .unwrap_or_else(|| DEFAULT_PREFIX.into());
+        let bucket = var("CAIRN_S3_BUCKET").or(a.bucket.clone());
+        let s3 = match bucket {
+            None => None,
+            Some(bucket) => {
+                let credentials = S3Credentials {
+                    access_key_id: var("AWS_ACCESS_KEY_ID").ok_or_else(|| {
+                        ConfigError::Archive("S3 bucket set but AWS_ACCESS_KEY_ID is not".into())
+                    })?,
+                    secret_access_key: var("AWS_SECRET_ACCESS_KEY").ok_or_else(|| {
+                        ConfigError::Archive(
+                            "S3 bucket set but AWS_SECRET_ACCESS_KEY is not".into(),
+                        )
+                    })?,
+                    session_token: var("AWS_SESSION_TOKEN"),
+                };
+                Some(S3Config {
+                    bucket,
+                    endpoint: var("CAIRN_S3_ENDPOINT").or(a.endpoint.clone()),
+                    region: var("CAIRN_S3_REGION")
+                        .or(a.region.clone())
+                        .or_else(|| var("AWS_REGION"))
+                        .unwrap_or_else(|| "us-east-1".into()),
+                    force_path_style: var("CAIRN_S3_FORCE_PATH_STYLE")
+                        .map(|v| truthy(&v))
+                        .or(a.force_path_style)
+                        .unwrap_or(false),
+                    credentials,
+                    timeouts: s3_timeouts(&var),
+                })
+            }
+        };
+        Ok(Self {
+            s3,
+            prefix,
+            cache_dir,
+            data_dir,
+            cache_limits,
+        })
+    }
+}
+
+/// `CAIRN_S3_TIMEOUT_SECS` bounds one S3 operation (all attempts); the default suits a
+/// cluster, tests shorten it.
+fn s3_timeouts(var: &impl Fn(&str) -> Option<String>) -> S3Timeouts {
+    let mut t = S3Timeouts::default();
+    if let Some(secs) = var("CAIRN_S3_TIMEOUT_SECS").and_then(|v| v.parse::<u64>().ok()) {
+        let op = Duration::from_secs(secs.max(1));
+        t.operation = op;
+        t.attempt = t.attempt.min(op);
+        t.connect = t.connect.min(op);
+    }
+    t
+}
+
+/// The opened archive and journal of one session.
+#[derive(Clone)]
+pub struct Storage {
+    pub store: Arc<dyn Store>,
+    pub journal: Arc<dyn ObjectStore>,
+    pub counters: Arc<ArchiveCounters>,
+    /// `s3` or `local`.
+    pub kind: &'static str,
+}
+
+impl Storage {
+    pub fn open(
+        settings: &StorageSettings,
+        namespace: &str,
+        session: &str,
+    ) -> Result<Self, ConfigError> {
+        let scope = SessionScope::new(&settings.prefix, namespace, session)
+            .map_err(|e| ConfigError::Archive(e.to_string()))?;
+        let archive_err = |e: crate::ccr::ArchiveError| ConfigError::Archive(e.to_string());
+        let journal_err = |e: crate::journal::JournalError| ConfigError::Archive(e.to_string());
+        match &settings.s3 {
+            Some(cfg) => {
+                let client = cfg
+                    .client()
+                    .map_err(|e| ConfigError::Archive(e.to_string()))?;
+                let remote = S3Store::with_client(client.clone(), &cfg.bucket, scope.clone());
+                let layered =
+                    LayeredStore::open(&settings.cache_dir, settings.cache_limits, remote)
+                        .map_err(archive_err)?;
+                let counters = Arc::clone(layered.counters());
+                Ok(Self {
+                    store: Arc::new(layered),
+                    journal: Arc::new(S3Objects::new(client, &cfg.bucket, scope.journal_prefix())),
+                    counters,
+                    kind: "s3",
+                })
+            }
+            None => {
+                let root = settings.data_dir.join(namespace).join(session);
+                // The only tier is the archive itself: nothing may be evicted from it.
+                let limits = LocalLimits {
+                    max_bytes: u64::MAX / 2,
+                    ttl: Duration::from_secs(100 * 365 * 24 * 3600),
+                };
+                let local = LocalStore::open(root.join("ccr"), limits).map_err(archive_err)?;
+                let counters = Arc::clone(local.counters());
+                Ok(Self {
+                    store: Arc::new(local),
+                    journal: Arc::new(DirObjects::open(root.join("journal")).map_err(journal_err)?),
+                    counters,
+                    kind: "local",
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_file_is_the_spec_plus_name() {
+        let c = ConfigFile::parse(
+            "name: demo\nprovider:\n  kind: openai-compatible\n  model: m\n  baseUrl: http://x/v1\ncontextWindow: 1000\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.name, "demo");
+        assert_eq!(c.namespace, "default");
+        assert_eq!(c.spec.context_window, Some(1000));
+        assert!(ConfigFile::parse("name: x\n", "t").is_err());
+    }
+
+    #[test]
+    fn env_overrides_spec_and_local_is_the_default() {
+        let c = ConfigFile::parse(
+            "name: demo\nprovider: {kind: openai-compatible, model: m}\narchive: {bucket: b, prefix: p}\n",
+            "t",
+        )
+        .unwrap();
+        let env = |k: &str| match k {
+            "AWS_ACCESS_KEY_ID" | "AWS_SECRET_ACCESS_KEY" => Some("x".to_string()),
+            "CAIRN_S3_PREFIX" => Some("q".to_string()),
+            "XDG_DATA_HOME" => Some("/d".to_string()),
+            _ => None,
+        };
+        let s = StorageSettings::from_spec(&c.spec, env).unwrap();
+        assert_eq!(s.prefix, "q");
+        assert_eq!(s.s3.unwrap().bucket, "b");
+        assert_eq!(s.data_dir, PathBuf::from("/d/cairn"));
+        let none = ConfigFile::parse(
+            "name: d\nprovider: {kind: openai-compatible, model: m}\n",
+            "t",
+        )
+        .unwrap();
+        let s = StorageSettings::from_spec(&none.spec, |k| (k == "HOME").then(|| "/h".to_string()))
+            .unwrap();
+        assert!(s.s3.is_none());
+        assert_eq!(s.data_dir, PathBuf::from("/h/.local/share/cairn"));
+        assert!(parse_session_ref("ns/a").is_ok());
+        assert!(parse_session_ref("a").is_err());
+    }
+}

@@ -1,0 +1,380 @@
+//! The HTTP API of a session (axum): an OpenAI Responses API subset, session endpoints,
+//! recall, health and metrics.
+//!
+//! Every route but `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer
+//! $CAIRN_API_TOKEN`. `/metrics` carries counters only (no message bodies, no secrets) so a
+//! Prometheus scraper needs no session token. One turn runs at a time: a request that needs
+//! the session while another holds it gets 409. Bodies over the limit get 413; malformed
+//! ones 400; every error is a JSON `{"error": {"message", "type", "code"}}`.
+
+mod responses;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, watch};
+
+use crate::ccr::stats::ArchiveCounters;
+use crate::ccr::{RecallError, Store, recall};
+use crate::metrics::Metrics;
+use crate::session::{Session, TurnError};
+use cairn_crds::SessionStats;
+
+/// Default request-body limit (`CAIRN_MAX_REQUEST_BYTES`).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    pub session: Arc<Mutex<Session>>,
+    token: Arc<str>,
+    metrics: Arc<Metrics>,
+    archive_counters: Arc<ArchiveCounters>,
+    store: Arc<dyn Store>,
+    ready: Arc<AtomicBool>,
+    view: Arc<RwLock<Value>>,
+    lost: Arc<RwLock<Option<String>>>,
+    stats_tx: Arc<watch::Sender<Option<SessionStats>>>,
+}
+
+impl AppState {
+    pub fn new(session: Session, token: impl Into<Arc<str>>) -> Self {
+        let metrics = Arc::clone(session.metrics());
+        let archive_counters = Arc::clone(session.archive_counters());
+        let store = session.store();
+        let (stats_tx, _) = watch::channel(Some(session.stats()));
+        let view = Arc::new(RwLock::new(view_of(&session, "idle")));
+        Self {
+            session: Arc::new(Mutex::new(session)),
+            token: token.into(),
+            metrics,
+            archive_counters,
+            store,
+            ready: Arc::new(AtomicBool::new(true)),
+            view,
+            lost: Arc::new(RwLock::new(None)),
+            stats_tx: Arc::new(stats_tx),
+        }
+    }
+
+    /// Session counters after every turn (the status writer follows this).
+    pub fn stats(&self) -> watch::Receiver<Option<SessionStats>> {
+        self.stats_tx.subscribe()
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// This agent lost the session (its Lease went to another pod): no more turns.
+    pub fn fence(&self, reason: String) {
+        self.set_ready(false);
+        if let Ok(mut v) = self.view.write()
+            && let Some(o) = v.as_object_mut()
+        {
+            o.insert("status".into(), json!("fenced"));
+            o.insert("fenced".into(), json!(reason));
+        }
+        if let Ok(mut l) = self.lost.write() {
+            *l = Some(reason);
+        }
+    }
+
+    /// Refuses work once the session was lost.
+    fn check_owned(&self) -> Result<(), ApiError> {
+        match self.lost.read().ok().and_then(|l| l.clone()) {
+            Some(reason) => Err(ApiError::new(StatusCode::CONFLICT, "fenced", reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Refreshes the cached view after the session changed.
+    fn publish(&self, session: &Session) {
+        let status = if session.fenced().is_some() {
+            self.set_ready(false);
+            "fenced"
+        } else {
+            "idle"
+        };
+        if let Ok(mut v) = self.view.write() {
+            *v = view_of(session, status);
+        }
+        self.stats_tx.send_replace(Some(session.stats()));
+    }
+}
+
+fn view_of(session: &Session, status: &str) -> Value {
+    let live = session.live();
+    json!({
+        "namespace": session.namespace,
+        "name": session.name,
+        "status": status,
+        "fenced": session.fenced(),
+        "provider": live.spec.provider.kind.as_str(),
+        "model": live.spec.provider.model,
+        "contextWindow": live.limits.context_window,
+        "payloadCap": live.payload_cap,
+        "journalEpoch": session.journal_epoch(),
+        "stats": session.stats(),
+        "policyHash": live.policy_hash,
+        "policy": live.policy,
+    })
+}
+
+/// An error answer.
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            409 => "conflict_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+
+    fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind(), "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(r: BytesRejection) -> Self {
+        let status = r.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::new(
+                status,
+                "body_too_large",
+                "request body exceeds the size limit",
+            )
+        } else {
+            Self::new(status, "bad_body", r.body_text())
+        }
+    }
+}
+
+impl From<TurnError> for ApiError {
+    fn from(e: TurnError) -> Self {
+        let status = match &e {
+            TurnError::BadInput(_) => StatusCode::BAD_REQUEST,
+            TurnError::Provider { .. } => StatusCode::BAD_GATEWAY,
+            TurnError::Floor(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            TurnError::Journal(_) => StatusCode::SERVICE_UNAVAILABLE,
+            TurnError::Fenced(_) => StatusCode::CONFLICT,
+            TurnError::NothingToRewind => StatusCode::CONFLICT,
+        };
+        Self::new(status, e.label(), e.to_string())
+    }
+}
+
+fn busy() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "session_busy",
+        "another turn is running on this session; retry when it has finished",
+    )
+}
+
+/// The router with every route.
+pub fn router(state: AppState, max_body: usize) -> Router {
+    let protected = Router::new()
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/session", get(get_session))
+        .route("/v1/session/compact", post(compact))
+        .route("/v1/session/rewind", post(rewind))
+        .route("/v1/recall/{key}", get(get_recall))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .merge(protected)
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn auth(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match presented {
+        Some(t) if constant_time_eq(t.as_bytes(), state.token.as_bytes()) => {
+            next.run(request).await
+        }
+        _ => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token (Authorization: Bearer $CAIRN_API_TOKEN)",
+        )
+        .into_response(),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.ready.load(Ordering::SeqCst) {
+        "ready".into_response()
+    } else {
+        let reason = state
+            .view
+            .read()
+            .ok()
+            .and_then(|v| v.get("fenced").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_else(|| "not ready".into());
+        (StatusCode::SERVICE_UNAVAILABLE, reason).into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state
+            .metrics
+            .render(Some(state.archive_counters.snapshot())),
+    )
+        .into_response()
+}
+
+async fn get_session(State(state): State<AppState>) -> Response {
+    let mut v = state.view.read().map(|v| v.clone()).unwrap_or(Value::Null);
+    if state.session.try_lock().is_err()
+        && let Some(o) = v.as_object_mut()
+    {
+        o.insert("status".into(), json!("busy"));
+    }
+    axum::Json(v).into_response()
+}
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("request body is not valid JSON: {e}"),
+        )
+    })
+}
+
+async fn compact(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = parse_json(&body?)?;
+    let instruction = match body.get("instruction") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_instruction",
+                "instruction must be a string",
+            ));
+        }
+    };
+    state.check_owned()?;
+    let mut session = state.session.try_lock().map_err(|_| busy())?;
+    let result = session.compact_now(instruction).await;
+    state.publish(&session);
+    let out = result?;
+    Ok(axum::Json(json!({
+        "trigger": out.trigger.label(),
+        "level": out.level,
+        "bytesBefore": out.bytes_before,
+        "bytesAfter": out.bytes_after,
+        "met": out.met,
+        "messages": session.history().len(),
+    }))
+    .into_response())
+}
+
+async fn rewind(State(state): State<AppState>) -> Result<Response, ApiError> {
+    state.check_owned()?;
+    let mut session = state.session.try_lock().map_err(|_| busy())?;
+    let result = session.rewind().await;
+    state.publish(&session);
+    let messages = result?;
+    Ok(
+        axum::Json(json!({"messages": messages, "historyBytes": session.stats().history_bytes}))
+            .into_response(),
+    )
+}
+
+async fn get_recall(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    match recall(state.store.as_ref(), &key).await {
+        Ok(r) if r.missing.is_empty() => Ok((
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            r.output,
+        )
+            .into_response()),
+        Ok(r) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_archived",
+            format!(
+                "this session's archive has no {}",
+                r.missing
+                    .iter()
+                    .map(|k| k.marker())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+        Err(RecallError::NoKey) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+            RecallError::NoKey.to_string(),
+        )),
+        Err(e) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "archive_unavailable",
+            e.to_string(),
+        )),
+    }
+}

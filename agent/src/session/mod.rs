@@ -1,0 +1,430 @@
+//! One session: its history, what it learned, its journal, and the turn loop
+//! ([`Session::turn`], in `turn`).
+//!
+//! The in-memory history only ever moves forward from what the journal holds: every change
+//! is persisted as one journal entry before the turn (or compaction, or rewind) that made it
+//! is acknowledged, and a failure rolls the in-memory history back to the journal's.
+
+mod summarizer;
+pub mod tools;
+mod turn;
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use cairn_crds::session::{LastRecovery, SessionStats, TokenStats};
+use tokio::sync::watch;
+
+use crate::ccr::Store;
+use crate::ccr::stats::{ArchiveCounters, CompressionCounters};
+use crate::compact::ladder::LadderContext;
+use crate::compact::{BudgetInputs, CompactionOutcome, SessionState, Trigger, compact};
+use crate::config::Live;
+use crate::history::{self, Message};
+use crate::journal::{
+    CompactionRecord, Entry, Journal, JournalError, ObjectStore, PersistedState, Undo,
+};
+use crate::metrics::Metrics;
+use crate::provider::{Provider, Usage};
+
+pub use summarizer::ProviderSummarizer;
+pub use turn::{Notice, TurnOutcome};
+
+/// Why a turn (or a compaction, or a rewind) failed. The history is as before it.
+#[derive(Debug, thiserror::Error)]
+pub enum TurnError {
+    #[error("bad input: {0}")]
+    BadInput(String),
+    #[error("the provider failed ({class}): {message}")]
+    Provider {
+        class: &'static str,
+        message: String,
+    },
+    #[error("{0}")]
+    Floor(String),
+    #[error("the turn was not persisted, history unchanged: {0}")]
+    Journal(JournalError),
+    #[error("{0}")]
+    Fenced(JournalError),
+    #[error("nothing to rewind: no compaction since the last rewind or restart checkpoint")]
+    NothingToRewind,
+}
+
+impl TurnError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::BadInput(_) => "bad_input",
+            Self::Provider { .. } => "provider",
+            Self::Floor(_) => "floor",
+            Self::Journal(_) => "journal",
+            Self::Fenced(_) => "fenced",
+            Self::NothingToRewind => "nothing_to_rewind",
+        }
+    }
+}
+
+impl From<JournalError> for TurnError {
+    fn from(e: JournalError) -> Self {
+        match e {
+            JournalError::Fenced { .. } => Self::Fenced(e),
+            e => Self::Journal(e),
+        }
+    }
+}
+
+/// What a session is built from.
+pub struct SessionParts {
+    pub namespace: String,
+    pub name: String,
+    /// Who writes the journal (pod name or host and pid).
+    pub holder: String,
+    pub live: watch::Receiver<Arc<Live>>,
+    pub provider: Arc<dyn Provider>,
+    pub store: Arc<dyn Store>,
+    pub journal: Arc<dyn ObjectStore>,
+    pub archive_counters: Arc<ArchiveCounters>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// One agent session.
+pub struct Session {
+    pub namespace: String,
+    pub name: String,
+    history: Vec<Message>,
+    /// What the journal holds.
+    committed: Vec<Message>,
+    state: SessionState,
+    live: Arc<Live>,
+    live_rx: watch::Receiver<Arc<Live>>,
+    provider: Arc<dyn Provider>,
+    store: Arc<dyn Store>,
+    journal: Journal,
+    archive_counters: Arc<ArchiveCounters>,
+    compression_counters: CompressionCounters,
+    metrics: Arc<Metrics>,
+    turns: u64,
+    tokens: Usage,
+    last_reply_at: Option<SystemTime>,
+    rewindable: Option<(u64, Undo)>,
+    last_recovery: Option<LastRecovery>,
+}
+
+impl Session {
+    /// Claims the journal (fencing any earlier writer) and rebuilds the history from it.
+    pub async fn open(parts: SessionParts) -> Result<Self, JournalError> {
+        let (journal, rebuilt) = Journal::open(parts.journal, parts.holder).await?;
+        let mut state = SessionState::new();
+        rebuilt.state.restore_into(&mut state);
+        let mut live_rx = parts.live;
+        let live = live_rx.borrow_and_update().clone();
+        let s = Self {
+            namespace: parts.namespace,
+            name: parts.name,
+            committed: rebuilt.history.clone(),
+            history: rebuilt.history,
+            state,
+            live,
+            live_rx,
+            provider: parts.provider,
+            store: parts.store,
+            journal,
+            archive_counters: parts.archive_counters,
+            compression_counters: CompressionCounters::default(),
+            metrics: parts.metrics,
+            turns: rebuilt.state.turns,
+            tokens: Usage {
+                input_tokens: rebuilt.state.input_tokens,
+                output_tokens: rebuilt.state.output_tokens,
+                cache_read_tokens: rebuilt.state.cache_read_tokens,
+            },
+            last_reply_at: None,
+            rewindable: rebuilt.rewindable,
+            last_recovery: None,
+        };
+        s.publish_gauges();
+        Ok(s)
+    }
+
+    pub fn history(&self) -> &[Message] {
+        &self.history
+    }
+
+    pub fn state(&self) -> &SessionState {
+        &self.state
+    }
+
+    pub fn store(&self) -> Arc<dyn Store> {
+        Arc::clone(&self.store)
+    }
+
+    pub fn live(&self) -> Arc<Live> {
+        Arc::clone(&self.live)
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn archive_counters(&self) -> &Arc<ArchiveCounters> {
+        &self.archive_counters
+    }
+
+    pub fn journal_epoch(&self) -> u64 {
+        self.journal.epoch()
+    }
+
+    /// Set once another agent took this session over: it must not run turns any more.
+    pub fn fenced(&self) -> Option<String> {
+        self.journal.fenced().map(ToString::to_string)
+    }
+
+    /// Picks up a changed policy or spec; called at the start of every turn.
+    fn refresh_live(&mut self) {
+        if self.live_rx.has_changed().unwrap_or(false) {
+            let next = self.live_rx.borrow_and_update().clone();
+            if next.policy_hash != self.live.policy_hash {
+                tracing::info!(from = %self.live.policy_hash, to = %next.policy_hash, "effective policy changed");
+            }
+            self.live = next;
+        }
+    }
+
+    /// Appends messages without a model call (seeding from `--history`), persisted at once.
+    pub async fn seed(&mut self, messages: Vec<Message>) -> Result<(), TurnError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        self.history.extend(messages);
+        self.commit(Vec::new(), None, None).await
+    }
+
+    /// Replaces the whole history (`run --history`), persisted at once.
+    pub async fn replace_history(&mut self, messages: Vec<Message>) -> Result<(), TurnError> {
+        self.history = messages;
+        self.commit(Vec::new(), None, None).await
+    }
+
+    /// Persists the difference between the journal and the history as one entry. On failure
+    /// the history returns to what the journal holds.
+    async fn commit(
+        &mut self,
+        compactions: Vec<CompactionRecord>,
+        undo: Option<Undo>,
+        rewinds: Option<u64>,
+    ) -> Result<(), TurnError> {
+        let mut at = self
+            .committed
+            .iter()
+            .zip(&self.history)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if at == self.committed.len()
+            && at == self.history.len()
+            && compactions.is_empty()
+            && undo.is_none()
+            && rewinds.is_none()
+        {
+            return Ok(());
+        }
+        if self.journal.checkpoint_due() {
+            at = 0;
+        }
+        let entry = Entry {
+            epoch: 0,
+            seq: 0,
+            holder: String::new(),
+            at,
+            messages: self.history[at..].to_vec(),
+            state: PersistedState::capture(
+                &self.state,
+                self.turns,
+                [
+                    self.tokens.input_tokens,
+                    self.tokens.output_tokens,
+                    self.tokens.cache_read_tokens,
+                ],
+            ),
+            compactions,
+            undo: undo.clone(),
+            rewinds,
+        };
+        match self.journal.append(entry).await {
+            Ok(seq) => {
+                self.metrics.inc(
+                    "cairn_agent_journal_writes_total",
+                    &[("outcome", "ok")],
+                    1.0,
+                );
+                // The first `at` messages are equal already.
+                self.committed.truncate(at);
+                self.committed.extend_from_slice(&self.history[at..]);
+                if let Some(u) = undo {
+                    self.rewindable = Some((seq, u));
+                } else if rewinds.is_some() {
+                    self.rewindable = None;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.inc(
+                    "cairn_agent_journal_writes_total",
+                    &[("outcome", e.label())],
+                    1.0,
+                );
+                self.history.clone_from(&self.committed);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Budget inputs for the current live settings.
+    fn budget_inputs(&self) -> BudgetInputs {
+        BudgetInputs {
+            context_window: self.live.limits.context_window,
+            payload_cap: self.live.payload_cap,
+            reserve_bytes: tools::catalog().iter().map(|t| t.weight()).sum(),
+        }
+    }
+
+    fn summarizer(&self, extra: Option<String>) -> ProviderSummarizer {
+        let mut window = self
+            .state
+            .chars_per_token
+            .chars(self.live.limits.context_window);
+        // The summary request crosses the same network path as every other request.
+        if let Some(cap) = self.state.effective_payload_cap(self.live.payload_cap) {
+            window = window.min((cap as f64 * crate::compact::window::PAYLOAD_CAP_SHARE) as usize);
+        }
+        ProviderSummarizer::new(Arc::clone(&self.provider), &self.live, window, extra)
+    }
+
+    /// Runs the ladder with `trigger` and counts it.
+    async fn run_ladder(
+        &mut self,
+        trigger: Trigger,
+        ratio: Option<f64>,
+        extra_instruction: Option<String>,
+    ) -> CompactionOutcome {
+        let summarizer = self.summarizer(extra_instruction);
+        let live = Arc::clone(&self.live);
+        let ctx = LadderContext {
+            policy: &live.policy,
+            inputs: self.budget_inputs(),
+            store: self.store.as_ref(),
+            summarizer: Some(&summarizer),
+            trigger,
+            budget_ratio: ratio,
+        };
+        let out = compact(&mut self.history, &ctx, &mut self.state).await;
+        if out.not_run.is_none() {
+            let level = out.level.map_or("0".to_string(), |l| l.to_string());
+            self.metrics.inc(
+                "cairn_agent_compactions_total",
+                &[("level", &level), ("trigger", trigger.label())],
+                1.0,
+            );
+        }
+        out
+    }
+
+    /// `POST /v1/session/compact`: a compaction asked for by a person, with an optional
+    /// instruction for the summary.
+    pub async fn compact_now(
+        &mut self,
+        instruction: Option<String>,
+    ) -> Result<CompactionOutcome, TurnError> {
+        if let Some(f) = self.journal.fenced() {
+            return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
+        }
+        self.refresh_live();
+        let pre = self.history.clone();
+        let out = self.run_ladder(Trigger::Manual, None, instruction).await;
+        let changed = self.history != pre;
+        let records = vec![record(&out)];
+        let undo = changed.then_some(Undo {
+            pre,
+            post_len: self.history.len(),
+        });
+        self.commit(records, undo, None).await?;
+        self.publish_gauges();
+        Ok(out)
+    }
+
+    /// `POST /v1/session/rewind`: undoes the last compaction — the history before it, plus
+    /// every message added since.
+    pub async fn rewind(&mut self) -> Result<usize, TurnError> {
+        let Some((seq, undo)) = self.rewindable.clone() else {
+            return Err(TurnError::NothingToRewind);
+        };
+        let tail = self
+            .history
+            .get(undo.post_len.min(self.history.len())..)
+            .unwrap_or_default()
+            .to_vec();
+        self.history = undo.pre;
+        self.history.extend(tail);
+        self.commit(Vec::new(), None, Some(seq)).await?;
+        self.publish_gauges();
+        Ok(self.history.len())
+    }
+
+    /// Persists anything not yet in the journal (graceful shutdown).
+    pub async fn flush(&mut self) -> Result<(), TurnError> {
+        if self.journal.fenced().is_some() {
+            return Ok(());
+        }
+        self.commit(Vec::new(), None, None).await
+    }
+
+    /// Counters for `status.session` and `GET /v1/session`.
+    pub fn stats(&self) -> SessionStats {
+        let bytes = history::weight(&self.history) as u64;
+        let tokens = self.state.chars_per_token.tokens(bytes as usize);
+        let window = self.live.limits.context_window.max(1);
+        SessionStats {
+            turns: self.turns,
+            messages: self.history.len() as u64,
+            history_bytes: bytes,
+            context_tokens: tokens,
+            utilization: ((tokens as f64 / window as f64).min(1.0) * 1000.0).round() / 1000.0,
+            learned_payload_cap: self.state.learned_payload_cap,
+            compactions: self.state.compactions,
+            level3_compactions: self.state.level3_compactions,
+            recoveries: self.state.recoveries,
+            last_recovery: self.last_recovery.clone(),
+            archive: self.archive_counters.snapshot().session_stats(),
+            tokens: TokenStats {
+                input: self.tokens.input_tokens,
+                output: self.tokens.output_tokens,
+                cache_read: self.tokens.cache_read_tokens,
+            },
+        }
+    }
+
+    fn publish_gauges(&self) {
+        let s = self.stats();
+        self.metrics
+            .set("cairn_agent_history_bytes", &[], s.history_bytes as f64);
+        self.metrics
+            .set("cairn_agent_context_utilization", &[], s.utilization);
+        self.metrics.set(
+            "cairn_agent_learned_payload_cap_bytes",
+            &[],
+            s.learned_payload_cap.unwrap_or(0) as f64,
+        );
+    }
+}
+
+fn record(out: &CompactionOutcome) -> CompactionRecord {
+    CompactionRecord {
+        trigger: out.trigger.label().into(),
+        level: out.level.unwrap_or(0),
+        bytes_before: out.bytes_before as u64,
+        bytes_after: out.bytes_after as u64,
+        archived: out
+            .reports
+            .iter()
+            .flat_map(|r| r.archived.iter().map(|k| k.as_str().to_owned()))
+            .collect(),
+    }
+}

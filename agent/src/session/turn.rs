@@ -1,0 +1,636 @@
+//! One turn (DESIGN.md §3 "One turn"): journal the input → cheap passes → pre-flight →
+//! compaction ladder → send → classify → recovery ladder / output-token escalation → run
+//! built-in tool calls and send again (bounded, with a stagnation guard) → journal.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use cairn_crds::session::LastRecovery;
+use tracing::Instrument;
+
+use crate::classify::classify;
+use crate::compact::dedup::dedup_reads;
+use crate::compact::microcompact::microcompact;
+use crate::compact::pairing;
+use crate::compact::{Budget, Headroom, PassReport, Trigger, budget};
+use crate::history::{self, Message, Role};
+use crate::journal::{CompactionRecord, Undo};
+use crate::provider::{ChatRequest, ChatResponse, StopReason, Usage};
+use crate::recovery::{RecoveryContext, RecoveryError, escalate_output, recover};
+
+use super::tools::{self, StagnationGuard};
+use super::{Session, TurnError, record};
+
+/// Model rounds one turn may take (each tool-call batch costs one).
+pub const MAX_TOOL_ROUNDS: u32 = 16;
+/// Pre-flight compacts when a request would exceed this share of a known payload cap...
+pub const PREFLIGHT_CAP_SHARE: f64 = 0.85;
+/// ...down to this budget ratio.
+pub const PREFLIGHT_BUDGET_RATIO: f64 = 0.40;
+/// With no payload cap known, a history past this size is worth a warning (once).
+pub const LARGE_HISTORY_BYTES: usize = 2_500_000;
+/// First output-token limit of a turn; escalation doubles it up to the model's maximum.
+pub const INITIAL_OUTPUT_TOKENS: u64 = 8_192;
+
+/// Something a person should know about a turn (stderr in `run`; events, logs and metrics
+/// in `serve`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Notice {
+    /// `compaction`, `recovery`, `learned_cap`, `floor`, `warning`, `escalation`, `tools`.
+    pub kind: &'static str,
+    pub message: String,
+}
+
+/// An acknowledged turn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnOutcome {
+    /// The answer.
+    pub text: String,
+    pub usage: Usage,
+    pub notices: Vec<Notice>,
+    /// Model calls made.
+    pub rounds: u32,
+    /// Why the tool-call loop stopped early, if it did.
+    pub stopped: Option<&'static str>,
+}
+
+/// Per-turn bookkeeping of compactions (for the journal and rewind).
+#[derive(Default)]
+struct Changes {
+    records: Vec<CompactionRecord>,
+    /// The history before the first compaction of the turn.
+    pre: Option<Vec<Message>>,
+    /// History length after the last compaction of the turn.
+    post_len: usize,
+}
+
+impl Changes {
+    fn undo(&mut self) -> Option<Undo> {
+        self.pre.take().map(|pre| Undo {
+            pre,
+            post_len: self.post_len,
+        })
+    }
+}
+
+fn notice(notices: &mut Vec<Notice>, kind: &'static str, message: String) {
+    tracing::info!(kind, %message, "notice");
+    notices.push(Notice { kind, message });
+}
+
+fn add_usage(total: &mut Usage, u: &Usage) {
+    total.input_tokens += u.input_tokens;
+    total.output_tokens += u.output_tokens;
+    total.cache_read_tokens += u.cache_read_tokens;
+}
+
+fn validate(input: &[Message]) -> Result<(), TurnError> {
+    if input.is_empty() {
+        return Err(TurnError::BadInput("no input message".into()));
+    }
+    if !input.iter().any(|m| m.role == Role::User) {
+        return Err(TurnError::BadInput("the input has no user message".into()));
+    }
+    if let Some(m) = input
+        .iter()
+        .find(|m| !matches!(m.role, Role::User | Role::System))
+    {
+        return Err(TurnError::BadInput(format!(
+            "input messages must be user or system messages, not {}",
+            m.role.as_str()
+        )));
+    }
+    Ok(())
+}
+
+impl Session {
+    /// Runs one turn. On `Ok`, the new messages are in the journal; on `Err`, the history is
+    /// as before the turn.
+    pub async fn turn(&mut self, input: Vec<Message>) -> Result<TurnOutcome, TurnError> {
+        validate(&input)?;
+        if let Some(f) = self.journal.fenced() {
+            return Err(TurnError::Fenced(
+                crate::journal::JournalError::Unavailable(f.to_string()),
+            ));
+        }
+        self.refresh_live();
+        let span = tracing::info_span!("turn", session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
+        let started = Instant::now();
+        let mut provider_time = Duration::ZERO;
+        let result = self
+            .turn_inner(input, &mut provider_time)
+            .instrument(span)
+            .await;
+        let elapsed = started.elapsed();
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.label(),
+        };
+        self.metrics
+            .inc("cairn_agent_turns_total", &[("outcome", outcome)], 1.0);
+        self.metrics
+            .observe("cairn_agent_turn_seconds", &[], elapsed.as_secs_f64());
+        self.metrics.observe(
+            "cairn_agent_overhead_seconds",
+            &[],
+            elapsed.saturating_sub(provider_time).as_secs_f64(),
+        );
+        self.publish_gauges();
+        result
+    }
+
+    /// The system prompt leads the history; a changed prompt replaces the old one.
+    fn ensure_system_prompt(&mut self) {
+        let Some(prompt) = self.live.system_prompt.clone() else {
+            return;
+        };
+        match self.history.first_mut() {
+            Some(m) if m.is_system() => {
+                if m.content != prompt {
+                    m.content = prompt;
+                }
+            }
+            _ => self.history.insert(0, Message::system(prompt)),
+        }
+    }
+
+    async fn turn_inner(
+        &mut self,
+        input: Vec<Message>,
+        provider_time: &mut Duration,
+    ) -> Result<TurnOutcome, TurnError> {
+        self.state.begin_turn();
+        // 1. The input is journaled before anything else happens to it.
+        self.ensure_system_prompt();
+        let pre_turn_len = self.history.len();
+        self.history.extend(input);
+        self.commit(Vec::new(), None, None).await?;
+
+        let mut notices = Vec::new();
+        let mut changes = Changes::default();
+        let result = match self.rounds(&mut notices, &mut changes, provider_time).await {
+            Ok(out) => {
+                self.turns += 1;
+                let undo = changes.undo();
+                // 6. The reply and the compactions are journaled before the turn is answered.
+                match self
+                    .commit(std::mem::take(&mut changes.records), undo, None)
+                    .await
+                {
+                    Ok(()) => Ok(out),
+                    Err(e) => {
+                        self.turns -= 1;
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(mut out) => {
+                self.last_reply_at = Some(SystemTime::now());
+                for n in &notices {
+                    self.metrics
+                        .inc("cairn_agent_notices_total", &[("kind", n.kind)], 1.0);
+                }
+                out.notices = notices;
+                Ok(out)
+            }
+            Err(e) => {
+                // Back to the history before the input; the journal may still hold the
+                // input, which the next entry rewrites away.
+                self.history.clone_from(&self.committed);
+                self.history.truncate(pre_turn_len);
+                Err(e)
+            }
+        }
+    }
+
+    async fn rounds(
+        &mut self,
+        notices: &mut Vec<Notice>,
+        changes: &mut Changes,
+        provider_time: &mut Duration,
+    ) -> Result<TurnOutcome, TurnError> {
+        let live = Arc::clone(&self.live);
+        let policy = &live.policy;
+        let store = Arc::clone(&self.store);
+
+        // 2. Cheap passes.
+        let idle_for = self.last_reply_at.and_then(|t| t.elapsed().ok());
+        let mut reports: Vec<PassReport> = Vec::new();
+        reports.push(microcompact(&mut self.history, policy, idle_for, store.as_ref()).await);
+        reports.push(dedup_reads(&mut self.history, store.as_ref()).await);
+        reports.push(
+            pairing::repair_archived(&mut self.history, store.as_ref(), Trigger::Turn)
+                .await
+                .0,
+        );
+        for r in reports.iter().filter(|r| r.is_change()) {
+            tracing::debug!(
+                pass = r.pass.label(),
+                changed = r.changed,
+                removed = r.removed,
+                "cheap pass"
+            );
+        }
+
+        let tool_specs = tools::catalog();
+        let tools_bytes: usize = tool_specs.iter().map(|t| t.weight()).sum();
+        let model_max = live.limits.max_output_tokens.max(1);
+        let mut max_out = model_max.min(INITIAL_OUTPUT_TOKENS);
+        let mut usage = Usage::default();
+        let mut guard = StagnationGuard::default();
+        let mut partial = String::new();
+        let mut rounds = 0;
+
+        loop {
+            if rounds >= MAX_TOOL_ROUNDS {
+                notice(
+                    notices,
+                    "tools",
+                    format!("the tool-call loop stopped after {MAX_TOOL_ROUNDS} model calls"),
+                );
+                return Ok(TurnOutcome {
+                    text: partial,
+                    usage,
+                    notices: Vec::new(),
+                    rounds,
+                    stopped: Some("max_rounds"),
+                });
+            }
+            // 3-4. Pre-flight and the compaction ladder.
+            self.prepare(notices, changes).await;
+            // 5. Send, recovering from classified failures.
+            let resp = self
+                .send(
+                    &tool_specs,
+                    tools_bytes,
+                    &mut max_out,
+                    model_max,
+                    &mut partial,
+                    notices,
+                    changes,
+                    provider_time,
+                    &mut usage,
+                )
+                .await?;
+            rounds += 1;
+            let calls = resp.message.tool_calls.clone();
+            self.history.push(resp.message.clone());
+            if calls.is_empty() {
+                partial.push_str(&resp.message.content);
+                return Ok(TurnOutcome {
+                    text: partial,
+                    usage,
+                    notices: Vec::new(),
+                    rounds,
+                    stopped: None,
+                });
+            }
+            let stagnating = guard.record(&calls);
+            let compression = policy.compression.clone();
+            for call in &calls {
+                self.metrics.inc(
+                    "cairn_agent_tool_calls_total",
+                    &[("tool", tool_label(&call.name))],
+                    1.0,
+                );
+                let r = tools::run(
+                    call,
+                    &mut self.history,
+                    store.as_ref(),
+                    &compression,
+                    &self.compression_counters,
+                )
+                .await;
+                self.history.push(r.message);
+            }
+            if stagnating {
+                notice(
+                    notices,
+                    "tools",
+                    format!(
+                        "the same tool calls came {} times in a row; the tool-call loop was stopped",
+                        tools::STAGNATION_REPEATS
+                    ),
+                );
+                partial.push_str(&resp.message.content);
+                return Ok(TurnOutcome {
+                    text: partial,
+                    usage,
+                    notices: Vec::new(),
+                    rounds,
+                    stopped: Some("stagnation"),
+                });
+            }
+        }
+    }
+
+    /// Pre-flight against a known payload cap, then the ladder when over budget.
+    async fn prepare(&mut self, notices: &mut Vec<Notice>, changes: &mut Changes) {
+        let live = Arc::clone(&self.live);
+        let policy = &live.policy;
+        let inputs = self.budget_inputs();
+        let weight = history::weight(&self.history);
+        let request_bytes = weight + inputs.reserve_bytes;
+        let cap = self.state.effective_payload_cap(live.payload_cap);
+        let mut trigger = None;
+        if let Some(cap) = cap
+            && request_bytes as f64 > cap as f64 * PREFLIGHT_CAP_SHARE
+        {
+            trigger = Some((Trigger::PreFlight, Some(PREFLIGHT_BUDGET_RATIO)));
+        } else if cap.is_none() && weight > LARGE_HISTORY_BYTES && !self.state.large_history_warned
+        {
+            self.state.large_history_warned = true;
+            notice(
+                notices,
+                "warning",
+                format!(
+                    "the history is {weight} bytes and no payload cap is known; if a proxy limits request bodies, set spec.payloadCap"
+                ),
+            );
+        }
+        if trigger.is_none() {
+            let budget = Budget::compute(&inputs, policy, &self.state);
+            let (headroom, left) = Headroom::of(request_bytes, &inputs, policy, &self.state);
+            if !budget.fits(weight) || headroom >= Headroom::AutoCompact {
+                trigger = Some((Trigger::Auto, None));
+            } else if headroom == Headroom::Warning {
+                tracing::info!(tokens_left = left, "context headroom low");
+            }
+        }
+        let Some((trigger, ratio)) = trigger else {
+            return;
+        };
+        let before = self.history.clone();
+        let out = self.run_ladder(trigger, ratio, None).await;
+        if out.not_run.is_some() || self.history == before {
+            if out.breaker_opened
+                || out.not_run == Some(crate::compact::ladder::NotRun::CircuitOpen)
+            {
+                tracing::warn!(
+                    "auto-compaction is disabled for this session (circuit breaker open)"
+                );
+            }
+            return;
+        }
+        if changes.pre.is_none() {
+            changes.pre = Some(before);
+        }
+        changes.post_len = self.history.len();
+        changes.records.push(record(&out));
+        notice(
+            notices,
+            "compaction",
+            format!(
+                "compacted the history ({}, level {}) from {} to {} bytes{}",
+                trigger.label(),
+                out.level.unwrap_or(0),
+                out.bytes_before,
+                out.bytes_after,
+                if out.breaker_opened {
+                    "; three compactions in a row missed their target, auto-compaction is now off for this session"
+                } else {
+                    ""
+                }
+            ),
+        );
+    }
+
+    /// Sends until a usable reply arrives or recovery gives up.
+    #[allow(clippy::too_many_arguments)]
+    async fn send(
+        &mut self,
+        tool_specs: &[crate::provider::ToolSpec],
+        tools_bytes: usize,
+        max_out: &mut u64,
+        model_max: u64,
+        partial: &mut String,
+        notices: &mut Vec<Notice>,
+        changes: &mut Changes,
+        provider_time: &mut Duration,
+        usage: &mut Usage,
+    ) -> Result<ChatResponse, TurnError> {
+        let live = Arc::clone(&self.live);
+        let policy = &live.policy;
+        let store = Arc::clone(&self.store);
+        loop {
+            let limits = self.state.tool_result_limits(policy);
+            let (outgoing, _) = budget::apply(&self.history, limits, store.as_ref()).await;
+            let request = ChatRequest {
+                model: live.spec.provider.model.clone(),
+                messages: outgoing,
+                tools: tool_specs.to_vec(),
+                max_output_tokens: *max_out,
+                stream: false,
+            };
+            let span = tracing::info_span!(
+                "provider_call",
+                provider = self.provider.name(),
+                max_out = *max_out
+            );
+            let t = Instant::now();
+            let result = self.provider.send(&request).instrument(span).await;
+            *provider_time += t.elapsed();
+            self.metrics.observe(
+                "cairn_agent_provider_seconds",
+                &[],
+                t.elapsed().as_secs_f64(),
+            );
+            match result {
+                Ok(resp) => {
+                    self.metrics.observe(
+                        "cairn_agent_request_bytes",
+                        &[],
+                        resp.request_bytes as f64,
+                    );
+                    self.state
+                        .chars_per_token
+                        .observe(resp.request_bytes, resp.usage.input_tokens);
+                    add_usage(usage, &resp.usage);
+                    add_usage(&mut self.tokens, &resp.usage);
+                    for (kind, v) in [
+                        ("input", resp.usage.input_tokens),
+                        ("output", resp.usage.output_tokens),
+                        ("cache_read", resp.usage.cache_read_tokens),
+                    ] {
+                        self.metrics
+                            .inc("cairn_agent_tokens_total", &[("kind", kind)], v as f64);
+                    }
+                    if resp.stop == StopReason::MaxTokens
+                        && resp.message.tool_calls.is_empty()
+                        && let Some(esc) = escalate_output(
+                            &mut self.history,
+                            &resp.message,
+                            *max_out,
+                            model_max,
+                            policy,
+                            &mut self.state,
+                        )
+                    {
+                        partial.push_str(&resp.message.content);
+                        notice(
+                            notices,
+                            "escalation",
+                            format!(
+                                "the reply hit the output-token limit of {}; continuing with {}",
+                                *max_out, esc.max_output_tokens
+                            ),
+                        );
+                        *max_out = esc.max_output_tokens;
+                        continue;
+                    }
+                    return Ok(resp);
+                }
+                Err(err) => {
+                    self.metrics.observe(
+                        "cairn_agent_request_bytes",
+                        &[],
+                        err.request_bytes as f64,
+                    );
+                    let class = classify(&err);
+                    self.metrics.inc(
+                        "cairn_agent_provider_errors_total",
+                        &[("error", err.label()), ("class", class.label())],
+                        1.0,
+                    );
+                    let uncompactable = self
+                        .history
+                        .iter()
+                        .filter(|m| m.is_system())
+                        .map(Message::weight)
+                        .sum::<usize>()
+                        + tools_bytes;
+                    // Rejected again although what remains compactable was already cut
+                    // down, and the part that can never shrink is over the learned cap: no
+                    // retry can pass.
+                    if class.is_payload()
+                        && self.state.recovery_attempts >= 1
+                        && let Some(cap) = self.state.learned_payload_cap
+                        && uncompactable as u64 >= cap
+                    {
+                        return Err(TurnError::Floor(
+                            RecoveryError::Floor {
+                                uncompactable: uncompactable as u64,
+                                rejected: err.request_bytes,
+                            }
+                            .to_string(),
+                        ));
+                    }
+                    let before = self.history.clone();
+                    let ctx = RecoveryContext {
+                        policy,
+                        store: store.as_ref(),
+                        uncompactable_bytes: uncompactable as u64,
+                    };
+                    let span = tracing::info_span!("recovery", class = class.label());
+                    let outcome = recover(&mut self.history, &err, class, &ctx, &mut self.state)
+                        .instrument(span)
+                        .await;
+                    match outcome {
+                        Ok(o) => {
+                            let attempt = o.attempt.to_string();
+                            self.metrics.inc(
+                                "cairn_agent_recoveries_total",
+                                &[
+                                    ("class", class.label()),
+                                    ("attempt", &attempt),
+                                    ("outcome", "retried"),
+                                ],
+                                1.0,
+                            );
+                            self.last_recovery = Some(LastRecovery {
+                                at: httpdate::fmt_http_date(SystemTime::now()),
+                                trigger: format!("{class:?}"),
+                                level: o.attempt,
+                                outcome: "Recovered".into(),
+                            });
+                            if changes.pre.is_none() {
+                                changes.pre = Some(before);
+                            }
+                            changes.post_len = self.history.len();
+                            changes.records.push(CompactionRecord {
+                                trigger: "recovery".into(),
+                                level: 0,
+                                bytes_before: o.report.bytes_before as u64,
+                                bytes_after: o.report.bytes_after as u64,
+                                archived: o
+                                    .report
+                                    .archived
+                                    .iter()
+                                    .map(|k| k.as_str().to_owned())
+                                    .collect(),
+                            });
+                            notice(
+                                notices,
+                                "recovery",
+                                format!(
+                                    "{} ({}); recovery attempt {} took the history from {} to {} bytes",
+                                    class.label(),
+                                    err.label(),
+                                    o.attempt,
+                                    o.report.bytes_before,
+                                    o.report.bytes_after
+                                ),
+                            );
+                            if let Some(cap) = o.learned_cap {
+                                notice(
+                                    notices,
+                                    "learned_cap",
+                                    format!(
+                                        "the network path rejected {} bytes; requests now stay under {cap} bytes",
+                                        err.request_bytes
+                                    ),
+                                );
+                            }
+                            if let Some(w) = o.floor_warning {
+                                notice(notices, "warning", w);
+                            }
+                            // A learned cap takes effect on the retry itself.
+                            self.prepare(notices, changes).await;
+                        }
+                        Err(re) => {
+                            self.metrics.inc(
+                                "cairn_agent_recoveries_total",
+                                &[
+                                    ("class", class.label()),
+                                    ("attempt", "none"),
+                                    ("outcome", re.label()),
+                                ],
+                                1.0,
+                            );
+                            if class.is_recoverable() {
+                                self.last_recovery = Some(LastRecovery {
+                                    at: httpdate::fmt_http_date(SystemTime::now()),
+                                    trigger: format!("{class:?}"),
+                                    level: self.state.recovery_attempts,
+                                    outcome: "Failed".into(),
+                                });
+                            }
+                            return Err(match re {
+                                RecoveryError::Floor { .. } => TurnError::Floor(re.to_string()),
+                                RecoveryError::NotRecoverable(_) => TurnError::Provider {
+                                    class: class.label(),
+                                    message: err.to_string(),
+                                },
+                                RecoveryError::Exhausted(_) => TurnError::Provider {
+                                    class: class.label(),
+                                    message: format!("{err} ({re})"),
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn tool_label(name: &str) -> &'static str {
+    match name {
+        tools::RECALL => tools::RECALL,
+        tools::COMPRESS => tools::COMPRESS,
+        _ => "unknown",
+    }
+}
