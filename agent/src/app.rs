@@ -115,7 +115,11 @@ async fn open_session(
 
 fn load_config(path: &Path) -> Result<(ConfigFile, Live, Storage), AppError> {
     let cfg = ConfigFile::load(path)?;
-    let live = Live::resolve(&cfg.spec, cfg.policy.as_ref(), env("CAIRN_SYSTEM_PROMPT"))?;
+    let live = Live::resolve(
+        &cfg.spec,
+        cfg.policy.as_ref(),
+        crate::config::system_prompt_override(),
+    )?;
     let settings = StorageSettings::from_spec(&cfg.spec, env)?;
     let storage = Storage::open(&settings, &cfg.namespace, &cfg.name)?;
     Ok((cfg, live, storage))
@@ -342,8 +346,13 @@ async fn watch_file(path: PathBuf, tx: Arc<watch::Sender<Arc<Live>>>) {
             continue;
         }
         last = now;
-        let next = ConfigFile::load(&path)
-            .and_then(|c| Live::resolve(&c.spec, c.policy.as_ref(), env("CAIRN_SYSTEM_PROMPT")));
+        let next = ConfigFile::load(&path).and_then(|c| {
+            Live::resolve(
+                &c.spec,
+                c.policy.as_ref(),
+                crate::config::system_prompt_override(),
+            )
+        });
         match next {
             Ok(live) => {
                 if *tx.borrow().as_ref() != live {

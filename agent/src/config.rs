@@ -110,6 +110,24 @@ pub struct Live {
     pub system_prompt: Option<String>,
 }
 
+/// The system prompt that stands for `spec.systemPromptFrom`: `CAIRN_SYSTEM_PROMPT`, else
+/// the file named by `CAIRN_SYSTEM_PROMPT_FILE` (the operator mounts the ConfigMap key there,
+/// so the agent needs no ConfigMap access; read on every resolve, so an edited ConfigMap
+/// reaches the next turn once the kubelet has refreshed the file).
+pub fn system_prompt_override() -> Option<String> {
+    if let Ok(prompt) = std::env::var("CAIRN_SYSTEM_PROMPT") {
+        return Some(prompt);
+    }
+    let path = std::env::var_os("CAIRN_SYSTEM_PROMPT_FILE")?;
+    match std::fs::read_to_string(&path) {
+        Ok(prompt) => Some(prompt),
+        Err(e) => {
+            tracing::warn!(path = %std::path::Path::new(&path).display(), error = %e, "cannot read the system prompt file");
+            None
+        }
+    }
+}
+
 impl Live {
     /// Resolves the effective policy (defaults ← referenced policy ← inline overrides), the
     /// model limits and the system prompt (`CAIRN_SYSTEM_PROMPT` stands for
@@ -130,7 +148,7 @@ impl Live {
             .or_else(|| spec.system_prompt.clone());
         if system_prompt.is_none() && spec.system_prompt_from.is_some() {
             tracing::warn!(
-                "spec.systemPromptFrom is set but CAIRN_SYSTEM_PROMPT is not: running without a system prompt"
+                "spec.systemPromptFrom is set but neither CAIRN_SYSTEM_PROMPT nor CAIRN_SYSTEM_PROMPT_FILE gives it: running without a system prompt"
             );
         }
         Ok(Self {

@@ -57,7 +57,7 @@ pub fn lease_name(session: &str) -> String {
 }
 
 fn system_prompt_env() -> Option<String> {
-    std::env::var("CAIRN_SYSTEM_PROMPT").ok()
+    crate::config::system_prompt_override()
 }
 
 /// Reads the session and its policy once: the settings the agent starts with.
