@@ -74,6 +74,16 @@ pub trait ArchivePurger: Send + Sync {
 #[derive(Clone, Debug, Default)]
 pub struct S3Purger;
 
+/// The HTTP client of every S3 client the operator makes: rustls with ring, like the agent's
+/// store, so each binary links exactly one crypto provider.
+pub fn s3_http_client() -> aws_sdk_s3::config::SharedHttpClient {
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
+}
+
 /// DeleteObjects takes at most this many keys per request.
 const DELETE_BATCH: usize = 1000;
 
@@ -81,6 +91,7 @@ impl S3Purger {
     fn client(target: &PurgeTarget) -> aws_sdk_s3::Client {
         let mut config = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
+            .http_client(s3_http_client())
             .region(Region::new(target.region.clone()))
             .force_path_style(target.force_path_style);
         if let Some(endpoint) = &target.endpoint {

@@ -650,6 +650,7 @@ async fn delete_purges_the_archive_and_children_are_collected() {
     let s3 = aws_sdk_s3::Client::from_conf(
         aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
+            .http_client(cairn_operator::purge::s3_http_client())
             .region(Region::new("us-east-1"))
             .endpoint_url(&endpoint)
             .force_path_style(true)

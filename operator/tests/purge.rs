@@ -73,6 +73,7 @@ fn keys() -> S3Keys {
 fn client(endpoint: &str) -> aws_sdk_s3::Client {
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(cairn_operator::purge::s3_http_client())
         .region(Region::new("us-east-1"))
         .endpoint_url(endpoint)
         .force_path_style(true)
