@@ -3,8 +3,9 @@
 //! body, journal the reply — on a 1 MB and a 4 MB history.
 //!
 //! The provider answers at once, so what is measured is the agent's own work: `loop` is the
-//! session loop with an in-memory journal; `full` adds serializing the request body as the
-//! Anthropic client does and a journal in a local directory (`fsync` on every entry).
+//! session loop with an in-memory journal; `loop+body` adds building and serializing the
+//! request body as the Anthropic client does; `full` adds the journal in a local directory
+//! (`fsync` on every entry, two entries per turn).
 //!
 //! `cargo bench -p cairn-agent --bench turn`
 
@@ -119,7 +120,8 @@ fn session(
     rt: &tokio::runtime::Runtime,
     dir: &std::path::Path,
     bytes: usize,
-    full: bool,
+    serialize: bool,
+    on_disk: bool,
 ) -> Session {
     // A window large enough that the history never needs compacting: the steady state.
     let yaml = "name: bench\nprovider: {kind: anthropic, model: claude-sonnet-4-5}\ncontextWindow: 4000000\nmaxOutputTokens: 8000\n";
@@ -142,9 +144,9 @@ fn session(
             name: "bench".into(),
             holder: "bench".into(),
             live: rx,
-            provider: Arc::new(Instant { serialize: full }),
+            provider: Arc::new(Instant { serialize }),
             store: Arc::new(store),
-            journal: if full {
+            journal: if on_disk {
                 Arc::new(DirObjects::open(dir.join("journal")).expect("journal"))
             } else {
                 Arc::new(MemObjects::default())
@@ -168,15 +170,18 @@ fn bench(c: &mut Criterion) {
     group.sample_size(30);
     group.measurement_time(Duration::from_secs(10));
     // `loop`: the session loop alone (journal in memory, no request serialization);
-    // `full`: plus serializing the request body and the journal on disk with fsync.
-    for (label, bytes, full) in [
-        ("1MB/loop", 1 << 20, false),
-        ("4MB/loop", 4 << 20, false),
-        ("1MB/full", 1 << 20, true),
-        ("4MB/full", 4 << 20, true),
+    // `loop+body`: plus building and serializing the request body;
+    // `full`: plus the journal in a local directory with fsync.
+    for (label, bytes, serialize, on_disk) in [
+        ("1MB/loop", 1 << 20, false, false),
+        ("4MB/loop", 4 << 20, false, false),
+        ("1MB/loop+body", 1 << 20, true, false),
+        ("4MB/loop+body", 4 << 20, true, false),
+        ("1MB/full", 1 << 20, true, true),
+        ("4MB/full", 4 << 20, true, true),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut s = session(&rt, dir.path(), bytes, full);
+        let mut s = session(&rt, dir.path(), bytes, serialize, on_disk);
         group.bench_function(label, |b| {
             b.iter(|| {
                 rt.block_on(s.turn(vec![Message::user("next step")]))

@@ -1,7 +1,7 @@
 //! The session journal: an append-only log of history changes, written before a turn is
 //! acknowledged, from which a restarted agent rebuilds the exact history.
 //!
-//! Every entry is one object `e<epoch>-s<seq>.json` under the session's `journal/` prefix
+//! Every entry is one object `e<epoch>n<nonce>-s<seq>.json` under the session's `journal/` prefix
 //! (S3: `<prefix>/<namespace>/<session>/journal/`, or a local directory). An entry is a
 //! splice: "keep the first `at` messages, then these". A turn that only added messages
 //! writes only those; a compaction rewrites from the first message it changed. Replaying the
@@ -10,13 +10,14 @@
 //!
 //! # Fencing
 //!
-//! At most one agent writes a session's journal. A writer takes an *epoch*: it writes the
-//! claim object `claims/e<epoch>.json` (epoch = highest existing + 1) naming itself, then
+//! At most one agent writes a session's journal. A writer takes a fencing token — an *epoch*
+//! (highest existing + 1) and a random nonce that orders two claims of one epoch made at the
+//! same moment: it writes the claim object `claims/e<epoch>n<nonce>.json` naming itself, then
 //! lists the journal and completes the claim with `start_seq` = the next free sequence number.
-//! After every entry it writes, a writer lists `claims/`: if a higher epoch exists, it has
+//! After every entry it writes, a writer lists `claims/`: if a higher token exists, it has
 //! been replaced, fails the write and never writes again ([`JournalError::Fenced`]). A reader
-//! ignores every entry of epoch `e` whose seq is at or beyond the `start_seq` of a completed
-//! claim with a higher epoch. Together: an entry acknowledged by a writer that checked the
+//! ignores every entry of token `t` whose seq is at or beyond the `start_seq` of a completed
+//! claim with a higher token. Together: an entry acknowledged by a writer that checked the
 //! claims after writing it was listed by the next claimant before that claimant completed
 //! its claim (read-after-write and list-after-write consistency, which S3 provides), so it is
 //! below the new `start_seq` and stays valid; whatever a replaced writer writes later is
@@ -24,6 +25,7 @@
 //! two pods from running turns at once (see `kube`); its holder still takes an epoch here.
 
 use std::collections::BTreeMap;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -359,32 +361,55 @@ pub struct Claim {
     pub start_seq: Option<u64>,
 }
 
-fn entry_name(epoch: u64, seq: u64, full: bool) -> String {
+/// A writer's fencing token: its epoch, and a random nonce that orders two claims of the
+/// same epoch (two agents starting at the same moment both pick highest + 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Token {
+    pub epoch: u64,
+    pub nonce: u32,
+}
+
+impl Token {
+    fn name(self) -> String {
+        format!("e{:010}n{:08x}", self.epoch, self.nonce)
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        let (e, n) = s.strip_prefix('e')?.split_once('n')?;
+        if e.len() != 10 || n.len() != 8 {
+            return None;
+        }
+        Some(Self {
+            epoch: e.parse().ok()?,
+            nonce: u32::from_str_radix(n, 16).ok()?,
+        })
+    }
+}
+
+fn entry_name(token: Token, seq: u64, full: bool) -> String {
     format!(
-        "e{epoch:010}-s{seq:012}{}.json",
+        "{}-s{seq:012}{}.json",
+        token.name(),
         if full { "-full" } else { "" }
     )
 }
 
-fn parse_entry_name(name: &str) -> Option<(u64, u64, bool)> {
-    let rest = name.strip_prefix('e')?.strip_suffix(".json")?;
+fn parse_entry_name(name: &str) -> Option<(Token, u64, bool)> {
+    let rest = name.strip_suffix(".json")?;
     let (rest, full) = match rest.strip_suffix("-full") {
         Some(r) => (r, true),
         None => (rest, false),
     };
-    let (e, s) = rest.split_once("-s")?;
-    Some((e.parse().ok()?, s.parse().ok()?, full))
+    let (t, s) = rest.split_once("-s")?;
+    Some((Token::parse(t)?, s.parse().ok()?, full))
 }
 
-fn claim_name(epoch: u64) -> String {
-    format!("claims/e{epoch:010}.json")
+fn claim_name(token: Token) -> String {
+    format!("claims/{}.json", token.name())
 }
 
-fn parse_claim_epoch(name: &str) -> Option<u64> {
-    name.strip_prefix("claims/e")?
-        .strip_suffix(".json")?
-        .parse()
-        .ok()
+fn parse_claim(name: &str) -> Option<Token> {
+    Token::parse(name.strip_prefix("claims/")?.strip_suffix(".json")?)
 }
 
 /// What a rebuild found.
@@ -405,7 +430,7 @@ pub struct Rebuilt {
 pub struct Journal {
     objects: Arc<dyn ObjectStore>,
     holder: String,
-    epoch: u64,
+    token: Token,
     next_seq: u64,
     since_checkpoint: u64,
     fenced: Option<JournalError>,
@@ -421,10 +446,15 @@ impl Journal {
         let claims = objects.list("claims/").await?;
         let epoch = claims
             .iter()
-            .filter_map(|n| parse_claim_epoch(n))
+            .filter_map(|n| parse_claim(n))
+            .map(|t| t.epoch)
             .max()
             .unwrap_or(0)
             + 1;
+        let token = Token {
+            epoch,
+            nonce: fastrand::u32(..),
+        };
         let pending = Claim {
             epoch,
             holder: holder.clone(),
@@ -432,7 +462,7 @@ impl Journal {
         };
         objects
             .put(
-                &claim_name(epoch),
+                &claim_name(token),
                 serde_json::to_vec(&pending).unwrap_or_default(),
             )
             .await?;
@@ -444,7 +474,7 @@ impl Journal {
         };
         objects
             .put(
-                &claim_name(epoch),
+                &claim_name(token),
                 serde_json::to_vec(&done).unwrap_or_default(),
             )
             .await?;
@@ -458,7 +488,7 @@ impl Journal {
             Self {
                 objects,
                 holder,
-                epoch,
+                token,
                 next_seq,
                 since_checkpoint: rebuilt.entries,
                 fenced: None,
@@ -468,7 +498,7 @@ impl Journal {
     }
 
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.token.epoch
     }
 
     pub fn holder(&self) -> &str {
@@ -495,7 +525,7 @@ impl Journal {
         if let Some(f) = &self.fenced {
             return Err(clone_fenced(f));
         }
-        entry.epoch = self.epoch;
+        entry.epoch = self.token.epoch;
         entry.seq = self.next_seq;
         entry.holder.clone_from(&self.holder);
         let full = entry.at == 0;
@@ -504,7 +534,7 @@ impl Journal {
             reason: e.to_string(),
         })?;
         self.objects
-            .put(&entry_name(self.epoch, entry.seq, full), body)
+            .put(&entry_name(self.token, entry.seq, full), body)
             .await?;
         // The entry may already be visible to the next claimant; it is kept only if it came
         // before that claim, which is exactly when no newer claim is visible yet.
@@ -522,11 +552,12 @@ impl Journal {
         let names = self.objects.list("claims/").await?;
         let newest = names
             .iter()
-            .filter_map(|n| parse_claim_epoch(n))
-            .filter(|&e| e > self.epoch)
+            .filter_map(|n| parse_claim(n))
+            .filter(|t| *t > self.token)
             .max();
-        if let Some(by_epoch) = newest {
-            let by = match self.objects.get(&claim_name(by_epoch)).await {
+        if let Some(by_token) = newest {
+            let by_epoch = by_token.epoch;
+            let by = match self.objects.get(&claim_name(by_token)).await {
                 Ok(Some(b)) => serde_json::from_slice::<Claim>(&b)
                     .map(|c| c.holder)
                     .unwrap_or_else(|_| "another agent".into()),
@@ -534,7 +565,7 @@ impl Journal {
             };
             let err = JournalError::Fenced {
                 holder: self.holder.clone(),
-                epoch: self.epoch,
+                epoch: self.token.epoch,
                 by,
                 by_epoch,
             };
@@ -565,38 +596,38 @@ fn clone_fenced(e: &JournalError) -> JournalError {
 
 /// Replays the valid entries of a journal.
 pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError> {
-    let mut bounds: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut bounds: BTreeMap<Token, u64> = BTreeMap::new();
     for name in objects.list("claims/").await? {
-        let Some(epoch) = parse_claim_epoch(&name) else {
+        let Some(token) = parse_claim(&name) else {
             continue;
         };
         if let Some(body) = objects.get(&name).await?
             && let Ok(c) = serde_json::from_slice::<Claim>(&body)
             && let Some(start) = c.start_seq
         {
-            bounds.insert(epoch, start);
+            bounds.insert(token, start);
         }
     }
-    // An entry of epoch e is valid below the smallest start_seq of any later completed claim.
-    let limit_for = |epoch: u64| {
+    // An entry of token t is valid below the smallest start_seq of any later completed claim.
+    let limit_for = |token: Token| {
         bounds
-            .range(epoch + 1..)
+            .range((Excluded(token), Unbounded))
             .map(|(_, s)| *s)
             .min()
             .unwrap_or(u64::MAX)
     };
-    let mut valid: BTreeMap<u64, (u64, bool, String)> = BTreeMap::new();
+    let mut valid: BTreeMap<u64, (Token, bool, String)> = BTreeMap::new();
     for name in objects.list("e").await? {
-        let Some((epoch, seq, full)) = parse_entry_name(&name) else {
+        let Some((token, seq, full)) = parse_entry_name(&name) else {
             continue;
         };
-        if seq >= limit_for(epoch) {
+        if seq >= limit_for(token) {
             continue;
         }
         match valid.get(&seq) {
-            Some((e, _, _)) if *e >= epoch => {}
+            Some((t, _, _)) if *t >= token => {}
             _ => {
-                valid.insert(seq, (epoch, full, name));
+                valid.insert(seq, (token, full, name));
             }
         }
     }
@@ -669,16 +700,21 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
+        let t = Token {
+            epoch: 3,
+            nonce: 0xdead_beef,
+        };
         assert_eq!(
-            parse_entry_name(&entry_name(3, 17, true)),
-            Some((3, 17, true))
+            parse_entry_name(&entry_name(t, 17, true)),
+            Some((t, 17, true))
         );
         assert_eq!(
-            parse_entry_name(&entry_name(1, 0, false)),
-            Some((1, 0, false))
+            parse_entry_name(&entry_name(t, 0, false)),
+            Some((t, 0, false))
         );
-        assert_eq!(parse_claim_epoch(&claim_name(9)), Some(9));
-        assert_eq!(parse_entry_name("claims/e1.json"), None);
+        assert_eq!(parse_claim(&claim_name(t)), Some(t));
+        assert_eq!(parse_entry_name(&claim_name(t)), None);
+        assert_eq!(parse_claim("claims/e1.json"), None);
     }
 
     #[tokio::test]
@@ -701,5 +737,35 @@ mod tests {
             r.history,
             vec![Message::user("1"), Message::user("x"), Message::user("y")]
         );
+    }
+
+    #[tokio::test]
+    async fn two_claims_of_the_same_epoch_leave_one_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let objects: Arc<dyn ObjectStore> = Arc::new(DirObjects::open(dir.path()).unwrap());
+        let (mut a, _) = Journal::open(objects.clone(), "a").await.unwrap();
+        // Another agent that started at the same moment picked the same epoch.
+        let rival = Token {
+            epoch: a.epoch(),
+            nonce: if a.token.nonce == u32::MAX {
+                0
+            } else {
+                u32::MAX
+            },
+        };
+        let claim = Claim {
+            epoch: rival.epoch,
+            holder: "b".into(),
+            start_seq: Some(0),
+        };
+        objects
+            .put(&claim_name(rival), serde_json::to_vec(&claim).unwrap())
+            .await
+            .unwrap();
+        let a_loses = rival > a.token;
+        let r = a.append(entry(0, &["from a"])).await;
+        assert_eq!(r.is_err(), a_loses, "{r:?}");
+        let rebuilt = rebuild(objects.as_ref()).await.unwrap();
+        assert_eq!(rebuilt.history.is_empty(), a_loses);
     }
 }

@@ -434,6 +434,19 @@ async fn one_turn_at_a_time_auth_and_validation() {
     assert_eq!(r.status().as_u16(), 413);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "body_too_large");
+    let (status, v) = api
+        .post("/v1/session/compact", json!({"instruction": 5}))
+        .await;
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = api
+        .post("/v1/session/compact", json!({"instruction": "keep names"}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["trigger"], "manual");
+    // Nothing in this short history could be compacted, so there is nothing to undo.
+    let (status, v) = api.post("/v1/session/rewind", json!({})).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "nothing_to_rewind");
     let metrics = http
         .get(url("/metrics"))
         .send()

@@ -14,6 +14,7 @@ use std::time::SystemTime;
 
 use cairn_crds::session::{LastRecovery, SessionStats, TokenStats};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::ccr::Store;
 use crate::ccr::stats::{ArchiveCounters, CompressionCounters};
@@ -315,7 +316,18 @@ impl Session {
             trigger,
             budget_ratio: ratio,
         };
-        let out = compact(&mut self.history, &ctx, &mut self.state).await;
+        let span = tracing::info_span!("compaction", trigger = trigger.label());
+        let out = compact(&mut self.history, &ctx, &mut self.state)
+            .instrument(span)
+            .await;
+        tracing::info!(
+            trigger = trigger.label(),
+            level = out.level,
+            bytes_before = out.bytes_before,
+            bytes_after = out.bytes_after,
+            met = out.met,
+            "compaction"
+        );
         if out.not_run.is_none() {
             let level = out.level.map_or("0".to_string(), |l| l.to_string());
             self.metrics.inc(
