@@ -1,7 +1,8 @@
-//! The agent against a real Kubernetes API server (the cluster in `$KUBECONFIG`, with the
-//! cairn CRDs installed): the session Lease, live policy, and `status.session`.
+//! The agent against a real Kubernetes API server — the cluster in `$KUBECONFIG` when set,
+//! else the local control plane of `tests/harness` — with the cairn CRDs installed: the
+//! session Lease, live policy, and `status.session`.
 //!
-//! `cargo test -p cairn-agent --test agent_cluster -- --ignored`
+//! `cargo test -p cairn-agent --test agent_cluster`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +15,24 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
+
+/// A client of the cluster under test, with the CRDs installed.
+async fn cluster_client() -> Client {
+    let path = match std::env::var_os("KUBECONFIG") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => {
+            let cp = cairn_tests::harness::shared_cluster();
+            cp.apply_yaml(&cairn_crds::crds_yaml().expect("CRDs serialize"))
+                .expect("CRDs install");
+            cp.kubeconfig.clone()
+        }
+    };
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("kubeconfig reads");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("kubeconfig is usable");
+    Client::try_from(config).expect("client")
+}
 
 async fn namespace(client: &Client) -> String {
     let name = format!("cairn-agent-test-{:08x}", fastrand::u32(..));
@@ -39,9 +58,8 @@ async fn create_session(client: &Client, ns: &str, name: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the local cluster"]
 async fn the_lease_admits_one_holder_and_passes_on_release() {
-    let client = Client::try_default().await.expect("KUBECONFIG");
+    let client = cluster_client().await;
     let ns = namespace(&client).await;
     let a = LeaseHold::acquire(client.clone(), &ns, "s1", "pod-a")
         .await
@@ -77,9 +95,8 @@ async fn the_lease_admits_one_holder_and_passes_on_release() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the local cluster"]
 async fn a_patched_session_changes_the_live_policy_and_status_is_written() {
-    let client = Client::try_default().await.expect("KUBECONFIG");
+    let client = cluster_client().await;
     let ns = namespace(&client).await;
     create_session(&client, &ns, "s2").await;
     let (_, live) = load(&client, &ns, "s2").await.expect("load");
