@@ -4,17 +4,27 @@
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: demo test unit lint crds crds-check fmt
+.PHONY: demo policy test lint crds crds-check fmt
 
-## Run the simplest end-to-end thing on an embedded default: resolve the example session's
-## effective compaction policy (defaults ← CompactionPolicy ← inline) and print it with its hash.
+## The whole system on this machine, no Docker: installs what is missing (nginx, moto, the
+## control plane built from Go modules, helm), starts the control plane, S3 and cairn-sim
+## behind nginx, helm-installs cairn, drives an AgentSession through compaction and a 413
+## recovery, prints its status, tears everything down. DEMO_FLAGS=--keep leaves it up.
 demo:
+	bash .ci/install.sh
+	$(CARGO) build -q -p cairn-agent -p cairn-operator -p cairn-tests --bins
+	$(CARGO) run -q -p cairn-tests --bin cairn-demo -- $(DEMO_FLAGS)
+
+## Print a session's effective compaction policy (defaults <- CompactionPolicy <- inline).
+policy:
 	$(CARGO) run -q -p cairn-agent -- policy \
 	  --session charts/cairn/examples/agentsession.yaml \
 	  --policy charts/cairn/examples/compactionpolicy.yaml
 
-## Every test: unit, property and integration.
+## Every test: unit, property, integration, the cluster suites and the end-to-end demo
+## (the binaries are built first: the harness runs them as pods).
 test:
+	$(CARGO) build -q --workspace --bins
 	$(CARGO) test --workspace --all-targets --no-fail-fast
 
 ## Static checks CI runs before the tests.

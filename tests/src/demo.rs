@@ -1,0 +1,374 @@
+//! The whole system on one machine, no Docker: the local control plane, an S3 server, the
+//! provider simulator behind a real nginx with a small `client_max_body_size`, cairn
+//! installed with its Helm chart (the operator runs as the operator pod, with the chart's
+//! RBAC), and one AgentSession whose agent pod runs as a local process with its own
+//! ServiceAccount. A few turns force compaction and a 413 recovery; the session's status
+//! shows it. `make demo` runs it; `tests/tests/e2e_demo.rs` asserts on it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cairn_sim::Sim;
+use cairn_sim::nginx::{Middlebox, MiddleboxConfig};
+use serde_json::{Value, json};
+
+use crate::harness::{
+    ControlPlane, HarnessError, PodRuntime, S3Server, helm, repo_root, run_dir, runtime, s3,
+};
+
+/// How the demo runs.
+pub struct DemoOptions {
+    /// Where `cairn-agent` and `cairn-operator` were built.
+    pub bin_dir: PathBuf,
+    /// Turns to drive.
+    pub turns: usize,
+    /// Bytes of filler in each turn's input.
+    pub turn_bytes: usize,
+    /// nginx `client_max_body_size` in front of the simulator.
+    pub proxy_limit: String,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        Self {
+            bin_dir: PathBuf::from("target/debug"),
+            turns: 6,
+            turn_bytes: 8_000,
+            proxy_limit: "20k".into(),
+        }
+    }
+}
+
+/// What the demo saw.
+pub struct DemoReport {
+    /// `kubectl get asess -o wide`.
+    pub table: String,
+    /// The AgentSession as the API server has it.
+    pub session: Value,
+    /// 413s nginx answered.
+    pub proxy_413s: usize,
+    /// Turns that answered 200.
+    pub answered: usize,
+}
+
+/// Everything the demo started; dropping it stops all of it.
+pub struct Demo {
+    pub cp: ControlPlane,
+    pub s3: S3Server,
+    pub nginx: Middlebox,
+    pub sim: Sim,
+    pub pods: PodRuntime,
+    pub rt: tokio::runtime::Runtime,
+    pub agent_url: String,
+    pub token: String,
+}
+
+const NS: &str = "demo";
+const SESSION: &str = "demo";
+const MODEL: &str = "demo-model";
+
+fn err(msg: impl Into<String>) -> HarnessError {
+    HarnessError::Setup(msg.into())
+}
+
+/// Brings everything up and creates the session; `say` narrates.
+pub fn start(opts: &DemoOptions, say: &mut dyn FnMut(&str)) -> Result<Demo, HarnessError> {
+    for bin in ["cairn-agent", "cairn-operator"] {
+        if !opts.bin_dir.join(bin).is_file() {
+            return Err(err(format!(
+                "{} is missing: build it first (cargo build -p cairn-agent -p cairn-operator)",
+                opts.bin_dir.join(bin).display()
+            )));
+        }
+    }
+    let started = Instant::now();
+    let dir = run_dir("demo")?;
+    say("starting the control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)");
+    let cp = ControlPlane::start(&dir)?;
+    say("starting the S3 server (moto)");
+    let s3 = S3Server::start(&dir.join("logs"), &["cairn"])?;
+    let rt = tokio::runtime::Runtime::new()
+        .map_err(|e| HarnessError::io("starting a Tokio runtime", e))?;
+    let sim = rt
+        .block_on(Sim::start())
+        .map_err(|e| HarnessError::io("starting cairn-sim", e))?;
+    sim.set_window(MODEL, 64_000);
+    say(&format!(
+        "starting nginx (client_max_body_size {}) in front of cairn-sim",
+        opts.proxy_limit
+    ));
+    let nginx = Middlebox::start(
+        sim.addr(),
+        &MiddleboxConfig {
+            limit: opts.proxy_limit.clone(),
+            block_at: 100_000_000,
+        },
+    )
+    .map_err(|e| err(format!("nginx: {e}")))?;
+    let pods = PodRuntime::start(&cp, runtime::cairn_images(&opts.bin_dir), "")?;
+
+    say("helm install cairn (the operator runs as its pod, with the chart's RBAC)");
+    let chart = repo_root().join("charts/cairn");
+    let out = std::process::Command::new(helm()?)
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .env("HELM_CACHE_HOME", dir.join("helm/cache"))
+        .env("HELM_CONFIG_HOME", dir.join("helm/config"))
+        .env("HELM_DATA_HOME", dir.join("helm/data"))
+        .args(["install", "cairn"])
+        .arg(&chart)
+        .args([
+            "--namespace",
+            "cairn-system",
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "120s",
+        ])
+        .args([
+            "--set",
+            &format!("archive.endpoint={}", s3.endpoint),
+            "--set",
+            "archive.credentialsSecret=cairn-s3",
+        ])
+        .args(["--set", "logFormat=text"])
+        .output()
+        .map_err(|e| HarnessError::io("running helm", e))?;
+    if !out.status.success() {
+        return Err(err(format!(
+            "helm install failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    wait(
+        "the operator to install its CRDs",
+        Duration::from_secs(60),
+        || {
+            cp.kubectl(&["get", "crd", "agentsessions.cairn.dev"])
+                .is_ok_and(|o| o.status.success())
+        },
+    )?;
+
+    say("creating the demo AgentSession (64k-token window, behind a 20k proxy)");
+    let base_url = format!("{}/v1", nginx.url("/limit"));
+    cp.apply_yaml(&format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: {NS}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: cairn-s3, namespace: {NS}}}
+stringData: {{AWS_ACCESS_KEY_ID: {}, AWS_SECRET_ACCESS_KEY: {}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: demo-provider, namespace: {NS}}}
+stringData: {{api-key: sk-demo-not-a-real-key}}
+---
+apiVersion: cairn.dev/v1alpha1
+kind: AgentSession
+metadata: {{name: {SESSION}, namespace: {NS}}}
+spec:
+  provider:
+    kind: openai-compatible
+    model: {MODEL}
+    baseUrl: "{base_url}"
+    credentials: {{secretName: demo-provider}}
+  contextWindow: 64000
+  maxOutputTokens: 1024
+  systemPrompt: You are the cairn demo agent. Answer briefly.
+  compaction: {{budgetRatio: 0.6}}
+"#,
+        s3::ACCESS_KEY_ID,
+        s3::SECRET_ACCESS_KEY
+    ))?;
+    let pod = pods.wait_for(NS, &format!("cairn-{SESSION}-0"), Duration::from_secs(120))?;
+    let port = pod
+        .ports
+        .get("listen")
+        .copied()
+        .ok_or_else(|| err("the agent pod has no --listen port"))?;
+    let agent_url = format!("http://127.0.0.1:{port}");
+    let token_b64 = cp.kubectl_ok(&[
+        "get",
+        "secret",
+        &format!("cairn-{SESSION}-api-token"),
+        "-n",
+        NS,
+        "-o",
+        "jsonpath={.data.token}",
+    ])?;
+    let token = decode_b64(&token_b64)?;
+    let http = reqwest::Client::new();
+    let ready_url = format!("{agent_url}/readyz");
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if http
+                .get(&ready_url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(err(format!(
+                    "the agent never became ready; its log:\n{}",
+                    crate::harness::proc::tail(&pod.log)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })?;
+    say(&format!(
+        "agent pod {NS}/cairn-{SESSION}-0 is serving on {agent_url} (up in {:.0} s)",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(Demo {
+        cp,
+        s3,
+        nginx,
+        sim,
+        pods,
+        rt,
+        agent_url,
+        token,
+    })
+}
+
+impl Demo {
+    /// Drives the turns and collects the report.
+    pub fn drive(
+        &self,
+        opts: &DemoOptions,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<DemoReport, HarnessError> {
+        let http = reqwest::Client::new();
+        let mut answered = 0;
+        for turn in 1..=opts.turns {
+            let input = format!(
+                "Turn {turn}: summarise this build log.\n{}",
+                filler(turn, opts.turn_bytes)
+            );
+            let body = json!({"model": MODEL, "input": input});
+            let (status, reply): (u16, Value) = self.rt.block_on(async {
+                let r = http
+                    .post(format!("{}/v1/responses", self.agent_url))
+                    .bearer_auth(&self.token)
+                    .json(&body)
+                    .send()
+                    .await
+                    .map_err(|e| err(format!("turn {turn}: {e}")))?;
+                let status = r.status().as_u16();
+                let v = r.json::<Value>().await.unwrap_or(Value::Null);
+                Ok::<_, HarnessError>((status, v))
+            })?;
+            if status == 200 {
+                answered += 1;
+            }
+            let notices: Vec<String> = reply["cairn"]["notices"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|n| {
+                            format!(
+                                "{}: {}",
+                                n["kind"].as_str().unwrap_or("?"),
+                                n["message"].as_str().unwrap_or("")
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            say(&format!(
+                "turn {turn}: HTTP {status}, {} bytes of input",
+                input.len()
+            ));
+            if status != 200 {
+                say(&format!("    {}", reply["error"]));
+            }
+            for n in notices {
+                say(&format!("    {n}"));
+            }
+        }
+        // The agent writes status.session at most every few seconds.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let session = loop {
+            let json = self
+                .cp
+                .kubectl_ok(&["get", "asess", SESSION, "-n", NS, "-o", "json"])?;
+            let v: Value = serde_json::from_str(&json).map_err(|e| err(e.to_string()))?;
+            let turns = v["status"]["session"]["turns"].as_u64().unwrap_or(0);
+            let running = v["status"]["phase"] == "Running";
+            if (running && turns >= answered as u64) || Instant::now() > deadline {
+                break v;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let table = self
+            .cp
+            .kubectl_ok(&["get", "asess", "-n", NS, "-o", "wide"])?;
+        let proxy_413s = self
+            .nginx
+            .access_log()
+            .lines()
+            .filter(|l| l.contains("\" 413 "))
+            .count();
+        Ok(DemoReport {
+            table,
+            session,
+            proxy_413s,
+            answered,
+        })
+    }
+}
+
+fn wait(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<(), HarnessError> {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        if Instant::now() > deadline {
+            return Err(err(format!("timed out waiting for {what}")));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    Ok(())
+}
+
+fn decode_b64(s: &str) -> Result<String, HarnessError> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(s.trim())
+        .map_err(|e| err(format!("token: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| err(format!("token: {e}")))
+}
+
+/// A deterministic build log of about `bytes` bytes.
+fn filler(turn: usize, bytes: usize) -> String {
+    let mut s = String::with_capacity(bytes + 100);
+    let mut i = 0;
+    while s.len() < bytes {
+        i += 1;
+        if i % 17 == 0 {
+            s.push_str(&format!(
+                "error[E0{turn:02}{i:02}]: mismatched types in src/module_{i}.rs\n"
+            ));
+        } else {
+            s.push_str(&format!(
+                "   Compiling crate-{turn}-{i} v0.{i}.0 (/work/crates/crate-{i})\n"
+            ));
+        }
+    }
+    s
+}
+
+/// The binaries' directory when running from a Cargo target directory: beside this
+/// executable, or one level up for test executables in `deps/`.
+pub fn default_bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
