@@ -541,7 +541,7 @@ impl Session {
                                 1.0,
                             );
                             self.last_recovery = Some(LastRecovery {
-                                at: httpdate::fmt_http_date(SystemTime::now()),
+                                at: super::rfc3339(SystemTime::now()),
                                 trigger: format!("{class:?}"),
                                 level: o.attempt,
                                 outcome: "Recovered".into(),
@@ -602,7 +602,7 @@ impl Session {
                             );
                             if class.is_recoverable() {
                                 self.last_recovery = Some(LastRecovery {
-                                    at: httpdate::fmt_http_date(SystemTime::now()),
+                                    at: super::rfc3339(SystemTime::now()),
                                     trigger: format!("{class:?}"),
                                     level: self.state.recovery_attempts,
                                     outcome: "Failed".into(),
