@@ -238,32 +238,56 @@ spec:
 }
 
 impl Demo {
+    /// One turn through the agent's `POST /v1/responses`: the HTTP status and the body.
+    pub fn turn(&self, input: &str) -> Result<(u16, Value), HarnessError> {
+        self.call(
+            "POST",
+            "/v1/responses",
+            Some(json!({"model": MODEL, "input": input})),
+        )
+    }
+
+    /// A call to the agent's HTTP API with the session's bearer token.
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), HarnessError> {
+        let http = reqwest::Client::new();
+        let url = format!("{}{path}", self.agent_url);
+        self.rt.block_on(async {
+            let req = match method {
+                "GET" => http.get(&url),
+                _ => http.post(&url),
+            };
+            let req = req.bearer_auth(&self.token);
+            let req = match body {
+                Some(b) => req.json(&b),
+                None => req,
+            };
+            let r = req
+                .send()
+                .await
+                .map_err(|e| err(format!("{method} {path}: {e}")))?;
+            let status = r.status().as_u16();
+            Ok((status, r.json::<Value>().await.unwrap_or(Value::Null)))
+        })
+    }
+
     /// Drives the turns and collects the report.
     pub fn drive(
         &self,
         opts: &DemoOptions,
         say: &mut dyn FnMut(&str),
     ) -> Result<DemoReport, HarnessError> {
-        let http = reqwest::Client::new();
         let mut answered = 0;
         for turn in 1..=opts.turns {
             let input = format!(
                 "Turn {turn}: summarise this build log.\n{}",
                 filler(turn, opts.turn_bytes)
             );
-            let body = json!({"model": MODEL, "input": input});
-            let (status, reply): (u16, Value) = self.rt.block_on(async {
-                let r = http
-                    .post(format!("{}/v1/responses", self.agent_url))
-                    .bearer_auth(&self.token)
-                    .json(&body)
-                    .send()
-                    .await
-                    .map_err(|e| err(format!("turn {turn}: {e}")))?;
-                let status = r.status().as_u16();
-                let v = r.json::<Value>().await.unwrap_or(Value::Null);
-                Ok::<_, HarnessError>((status, v))
-            })?;
+            let (status, reply) = self.turn(&input)?;
             if status == 200 {
                 answered += 1;
             }

@@ -28,3 +28,199 @@ fn the_demo_compacts_recovers_from_a_413_and_reports_it() {
     );
     assert!(report.table.contains("Running"), "{}", report.table);
 }
+
+/// The same system, then what the operator issue asks of a chart-installed operator and a
+/// harness-run agent pod: the agent's own ServiceAccount reaches its session and status but
+/// not another session's Secret; a policy patch changes the hash without restarting the pod,
+/// and the running agent reports the new policy.
+#[test]
+fn the_agent_pod_has_its_own_identity_and_follows_policy_edits_live() {
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    let opts = DemoOptions {
+        bin_dir: demo::default_bin_dir(),
+        turns: 1,
+        ..DemoOptions::default()
+    };
+    let mut log = |m: &str| eprintln!("demo: {m}");
+    let d = demo::start(&opts, &mut log).unwrap_or_else(|e| panic!("{e}"));
+    let pod = d
+        .pods
+        .pod("demo", "cairn-demo-0")
+        .expect("the agent pod runs");
+    let as_agent = |args: &[&str]| {
+        Command::new(&d.cp.kubectl)
+            .arg(format!(
+                "--kubeconfig={}",
+                pod.root.join("kubeconfig").display()
+            ))
+            .args(args)
+            .output()
+            .expect("kubectl runs")
+    };
+    let whoami = as_agent(&[
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&whoami.stdout),
+        "system:serviceaccount:demo:cairn-demo"
+    );
+    assert!(
+        as_agent(&["get", "asess", "demo", "-n", "demo"])
+            .status
+            .success(),
+        "reads its session"
+    );
+    // The agent writes status.session itself (server-side apply, no read first): its Role
+    // allows patching the status subresource of its own session only.
+    let can = |args: &[&str]| {
+        String::from_utf8_lossy(&as_agent(args).stdout)
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        can(&[
+            "auth",
+            "can-i",
+            "patch",
+            "agentsessions.cairn.dev/demo",
+            "--subresource=status",
+            "-n",
+            "demo"
+        ]),
+        "yes"
+    );
+    assert_eq!(
+        can(&[
+            "auth",
+            "can-i",
+            "patch",
+            "agentsessions.cairn.dev/other",
+            "--subresource=status",
+            "-n",
+            "demo"
+        ]),
+        "no"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d
+        .cp
+        .kubectl_ok(&[
+            "get",
+            "asess",
+            "demo",
+            "-n",
+            "demo",
+            "-o",
+            "jsonpath={.status.session.turns}",
+        ])
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never wrote status.session"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    d.cp.apply_yaml(
+        "apiVersion: cairn.dev/v1alpha1\nkind: AgentSession\nmetadata: {name: other, namespace: demo}\nspec:\n  provider: {kind: anthropic, model: claude-sonnet-4-5}\n",
+    )
+    .expect("a second session");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while d
+        .cp
+        .kubectl(&["get", "secret", "cairn-other-api-token", "-n", "demo"])
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the other session's token Secret never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let other = as_agent(&["get", "secret", "cairn-other-api-token", "-n", "demo"]);
+    assert!(
+        !other.status.success(),
+        "must not read another session's Secret"
+    );
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("Forbidden"),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+
+    // Policy edit: new hash, same pod, same process; the agent runs with it on the next turn.
+    let hash = |cp: &cairn_tests::harness::ControlPlane| {
+        cp.kubectl_ok(&[
+            "get",
+            "asess",
+            "demo",
+            "-n",
+            "demo",
+            "-o",
+            "jsonpath={.status.policyHash}",
+        ])
+        .unwrap_or_default()
+    };
+    let before = hash(&d.cp);
+    assert!(!before.is_empty());
+    d.cp.kubectl_ok(&[
+        "patch",
+        "asess",
+        "demo",
+        "-n",
+        "demo",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"compaction":{"budgetRatio":0.5}}}"#,
+    ])
+    .expect("policy patch");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let after = loop {
+        let h = hash(&d.cp);
+        if h != before {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "policyHash never changed");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let uid =
+        d.cp.kubectl_ok(&[
+            "get",
+            "pod",
+            "cairn-demo-0",
+            "-n",
+            "demo",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+        .expect("pod");
+    assert_eq!(uid, pod.uid, "a policy edit does not replace the pod");
+    assert_eq!(
+        d.pods.pod("demo", "cairn-demo-0").map(|p| p.pid),
+        Some(pod.pid),
+        "nor restart the agent"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, _) = d.turn("one more turn under the new policy").expect("turn");
+        assert_eq!(status, 200);
+        let (_, view) = d.call("GET", "/v1/session", None).expect("session");
+        if view["policyHash"] == after.as_str() {
+            assert_eq!(view["policy"]["budgetRatio"], 0.5, "{view}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent never reported the new policy: {view}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

@@ -80,7 +80,10 @@ pub fn run_dir(name: &str) -> Result<PathBuf, HarnessError> {
             }
         }
     }
-    let dir = base.join(format!("{name}-{}", std::process::id()));
+    // Unique per process and per call: tests of one binary may each start an environment.
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = base.join(format!("{name}-{}-{seq}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)
         .map_err(|e| HarnessError::io(format!("creating {}", dir.display()), e))?;
