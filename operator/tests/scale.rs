@@ -5,7 +5,9 @@
 //! `KUBECONFIG` points at (the local control plane with kwok), scoped to a fresh namespace:
 //!
 //! ```text
-//! KUBECONFIG=<harness kubeconfig> cargo test -p cairn-operator --release --test scale -- --ignored --nocapture
+//! cargo run -p cairn-tests --bin cairn-harness -- up --env-file /tmp/cairn.env --crds &
+//! set -a; . /tmp/cairn.env; set +a
+//! cargo test -p cairn-operator --release --test scale -- --ignored --nocapture
 //! ```
 //!
 //! `CAIRN_SCALE_SESSIONS` (default 1000) sets the number of sessions, `CAIRN_SCALE_IDLE_SECS`
