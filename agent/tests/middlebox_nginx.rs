@@ -2,6 +2,7 @@
 //! body over `client_max_body_size`, a WAF-style HTML 403 above a size, a dropped
 //! connection on large bodies, and a provider's JSON 403 passing through unchanged.
 
+use cairn_agent::classify::{FailureClass, classify};
 use std::time::Duration;
 
 use cairn_agent::history::Message;
@@ -133,6 +134,7 @@ async fn nginx_413_is_html_and_carries_the_rejected_size() {
         if let Some(n) = expected_bytes(kind, &req) {
             assert_eq!(e.request_bytes, n, "{kind:?}: exact rejected size");
         }
+        assert_eq!(classify(&e), FailureClass::PayloadTooLarge, "{kind:?}");
         assert_eq!(e.label(), "http_html");
         assert!(e.to_string().contains("HTML page"), "{e}");
         assert!(!format!("{e} {e:?}").contains("sk-middlebox-secret"));
@@ -174,6 +176,7 @@ async fn waf_403_is_an_html_block_page() {
         assert!(e.is_html(), "{kind:?}");
         assert_eq!(e.body, BLOCK_PAGE);
         assert!(e.content_type.as_deref().unwrap().starts_with("text/html"));
+        assert_eq!(classify(&e), FailureClass::ProxyRejection, "{kind:?}");
         if let Some(n) = expected_bytes(kind, &req) {
             assert_eq!(e.request_bytes, n, "{kind:?}");
         }
@@ -195,6 +198,10 @@ async fn a_providers_json_403_through_nginx_stays_json() {
             .unwrap_err();
         assert_eq!(e.status, Some(403), "{kind:?}");
         assert!(!e.is_html(), "{kind:?}: {e}");
+        assert!(
+            !classify(&e).is_recoverable(),
+            "{kind:?}: a provider's JSON 403 is an auth answer, not a proxy rejection"
+        );
         assert!(
             e.content_type
                 .as_deref()

@@ -260,6 +260,11 @@ async fn overflow_is_the_providers_own_error_with_the_request_size() {
                 e.content_type
             );
             assert!(!e.is_html());
+            assert_eq!(
+                cairn_agent::classify::classify(&e),
+                cairn_agent::classify::FailureClass::ContextOverflow,
+                "{kind:?}: the shared classifier recognises the provider's own overflow error"
+            );
             let body: serde_json::Value = serde_json::from_str(&e.body).unwrap();
             match kind {
                 ProviderKind::Openai | ProviderKind::OpenaiCompatible => {
