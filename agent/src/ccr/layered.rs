@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use super::local::{LocalLimits, LocalStore};
 use super::s3::S3Store;
 use super::stats::{ArchiveCounters, ArchiveReport, StoreUsage};
-use super::{ArchiveError, Key, Store, check_archivable};
+use super::{Archivable, ArchiveError, Key, Store};
 
 #[derive(Clone)]
 pub struct LayeredStore {
@@ -83,8 +83,8 @@ impl LayeredStore {
 
 #[async_trait]
 impl Store for LayeredStore {
-    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError> {
-        check_archivable(content)?;
+    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
+        let content = content.bytes();
         let key = Key::of(content);
         // Local entries are written only after S3 acknowledged them, so a local hit is durable.
         if matches!(self.local.get(key).await, Ok(Some(_))) {

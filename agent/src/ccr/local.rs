@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 use super::stats::{ArchiveCounters, ArchiveReport, StoreUsage};
-use super::{ArchiveError, Key, Store, check_archivable};
+use super::{Archivable, ArchiveError, Key, Store};
 
 /// Temp files start with this; no key does, so the sweep can never remove an entry.
 const TEMP_PREFIX: &str = ".tmp-";
@@ -225,8 +225,8 @@ impl LocalStore {
 
 #[async_trait]
 impl Store for LocalStore {
-    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError> {
-        check_archivable(content)?;
+    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
+        let content = content.bytes();
         let key = Key::of(content);
         match self.put(key, content.to_vec()).await? {
             PutOutcome::Stored => self.inner.counters.record_put(content.len()),

@@ -12,9 +12,10 @@ pub mod stats;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 use async_trait::async_trait;
+use memchr::memmem;
 use sha2::{Digest, Sha256};
 
 pub use layered::LayeredStore;
@@ -82,24 +83,33 @@ impl fmt::Debug for Key {
 /// `<<ccr:` + 16 lowercase hex + `>>`.
 pub fn extract_markers(text: &str) -> Vec<Key> {
     let mut out: Vec<Key> = Vec::new();
-    let mut rest = text;
-    while let Some(pos) = rest.find(MARKER_OPEN) {
-        let after = &rest[pos + MARKER_OPEN.len()..];
-        if let Some(candidate) = after.get(..KEY_LEN)
-            && after[KEY_LEN..].starts_with(MARKER_CLOSE)
-            && let Some(key) = Key::parse(candidate)
-            && !out.contains(&key)
-        {
+    for key in markers_in(text.as_bytes()) {
+        if !out.contains(&key) {
             out.push(key);
         }
-        rest = after;
     }
     out
 }
 
+/// Every canonical marker in `content`, in order, repetitions included. A marker is ASCII, so
+/// it reads the same in non-UTF-8 bytes. The search for `<<ccr:` is vectorised: the archive
+/// scans every original before storing it, so this is on the compaction hot path.
+fn markers_in(content: &[u8]) -> impl Iterator<Item = Key> + '_ {
+    static OPEN: LazyLock<memmem::Finder<'static>> =
+        LazyLock::new(|| memmem::Finder::new(MARKER_OPEN.as_bytes()));
+    OPEN.find_iter(content).filter_map(move |pos| {
+        let after = &content[pos + MARKER_OPEN.len()..];
+        let hex = after.get(..KEY_LEN)?;
+        if !after[KEY_LEN..].starts_with(MARKER_CLOSE.as_bytes()) {
+            return None;
+        }
+        Key::parse(std::str::from_utf8(hex).ok()?)
+    })
+}
+
 /// True when `text` carries at least one canonical marker.
 pub fn has_marker(text: &str) -> bool {
-    !extract_markers(text).is_empty()
+    has_marker_bytes(text.as_bytes())
 }
 
 /// Why the archive could not do what was asked.
@@ -138,7 +148,13 @@ impl ArchiveError {
 pub trait Store: Send + Sync {
     /// Stores `content` verbatim and returns its key. Idempotent: the same content gives the
     /// same key. Refuses content that already carries a marker.
-    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError>;
+    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError> {
+        self.archive_checked(Archivable::check(content)?).await
+    }
+
+    /// [`Store::archive`] for content whose marker check is already done: a pass that had to
+    /// scan a multi-megabyte original anyway hands its proof over instead of scanning twice.
+    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError>;
 
     /// The original bytes of `key`, or `None` when this session's archive has no such key.
     async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError>;
@@ -146,30 +162,31 @@ pub trait Store: Send + Sync {
 
 /// Refuses content that already carries a marker (shared by every tier).
 pub fn check_archivable(content: &[u8]) -> Result<(), ArchiveError> {
-    if has_marker_bytes(content) {
-        return Err(ArchiveError::AlreadyArchived);
-    }
-    Ok(())
+    Archivable::check(content).map(|_| ())
 }
 
-/// [`has_marker`] over raw bytes: a marker is ASCII, so it reads the same in non-UTF-8
-/// content, and scanning bytes avoids a lossy copy of every large original.
-pub fn has_marker_bytes(content: &[u8]) -> bool {
-    let open = MARKER_OPEN.as_bytes();
-    let close = MARKER_CLOSE.as_bytes();
-    let mut rest = content;
-    while let Some(pos) = rest.iter().position(|&c| c == open[0]) {
-        let candidate = &rest[pos..];
-        if candidate.starts_with(open)
-            && let Some(hex) = candidate.get(open.len()..open.len() + KEY_LEN)
-            && hex.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
-            && candidate[open.len() + KEY_LEN..].starts_with(close)
-        {
-            return true;
+/// Bytes known to carry no marker, so a store may archive them without nesting archives. The
+/// only way to get one is [`Archivable::check`].
+#[derive(Clone, Copy, Debug)]
+pub struct Archivable<'a>(&'a [u8]);
+
+impl<'a> Archivable<'a> {
+    /// Scans `content` once; refuses it when it already carries a marker.
+    pub fn check(content: &'a [u8]) -> Result<Self, ArchiveError> {
+        if has_marker_bytes(content) {
+            return Err(ArchiveError::AlreadyArchived);
         }
-        rest = &rest[pos + 1..];
+        Ok(Self(content))
     }
-    false
+
+    pub fn bytes(self) -> &'a [u8] {
+        self.0
+    }
+}
+
+/// [`has_marker`] over raw bytes, so large originals are scanned without a lossy copy.
+pub fn has_marker_bytes(content: &[u8]) -> bool {
+    markers_in(content).next().is_some()
 }
 
 /// An in-process store: for tests and for sessions that run without any archive configured
@@ -195,8 +212,8 @@ impl MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
-    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError> {
-        check_archivable(content)?;
+    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
+        let content = content.bytes();
         let key = Key::of(content);
         let mut entries = self
             .entries

@@ -23,7 +23,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
 use super::stats::ArchiveCounters;
-use super::{ArchiveError, Key, Store, check_archivable};
+use super::{Archivable, ArchiveError, Key, Store};
 
 /// Where one session's objects live inside a bucket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -476,8 +476,8 @@ pub async fn delete_prefix(
 
 #[async_trait]
 impl Store for S3Store {
-    async fn archive(&self, content: &[u8]) -> Result<Key, ArchiveError> {
-        check_archivable(content)?;
+    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
+        let content = content.bytes();
         let key = Key::of(content);
         if let Err(e) = self.put(&key, content).await {
             self.counters.record_failure();

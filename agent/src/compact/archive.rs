@@ -9,7 +9,7 @@ use std::io;
 
 use serde::Serialize;
 
-use crate::ccr::{ArchiveError, Key, Store, extract_markers};
+use crate::ccr::{Archivable, ArchiveError, Key, Store, extract_markers};
 use crate::history::Message;
 
 /// Archives every original and returns its key, one per original, in order. Either all are
@@ -20,6 +20,18 @@ pub async fn archive_all(store: &dyn Store, originals: &[&[u8]]) -> Result<Vec<K
     let mut keys: Vec<Key> = Vec::with_capacity(originals.len());
     for original in originals {
         keys.push(store.archive(original).await?);
+    }
+    Ok(keys)
+}
+
+/// [`archive_all`] for originals whose marker check the pass already made.
+pub async fn archive_all_checked(
+    store: &dyn Store,
+    originals: &[Archivable<'_>],
+) -> Result<Vec<Key>, ArchiveError> {
+    let mut keys: Vec<Key> = Vec::with_capacity(originals.len());
+    for original in originals {
+        keys.push(store.archive_checked(*original).await?);
     }
     Ok(keys)
 }

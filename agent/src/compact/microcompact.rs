@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use cairn_crds::EffectivePolicy;
 
-use crate::ccr::{Key, Store, extract_markers};
+use crate::ccr::{Archivable, Key, Store, extract_markers};
 use crate::history::{self, Message, Role};
 
-use super::archive::{archive_all, distinct, note_archived};
+use super::archive::{archive_all_checked, distinct, note_archived};
 use super::text::{self, Stats};
 use super::{Pass, PassReport, Trigger};
 
@@ -48,6 +48,12 @@ enum Render {
 struct Edit {
     index: usize,
     render: Render,
+}
+
+/// A staged change and, unless it reuses an earlier archive, its original checked for markers.
+struct Staged<'h> {
+    edit: Edit,
+    original: Option<Archivable<'h>>,
 }
 
 /// Runs the age rule and, when `idle_for` reaches `idleMinutes`, the idle rule.
@@ -83,7 +89,7 @@ pub async fn microcompact(
         None
     };
 
-    let mut edits: Vec<Edit> = Vec::new();
+    let mut staged: Vec<Staged<'_>> = Vec::new();
     for (i, m) in history.iter().enumerate() {
         if m.role != Role::Tool || m.meta.preserve_verbatim || m.meta.is_summary {
             continue;
@@ -98,11 +104,24 @@ pub async fn microcompact(
         } else {
             continue;
         };
-        if let Some(e) = plan_edit(i, m, plan, policy) {
-            edits.push(e);
+        if let Some(s) = plan_edit(i, m, plan, policy) {
+            staged.push(s);
         }
     }
-    apply_edits(history, edits, policy, store, &mut report).await;
+    if staged.is_empty() {
+        return report;
+    }
+    let originals: Vec<Archivable<'_>> = staged.iter().filter_map(|s| s.original).collect();
+    let keys = match archive_all_checked(store, &originals).await {
+        Ok(keys) => keys,
+        Err(e) => {
+            report.archive_error = Some(e.label());
+            return report;
+        }
+    };
+    report.archived = distinct(&keys);
+    let edits: Vec<Edit> = staged.into_iter().map(|s| s.edit).collect();
+    apply_edits(history, edits, keys, policy, &mut report);
     report
 }
 
@@ -130,9 +149,16 @@ fn tool_label(m: &Message) -> String {
     }
 }
 
-fn plan_edit(index: usize, m: &Message, plan: Plan, policy: &EffectivePolicy) -> Option<Edit> {
+fn plan_edit<'h>(
+    index: usize,
+    m: &'h Message,
+    plan: Plan,
+    policy: &EffectivePolicy,
+) -> Option<Staged<'h>> {
     let mc = &policy.microcompact;
-    if text::is_ours(&m.content) {
+    // One scan for markers serves the checks below and the store: tool outputs are megabytes.
+    let checked = Archivable::check(m.content.as_bytes()).ok();
+    if checked.is_none() && m.content.contains(text::BANNER_PREFIX) {
         // Already a preview or a stub: a preview may be promoted, using the key it carries.
         let Plan::Stub { .. } = plan else {
             return None;
@@ -142,18 +168,21 @@ fn plan_edit(index: usize, m: &Message, plan: Plan, policy: &EffectivePolicy) ->
         }
         let key = *extract_markers(&m.content).first()?;
         let st = text::parse_stats(&m.content)?;
-        return Some(Edit {
-            index,
-            render: Render::Ready {
-                content: text::stub(&tool_label(m), st, &key),
-                key,
+        return Some(Staged {
+            edit: Edit {
+                index,
+                render: Render::Ready {
+                    content: text::stub(&tool_label(m), st, &key),
+                    key,
+                },
             },
+            original: None,
         });
     }
-    if text::quotes_marker(&m.content) {
+    let Some(original) = checked else {
         // Content quoting someone else's marker cannot be archived; leave it whole.
         return None;
-    }
+    };
     let len = m.content.len();
     let large = len >= mc.min_content_chars as usize;
     let render = match plan {
@@ -167,33 +196,20 @@ fn plan_edit(index: usize, m: &Message, plan: Plan, policy: &EffectivePolicy) ->
         }
         _ => return None,
     };
-    Some(Edit { index, render })
+    Some(Staged {
+        edit: Edit { index, render },
+        original: Some(original),
+    })
 }
 
-/// Archives every original, then applies every edit; on any archive failure nothing changes.
-async fn apply_edits(
+/// Applies every edit once its original is archived under the next of `keys`.
+fn apply_edits(
     history: &mut [Message],
     edits: Vec<Edit>,
+    keys: Vec<Key>,
     policy: &EffectivePolicy,
-    store: &dyn Store,
     report: &mut PassReport,
 ) {
-    if edits.is_empty() {
-        return;
-    }
-    let originals: Vec<&[u8]> = edits
-        .iter()
-        .filter(|e| !matches!(e.render, Render::Ready { .. }))
-        .map(|e| history[e.index].content.as_bytes())
-        .collect();
-    let keys = match archive_all(store, &originals).await {
-        Ok(keys) => keys,
-        Err(e) => {
-            report.archive_error = Some(e.label());
-            return;
-        }
-    };
-    report.archived = distinct(&keys);
     let mc = &policy.microcompact;
     let mut keys = keys.into_iter();
     for e in edits {

@@ -73,22 +73,19 @@ pub fn line_count(s: &str) -> usize {
     }
 }
 
-/// Newlines in `bytes`, eight bytes at a time: tool outputs are megabytes and every stub and
-/// banner states the line count of its original.
+/// Newlines in `bytes`. Tool outputs are megabytes and every stub and banner states the line
+/// count of its original, so this is written for the vectoriser: a byte-wide counter per run
+/// of 255 bytes cannot overflow, and that loop compiles to wide compares and adds.
 pub fn count_newlines(bytes: &[u8]) -> usize {
-    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-    const NL: u64 = 0x0a0a_0a0a_0a0a_0a0a;
-    let mut chunks = bytes.chunks_exact(8);
-    let mut n = 0usize;
-    for c in &mut chunks {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(c);
-        let x = u64::from_ne_bytes(word) ^ NL;
-        // High bit set exactly in the bytes of `x` that are zero (no borrow between bytes).
-        let zero = !(((x & LOW7) + LOW7) | x | LOW7);
-        n += zero.count_ones() as usize;
-    }
-    n + chunks.remainder().iter().filter(|&&b| b == b'\n').count()
+    bytes
+        .chunks(255)
+        .map(|run| {
+            let n = run
+                .iter()
+                .fold(0u8, |n, &b| n.wrapping_add(u8::from(b == b'\n')));
+            usize::from(n)
+        })
+        .sum()
 }
 
 /// A coarse label of what a text is, for stubs: the model decides from it whether to recall.
@@ -108,19 +105,22 @@ pub fn detect_kind(s: &str) -> &'static str {
     {
         return "diff";
     }
-    if sample.to_ascii_lowercase().contains("<html") {
+    // Every stub labels its original, so the checks below stay allocation-free.
+    if contains_ignore_case(sample.as_bytes(), b"<html") {
         return "html";
     }
-    let lines: Vec<&str> = sample.lines().take(40).collect();
-    let n = lines.len().max(1);
+    let mut lines = [""; 40];
+    let mut n = 0;
+    for (slot, line) in lines.iter_mut().zip(sample.lines()) {
+        *slot = line;
+        n += 1;
+    }
+    let lines = &lines[..n];
+    let n = n.max(1);
     let loggy = lines
         .iter()
         .filter(|l| {
-            let l = l.to_ascii_uppercase();
-            l.contains("ERROR")
-                || l.contains("WARN")
-                || l.contains("INFO")
-                || l.contains("DEBUG")
+            names_a_level(l.as_bytes())
                 || l.starts_with("20") && l.len() > 10 && l.as_bytes().get(4) == Some(&b'-')
         })
         .count();
@@ -148,6 +148,34 @@ pub fn detect_kind(s: &str) -> &'static str {
         return "source";
     }
     "text"
+}
+
+/// ASCII case-insensitive substring test; `needle` is short and starts with an ASCII byte.
+fn contains_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
+    let Some(&first) = needle.first() else {
+        return true;
+    };
+    let (lo, up) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
+    memchr::memchr2_iter(lo, up, hay).any(|at| {
+        hay.get(at..at + needle.len())
+            .is_some_and(|w| w.eq_ignore_ascii_case(needle))
+    })
+}
+
+/// True when `line` contains ERROR, WARN, INFO or DEBUG in any case, in one pass.
+fn names_a_level(line: &[u8]) -> bool {
+    (0..line.len()).any(|i| {
+        let level: &[u8] = match line[i].to_ascii_uppercase() {
+            b'E' => b"ERROR",
+            b'W' => b"WARN",
+            b'I' => b"INFO",
+            b'D' => b"DEBUG",
+            _ => return false,
+        };
+        line[i..]
+            .get(..level.len())
+            .is_some_and(|w| w.eq_ignore_ascii_case(level))
+    })
 }
 
 /// Statistics of an archived original, written into banners and stubs.
@@ -263,18 +291,42 @@ fn static_kind(k: &str) -> &'static str {
 
 /// True when `text` is (or contains) a banner or stub cairn wrote.
 pub fn is_ours(text: &str) -> bool {
-    text.contains(BANNER_PREFIX) && crate::ccr::has_marker(text)
+    quotes_marker(text) && text.contains(BANNER_PREFIX)
 }
 
-/// True when `text` carries a canonical marker. `str::contains` takes the SIMD fast path for
-/// the common answer (no marker at all) on multi-megabyte outputs.
+/// True when `text` carries a canonical marker (a vectorised search for `<<ccr:`, then the
+/// strict parser at each hit).
 pub fn quotes_marker(text: &str) -> bool {
-    text.contains(crate::ccr::MARKER_OPEN) && crate::ccr::has_marker(text)
+    crate::ccr::has_marker(text)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn newline_count_matches_a_plain_count_at_every_block_edge() {
+        // Lengths around the 32-byte rows and the 255-row blocks, dense and sparse newlines.
+        for len in [0, 1, 31, 32, 33, 8159, 8160, 8161, 20_000] {
+            for every in [1, 2, 7, 64] {
+                let bytes: Vec<u8> = (0..len)
+                    .map(|i| if i % every == 0 { b'\n' } else { b'x' })
+                    .collect();
+                let plain = bytes.iter().filter(|&&b| b == b'\n').count();
+                assert_eq!(count_newlines(&bytes), plain, "len {len}, every {every}");
+            }
+        }
+    }
+
+    #[test]
+    fn kind_detection_ignores_case() {
+        assert_eq!(detect_kind("<!doctype x><HTML><body>hi</body>"), "html");
+        assert_eq!(
+            detect_kind("t=1 level=error boom\nt=2 Warn disk\nt=3 ok\n"),
+            "log"
+        );
+        assert_eq!(detect_kind("plain words and more words"), "text");
+    }
 
     #[test]
     fn head_and_tail_cut_at_lines() {
