@@ -410,19 +410,11 @@ async fn watch_file(path: PathBuf, tx: Arc<watch::Sender<Arc<Live>>>) {
     }
 }
 
-/// Logs: JSON when `CAIRN_LOG_FORMAT=json` (the default for `serve`), filtered by
-/// `RUST_LOG` (default `info`), on stderr. Message bodies and secrets are never logged.
-pub fn init_tracing(json_default: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(if json_default { "info" } else { "warn" }));
-    let json = env("CAIRN_LOG_FORMAT").map_or(json_default, |v| v == "json");
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        let _ = builder.json().try_init();
-    } else {
-        let _ = builder.try_init();
+/// The namespace and name of the session a command works on, for the exported spans'
+/// resource; `None` when the config file does not load (the command reports why).
+pub fn session_name(source: &Source) -> Option<(String, String)> {
+    match source {
+        Source::Cluster(r) => crate::config::parse_session_ref(r).ok(),
+        Source::File(path) => ConfigFile::load(path).ok().map(|c| (c.namespace, c.name)),
     }
 }

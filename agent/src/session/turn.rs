@@ -192,7 +192,7 @@ impl Session {
             ));
         }
         self.refresh_live();
-        let span = tracing::info_span!("turn", session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
+        let span = tracing::info_span!("turn", namespace = %self.namespace, session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
         let started = Instant::now();
         let mut provider_time = Duration::ZERO;
         let result = self
