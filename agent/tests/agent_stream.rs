@@ -54,6 +54,14 @@ async fn stream_turn(api: &Api, input: &str) -> Vec<Received> {
     events
 }
 
+/// The value of an unlabelled series in a Prometheus text exposition.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
 fn text_of_item(events: &[Received], item: &str) -> String {
     events
         .iter()
@@ -116,6 +124,15 @@ async fn deltas_reach_the_client_while_the_provider_is_still_streaming() {
     // The turn was journaled before it was acknowledged.
     assert_eq!(api.session().await["stats"]["turns"], json!(1));
     assert!(sim.requests()[0].stream);
+    // The metric agrees: the first text left well before the stall ended.
+    let (_, metrics) = api.get("/metrics").await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    let first_text = metric(&metrics, "cairn_agent_first_text_seconds_sum");
+    assert!(first_text < 2.0, "{first_text}");
+    assert_eq!(
+        metric(&metrics, "cairn_agent_first_text_seconds_count"),
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,6 +168,14 @@ async fn a_call_cut_off_mid_answer_closes_its_message_and_the_history_stays_clea
     assert_eq!(done.data["item"]["id"], item);
     assert_eq!(done.data["item"]["status"], "incomplete");
     assert_eq!(types.last(), Some(&"response.failed"), "{types:?}");
+    let (_, metrics) = api.get("/metrics").await;
+    assert_eq!(
+        metric(
+            &String::from_utf8_lossy(&metrics),
+            "cairn_agent_stream_abandoned_total"
+        ),
+        1.0
+    );
     assert_eq!(
         types
             .iter()

@@ -13,7 +13,8 @@
 //! turn is in the journal.
 
 use std::convert::Infallible;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -25,6 +26,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::history::Message;
+use crate::metrics::Metrics;
 use crate::session::{Notice, TurnEvent, TurnOutcome};
 
 use super::{ApiError, AppState, busy, parse_json};
@@ -235,7 +237,7 @@ pub async fn create(
     let task_state = state.clone();
     tokio::spawn(async move {
         let mut session = session;
-        let mut out = Writer::new(tx, ids);
+        let mut out = Writer::new(tx, ids, Arc::clone(&task_state.metrics));
         let created = response_object(&out.ids, None, "in_progress", None, None);
         out.send("response.created", json!({ "response": created }))
             .await;
@@ -288,10 +290,13 @@ struct Writer {
     ids: Ids,
     seq: u64,
     item: Item,
+    metrics: Arc<Metrics>,
+    started: Instant,
+    first_text: bool,
 }
 
 impl Writer {
-    fn new(tx: tokio::sync::mpsc::Sender<Sent>, ids: Ids) -> Self {
+    fn new(tx: tokio::sync::mpsc::Sender<Sent>, ids: Ids, metrics: Arc<Metrics>) -> Self {
         let item = Item {
             id: ids.message.clone(),
             index: 0,
@@ -304,6 +309,9 @@ impl Writer {
             ids,
             seq: 0,
             item,
+            metrics,
+            started: Instant::now(),
+            first_text: false,
         }
     }
 
@@ -345,6 +353,14 @@ impl Writer {
     }
 
     async fn delta(&mut self, text: &str) {
+        if !self.first_text && !text.is_empty() {
+            self.first_text = true;
+            self.metrics.observe(
+                "cairn_agent_first_text_seconds",
+                &[],
+                self.started.elapsed().as_secs_f64(),
+            );
+        }
         for chunk in chunks(text, DELTA_CHARS) {
             self.item.text.push_str(chunk);
             let data = self.part(json!({"delta": chunk, "logprobs": []}));
@@ -354,6 +370,8 @@ impl Writer {
 
     /// Ends the current message as `incomplete`: its text is not part of the answer.
     async fn abandon(&mut self) {
+        self.metrics
+            .inc("cairn_agent_stream_abandoned_total", &[], 1.0);
         let item = message_item(&self.item.id, "incomplete", Some(&self.item.text));
         self.send(
             "response.output_item.done",
@@ -512,7 +530,7 @@ mod tests {
 
     async fn written(events: Vec<TurnEvent>, end: Result<&str, ()>) -> Vec<Sent> {
         let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
-        let mut w = Writer::new(tx, ids());
+        let mut w = Writer::new(tx, ids(), Arc::new(Metrics::new()));
         for ev in events {
             w.on_event(ev).await;
         }
