@@ -13,7 +13,7 @@ use crate::config::{ConfigError, ConfigFile, Live, Storage, StorageSettings};
 use crate::history::{self, Message};
 use crate::metrics::Metrics;
 use crate::provider::{ClientOptions, Credentials, Provider, build};
-use crate::server::{AppState, DEFAULT_MAX_REQUEST_BYTES, router};
+use crate::server::{AppState, DEFAULT_MAX_REQUEST_BYTES, Gate, router};
 use crate::session::{Session, SessionParts, TurnError};
 
 /// Exit codes of `run` (and of `recall`).
@@ -219,7 +219,9 @@ pub enum Source {
 /// How often a standalone config file is checked for changes.
 const CONFIG_POLL: Duration = Duration::from_secs(1);
 
-/// `cairn-agent serve`.
+/// `cairn-agent serve`. The socket is bound first: `/healthz` answers while the session
+/// is still opening (in a pod that can mean waiting for the journal Lease), `/readyz` once
+/// it is open.
 pub async fn serve(source: Source, listen: SocketAddr) -> Result<(), AppError> {
     let token = env("CAIRN_API_TOKEN")
         .filter(|t| !t.trim().is_empty())
@@ -232,9 +234,62 @@ pub async fn serve(source: Source, listen: SocketAddr) -> Result<(), AppError> {
     let max_body = env("CAIRN_MAX_REQUEST_BYTES")
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_MAX_REQUEST_BYTES);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| AppError::new(exit::FAILURE, format!("cannot listen on {listen}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
+    eprintln!("cairn-agent starting on {bound}");
+    let gate = Gate::new("opening the session");
+    let mut server = tokio::spawn(
+        axum::serve(listener, gate.router())
+            .with_graceful_shutdown(shutdown_signal())
+            .into_future(),
+    );
+    let opened = tokio::select! {
+        opened = open_served(&source, token, &gate) => opened?,
+        done = &mut server => {
+            tracing::info!("stopped before the session was open");
+            return match done {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(AppError::new(exit::FAILURE, e.to_string())),
+                Err(e) => Err(AppError::new(exit::FAILURE, e.to_string())),
+            };
+        }
+    };
+    let Served { state, lease } = opened;
+    gate.open(router(state.clone(), max_body));
+    eprintln!("cairn-agent listening on {bound}");
+    tracing::info!(%bound, "serving");
+    let done = server
+        .await
+        .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
+    done.map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
+    // Graceful shutdown: whatever is in memory reaches the journal before the lease goes.
+    let mut session = state.session.lock().await;
+    if let Err(e) = session.flush().await {
+        tracing::error!(error = %e, "flushing the journal at shutdown");
+    }
+    if let Some(hold) = lease {
+        hold.release().await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// An open session being served.
+struct Served {
+    state: AppState,
+    lease: Option<Arc<crate::kube::LeaseHold>>,
+}
+
+/// Opens the session `serve` serves and starts what follows it: the config file or the
+/// AgentSession, the Lease, `status.session`.
+async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Served, AppError> {
     let metrics = Arc::new(Metrics::new());
     let mut cluster = None;
-    let (namespace, name, live, storage) = match &source {
+    let (namespace, name, live, storage) = match source {
         Source::File(path) => {
             let (cfg, live, storage) = load_config(path)?;
             (cfg.namespace, cfg.name, live, storage)
@@ -249,6 +304,10 @@ pub async fn serve(source: Source, listen: SocketAddr) -> Result<(), AppError> {
                 .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
             let settings = StorageSettings::from_spec(&obj.spec, env)?;
             let storage = Storage::open(&settings, &ns, &name)?;
+            gate.waiting(format!(
+                "waiting for the journal Lease {} of {ns}/{name}",
+                crate::kube::lease_name(&name)
+            ));
             let lease =
                 crate::kube::LeaseHold::acquire(client.clone(), &ns, &name, &holder_identity())
                     .await
@@ -257,13 +316,14 @@ pub async fn serve(source: Source, listen: SocketAddr) -> Result<(), AppError> {
             (ns, name, live, storage)
         }
     };
+    gate.waiting("rebuilding the history from the journal");
     let (live_tx, live_rx) = watch::channel(Arc::new(live));
     let session = open_session(&namespace, &name, live_rx, &storage, metrics).await?;
     let epoch = session.journal_epoch();
     let state = AppState::new(session, token);
     let live_tx = Arc::new(live_tx);
     let mut lease = None;
-    match &source {
+    match source {
         Source::File(path) => {
             tokio::spawn(watch_file(path.clone(), Arc::clone(&live_tx)));
         }
@@ -293,28 +353,8 @@ pub async fn serve(source: Source, listen: SocketAddr) -> Result<(), AppError> {
             }
         }
     }
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| AppError::new(exit::FAILURE, format!("cannot listen on {listen}: {e}")))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
-    eprintln!("cairn-agent listening on {bound}");
-    tracing::info!(%bound, session = %format!("{namespace}/{name}"), epoch, "serving");
-    axum::serve(listener, router(state.clone(), max_body))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
-    // Graceful shutdown: whatever is in memory reaches the journal before the lease goes.
-    let mut session = state.session.lock().await;
-    if let Err(e) = session.flush().await {
-        tracing::error!(error = %e, "flushing the journal at shutdown");
-    }
-    if let Some(hold) = lease {
-        hold.release().await;
-    }
-    tracing::info!("stopped");
-    Ok(())
+    tracing::info!(session = %format!("{namespace}/{name}"), epoch, "session open");
+    Ok(Served { state, lease })
 }
 
 async fn shutdown_signal() {
@@ -370,19 +410,11 @@ async fn watch_file(path: PathBuf, tx: Arc<watch::Sender<Arc<Live>>>) {
     }
 }
 
-/// Logs: JSON when `CAIRN_LOG_FORMAT=json` (the default for `serve`), filtered by
-/// `RUST_LOG` (default `info`), on stderr. Message bodies and secrets are never logged.
-pub fn init_tracing(json_default: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(if json_default { "info" } else { "warn" }));
-    let json = env("CAIRN_LOG_FORMAT").map_or(json_default, |v| v == "json");
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        let _ = builder.json().try_init();
-    } else {
-        let _ = builder.try_init();
+/// The namespace and name of the session a command works on, for the exported spans'
+/// resource; `None` when the config file does not load (the command reports why).
+pub fn session_name(source: &Source) -> Option<(String, String)> {
+    match source {
+        Source::Cluster(r) => crate::config::parse_session_ref(r).ok(),
+        Source::File(path) => ConfigFile::load(path).ok().map(|c| (c.namespace, c.name)),
     }
 }

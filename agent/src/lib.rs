@@ -25,3 +25,4 @@ pub mod kube;
 pub mod metrics;
 pub mod server;
 pub mod session;
+pub mod telemetry;

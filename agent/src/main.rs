@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use cairn_agent::app::{self, Prompt, Source};
+use cairn_agent::telemetry;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -73,6 +74,10 @@ enum Command {
     },
 }
 
+fn session_ref(s: &Option<(String, String)>) -> Option<(&str, &str)> {
+    s.as_ref().map(|(ns, name)| (ns.as_str(), name.as_str()))
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -107,7 +112,8 @@ fn main() -> ExitCode {
             prompt,
             prompt_file,
         } => {
-            app::init_tracing(false);
+            let session = app::session_name(&Source::File(config.clone()));
+            let telemetry = telemetry::init(false, session_ref(&session));
             let prompt = match (prompt, prompt_file) {
                 (Some(t), _) => Prompt::Text(t),
                 (None, Some(f)) => Prompt::File(f),
@@ -118,7 +124,9 @@ fn main() -> ExitCode {
                     });
                 }
             };
-            match runtime().block_on(app::run(&config, history.as_deref(), prompt)) {
+            let result = runtime().block_on(app::run(&config, history.as_deref(), prompt));
+            telemetry.shutdown();
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             }
@@ -128,7 +136,6 @@ fn main() -> ExitCode {
             config,
             listen,
         } => {
-            app::init_tracing(true);
             let source = match (session, config) {
                 (_, Some(c)) => Source::File(c),
                 (Some(s), None) => Source::Cluster(s),
@@ -139,14 +146,22 @@ fn main() -> ExitCode {
                     });
                 }
             };
-            match runtime().block_on(app::serve(source, listen)) {
+            let session = app::session_name(&source);
+            let telemetry = telemetry::init(true, session_ref(&session));
+            let result = runtime().block_on(app::serve(source, listen));
+            // The runtime is gone: the last spans are sent now, before the process exits.
+            telemetry.shutdown();
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
             }
         }
         Command::Recall { key, config } => {
-            app::init_tracing(false);
-            match runtime().block_on(app::recall_cmd(&key, &config)) {
+            let session = app::session_name(&Source::File(config.clone()));
+            let telemetry = telemetry::init(false, session_ref(&session));
+            let result = runtime().block_on(app::recall_cmd(&key, &config));
+            telemetry.shutdown();
+            match result {
                 Ok(bytes) => {
                     use std::io::Write;
                     let mut out = std::io::stdout().lock();

@@ -105,6 +105,16 @@ const HELP: &[(&str, &str, &str)] = &[
         "histogram",
         "Time of a turn spent outside provider calls.",
     ),
+    (
+        "cairn_agent_first_text_seconds",
+        "histogram",
+        "Time from a streamed request to its first text event.",
+    ),
+    (
+        "cairn_agent_stream_abandoned_total",
+        "counter",
+        "Streamed output messages closed as incomplete (their model call failed).",
+    ),
 ];
 
 /// The registry.

@@ -10,7 +10,7 @@
 mod responses;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -201,6 +201,71 @@ fn busy() -> ApiError {
         "session_busy",
         "another turn is running on this session; retry when it has finished",
     )
+}
+
+/// The server of an agent that is still opening its session (waiting for its journal
+/// Lease, rebuilding the history): `/healthz` answers from the start so the kubelet does
+/// not restart a pod that is only waiting, `/readyz` says what it waits for, and every other
+/// route gets 503 until [`Gate::open`] hands over the session's router.
+#[derive(Clone, Default)]
+pub struct Gate {
+    inner: Arc<OnceLock<Router>>,
+    waiting: Arc<RwLock<String>>,
+}
+
+impl Gate {
+    pub fn new(waiting: impl Into<String>) -> Self {
+        Self {
+            inner: Arc::default(),
+            waiting: Arc::new(RwLock::new(waiting.into())),
+        }
+    }
+
+    /// What the agent waits for, as `/readyz` reports it.
+    pub fn waiting(&self, why: impl Into<String>) {
+        if let Ok(mut w) = self.waiting.write() {
+            *w = why.into();
+        }
+    }
+
+    /// From now on every request goes to `router`.
+    pub fn open(&self, router: Router) {
+        let _ = self.inner.set(router);
+    }
+
+    pub fn router(&self) -> Router {
+        let gate = self.clone();
+        Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .fallback(move |request: axum::extract::Request| {
+                let gate = gate.clone();
+                async move { gate.handle(request).await }
+            })
+    }
+
+    async fn handle(&self, request: axum::extract::Request) -> Response {
+        use tower::ServiceExt;
+        if let Some(router) = self.inner.get() {
+            return match router.clone().oneshot(request).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+        }
+        let why = self
+            .waiting
+            .read()
+            .map(|w| w.clone())
+            .unwrap_or_else(|_| "starting".into());
+        if request.uri().path() == "/readyz" {
+            return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+        }
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting",
+            format!("the session is not open yet: {why}"),
+        )
+        .into_response()
+    }
 }
 
 /// The router with every route.

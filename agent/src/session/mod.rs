@@ -29,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::provider::{Provider, Usage};
 
 pub use summarizer::ProviderSummarizer;
-pub use turn::{Notice, TurnOutcome};
+pub use turn::{Notice, TurnEvent, TurnEvents, TurnOutcome};
 
 /// Why a turn (or a compaction, or a rewind) failed. The history is as before it.
 #[derive(Debug, thiserror::Error)]

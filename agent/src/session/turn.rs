@@ -3,6 +3,7 @@
 //! built-in tool calls and send again (bounded, with a stagnation guard) → journal.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use cairn_crds::session::LastRecovery;
@@ -15,7 +16,7 @@ use crate::compact::pairing;
 use crate::compact::{Budget, Headroom, PassReport, Trigger, budget};
 use crate::history::{self, Message, Role};
 use crate::journal::{CompactionRecord, Undo};
-use crate::provider::{ChatRequest, ChatResponse, StopReason, Usage};
+use crate::provider::{ChatRequest, ChatResponse, Delta, StopReason, Usage};
 use crate::recovery::{RecoveryContext, RecoveryError, escalate_output, recover};
 
 use super::tools::{self, StagnationGuard};
@@ -73,9 +74,68 @@ impl Changes {
     }
 }
 
-fn notice(notices: &mut Vec<Notice>, kind: &'static str, message: String) {
+/// What a streaming turn reports while it runs ([`Session::turn_streaming`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TurnEvent {
+    /// Text of the answer as the provider sends it. Concatenated, the `Text` events since
+    /// the last `Discarded` are a prefix of the final [`TurnOutcome::text`].
+    Text(String),
+    /// A model call that had already streamed text failed and is retried: the text streamed
+    /// since the last `Discarded` is void. `kept` is the answer accepted before that call;
+    /// the next `Text` events continue it.
+    Discarded { kept: String },
+    /// A notice, as it happens.
+    Notice(Notice),
+}
+
+/// The events of a streaming turn.
+pub type TurnEvents = tokio::sync::mpsc::UnboundedSender<TurnEvent>;
+
+/// The notices of a turn, forwarded as they happen when the turn streams.
+struct Notices {
+    list: Vec<Notice>,
+    live: Option<TurnEvents>,
+}
+
+fn notice(notices: &mut Notices, kind: &'static str, message: String) {
     tracing::info!(kind, %message, "notice");
-    notices.push(Notice { kind, message });
+    let n = Notice { kind, message };
+    if let Some(tx) = &notices.live {
+        let _ = tx.send(TurnEvent::Notice(n.clone()));
+    }
+    notices.list.push(n);
+}
+
+/// The answer of a turn: the text of every model reply, in order. A reply that follows tool
+/// calls starts a new paragraph; an escalated continuation goes on where the cut reply
+/// stopped.
+#[derive(Default)]
+struct Answer {
+    text: String,
+    after_tools: bool,
+}
+
+/// Separates the text of a reply that follows tool calls from the text before it.
+const ROUND_SEPARATOR: &str = "\n\n";
+
+impl Answer {
+    /// What goes before the next reply's text, if it has any.
+    fn lead(&self) -> &'static str {
+        if self.after_tools && !self.text.is_empty() {
+            ROUND_SEPARATOR
+        } else {
+            ""
+        }
+    }
+
+    fn push(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        self.text.push_str(self.lead());
+        self.text.push_str(text);
+        self.after_tools = false;
+    }
 }
 
 fn add_usage(total: &mut Usage, u: &Usage) {
@@ -107,6 +167,24 @@ impl Session {
     /// Runs one turn. On `Ok`, the new messages are in the journal; on `Err`, the history is
     /// as before the turn.
     pub async fn turn(&mut self, input: Vec<Message>) -> Result<TurnOutcome, TurnError> {
+        self.turn_with(input, None).await
+    }
+
+    /// Like [`Session::turn`], reporting the answer's text and the notices on `events` as
+    /// they arrive from the provider. Streamed text is not acknowledged: only an `Ok` is.
+    pub async fn turn_streaming(
+        &mut self,
+        input: Vec<Message>,
+        events: TurnEvents,
+    ) -> Result<TurnOutcome, TurnError> {
+        self.turn_with(input, Some(events)).await
+    }
+
+    async fn turn_with(
+        &mut self,
+        input: Vec<Message>,
+        events: Option<TurnEvents>,
+    ) -> Result<TurnOutcome, TurnError> {
         validate(&input)?;
         if let Some(f) = self.journal.fenced() {
             return Err(TurnError::Fenced(
@@ -114,11 +192,11 @@ impl Session {
             ));
         }
         self.refresh_live();
-        let span = tracing::info_span!("turn", session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
+        let span = tracing::info_span!("turn", namespace = %self.namespace, session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
         let started = Instant::now();
         let mut provider_time = Duration::ZERO;
         let result = self
-            .turn_inner(input, &mut provider_time)
+            .turn_inner(input, events, &mut provider_time)
             .instrument(span)
             .await;
         let elapsed = started.elapsed();
@@ -157,6 +235,7 @@ impl Session {
     async fn turn_inner(
         &mut self,
         input: Vec<Message>,
+        events: Option<TurnEvents>,
         provider_time: &mut Duration,
     ) -> Result<TurnOutcome, TurnError> {
         self.state.begin_turn();
@@ -166,7 +245,10 @@ impl Session {
         self.history.extend(input);
         self.commit(Vec::new(), None, None).await?;
 
-        let mut notices = Vec::new();
+        let mut notices = Notices {
+            list: Vec::new(),
+            live: events,
+        };
         let mut changes = Changes::default();
         let result = match self.rounds(&mut notices, &mut changes, provider_time).await {
             Ok(out) => {
@@ -189,11 +271,11 @@ impl Session {
         match result {
             Ok(mut out) => {
                 self.last_reply_at = Some(SystemTime::now());
-                for n in &notices {
+                for n in &notices.list {
                     self.metrics
                         .inc("cairn_agent_notices_total", &[("kind", n.kind)], 1.0);
                 }
-                out.notices = notices;
+                out.notices = notices.list;
                 Ok(out)
             }
             Err(e) => {
@@ -208,7 +290,7 @@ impl Session {
 
     async fn rounds(
         &mut self,
-        notices: &mut Vec<Notice>,
+        notices: &mut Notices,
         changes: &mut Changes,
         provider_time: &mut Duration,
     ) -> Result<TurnOutcome, TurnError> {
@@ -241,7 +323,7 @@ impl Session {
         let mut max_out = model_max.min(INITIAL_OUTPUT_TOKENS);
         let mut usage = Usage::default();
         let mut guard = StagnationGuard::default();
-        let mut partial = String::new();
+        let mut answer = Answer::default();
         let mut rounds = 0;
 
         loop {
@@ -252,7 +334,7 @@ impl Session {
                     format!("the tool-call loop stopped after {MAX_TOOL_ROUNDS} model calls"),
                 );
                 return Ok(TurnOutcome {
-                    text: partial,
+                    text: answer.text,
                     usage,
                     notices: Vec::new(),
                     rounds,
@@ -268,7 +350,7 @@ impl Session {
                     tools_bytes,
                     &mut max_out,
                     model_max,
-                    &mut partial,
+                    &mut answer,
                     notices,
                     changes,
                     provider_time,
@@ -278,10 +360,10 @@ impl Session {
             rounds += 1;
             let calls = resp.message.tool_calls.clone();
             self.history.push(resp.message.clone());
+            answer.push(&resp.message.content);
             if calls.is_empty() {
-                partial.push_str(&resp.message.content);
                 return Ok(TurnOutcome {
-                    text: partial,
+                    text: answer.text,
                     usage,
                     notices: Vec::new(),
                     rounds,
@@ -306,6 +388,7 @@ impl Session {
                 .await;
                 self.history.push(r.message);
             }
+            answer.after_tools = true;
             if stagnating {
                 notice(
                     notices,
@@ -315,9 +398,8 @@ impl Session {
                         tools::STAGNATION_REPEATS
                     ),
                 );
-                partial.push_str(&resp.message.content);
                 return Ok(TurnOutcome {
-                    text: partial,
+                    text: answer.text,
                     usage,
                     notices: Vec::new(),
                     rounds,
@@ -328,7 +410,7 @@ impl Session {
     }
 
     /// Pre-flight against a known payload cap, then the ladder when over budget.
-    async fn prepare(&mut self, notices: &mut Vec<Notice>, changes: &mut Changes) {
+    async fn prepare(&mut self, notices: &mut Notices, changes: &mut Changes) {
         let live = Arc::clone(&self.live);
         let policy = &live.policy;
         let inputs = self.budget_inputs();
@@ -406,8 +488,8 @@ impl Session {
         tools_bytes: usize,
         max_out: &mut u64,
         model_max: u64,
-        partial: &mut String,
-        notices: &mut Vec<Notice>,
+        answer: &mut Answer,
+        notices: &mut Notices,
         changes: &mut Changes,
         provider_time: &mut Duration,
         usage: &mut Usage,
@@ -423,7 +505,7 @@ impl Session {
                 messages: outgoing,
                 tools: tool_specs.to_vec(),
                 max_output_tokens: *max_out,
-                stream: false,
+                stream: notices.live.is_some(),
             };
             let span = tracing::info_span!(
                 "provider_call",
@@ -431,8 +513,36 @@ impl Session {
                 max_out = *max_out
             );
             let t = Instant::now();
-            let result = self.provider.send(&request).instrument(span).await;
+            let lead = answer.lead();
+            let streamed = AtomicBool::new(false);
+            let result = match &notices.live {
+                Some(tx) => {
+                    let sink = |d: Delta<'_>| {
+                        if let Delta::Text(text) = d
+                            && !text.is_empty()
+                        {
+                            if !streamed.swap(true, Ordering::Relaxed) && !lead.is_empty() {
+                                let _ = tx.send(TurnEvent::Text(lead.to_owned()));
+                            }
+                            let _ = tx.send(TurnEvent::Text(text.to_owned()));
+                        }
+                    };
+                    self.provider
+                        .send_streaming(&request, &sink)
+                        .instrument(span)
+                        .await
+                }
+                None => self.provider.send(&request).instrument(span).await,
+            };
             *provider_time += t.elapsed();
+            if result.is_err()
+                && streamed.load(Ordering::Relaxed)
+                && let Some(tx) = &notices.live
+            {
+                let _ = tx.send(TurnEvent::Discarded {
+                    kept: answer.text.clone(),
+                });
+            }
             self.metrics.observe(
                 "cairn_agent_provider_seconds",
                 &[],
@@ -469,7 +579,7 @@ impl Session {
                             &mut self.state,
                         )
                     {
-                        partial.push_str(&resp.message.content);
+                        answer.push(&resp.message.content);
                         notice(
                             notices,
                             "escalation",

@@ -1,0 +1,149 @@
+//! Logs and traces. Logs go to stderr (JSON when `CAIRN_LOG_FORMAT=json`, the default for
+//! `serve`), filtered by `RUST_LOG`. Spans (turn, compaction, recovery, provider call) are
+//! also exported over OTLP/HTTP (protobuf) when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set, as `service.name=cairn-agent` with the
+//! session's namespace and name as resource attributes. Neither carries message bodies or
+//! secrets: spans hold sizes, counts, labels and names only.
+
+use opentelemetry::KeyValue;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::Level;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// `service.name` of the exported spans.
+pub const SERVICE_NAME: &str = "cairn-agent";
+/// Resource attributes naming the session.
+pub const NAMESPACE_ATTRIBUTE: &str = "cairn.session.namespace";
+pub const NAME_ATTRIBUTE: &str = "cairn.session.name";
+
+/// The endpoint variables that turn the export on.
+const ENDPOINT_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+
+/// Why the OTLP export could not start (the agent runs on without it).
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("OTEL_EXPORTER_OTLP_PROTOCOL={0} is not supported; only http/protobuf is")]
+    Protocol(String),
+    #[error("the OTLP exporter could not be built: {0}")]
+    Exporter(String),
+}
+
+impl TelemetryError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Protocol(_) => "protocol",
+            Self::Exporter(_) => "exporter",
+        }
+    }
+}
+
+/// What must outlive the program's work: the span exporter, flushed by [`Telemetry::shutdown`].
+#[must_use = "call shutdown() at exit, or the last spans are lost"]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Whether spans are exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Sends the spans still buffered and stops the exporter. Blocks: call it outside the
+    /// async runtime.
+    pub fn shutdown(self) {
+        if let Some(p) = self.provider {
+            if let Err(e) = p.force_flush() {
+                eprintln!("cairn-agent: flushing spans: {e}");
+            }
+            if let Err(e) = p.shutdown() {
+                eprintln!("cairn-agent: stopping the span exporter: {e}");
+            }
+        }
+    }
+}
+
+fn var(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Whether an OTLP endpoint is configured.
+pub fn otlp_configured() -> bool {
+    ENDPOINT_VARS.iter().any(|k| var(k).is_some())
+}
+
+/// The tracer provider for `session` (namespace, name), when an endpoint is configured.
+fn provider(session: Option<(&str, &str)>) -> Result<Option<SdkTracerProvider>, TelemetryError> {
+    if !otlp_configured() {
+        return Ok(None);
+    }
+    if let Some(p) = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .filter(|p| p != "http/protobuf")
+    {
+        return Err(TelemetryError::Protocol(p));
+    }
+    // The endpoint, headers and timeout come from the standard OTEL_EXPORTER_OTLP_* variables.
+    let exporter = SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .build()
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let mut attributes = Vec::new();
+    if let Some((ns, name)) = session {
+        attributes.push(KeyValue::new(NAMESPACE_ATTRIBUTE, ns.to_owned()));
+        attributes.push(KeyValue::new(NAME_ATTRIBUTE, name.to_owned()));
+    }
+    let resource = Resource::builder()
+        .with_service_name(SERVICE_NAME)
+        .with_attributes(attributes)
+        .build();
+    Ok(Some(
+        SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource)
+            .build(),
+    ))
+}
+
+/// Installs the global subscriber: logs on stderr, and spans over OTLP when configured.
+/// `session` names the session in the exported resource.
+pub fn init(json_default: bool, session: Option<(&str, &str)>) -> Telemetry {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(if json_default { "info" } else { "warn" }));
+    let json = std::env::var("CAIRN_LOG_FORMAT").map_or(json_default, |v| v == "json");
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = if json {
+        logs.json().with_filter(filter).boxed()
+    } else {
+        logs.with_filter(filter).boxed()
+    };
+    let (provider, failed) = match provider(session) {
+        Ok(p) => (p, None),
+        Err(e) => (None, Some(e)),
+    };
+    // The agent's own spans only, whatever RUST_LOG says: the HTTP clients' spans would
+    // include the exporter's own requests.
+    let spans = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer(SERVICE_NAME))
+            .with_filter(Targets::new().with_target("cairn_agent", Level::INFO))
+    });
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(spans)
+        .try_init();
+    if let Some(e) = failed {
+        tracing::warn!(error = %e, label = e.label(), "spans are not exported");
+    }
+    Telemetry { provider }
+}
