@@ -18,6 +18,10 @@ use cairn_agent::compact::{
 use cairn_agent::history::{self, Message};
 use cairn_crds::EffectivePolicy;
 
+/// The allocator of the `cairn-agent` binary, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const MB: usize = 1024 * 1024;
 const SIZES: [usize; 3] = [MB, 4 * MB, 16 * MB];
 

@@ -144,9 +144,16 @@ const BANNER_ROOM: usize = 160;
 
 fn tool_label(m: &Message) -> String {
     match &m.name {
-        Some(n) => format!("tool result of {n}"),
-        None => "tool result".to_string(),
+        Some(n) => format!("{TOOL_LABEL} of {n}"),
+        None => TOOL_LABEL.to_string(),
     }
+}
+
+const TOOL_LABEL: &str = "tool result";
+
+/// `tool_label(m).len()` without building it (planning looks at every tool result).
+fn tool_label_len(m: &Message) -> usize {
+    TOOL_LABEL.len() + m.name.as_ref().map_or(0, |n| " of ".len() + n.len())
 }
 
 fn plan_edit<'h>(
@@ -189,9 +196,7 @@ fn plan_edit<'h>(
         Plan::Preview if large && len > (mc.head_chars + mc.tail_chars) as usize + BANNER_ROOM => {
             Render::Preview
         }
-        Plan::Stub { any_size }
-            if (large || any_size) && len > BANNER_ROOM + tool_label(m).len() =>
-        {
+        Plan::Stub { any_size } if (large || any_size) && len > BANNER_ROOM + tool_label_len(m) => {
             Render::Stub
         }
         _ => return None,

@@ -4,6 +4,10 @@
 //! Sizes are in bytes of UTF-8 (what a request really carries); cuts always land on
 //! character boundaries, and on line boundaries when a newline is near.
 
+use std::sync::LazyLock;
+
+use memchr::memmem;
+
 use crate::ccr::Key;
 
 /// Every banner and stub cairn writes starts with this, so passes recognise their own work.
@@ -91,7 +95,7 @@ pub fn count_newlines(bytes: &[u8]) -> usize {
 /// A coarse label of what a text is, for stubs: the model decides from it whether to recall.
 pub fn detect_kind(s: &str) -> &'static str {
     let t = s.trim_start();
-    let sample = &t[..floor_boundary(t, 4096)];
+    let sample = &t[..floor_boundary(t, SAMPLE)];
     let end = t.trim_end();
     // Shape only: parsing a multi-megabyte output just to label it would cost more than the
     // whole pass.
@@ -105,8 +109,14 @@ pub fn detect_kind(s: &str) -> &'static str {
     {
         return "diff";
     }
-    // Every stub labels its original, so the checks below stay allocation-free.
-    if contains_ignore_case(sample.as_bytes(), b"<html") {
+    // Every stub labels its original, so the checks below work on one upper-cased copy of the
+    // sample on the stack, with vectorised searches instead of per-line scans.
+    let mut buf = [0u8; SAMPLE];
+    let upper = &mut buf[..sample.len()];
+    upper.copy_from_slice(sample.as_bytes());
+    upper.make_ascii_uppercase();
+    let upper = &*upper;
+    if finders().html.find(upper).is_some() {
         return "html";
     }
     let mut lines = [""; 40];
@@ -116,14 +126,27 @@ pub fn detect_kind(s: &str) -> &'static str {
         n += 1;
     }
     let lines = &lines[..n];
+    // Line `k` of the sample ends before `ends[k]` (its newline, or the end of the sample).
+    let mut ends = [sample.len(); 40];
+    for (end, nl) in ends.iter_mut().zip(memchr::memchr_iter(b'\n', upper)) {
+        *end = nl;
+    }
+    let mut loggy_lines = 0u64;
+    for level in &finders().levels {
+        for at in level.find_iter(upper) {
+            let k = ends[..n].partition_point(|&e| e < at);
+            if k < n {
+                loggy_lines |= 1 << k;
+            }
+        }
+    }
+    for (k, l) in lines.iter().enumerate() {
+        if l.starts_with("20") && l.len() > 10 && l.as_bytes().get(4) == Some(&b'-') {
+            loggy_lines |= 1 << k;
+        }
+    }
+    let loggy = loggy_lines.count_ones() as usize;
     let n = n.max(1);
-    let loggy = lines
-        .iter()
-        .filter(|l| {
-            names_a_level(l.as_bytes())
-                || l.starts_with("20") && l.len() > 10 && l.as_bytes().get(4) == Some(&b'-')
-        })
-        .count();
     if loggy * 3 >= n && loggy > 0 {
         return "log";
     }
@@ -150,32 +173,21 @@ pub fn detect_kind(s: &str) -> &'static str {
     "text"
 }
 
-/// ASCII case-insensitive substring test; `needle` is short and starts with an ASCII byte.
-fn contains_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
-    let Some(&first) = needle.first() else {
-        return true;
-    };
-    let (lo, up) = (first.to_ascii_lowercase(), first.to_ascii_uppercase());
-    memchr::memchr2_iter(lo, up, hay).any(|at| {
-        hay.get(at..at + needle.len())
-            .is_some_and(|w| w.eq_ignore_ascii_case(needle))
-    })
+/// Bytes of an output [`detect_kind`] looks at.
+const SAMPLE: usize = 4096;
+
+/// The upper-case words [`detect_kind`] searches for, built once.
+struct KindFinders {
+    html: memmem::Finder<'static>,
+    levels: [memmem::Finder<'static>; 4],
 }
 
-/// True when `line` contains ERROR, WARN, INFO or DEBUG in any case, in one pass.
-fn names_a_level(line: &[u8]) -> bool {
-    (0..line.len()).any(|i| {
-        let level: &[u8] = match line[i].to_ascii_uppercase() {
-            b'E' => b"ERROR",
-            b'W' => b"WARN",
-            b'I' => b"INFO",
-            b'D' => b"DEBUG",
-            _ => return false,
-        };
-        line[i..]
-            .get(..level.len())
-            .is_some_and(|w| w.eq_ignore_ascii_case(level))
-    })
+fn finders() -> &'static KindFinders {
+    static FINDERS: LazyLock<KindFinders> = LazyLock::new(|| KindFinders {
+        html: memmem::Finder::new(b"<HTML"),
+        levels: [b"ERROR".as_slice(), b"WARN", b"INFO", b"DEBUG"].map(memmem::Finder::new),
+    });
+    &FINDERS
 }
 
 /// Statistics of an archived original, written into banners and stubs.
