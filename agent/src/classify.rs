@@ -22,6 +22,10 @@
 //! - An HTML body on any other 4xx (except 401/407/429 and the wrong-URL statuses 404/405/410)
 //!   is a proxy rejection: every supported provider answers errors in JSON, so HTML means a
 //!   middlebox spoke.
+//! - A **2xx reply that breaks while its body is read** is judged as a cut connection (by the
+//!   request's size, like a reset before any answer), a stall as a timeout, an HTML page as a
+//!   proxy rejection (captive portals answer 200), and a whole body that does not decode as
+//!   [`OtherReason::MalformedReply`]. The answer's status says nothing about the request there.
 
 use crate::provider::{ProviderError, StopReason};
 
@@ -56,6 +60,8 @@ pub enum OtherReason {
     Timeout,
     Transient,
     BadRequest,
+    /// A 2xx reply whose body could not be decoded (not a transfer failure).
+    MalformedReply,
     Unknown,
 }
 
@@ -76,6 +82,7 @@ impl FailureClass {
                 OtherReason::Timeout => "timeout",
                 OtherReason::Transient => "transient",
                 OtherReason::BadRequest => "bad_request",
+                OtherReason::MalformedReply => "malformed_reply",
                 OtherReason::Unknown => "unknown",
             },
         }
@@ -131,6 +138,9 @@ pub fn classify_with(err: &ProviderError, opts: &ClassifyOptions) -> FailureClas
     let Some(status) = err.status else {
         return classify_transport(err, opts);
     };
+    if (200..300).contains(&status) {
+        return classify_broken_reply(err, opts);
+    }
     let parsed = ParsedBody::parse(&err.body);
     let msg = parsed.message.to_lowercase();
     let mut codes = parsed.codes_lower();
@@ -189,6 +199,45 @@ pub fn classify_with(err: &ProviderError, opts: &ClassifyOptions) -> FailureClas
     FailureClass::Other(OtherReason::BadRequest)
 }
 
+/// A reply that began normally (2xx) and then broke while its body was read or decoded. A
+/// transfer that was cut is judged like any cut connection (by the request's size); a stall
+/// is a timeout; a body that arrived whole but does not decode is the provider's fault.
+fn classify_broken_reply(err: &ProviderError, opts: &ClassifyOptions) -> FailureClass {
+    let t = err.transport.as_deref().unwrap_or_default().to_lowercase();
+    if t.contains("[stream_stalled]") {
+        return FailureClass::Other(OtherReason::Timeout);
+    }
+    if t.contains("[html_body]") || is_html(err) {
+        return FailureClass::ProxyRejection;
+    }
+    let cut = t.contains("[body_interrupted]") || t.contains("[stream_incomplete]");
+    if cut || is_cut(&t) {
+        return cut_connection(err, opts);
+    }
+    FailureClass::Other(OtherReason::MalformedReply)
+}
+
+fn cut_connection(err: &ProviderError, opts: &ClassifyOptions) -> FailureClass {
+    if err.request_bytes >= opts.suspected_payload_bytes {
+        FailureClass::SuspectedPayload
+    } else {
+        FailureClass::Other(OtherReason::Transient)
+    }
+}
+
+fn is_cut(t: &str) -> bool {
+    const CUT: [&str; 7] = [
+        "unexpected eof",
+        "connection reset",
+        "broken pipe",
+        "stream error",
+        "connection closed",
+        "connection aborted",
+        "incomplete message",
+    ];
+    CUT.iter().any(|p| t.contains(p)) || contains_word(t, "eof")
+}
+
 fn classify_transport(err: &ProviderError, opts: &ClassifyOptions) -> FailureClass {
     let t = err.transport.as_deref().unwrap_or_default().to_lowercase();
     // SDKs that expect JSON and receive a proxy's HTML page fail while decoding it.
@@ -201,21 +250,8 @@ fn classify_transport(err: &ProviderError, opts: &ClassifyOptions) -> FailureCla
     if t.contains("deadline exceeded") || t.contains("timed out") || t.contains("timeout") {
         return FailureClass::Other(OtherReason::Timeout);
     }
-    const CUT: [&str; 7] = [
-        "unexpected eof",
-        "connection reset",
-        "broken pipe",
-        "stream error",
-        "connection closed",
-        "connection aborted",
-        "incomplete message",
-    ];
-    if CUT.iter().any(|p| t.contains(p)) || contains_word(&t, "eof") {
-        return if err.request_bytes >= opts.suspected_payload_bytes {
-            FailureClass::SuspectedPayload
-        } else {
-            FailureClass::Other(OtherReason::Transient)
-        };
+    if is_cut(&t) {
+        return cut_connection(err, opts);
     }
     FailureClass::Other(OtherReason::Transient)
 }

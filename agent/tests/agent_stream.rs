@@ -247,3 +247,71 @@ async fn every_model_answer_of_a_turn_streams_into_the_one_message() {
     assert!(notice < last_delta, "{types:?}");
     assert_eq!(sim.requests().len(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_request_cut_off_mid_answer_is_recovered_into_a_new_message() {
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = storage_env(dir.path(), None);
+    let yaml = config_yaml("cut-large", &format!("{}/v1", sim.url()), 1_000_000, "");
+    let built = build_session(&yaml, &env, "a").await;
+    let api = Api::new(serve(AppState::new(built.session, TOKEN)).await);
+
+    // A 600 KB request whose streamed answer dies halfway: a suspected payload failure, so
+    // the recovery ladder retries, and the retried answer streams into a new message.
+    let lost = "this answer is cut off halfway and never finished ".repeat(4);
+    sim.push_reply(ScriptedReply::text(lost.clone()));
+    sim.push_fault(Fault::Reset);
+    sim.push_reply(ScriptedReply::text("the whole answer"));
+    let question = format!(
+        "summarise this log:\n{}",
+        "a log line of the build\n".repeat(25_000)
+    );
+    let events = stream_turn(&api, &question).await;
+    let types: Vec<&str> = events.iter().map(Received::ty).collect();
+
+    let completed = events.last().expect("events");
+    assert_eq!(completed.ty(), "response.completed", "{types:?}");
+    let response = &completed.data["response"];
+    assert_eq!(output_text(response), "the whole answer");
+    let added: Vec<&Received> = events
+        .iter()
+        .filter(|e| e.ty() == "response.output_item.added")
+        .collect();
+    assert_eq!(added.len(), 2, "{types:?}");
+    let (first, second) = (&added[0].data["item"]["id"], &added[1].data["item"]["id"]);
+    assert_ne!(first, second);
+    let cut = events
+        .iter()
+        .find(|e| e.ty() == "response.output_item.done" && e.data["item"]["id"] == *first)
+        .expect("the cut message is closed");
+    assert_eq!(cut.data["item"]["status"], "incomplete");
+    let streamed = text_of_item(&events, first.as_str().expect("id"));
+    assert!(
+        lost.starts_with(&streamed) && streamed.len() < lost.len(),
+        "{streamed:?}"
+    );
+    assert_eq!(
+        text_of_item(&events, second.as_str().expect("id")),
+        "the whole answer"
+    );
+    // Only the final message is the response's output.
+    assert_eq!(response["output"].as_array().map(Vec::len), Some(1));
+    assert_eq!(response["output"][0]["id"], *second);
+    assert_eq!(sim.requests().len(), 2);
+    let (_, metrics) = api.get("/metrics").await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("cairn_agent_recoveries_total")
+                && l.contains("suspected_payload")
+                && !l.ends_with(" 0")),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("recover"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

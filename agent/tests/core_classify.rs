@@ -9,6 +9,26 @@ const JSON: &str = "application/json";
 const HTML: &str = "text/html";
 const BIG: u64 = 2 * 1024 * 1024;
 
+/// A 200 whose body failed to arrive or decode, as the provider clients report it.
+const fn broken_reply(
+    name: &'static str,
+    content_type: &'static str,
+    transport: &'static str,
+    request_bytes: u64,
+    want: FailureClass,
+) -> Case {
+    Case {
+        name,
+        status: Some(200),
+        content_type,
+        headers: &[],
+        body: "",
+        transport: Some(transport),
+        request_bytes,
+        want,
+    }
+}
+
 struct Case {
     name: &'static str,
     status: Option<u16>,
@@ -326,6 +346,42 @@ fn cases() -> Vec<Case> {
             BIG,
             TRANSIENT,
         ),
+        // ---- a 2xx reply that broke while its body was read or decoded ----
+        broken_reply(
+            "stream cut mid-reply, large request",
+            JSON,
+            "the connection broke while reading the reply: error decoding response body [body_interrupted]",
+            BIG,
+            SUSPECT,
+        ),
+        broken_reply(
+            "stream ended before its final event, small request",
+            "text/event-stream",
+            "the stream ended before its final event (message_stop) [stream_incomplete]",
+            20_000,
+            TRANSIENT,
+        ),
+        broken_reply(
+            "stream stalled",
+            "text/event-stream",
+            "the stream stalled: no data for 90s [stream_stalled]",
+            BIG,
+            TIMEOUT,
+        ),
+        broken_reply(
+            "captive portal answers 200 with a page",
+            HTML,
+            "expected the provider's JSON but got an HTML page [html_body]",
+            10_000,
+            PROXY,
+        ),
+        broken_reply(
+            "malformed JSON in a whole reply",
+            JSON,
+            "malformed JSON in the reply: expected value at line 1 column 7 [malformed_json]",
+            BIG,
+            FailureClass::Other(OtherReason::MalformedReply),
+        ),
         // ---- negatives: never recoverable ----
         http(
             "openai 429 tpm",
@@ -510,6 +566,9 @@ fn to_error(c: &Case) -> ProviderError {
         ),
         None => ProviderError::transport("test", c.transport.unwrap_or_default(), c.request_bytes),
     };
+    if c.status.is_some() {
+        e.transport = c.transport.map(str::to_string);
+    }
     e.headers = c
         .headers
         .iter()
