@@ -12,7 +12,7 @@ use crate::ccr::{RecallError, recall};
 use crate::config::{ConfigError, ConfigFile, Live, Storage, StorageSettings};
 use crate::history::{self, Message};
 use crate::metrics::Metrics;
-use crate::provider::{ClientOptions, Credentials, Provider, build};
+use crate::provider::{ClientOptions, Credentials, LiveProvider, Provider, build};
 use crate::server::{AppState, DEFAULT_MAX_REQUEST_BYTES, Gate, router};
 use crate::session::{Session, SessionParts, TurnError};
 
@@ -78,15 +78,21 @@ pub fn holder_identity() -> String {
     format!("{host}/{}", std::process::id())
 }
 
-fn provider_for(live: &Live) -> Result<Arc<dyn Provider>, AppError> {
-    let spec = &live.spec.provider;
-    build(
-        spec,
-        Credentials::from_env(spec.kind),
-        ClientOptions::default(),
-    )
-    .map(Arc::from)
-    .map_err(|e| AppError::new(exit::BAD_INPUT, e.to_string()))
+/// The session's provider: follows `spec.provider` edits (model, base URL, API family) from
+/// one call to the next, with the API key from the environment.
+fn provider_for(live: watch::Receiver<Arc<Live>>) -> Result<Arc<dyn Provider>, AppError> {
+    let build = |spec: &cairn_crds::ProviderSpec| {
+        build(
+            spec,
+            Credentials::from_env(spec.kind),
+            ClientOptions::default(),
+        )
+        .map(Arc::from)
+        .map_err(|e| e.to_string())
+    };
+    LiveProvider::new(live, Box::new(build))
+        .map(|p| Arc::new(p) as Arc<dyn Provider>)
+        .map_err(|e| AppError::new(exit::BAD_INPUT, e))
 }
 
 async fn open_session(
@@ -96,8 +102,7 @@ async fn open_session(
     storage: &Storage,
     metrics: Arc<Metrics>,
 ) -> Result<Session, AppError> {
-    let live = live_rx.borrow().clone();
-    let provider = provider_for(&live)?;
+    let provider = provider_for(live_rx.clone())?;
     Session::open(SessionParts {
         namespace: namespace.to_owned(),
         name: name.to_owned(),

@@ -10,9 +10,12 @@ use std::time::Duration;
 
 use cairn_agent::config::{ConfigFile, Live, Storage, StorageSettings};
 use cairn_agent::metrics::Metrics;
-use cairn_agent::provider::{ClientOptions, Credentials, RetryPolicy, build};
+use cairn_agent::provider::{
+    ClientOptions, Credentials, LiveProvider, Provider, RetryPolicy, build,
+};
 use cairn_agent::server::{AppState, router};
 use cairn_agent::session::{Session, SessionParts};
+use cairn_crds::ProviderSpec;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -62,6 +65,21 @@ pub struct Built {
 }
 
 pub async fn build_session(yaml: &str, env: &[(String, String)], holder: &str) -> Built {
+    build_session_with(yaml, env, holder, false).await
+}
+
+/// Like [`build_session`], with a provider that follows `spec.provider` edits sent on
+/// `live_tx` (as `serve` does).
+pub async fn build_following_session(yaml: &str, env: &[(String, String)], holder: &str) -> Built {
+    build_session_with(yaml, env, holder, true).await
+}
+
+async fn build_session_with(
+    yaml: &str,
+    env: &[(String, String)],
+    holder: &str,
+    follow: bool,
+) -> Built {
     let cfg = ConfigFile::parse(yaml, "test").expect("config");
     let live = Live::resolve(&cfg.spec, cfg.policy.as_ref(), None).expect("live");
     let lookup = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
@@ -71,15 +89,25 @@ pub async fn build_session(yaml: &str, env: &[(String, String)], holder: &str) -
         retry: RetryPolicy::none(),
         ..ClientOptions::default()
     };
-    let provider =
-        build(&cfg.spec.provider, Credentials::api_key("sk-sim"), options).expect("provider");
     let (live_tx, rx) = watch::channel(Arc::new(live));
+    let provider: Arc<dyn Provider> = if follow {
+        let build = move |spec: &ProviderSpec| {
+            build(spec, Credentials::api_key("sk-sim"), options.clone())
+                .map(Arc::from)
+                .map_err(|e| e.to_string())
+        };
+        Arc::new(LiveProvider::new(rx.clone(), Box::new(build)).expect("provider"))
+    } else {
+        Arc::from(
+            build(&cfg.spec.provider, Credentials::api_key("sk-sim"), options).expect("provider"),
+        )
+    };
     let session = Session::open(SessionParts {
         namespace: cfg.namespace.clone(),
         name: cfg.name.clone(),
         holder: holder.into(),
         live: rx,
-        provider: Arc::from(provider),
+        provider,
         store: Arc::clone(&storage.store),
         journal: Arc::clone(&storage.journal),
         archive_counters: Arc::clone(&storage.counters),
