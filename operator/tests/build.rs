@@ -46,6 +46,7 @@ fn inputs() -> BuildInputs {
         api_token: ApiToken::from_existing("tok-0123456789abcdef".into()),
         provider_secret_digest: None,
         s3_secret_digest: None,
+        otlp_headers_digest: None,
     }
 }
 
