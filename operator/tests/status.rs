@@ -339,12 +339,14 @@ fn secret_changes_map_to_the_sessions_that_read_them() {
     );
 
     assert!(sessions_for_secret(&sessions, &secret("otlp-auth"), &d).is_empty());
-    let mut with_otlp = Defaults::default();
-    with_otlp.otlp = Some(OtlpExport {
-        endpoint: "http://collector:4318".into(),
-        headers_secret: Some("otlp-auth".into()),
-        resource_attributes: None,
-    });
+    let with_otlp = Defaults {
+        otlp: Some(OtlpExport {
+            endpoint: "http://collector:4318".into(),
+            headers_secret: Some("otlp-auth".into()),
+            resource_attributes: None,
+        }),
+        ..Default::default()
+    };
     assert_eq!(
         names(sessions_for_secret(
             &sessions,
