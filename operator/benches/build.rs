@@ -39,6 +39,7 @@ fn bench(c: &mut Criterion) {
         api_token: ApiToken::from_existing("t".repeat(64)),
         provider_secret_digest: Some("p".into()),
         s3_secret_digest: Some("s".into()),
+        otlp_headers_digest: None,
     };
     let now = Time(Timestamp::UNIX_EPOCH);
     c.bench_function("validate+build full session", |b| {

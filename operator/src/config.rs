@@ -65,6 +65,19 @@ pub struct OperatorArgs {
     #[arg(long, env = "CAIRN_DEFAULT_MEMORY_LIMIT", default_value = "1Gi")]
     pub default_memory_limit: String,
 
+    /// OTLP/HTTP collector base URL the agent pods export their spans to (the agent appends
+    /// `/v1/traces`), e.g. `http://otel-collector.observability:4318`. Unset: no export.
+    #[arg(long, env = "CAIRN_AGENT_OTLP_ENDPOINT", value_parser = otlp_endpoint)]
+    pub agent_otlp_endpoint: Option<String>,
+    /// Secret (looked up in each session's namespace) whose `OTEL_EXPORTER_OTLP_HEADERS` key
+    /// holds the export headers, e.g. `authorization=Bearer <token>`. Only with an endpoint.
+    #[arg(long, env = "CAIRN_AGENT_OTLP_HEADERS_SECRET")]
+    pub agent_otlp_headers_secret: Option<String>,
+    /// Extra resource attributes of the agents' spans, `key=value` pairs separated by commas
+    /// (e.g. `k8s.cluster.name=prod-eu`). Only with an endpoint.
+    #[arg(long, env = "CAIRN_AGENT_OTLP_RESOURCE_ATTRIBUTES", value_parser = resource_attributes)]
+    pub agent_otlp_resource_attributes: Option<String>,
+
     /// Namespaces to watch, comma-separated. Empty: all namespaces.
     #[arg(
         long,
@@ -122,6 +135,22 @@ pub struct Defaults {
     pub archive: ArchiveDefaults,
     pub resources: ResourceRequirements,
     pub operator_namespace: String,
+    /// Span export of every agent pod; `None`: the pods export nothing.
+    pub otlp: Option<OtlpExport>,
+}
+
+/// Key of the export headers in the OTLP headers Secret, named after the variable it feeds.
+pub const OTLP_HEADERS_KEY: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+
+/// Where and how agent pods export their spans (the standard `OTEL_*` variables).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OtlpExport {
+    /// Collector base URL (`OTEL_EXPORTER_OTLP_ENDPOINT`), http or https.
+    pub endpoint: String,
+    /// Secret in the session's namespace holding [`OTLP_HEADERS_KEY`].
+    pub headers_secret: Option<String>,
+    /// `OTEL_RESOURCE_ATTRIBUTES`, `key=value` pairs separated by commas.
+    pub resource_attributes: Option<String>,
 }
 
 /// Archive settings a session inherits.
@@ -153,6 +182,7 @@ impl Default for Defaults {
             },
             resources: resources("100m", "256Mi", "", "1Gi"),
             operator_namespace: "cairn-system".into(),
+            otlp: None,
         }
     }
 }
@@ -179,6 +209,13 @@ impl OperatorArgs {
                 &self.default_memory_limit,
             ),
             operator_namespace: self.operator_namespace.clone(),
+            otlp: non_empty(&self.agent_otlp_endpoint).map(|endpoint| OtlpExport {
+                endpoint: endpoint.trim().to_string(),
+                headers_secret: non_empty(&self.agent_otlp_headers_secret)
+                    .map(|s| s.trim().to_string()),
+                resource_attributes: non_empty(&self.agent_otlp_resource_attributes)
+                    .map(|s| s.trim().to_string()),
+            }),
         }
     }
 
@@ -194,6 +231,41 @@ impl OperatorArgs {
         out.dedup();
         out
     }
+}
+
+/// An OTLP endpoint must be an absolute http(s) URL; empty stands for unset (the chart may
+/// pass an empty variable).
+pub fn otlp_endpoint(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(String::new());
+    }
+    let uri: ::http::Uri = value
+        .parse()
+        .map_err(|e| format!("{value:?} is not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(host)) if !host.is_empty() => Ok(value.to_string()),
+        _ => Err(format!(
+            "{value:?} must be an http:// or https:// URL with a host"
+        )),
+    }
+}
+
+/// `OTEL_RESOURCE_ATTRIBUTES` syntax: `key=value` pairs separated by commas, keys not empty.
+/// Empty stands for unset.
+pub fn resource_attributes(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    for pair in value.split(',').filter(|_| !value.is_empty()) {
+        match pair.split_once('=') {
+            Some((key, _)) if !key.trim().is_empty() => {}
+            _ => {
+                return Err(format!(
+                    "{pair:?} is not a key=value pair (expected e.g. k8s.cluster.name=prod)"
+                ));
+            }
+        }
+    }
+    Ok(value.to_string())
 }
 
 fn resources(cpu_req: &str, mem_req: &str, cpu_lim: &str, mem_lim: &str) -> ResourceRequirements {

@@ -448,8 +448,8 @@ pub fn sessions_for_policy(
         .collect()
 }
 
-/// Sessions that read `secret`: their token Secret, provider credentials or S3 credentials
-/// (their own or the operator's default).
+/// Sessions that read `secret`: their token Secret, provider credentials, S3 credentials
+/// (their own or the operator's default) or the OTLP export headers.
 pub fn sessions_for_secret(
     sessions: &[Arc<Guarded>],
     secret: &Secret,
@@ -457,6 +457,10 @@ pub fn sessions_for_secret(
 ) -> Vec<ObjectRef<Guarded>> {
     let namespace = secret.namespace();
     let name = secret.name_any();
+    let otlp_headers = defaults
+        .otlp
+        .as_ref()
+        .and_then(|o| o.headers_secret.as_ref());
     sessions
         .iter()
         .filter(|g| {
@@ -476,6 +480,7 @@ pub fn sessions_for_secret(
                 objects::token_secret_name(&session) == name
                     || provider == Some(&name)
                     || archive == Some(&name)
+                    || otlp_headers == Some(&name)
             })
         })
         .map(|g| ObjectRef::from_obj(g.as_ref()))

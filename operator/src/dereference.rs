@@ -6,6 +6,7 @@ use kube::{Api, Client};
 
 use cairn_crds::{AgentSession, CompactionPolicy, CompactionPolicySpec};
 
+use crate::config::OTLP_HEADERS_KEY;
 use crate::error::Error;
 use crate::objects::{ApiToken, BuildInputs, TOKEN_KEY, secret_digest, token_secret_name};
 use crate::purge::S3Keys;
@@ -100,11 +101,33 @@ pub async fn build_inputs(client: &Client, plan: &Plan) -> Result<BuildInputs, E
         ])),
         None => None,
     };
+    let otlp_headers_digest = match plan.otlp.as_ref().and_then(|o| o.headers_secret.as_ref()) {
+        Some(name) => otlp_headers_digest(&api, name).await?,
+        None => None,
+    };
     Ok(BuildInputs {
         api_token,
         provider_secret_digest,
         s3_secret_digest,
+        otlp_headers_digest,
     })
+}
+
+/// Digest of the OTLP export headers, `None` when the Secret or its key is missing: span
+/// export never keeps a session from starting (the pod's reference to it is optional).
+async fn otlp_headers_digest(api: &Api<Secret>, name: &str) -> Result<Option<String>, Error> {
+    let Some(secret) = api.get_opt(name).await? else {
+        return Ok(None);
+    };
+    let value = secret
+        .data
+        .and_then(|d| d.get(OTLP_HEADERS_KEY).map(|v| v.0.clone()))
+        .or_else(|| {
+            secret
+                .string_data
+                .and_then(|d| d.get(OTLP_HEADERS_KEY).map(|v| v.as_bytes().to_vec()))
+        });
+    Ok(value.map(|v| secret_digest([(OTLP_HEADERS_KEY, v.as_slice())])))
 }
 
 /// The S3 key pair of the session's archive, if it has a credentials Secret.

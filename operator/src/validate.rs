@@ -15,7 +15,7 @@ use cairn_crds::{
 };
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
-use crate::config::Defaults;
+use crate::config::{Defaults, OtlpExport};
 
 /// Longest session name: `cairn-<name>` names the StatefulSet, whose pods carry a
 /// `controller-revision-hash` label of `<statefulset>-<10 chars>` that must fit in 63.
@@ -78,6 +78,8 @@ pub struct Plan {
     pub archive: ArchivePlan,
     /// Namespace whose pods may reach the agent besides the session's own.
     pub operator_namespace: String,
+    /// Span export of the agent (the operator's setting; sessions do not override it).
+    pub otlp: Option<OtlpExport>,
 }
 
 /// The session's archive settings after defaulting.
@@ -156,6 +158,7 @@ pub fn validate(
             .unwrap_or_else(|| defaults.resources.clone()),
         archive,
         operator_namespace: defaults.operator_namespace.clone(),
+        otlp: defaults.otlp.clone(),
         name,
         namespace,
         owner,

@@ -6,10 +6,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use cairn_crds::{AgentSession, CompactionPolicySpec};
+use cairn_operator::config::OtlpExport;
 use cairn_operator::objects::{
     ApiToken, BuildInputs, RESTART_HASH_ANNOTATION, SessionObjects, build, restart_hash,
 };
-use cairn_operator::{Defaults, Plan, ValidationError, validate};
+use cairn_operator::{Defaults, OperatorArgs, Plan, ValidationError, validate};
+use clap::Parser;
 use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -46,6 +48,7 @@ fn inputs() -> BuildInputs {
         api_token: ApiToken::from_existing("tok-0123456789abcdef".into()),
         provider_secret_digest: None,
         s3_secret_digest: None,
+        otlp_headers_digest: None,
     }
 }
 
@@ -549,6 +552,246 @@ fn operator_archive_defaults_fill_unset_fields() {
     assert_eq!(
         env["AWS_ACCESS_KEY_ID"],
         "secret:cairn-s3/AWS_ACCESS_KEY_ID"
+    );
+}
+
+/// The operator configured the way a platform team turns on span export.
+fn otlp_defaults() -> Defaults {
+    let cli = Cli::try_parse_from([
+        "cairn-operator",
+        "--agent-image=registry.local/cairn-agent:1.0",
+        "--agent-otlp-endpoint=https://otel-collector.observability:4318",
+        "--agent-otlp-headers-secret=otlp-auth",
+        "--agent-otlp-resource-attributes=k8s.cluster.name=prod-eu,deployment.environment=prod",
+    ])
+    .expect("flags parse");
+    cli.operator.defaults()
+}
+
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    operator: OperatorArgs,
+}
+
+fn parse(flags: &[&str]) -> Result<Defaults, clap::Error> {
+    Cli::try_parse_from(std::iter::once("cairn-operator").chain(flags.iter().copied()))
+        .map(|cli| cli.operator.defaults())
+}
+
+#[test]
+fn otlp_flags_resolve_to_one_export_setting_or_none() {
+    assert_eq!(
+        otlp_defaults().otlp,
+        Some(OtlpExport {
+            endpoint: "https://otel-collector.observability:4318".into(),
+            headers_secret: Some("otlp-auth".into()),
+            resource_attributes: Some(
+                "k8s.cluster.name=prod-eu,deployment.environment=prod".into()
+            ),
+        })
+    );
+    let unset = parse(&[]).expect("no flags parse");
+    assert_eq!(unset.otlp, None);
+    // The chart may pass empty variables; they mean unset, and headers or attributes without
+    // an endpoint have nothing to apply to.
+    let empty = parse(&[
+        "--agent-otlp-endpoint=",
+        "--agent-otlp-headers-secret=otlp-auth",
+        "--agent-otlp-resource-attributes=k8s.cluster.name=prod-eu",
+    ])
+    .expect("empty endpoint parses");
+    assert_eq!(empty.otlp, None);
+    let plain = parse(&["--agent-otlp-endpoint=http://collector:4318"]).expect("parses");
+    assert_eq!(
+        plain.otlp,
+        Some(OtlpExport {
+            endpoint: "http://collector:4318".into(),
+            headers_secret: None,
+            resource_attributes: None,
+        })
+    );
+}
+
+#[test]
+fn bad_otlp_flags_stop_the_operator_at_start_up() {
+    for endpoint in [
+        "otel-collector:4318",
+        "grpc://otel-collector:4317",
+        "ftp://otel-collector",
+        "http://",
+        "/v1/traces",
+        "http://exa mple:4318",
+    ] {
+        let err = parse(&[&format!("--agent-otlp-endpoint={endpoint}")])
+            .expect_err("endpoint must be refused");
+        assert!(
+            err.to_string().contains("--agent-otlp-endpoint"),
+            "{endpoint}: {err}"
+        );
+    }
+    for attributes in ["cluster", "=prod", "k8s.cluster.name=prod,", "a=1,,b=2"] {
+        let err = parse(&[
+            "--agent-otlp-endpoint=http://collector:4318",
+            &format!("--agent-otlp-resource-attributes={attributes}"),
+        ])
+        .expect_err("attributes must be refused");
+        assert!(err.to_string().contains("key=value"), "{attributes}: {err}");
+    }
+}
+
+fn env_var<'a>(objects: &'a SessionObjects, name: &str) -> Option<&'a EnvVar> {
+    container(objects)
+        .env
+        .as_ref()
+        .and_then(|env| env.iter().find(|e| e.name == name))
+}
+
+#[test]
+fn otlp_export_adds_the_standard_variables_and_nothing_else() {
+    let with = validate(
+        &session("chat", FULL),
+        Some(&policy(FRUGAL)),
+        &otlp_defaults(),
+    )
+    .expect("validates");
+    let mut i = inputs();
+    i.otlp_headers_digest = Some("h1".into());
+    let objects = build(&with, &i);
+
+    let env = env(&objects);
+    assert_eq!(
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"],
+        "https://otel-collector.observability:4318"
+    );
+    assert_eq!(
+        env["OTEL_RESOURCE_ATTRIBUTES"],
+        "k8s.cluster.name=prod-eu,deployment.environment=prod"
+    );
+    let headers = env_var(&objects, "OTEL_EXPORTER_OTLP_HEADERS")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|f| f.secret_key_ref.as_ref())
+        .expect("headers come from a Secret");
+    assert_eq!(headers.name, "otlp-auth");
+    assert_eq!(headers.key, "OTEL_EXPORTER_OTLP_HEADERS");
+    assert_eq!(
+        headers.optional,
+        Some(true),
+        "a namespace without the Secret still runs its sessions"
+    );
+    assert!(
+        env_var(&objects, "OTEL_EXPORTER_OTLP_HEADERS").is_some_and(|e| e.value.is_none()),
+        "the headers never sit in the pod spec"
+    );
+
+    // Without the setting the pod is the same except for the export variables and the hash.
+    let without = plan("chat", FULL, Some(FRUGAL));
+    let mut plain = build(&without, &inputs());
+    assert!(
+        env_var(&plain, "OTEL_EXPORTER_OTLP_ENDPOINT").is_none()
+            && !container(&plain)
+                .env
+                .iter()
+                .flatten()
+                .any(|e| e.name.starts_with("OTEL_")),
+        "unset: no OTEL_ variable at all"
+    );
+    let mut stripped = objects.clone();
+    for o in [&mut stripped, &mut plain] {
+        let template = &mut o.stateful_set.spec.template;
+        if let Some(a) = template
+            .metadata
+            .as_mut()
+            .and_then(|m| m.annotations.as_mut())
+        {
+            a.remove(RESTART_HASH_ANNOTATION);
+        }
+        if let Some(env) = template
+            .spec
+            .as_mut()
+            .and_then(|p| p.containers[0].env.as_mut())
+        {
+            env.retain(|e| !e.name.starts_with("OTEL_"));
+        }
+    }
+    assert_eq!(stripped, plain);
+
+    // Only the endpoint is required: no headers Secret, no attributes, no variables for them.
+    let mut d = defaults();
+    d.otlp = Some(OtlpExport {
+        endpoint: "http://collector:4318".into(),
+        headers_secret: None,
+        resource_attributes: None,
+    });
+    let minimal = validate(&session("chat", MINIMAL), None, &d).expect("validates");
+    let objects = build(&minimal, &inputs());
+    let otel: Vec<&str> = container(&objects)
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .filter(|n| n.starts_with("OTEL_"))
+        .collect();
+    assert_eq!(otel, ["OTEL_EXPORTER_OTLP_ENDPOINT"]);
+}
+
+#[test]
+fn otlp_settings_and_headers_roll_the_pod_and_unset_keeps_todays_hash() {
+    let with = |otlp: Option<OtlpExport>| {
+        let mut d = defaults();
+        d.otlp = otlp;
+        validate(&session("chat", MINIMAL), None, &d).expect("validates")
+    };
+    let base = otlp_defaults().otlp.expect("configured");
+    let h0 = restart_hash(&with(Some(base.clone())), &inputs());
+
+    let unset = restart_hash(&with(None), &inputs());
+    assert_ne!(h0, unset, "turning export on or off");
+    // An operator without span export gives the hash the pods already carry (the minimal
+    // snapshot pins it), so upgrading it restarts nothing.
+    assert_eq!(unset, restart_hash(&plan("chat", MINIMAL, None), &inputs()));
+    let mut stray = inputs();
+    stray.otlp_headers_digest = Some("h1".into());
+    assert_eq!(unset, restart_hash(&with(None), &stray));
+
+    let endpoint = OtlpExport {
+        endpoint: "https://other-collector:4318".into(),
+        ..base.clone()
+    };
+    assert_ne!(
+        h0,
+        restart_hash(&with(Some(endpoint)), &inputs()),
+        "endpoint"
+    );
+    let attributes = OtlpExport {
+        resource_attributes: Some("k8s.cluster.name=prod-us".into()),
+        ..base.clone()
+    };
+    assert_ne!(
+        h0,
+        restart_hash(&with(Some(attributes)), &inputs()),
+        "resource attributes"
+    );
+    let secret = OtlpExport {
+        headers_secret: Some("otlp-auth-v2".into()),
+        ..base.clone()
+    };
+    assert_ne!(
+        h0,
+        restart_hash(&with(Some(secret)), &inputs()),
+        "headers Secret"
+    );
+
+    let mut created = inputs();
+    created.otlp_headers_digest = Some("h1".into());
+    let h1 = restart_hash(&with(Some(base.clone())), &created);
+    assert_ne!(h0, h1, "the headers Secret appearing");
+    let mut rotated = inputs();
+    rotated.otlp_headers_digest = Some("h2".into());
+    assert_ne!(
+        h1,
+        restart_hash(&with(Some(base)), &rotated),
+        "rotated headers"
     );
 }
 

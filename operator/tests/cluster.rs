@@ -26,7 +26,7 @@ use std::time::Duration;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
 use cairn_crds::{AgentSession, CompactionPolicy, Phase};
-use cairn_operator::config::Defaults;
+use cairn_operator::config::{Defaults, OtlpExport};
 use cairn_operator::controller::{self, Context};
 use cairn_operator::metrics::Metrics;
 use cairn_operator::objects::RESTART_HASH_ANNOTATION;
@@ -111,12 +111,16 @@ impl TestEnv {
     }
 
     fn start_operator(&mut self) {
+        self.start_operator_with(Defaults {
+            image: "cairn-agent:test".into(),
+            ..Default::default()
+        });
+    }
+
+    fn start_operator_with(&mut self, defaults: Defaults) {
         let ctx = Arc::new(Context::new(
             self.operator_client.clone(),
-            Defaults {
-                image: "cairn-agent:test".into(),
-                ..Default::default()
-            },
+            defaults,
             Arc::new(Metrics::default()),
             Arc::new(S3Purger),
             Duration::from_secs(3600),
@@ -528,6 +532,89 @@ async fn image_change_replaces_the_pod() {
         pod.annotations().get(RESTART_HASH_ANNOTATION),
         Some(&new_hash)
     );
+    env.wait_phase("chat", Phase::Running).await;
+    env.teardown().await;
+}
+
+fn env_var(pod: &Pod, name: &str) -> Option<k8s_openapi::api::core::v1::EnvVar> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .first()?
+        .env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == name)
+        .cloned()
+}
+
+#[tokio::test]
+async fn turning_on_span_export_and_adding_its_headers_roll_the_pod() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("reconfiguring an external operator is the harness's job");
+        return;
+    }
+    let mut env = TestEnv::new("otlp").await;
+    env.create_session("chat", minimal()).await;
+    env.wait_phase("chat", Phase::Running).await;
+    let plain = env.pod("chat").await.expect("pod");
+    assert!(env_var(&plain, "OTEL_EXPORTER_OTLP_ENDPOINT").is_none());
+
+    // The platform team redeploys the operator with an OTLP endpoint.
+    env.stop_operator().await;
+    env.start_operator_with(Defaults {
+        image: "cairn-agent:test".into(),
+        otlp: Some(OtlpExport {
+            endpoint: "http://otel-collector.observability:4318".into(),
+            headers_secret: Some("otlp-auth".into()),
+            resource_attributes: Some("k8s.cluster.name=test".into()),
+        }),
+        ..Default::default()
+    });
+    let exporting = eventually("a new pod with the OTLP variables", || async {
+        let pod = env.pod("chat").await?;
+        let endpoint = env_var(&pod, "OTEL_EXPORTER_OTLP_ENDPOINT")?.value;
+        (pod.uid() != plain.uid()
+            && endpoint.as_deref() == Some("http://otel-collector.observability:4318"))
+        .then_some(pod)
+    })
+    .await;
+    assert_eq!(
+        env_var(&exporting, "OTEL_RESOURCE_ATTRIBUTES").and_then(|e| e.value),
+        Some("k8s.cluster.name=test".into())
+    );
+    let headers = env_var(&exporting, "OTEL_EXPORTER_OTLP_HEADERS")
+        .and_then(|e| e.value_from?.secret_key_ref)
+        .expect("headers from the Secret");
+    assert_eq!(
+        (headers.name.as_str(), headers.optional),
+        ("otlp-auth", Some(true))
+    );
+    // The Secret does not exist yet: the session runs anyway.
+    env.wait_phase("chat", Phase::Running).await;
+
+    // Creating the headers Secret rolls the pod, so the agent starts with them.
+    let hash = exporting
+        .annotations()
+        .get(RESTART_HASH_ANNOTATION)
+        .cloned()
+        .expect("hash");
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "otlp-auth"},
+        "stringData": {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer t0"},
+    }))
+    .expect("secret fixture");
+    env.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create secret");
+    eventually("a new pod after the headers Secret appeared", || async {
+        let pod = env.pod("chat").await?;
+        let rolled = pod.uid() != exporting.uid()
+            && pod.annotations().get(RESTART_HASH_ANNOTATION) != Some(&hash);
+        rolled.then_some(pod)
+    })
+    .await;
     env.wait_phase("chat", Phase::Running).await;
     env.teardown().await;
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use cairn_crds::{AgentSession, AgentSessionStatus, CompactionPolicy, Phase};
 use cairn_operator::Defaults;
+use cairn_operator::config::OtlpExport;
 use cairn_operator::controller::{sessions_for_policy, sessions_for_secret};
 use cairn_operator::status::{self, Blocker, Observed, Problem};
 use k8s_openapi::api::core::v1::Secret;
@@ -335,5 +336,24 @@ fn secret_changes_map_to_the_sessions_that_read_them() {
         )),
         ["team-a/a", "team-a/c"],
         "sessions without their own S3 Secret use the default"
+    );
+
+    assert!(sessions_for_secret(&sessions, &secret("otlp-auth"), &d).is_empty());
+    let with_otlp = Defaults {
+        otlp: Some(OtlpExport {
+            endpoint: "http://collector:4318".into(),
+            headers_secret: Some("otlp-auth".into()),
+            resource_attributes: None,
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        names(sessions_for_secret(
+            &sessions,
+            &secret("otlp-auth"),
+            &with_otlp
+        )),
+        ["team-a/a", "team-a/b", "team-a/c"],
+        "every session of the namespace reads the OTLP headers"
     );
 }

@@ -4,6 +4,8 @@
 
 use std::process::Command;
 
+use serde::Deserialize;
+
 use cairn_tests::harness::{ControlPlane, helm, repo_root, shared_cluster};
 
 fn chart() -> String {
@@ -42,6 +44,77 @@ fn lint_is_clean() {
     );
 }
 
+/// The operator container's environment as rendered with `values`.
+fn operator_env(values: &[&str]) -> Vec<(String, String)> {
+    let mut args = vec!["template", "t", &chart()]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    for v in values {
+        args.extend(["--set".to_string(), v.to_string()]);
+    }
+    let out = Command::new(helm().expect("helm installs"))
+        .args(&args)
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "helm template {values:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let deployment = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("rendered YAML parses"))
+        .find(|doc| doc["kind"] == "Deployment")
+        .expect("the chart renders a Deployment");
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    env.as_sequence()
+        .expect("the operator has an env list")
+        .iter()
+        .map(|e| {
+            let name = e["name"].as_str().unwrap_or_default().to_string();
+            let value = e["value"].as_str().unwrap_or_default().to_string();
+            (name, value)
+        })
+        .collect()
+}
+
+#[test]
+fn otlp_values_reach_the_operator_only_when_an_endpoint_is_set() {
+    let env = operator_env(&[
+        "agent.otlp.endpoint=https://otel-collector.observability:4318",
+        "agent.otlp.headersSecret=otlp-auth",
+        "agent.otlp.resourceAttributes.k8s\\.cluster\\.name=prod-eu",
+        "agent.otlp.resourceAttributes.deployment\\.environment=prod",
+    ]);
+    let otlp: Vec<(&str, &str)> = env
+        .iter()
+        .filter(|(n, _)| n.starts_with("CAIRN_AGENT_OTLP_"))
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        otlp,
+        [
+            (
+                "CAIRN_AGENT_OTLP_ENDPOINT",
+                "https://otel-collector.observability:4318"
+            ),
+            ("CAIRN_AGENT_OTLP_HEADERS_SECRET", "otlp-auth"),
+            (
+                "CAIRN_AGENT_OTLP_RESOURCE_ATTRIBUTES",
+                "deployment.environment=prod,k8s.cluster.name=prod-eu"
+            ),
+        ]
+    );
+    let defaults = operator_env(&[]);
+    assert!(
+        !defaults
+            .iter()
+            .any(|(n, _)| n.starts_with("CAIRN_AGENT_OTLP_")),
+        "{defaults:?}"
+    );
+}
+
 #[test]
 fn bad_values_are_refused_by_the_schema() {
     let h = helm().expect("helm installs");
@@ -51,6 +124,13 @@ fn bad_values_are_refused_by_the_schema() {
         "archive.bucket=Not_A_Bucket",
         "metrics.port=70000",
         "unknownKey=1",
+        "agent.otlp.endpoint=otel-collector:4318",
+        "agent.otlp.endpoint=grpc://otel-collector:4317",
+        "agent.otlp.endpoint=http://user:pass@otel-collector:4318",
+        "agent.otlp.headersSecret=Not_A_Secret",
+        "agent.otlp.resourceAttributes.team=a\\,b",
+        // Headers without an endpoint have nothing to apply to.
+        "agent.otlp.headersSecret=otlp-auth",
     ] {
         let out = Command::new(&h)
             .args(["template", "t", &chart(), "--set", bad])
@@ -150,6 +230,14 @@ fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
             "networkPolicy.enabled=false",
             "--set",
             "archive.endpoint=http://s3.local:9000",
+        ],
+        &[
+            "--set",
+            "agent.otlp.endpoint=https://otel-collector.observability:4318",
+            "--set",
+            "agent.otlp.headersSecret=otlp-auth",
+            "--set",
+            "agent.otlp.resourceAttributes.k8s\\.cluster\\.name=prod-eu",
         ],
     ];
     // The CRDs exist (kept from the install): a dry run of a CRD would not make it servable

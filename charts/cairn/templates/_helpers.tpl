@@ -24,3 +24,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "cairn.agentImage" -}}
 {{ .Values.agent.image | default (printf "ghcr.io/cairn-dev/cairn-agent:%s" .Chart.AppVersion) }}
 {{- end }}
+
+{{/* OTEL_RESOURCE_ATTRIBUTES from a map: key=value pairs, sorted by key, comma-separated. */}}
+{{- define "cairn.otlpResourceAttributes" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

@@ -112,6 +112,9 @@ pub struct BuildInputs {
     pub provider_secret_digest: Option<String>,
     /// Digest of the S3 key pair the pod sees.
     pub s3_secret_digest: Option<String>,
+    /// Digest of the OTLP export headers the pod sees (`None`: no headers Secret configured,
+    /// or it does not exist in the session's namespace yet).
+    pub otlp_headers_digest: Option<String>,
 }
 
 /// All objects owned by one session, in apply order (identity and permissions first, so the

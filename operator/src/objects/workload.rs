@@ -22,6 +22,7 @@ use super::{
     AGENT_PORT, ApiToken, BuildInputs, TOKEN_KEY, labels, meta, object_name, selector_labels,
     token_secret_name,
 };
+use crate::config::{OTLP_HEADERS_KEY, OtlpExport};
 use crate::validate::{ArchivePlan, Plan};
 
 /// Pod-template annotation over everything whose change needs a new process. The policy is
@@ -74,6 +75,18 @@ struct RestartInputs<'a> {
     provider_secret: Option<&'a str>,
     s3_secret: Option<&'a str>,
     archive: ArchiveFields<'a>,
+    /// Left out when unset, so that pods of an operator without span export keep the hash
+    /// they had before the setting existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    otlp: Option<OtlpFields<'a>>,
+}
+
+#[derive(Serialize)]
+struct OtlpFields<'a> {
+    endpoint: &'a str,
+    headers_secret: Option<&'a str>,
+    headers: Option<&'a str>,
+    resource_attributes: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -106,6 +119,12 @@ pub fn restart_hash(plan: &Plan, inputs: &BuildInputs) -> String {
             local_cache_size: &a.local_cache_size,
             ttl: &a.ttl,
         },
+        otlp: plan.otlp.as_ref().map(|o| OtlpFields {
+            endpoint: &o.endpoint,
+            headers_secret: o.headers_secret.as_deref(),
+            headers: inputs.otlp_headers_digest.as_deref(),
+            resource_attributes: o.resource_attributes.as_deref(),
+        }),
     };
     // Serializing plain structs of strings and k8s types cannot fail; an empty input would
     // still hash deterministically.
@@ -276,7 +295,12 @@ fn agent_container(plan: &Plan) -> Container {
 fn env(plan: &Plan) -> Vec<EnvVar> {
     let mut env = vec![
         value("CAIRN_SESSION", format!("{}/{}", plan.namespace, plan.name)),
-        secret_ref("CAIRN_API_TOKEN", &token_secret_name(&plan.name), TOKEN_KEY),
+        secret_ref(
+            "CAIRN_API_TOKEN",
+            &token_secret_name(&plan.name),
+            TOKEN_KEY,
+            false,
+        ),
     ];
     let provider = &plan.spec.provider;
     if let Some(creds) = &provider.credentials {
@@ -284,6 +308,7 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
             provider_key_env(provider.kind),
             &creds.secret_name,
             &creds.key,
+            false,
         ));
     }
     if provider.kind == ProviderKind::Bedrock
@@ -302,6 +327,28 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
             "CAIRN_SYSTEM_PROMPT_FILE",
             format!("{PROMPT_DIR}/{PROMPT_FILE}"),
         ));
+    }
+    if let Some(otlp) = &plan.otlp {
+        env.extend(otlp_env(otlp));
+    }
+    env
+}
+
+/// The standard OpenTelemetry variables the agent's exporter reads.
+fn otlp_env(o: &OtlpExport) -> Vec<EnvVar> {
+    let mut env = vec![value("OTEL_EXPORTER_OTLP_ENDPOINT", o.endpoint.clone())];
+    if let Some(secret) = &o.headers_secret {
+        // Optional: a namespace without the Secret still runs its sessions, exporting without
+        // the headers; creating the Secret later rolls the pod through the restart hash.
+        env.push(secret_ref(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            secret,
+            OTLP_HEADERS_KEY,
+            true,
+        ));
+    }
+    if let Some(attributes) = &o.resource_attributes {
+        env.push(value("OTEL_RESOURCE_ATTRIBUTES", attributes.clone()));
     }
     env
 }
@@ -326,11 +373,13 @@ fn archive_env(a: &ArchivePlan) -> Vec<EnvVar> {
             "AWS_ACCESS_KEY_ID",
             &creds.secret_name,
             &creds.access_key_id_key,
+            false,
         ));
         env.push(secret_ref(
             "AWS_SECRET_ACCESS_KEY",
             &creds.secret_name,
             &creds.secret_access_key_key,
+            false,
         ));
     }
     env
@@ -344,14 +393,14 @@ fn value(name: &str, value: String) -> EnvVar {
     }
 }
 
-fn secret_ref(name: &str, secret: &str, key: &str) -> EnvVar {
+fn secret_ref(name: &str, secret: &str, key: &str, optional: bool) -> EnvVar {
     EnvVar {
         name: name.to_string(),
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
                 name: secret.to_string(),
                 key: key.to_string(),
-                optional: Some(false),
+                optional: Some(optional),
             }),
             ..Default::default()
         }),
