@@ -19,14 +19,14 @@ use cairn_agent::history::{Message, ToolCall};
 use cairn_agent::journal::{DirObjects, JournalError, ObjectStore};
 use cairn_agent::metrics::Metrics;
 use cairn_agent::provider::{
-    Anthropic, ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage,
+    Anthropic, ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage, encode,
 };
 use cairn_agent::session::{Session, SessionParts};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::sync::watch;
 
-/// Answers immediately; with `serialize`, the request body is still built and serialized as
-/// the Anthropic client does before sending.
+/// Answers immediately; with `serialize`, the request body is still built and serialized
+/// exactly as the Anthropic client does before sending (`Anthropic::body`, `encode`).
 struct Instant {
     serialize: bool,
 }
@@ -39,7 +39,7 @@ impl Provider for Instant {
 
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
         let request_bytes = if self.serialize {
-            serde_json::to_vec(&Anthropic::body(request)).map_or(0, |b| b.len() as u64)
+            encode(request, &Anthropic::body(request)).map_or(0, |b| b.len() as u64)
         } else {
             cairn_agent::history::weight(&request.messages) as u64
         };
@@ -82,13 +82,14 @@ impl ObjectStore for MemObjects {
 }
 
 /// A coding-session-like history of about `bytes`: prompts, tool calls with results of a
-/// few KB, assistant prose.
+/// few KB, assistant prose. The results stay under the default `minContentChars`, so
+/// microcompaction leaves them whole and every turn really carries `bytes` of history.
 fn history(bytes: usize) -> Vec<Message> {
     let mut h = vec![Message::system("You are a coding agent.")];
     let mut size = 0;
     let mut i = 0;
     while size < bytes {
-        let result: String = (0..60)
+        let result: String = (0..48)
             .map(|l| format!("src/module_{i}.rs:{l}: let value_{l} = compute({l}, {i});\n"))
             .collect();
         let msgs = [
@@ -157,6 +158,11 @@ fn session(
         .await
         .expect("session");
         s.replace_history(history(bytes)).await.expect("seed");
+        // One turn first, so one-time work (first journal entries, archive lookups) is not
+        // measured; the history must still be as large as claimed afterwards.
+        s.turn(vec![Message::user("start")]).await.expect("turn");
+        let weight = cairn_agent::history::weight(s.history());
+        assert!(weight >= bytes, "the history shrank to {weight} bytes");
         s
     })
 }

@@ -199,13 +199,7 @@ impl Provider for Anthropic {
             Ok(h)
         };
         self.http
-            .exchange::<MessageStream>(
-                &self.url,
-                &headers,
-                &Self::body(request),
-                request.stream,
-                on_delta,
-            )
+            .exchange::<MessageStream>(&self.url, &headers, request, &Self::body(request), on_delta)
             .await
     }
 }

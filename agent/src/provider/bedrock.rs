@@ -302,8 +302,8 @@ impl Provider for Bedrock {
             .exchange::<ConverseStream>(
                 url.as_str(),
                 &headers,
+                request,
                 &Self::body(request),
-                request.stream,
                 on_delta,
             )
             .await

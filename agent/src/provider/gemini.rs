@@ -242,13 +242,7 @@ impl Provider for Gemini {
         };
         let url = self.url(&request.model, request.stream);
         self.http
-            .exchange::<ChunkStream>(
-                &url,
-                &headers,
-                &Self::body(request),
-                request.stream,
-                on_delta,
-            )
+            .exchange::<ChunkStream>(&url, &headers, request, &Self::body(request), on_delta)
             .await
     }
 }

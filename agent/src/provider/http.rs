@@ -13,7 +13,7 @@ use super::config::{BuildError, ClientOptions};
 use super::eventstream::EventStreamDecoder;
 use super::retry::{Decision, is_quota_exhausted, parse_retry_after};
 use super::sse::{SseDecoder, SseEvent};
-use super::{ChatResponse, Delta, DeltaSink, ProviderError, StopReason, Usage};
+use super::{ChatRequest, ChatResponse, Delta, DeltaSink, ProviderError, StopReason, Usage};
 use crate::history::{Message, ToolCall};
 
 /// Bytes of an error body kept for the classifier and logs.
@@ -256,19 +256,20 @@ impl HttpClient {
         })
     }
 
-    /// Serializes `body` and POSTs it, reading the reply as the event stream `S` assembles
-    /// when `stream` is set, as one JSON document otherwise (handed to `on_delta` whole).
+    /// Serializes `body` (built from `request`) and POSTs it, reading the reply as the event
+    /// stream `S` assembles when the request streams, as one JSON document otherwise
+    /// (handed to `on_delta` whole).
     pub async fn exchange<S: StreamState + Default>(
         &self,
         url: &str,
         headers: HeaderFn<'_>,
+        request: &ChatRequest,
         body: &(impl serde::Serialize + Sync),
-        stream: bool,
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = serde_json::to_vec(body)
+        let body = super::wire::encode(request, body)
             .map_err(|e| ProviderError::transport(&self.provider, e.to_string(), 0))?;
-        if stream {
+        if request.stream {
             self.post_sse(url, headers, body, S::default(), on_delta)
                 .await
         } else {

@@ -231,13 +231,7 @@ impl Provider for OpenAiChat {
             Ok(h)
         };
         self.http
-            .exchange::<ChatStream>(
-                &self.url,
-                &headers,
-                &self.body(request),
-                request.stream,
-                on_delta,
-            )
+            .exchange::<ChatStream>(&self.url, &headers, request, &self.body(request), on_delta)
             .await
     }
 }

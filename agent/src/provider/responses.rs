@@ -183,8 +183,8 @@ impl Provider for OpenAiResponses {
             .exchange::<ResponseStream>(
                 &self.url,
                 &headers,
+                request,
                 &Self::body(request),
-                request.stream,
                 on_delta,
             )
             .await

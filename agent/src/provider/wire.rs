@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 use serde_json::value::RawValue;
 
-use crate::history::{Image, Message};
+use super::ChatRequest;
+use crate::history::{self, Image, Message};
 
 /// Tool-call arguments as the JSON object the APIs require. The model's text is forwarded
 /// as it is when it is an object; anything else is wrapped as `{"arguments": text}` so the
@@ -109,6 +110,19 @@ pub(crate) fn merge_turns<B>(
         }
     }
     out
+}
+
+/// Serializes a request body to the exact bytes sent. The buffer is sized from the history
+/// up front: growing it by doubling would copy a multi-megabyte body several times.
+pub fn encode(request: &ChatRequest, body: &impl Serialize) -> serde_json::Result<Vec<u8>> {
+    // Per message: keys, roles, block types and escapes; per request: model and settings.
+    const FRAMING_PER_MESSAGE: usize = 128;
+    const FRAMING: usize = 4096;
+    let hint =
+        history::weight(&request.messages) + FRAMING_PER_MESSAGE * request.messages.len() + FRAMING;
+    let mut out = Vec::with_capacity(hint);
+    serde_json::to_writer(&mut out, body)?;
+    Ok(out)
 }
 
 /// `skip_serializing_if` for flags that are only sent when set.
