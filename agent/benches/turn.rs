@@ -19,14 +19,14 @@ use cairn_agent::history::{Message, ToolCall};
 use cairn_agent::journal::{DirObjects, JournalError, ObjectStore};
 use cairn_agent::metrics::Metrics;
 use cairn_agent::provider::{
-    Anthropic, ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage, encode,
+    Anthropic, ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage,
 };
 use cairn_agent::session::{Session, SessionParts};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::sync::watch;
 
 /// Answers immediately; with `serialize`, the request body is still built and serialized
-/// exactly as the Anthropic client does before sending (`Anthropic::body`, `encode`).
+/// exactly as the Anthropic client does before sending (`Anthropic::body` straight to bytes).
 struct Instant {
     serialize: bool,
 }
@@ -39,7 +39,7 @@ impl Provider for Instant {
 
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
         let request_bytes = if self.serialize {
-            encode(request, &Anthropic::body(request)).map_or(0, |b| b.len() as u64)
+            serde_json::to_vec(&Anthropic::body(request)).map_or(0, |b| b.len() as u64)
         } else {
             cairn_agent::history::weight(&request.messages) as u64
         };

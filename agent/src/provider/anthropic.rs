@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
-use super::wire::{Arguments, SystemText, is_false, merge_turns};
+use super::wire::{Arguments, SystemText, Turn, is_false, merge_turns};
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
@@ -72,7 +72,7 @@ impl Anthropic {
 struct Body<'a> {
     model: &'a str,
     max_tokens: u64,
-    messages: Vec<Turn<'a>>,
+    messages: Vec<Turn<ContentBlock<'a>>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     system: Option<SystemText<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -86,12 +86,6 @@ struct Tool<'a> {
     name: &'a str,
     description: &'a str,
     input_schema: &'a Value,
-}
-
-#[derive(Serialize)]
-struct Turn<'a> {
-    role: &'static str,
-    content: Vec<ContentBlock<'a>>,
 }
 
 #[derive(Serialize)]
@@ -124,7 +118,7 @@ struct ImageSource<'a> {
 
 /// Messages alternate user/assistant; tool results travel as user content blocks, and
 /// consecutive messages of one role merge into one.
-fn wire_messages(messages: &[Message]) -> Vec<Turn<'_>> {
+fn wire_messages(messages: &[Message]) -> Vec<Turn<ContentBlock<'_>>> {
     let turns = messages.iter().filter_map(|m| match m.role {
         Role::System => None,
         Role::User => {
@@ -165,9 +159,6 @@ fn wire_messages(messages: &[Message]) -> Vec<Turn<'_>> {
         )),
     });
     merge_turns(turns)
-        .into_iter()
-        .map(|(role, content)| Turn { role, content })
-        .collect()
 }
 
 #[async_trait]

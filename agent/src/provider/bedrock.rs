@@ -12,7 +12,7 @@ use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sigv4::{PATH_SEGMENT, SigningInput, sign};
 use super::sse::SseEvent;
-use super::wire::{Arguments, merge_turns, system_prompts};
+use super::wire::{Arguments, Turn, merge_turns, system_prompts};
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
@@ -125,7 +125,7 @@ impl Bedrock {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Body<'a> {
-    messages: Vec<Turn<'a>>,
+    messages: Vec<Turn<Block<'a>>>,
     inference_config: InferenceConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     system: Vec<Text<'a>>,
@@ -169,12 +169,6 @@ struct Schema<'a> {
 }
 
 #[derive(Serialize)]
-struct Turn<'a> {
-    role: &'static str,
-    content: Vec<Block<'a>>,
-}
-
-#[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 enum Block<'a> {
     Text(&'a str),
@@ -204,7 +198,7 @@ fn image_format(media_type: &str) -> &str {
     media_type.strip_prefix("image/").unwrap_or(media_type)
 }
 
-fn wire_messages(messages: &[Message]) -> Vec<Turn<'_>> {
+fn wire_messages(messages: &[Message]) -> Vec<Turn<Block<'_>>> {
     let turns = messages.iter().filter_map(|m| match m.role {
         Role::System => None,
         Role::User => {
@@ -239,9 +233,6 @@ fn wire_messages(messages: &[Message]) -> Vec<Turn<'_>> {
         )),
     });
     merge_turns(turns)
-        .into_iter()
-        .map(|(role, content)| Turn { role, content })
-        .collect()
 }
 
 #[async_trait]

@@ -212,7 +212,10 @@ fn wire_contents(messages: &[Message]) -> Vec<Content<'_>> {
     });
     merge_turns(turns)
         .into_iter()
-        .map(|(role, parts)| Content { role, parts })
+        .map(|t| Content {
+            role: t.role,
+            parts: t.content,
+        })
         .collect()
 }
 

@@ -267,7 +267,7 @@ impl HttpClient {
         body: &(impl serde::Serialize + Sync),
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = super::wire::encode(request, body)
+        let body = serde_json::to_vec(body)
             .map_err(|e| ProviderError::transport(&self.provider, e.to_string(), 0))?;
         if request.stream {
             self.post_sse(url, headers, body, S::default(), on_delta)

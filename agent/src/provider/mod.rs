@@ -29,7 +29,6 @@ pub use gemini::Gemini;
 pub use openai::OpenAiChat;
 pub use responses::OpenAiResponses;
 pub use retry::RetryPolicy;
-pub use wire::encode;
 
 /// Response decoders exposed for fuzzing and tests: each takes raw bytes as a provider would
 /// send them and never panics.

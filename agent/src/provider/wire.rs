@@ -8,8 +8,7 @@ use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 use serde_json::value::RawValue;
 
-use super::ChatRequest;
-use crate::history::{self, Image, Message};
+use crate::history::{Image, Message};
 
 /// Tool-call arguments as the JSON object the APIs require. The model's text is forwarded
 /// as it is when it is an object; anything else is wrapped as `{"arguments": text}` so the
@@ -94,35 +93,31 @@ pub(crate) fn system_prompts(messages: &[Message]) -> impl Iterator<Item = &str>
         .map(|m| m.content.as_str())
 }
 
-/// Turns for the APIs that want user and assistant turns to alternate: consecutive turns of
-/// one role merge into one, and turns with nothing in them are dropped.
+/// One turn of a conversation for the APIs that want user and assistant turns to alternate.
+#[derive(Serialize, Debug, PartialEq)]
+pub(crate) struct Turn<B> {
+    pub role: &'static str,
+    pub content: Vec<B>,
+}
+
+/// Merges consecutive turns of one role into one and drops turns with nothing in them.
 pub(crate) fn merge_turns<B>(
     turns: impl IntoIterator<Item = (&'static str, Vec<B>)>,
-) -> Vec<(&'static str, Vec<B>)> {
-    let mut out: Vec<(&'static str, Vec<B>)> = Vec::new();
+) -> Vec<Turn<B>> {
+    let mut out: Vec<Turn<B>> = Vec::new();
     for (role, blocks) in turns {
         if blocks.is_empty() {
             continue;
         }
         match out.last_mut() {
-            Some((r, b)) if *r == role => b.extend(blocks),
-            _ => out.push((role, blocks)),
+            Some(last) if last.role == role => last.content.extend(blocks),
+            _ => out.push(Turn {
+                role,
+                content: blocks,
+            }),
         }
     }
     out
-}
-
-/// Serializes a request body to the exact bytes sent. The buffer is sized from the history
-/// up front: growing it by doubling would copy a multi-megabyte body several times.
-pub fn encode(request: &ChatRequest, body: &impl Serialize) -> serde_json::Result<Vec<u8>> {
-    // Per message: keys, roles, block types and escapes; per request: model and settings.
-    const FRAMING_PER_MESSAGE: usize = 128;
-    const FRAMING: usize = 4096;
-    let hint =
-        history::weight(&request.messages) + FRAMING_PER_MESSAGE * request.messages.len() + FRAMING;
-    let mut out = Vec::with_capacity(hint);
-    serde_json::to_writer(&mut out, body)?;
-    Ok(out)
 }
 
 /// `skip_serializing_if` for flags that are only sent when set.
@@ -263,6 +258,10 @@ mod tests {
             ("user", vec![2, 3]),
             ("assistant", vec![4]),
         ]);
-        assert_eq!(turns, vec![("user", vec![1, 2, 3]), ("assistant", vec![4])]);
+        let turn = |role, content| Turn { role, content };
+        assert_eq!(
+            turns,
+            vec![turn("user", vec![1, 2, 3]), turn("assistant", vec![4])]
+        );
     }
 }
