@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
+use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::history::{Image, Message};
@@ -22,11 +23,18 @@ pub(crate) enum Arguments<'a> {
 impl<'a> Arguments<'a> {
     pub fn new(text: &'a str) -> Self {
         match serde_json::from_str::<&RawValue>(text) {
-            Ok(raw) if raw.get().starts_with('{') => Self::Object(raw),
+            Ok(raw) if raw.get().starts_with('{') && escapes_decode(raw.get()) => Self::Object(raw),
             _ if text.trim().is_empty() => Self::Empty,
             _ => Self::Wrapped(text),
         }
     }
+}
+
+/// A syntax check alone lets a lone UTF-16 surrogate (`"\ud800"`) through, which strict
+/// parsers refuse; such text is wrapped instead. Only text with `\u` escapes pays for
+/// decoding.
+fn escapes_decode(json: &str) -> bool {
+    !json.contains("\\u") || serde_json::from_str::<Value>(json).is_ok()
 }
 
 impl Serialize for Arguments<'_> {
@@ -216,6 +224,11 @@ mod tests {
             ("\"s\"", "{\"arguments\":\"\\\"s\\\"\"}"),
             (" \n", "{}"),
             ("", "{}"),
+            ("{\"a\":\"\\ud83d\\ude00\"}", "{\"a\":\"\\ud83d\\ude00\"}"),
+            (
+                "{\"a\":\"\\ud800\"}",
+                "{\"arguments\":\"{\\\"a\\\":\\\"\\\\ud800\\\"}\"}",
+            ),
         ];
         for (text, wire) in cases {
             let got = serde_json::to_string(&Arguments::new(text)).unwrap();
