@@ -27,12 +27,12 @@ use tokio::sync::watch;
 
 /// Answers immediately; with `serialize`, the request body is still built and serialized
 /// exactly as the Anthropic client does before sending (`Anthropic::body` straight to bytes).
-struct Instant {
+struct Immediate {
     serialize: bool,
 }
 
 #[async_trait]
-impl Provider for Instant {
+impl Provider for Immediate {
     fn name(&self) -> &str {
         "instant"
     }
@@ -145,7 +145,7 @@ fn session(
             name: "bench".into(),
             holder: "bench".into(),
             live: rx,
-            provider: Arc::new(Instant { serialize }),
+            provider: Arc::new(Immediate { serialize }),
             store: Arc::new(store),
             journal: if on_disk {
                 Arc::new(DirObjects::open(dir.join("journal")).expect("journal"))
@@ -188,10 +188,20 @@ fn bench(c: &mut Criterion) {
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut s = session(&rt, dir.path(), bytes, serialize, on_disk);
+        // Each turn adds two messages; thousands of iterations would grow the history far
+        // past its size, so it is reset (untimed) before every measured turn.
+        let base = s.history().to_vec();
         group.bench_function(label, |b| {
-            b.iter(|| {
-                rt.block_on(s.turn(vec![Message::user("next step")]))
-                    .expect("turn")
+            b.iter_custom(|iters| {
+                let mut measured = Duration::ZERO;
+                for _ in 0..iters {
+                    rt.block_on(s.replace_history(base.clone())).expect("reset");
+                    let started = std::time::Instant::now();
+                    rt.block_on(s.turn(vec![Message::user("next step")]))
+                        .expect("turn");
+                    measured += started.elapsed();
+                }
+                measured
             })
         });
     }
