@@ -54,12 +54,17 @@ impl OpenAiChat {
 
     /// The exact JSON body sent for `request`.
     pub fn body<'a>(&self, request: &'a ChatRequest) -> impl Serialize + 'a {
-        let limit = Some(request.max_output_tokens);
+        let limit = request.max_output_tokens;
+        let (max_tokens, max_completion_tokens) = if self.legacy_max_tokens {
+            (Some(limit), None)
+        } else {
+            (None, Some(limit))
+        };
         Body {
             model: &request.model,
             messages: request.messages.iter().map(wire_message).collect(),
-            max_tokens: limit.filter(|_| self.legacy_max_tokens),
-            max_completion_tokens: limit.filter(|_| !self.legacy_max_tokens),
+            max_tokens,
+            max_completion_tokens,
             tools: request
                 .tools
                 .iter()
@@ -83,7 +88,7 @@ impl OpenAiChat {
 #[derive(Serialize)]
 struct Body<'a> {
     model: &'a str,
-    messages: Vec<WireMessageOut<'a>>,
+    messages: Vec<OutMessage<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -117,7 +122,7 @@ struct Function<'a> {
 
 #[derive(Serialize)]
 #[serde(tag = "role", rename_all = "lowercase")]
-enum WireMessageOut<'a> {
+enum OutMessage<'a> {
     System {
         content: &'a str,
     },
@@ -128,7 +133,7 @@ enum WireMessageOut<'a> {
         /// `null` when the message only calls tools.
         content: Option<&'a str>,
         #[serde(skip_serializing_if = "Vec::is_empty")]
-        tool_calls: Vec<CallOut<'a>>,
+        tool_calls: Vec<OutCall<'a>>,
     },
     Tool {
         tool_call_id: &'a str,
@@ -156,22 +161,22 @@ struct ImageUrl<'a> {
 }
 
 #[derive(Serialize)]
-struct CallOut<'a> {
+struct OutCall<'a> {
     id: &'a str,
     #[serde(rename = "type")]
     kind: &'static str,
-    function: CallFunction<'a>,
+    function: OutFunction<'a>,
 }
 
 #[derive(Serialize)]
-struct CallFunction<'a> {
+struct OutFunction<'a> {
     name: &'a str,
     arguments: &'a str,
 }
 
-fn wire_message(m: &Message) -> WireMessageOut<'_> {
+fn wire_message(m: &Message) -> OutMessage<'_> {
     match m.role {
-        Role::System => WireMessageOut::System {
+        Role::System => OutMessage::System {
             content: &m.content,
         },
         Role::User if !m.images.is_empty() => {
@@ -179,29 +184,29 @@ fn wire_message(m: &Message) -> WireMessageOut<'_> {
             parts.extend(m.images.iter().map(|i| Part::ImageUrl {
                 image_url: ImageUrl { url: DataUrl(i) },
             }));
-            WireMessageOut::User {
+            OutMessage::User {
                 content: UserContent::Parts(parts),
             }
         }
-        Role::User => WireMessageOut::User {
+        Role::User => OutMessage::User {
             content: UserContent::Text(&m.content),
         },
-        Role::Assistant => WireMessageOut::Assistant {
+        Role::Assistant => OutMessage::Assistant {
             content: Some(m.content.as_str()).filter(|c| !c.is_empty() || m.tool_calls.is_empty()),
             tool_calls: m
                 .tool_calls
                 .iter()
-                .map(|c| CallOut {
+                .map(|c| OutCall {
                     id: &c.id,
                     kind: "function",
-                    function: CallFunction {
+                    function: OutFunction {
                         name: &c.name,
                         arguments: &c.arguments,
                     },
                 })
                 .collect(),
         },
-        Role::Tool => WireMessageOut::Tool {
+        Role::Tool => OutMessage::Tool {
             tool_call_id: m.tool_call_id.as_deref().unwrap_or_default(),
             content: &m.content,
         },
