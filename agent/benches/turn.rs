@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use cairn_agent::ccr::{LocalLimits, LocalStore};
 use cairn_agent::config::{ConfigFile, Live};
-use cairn_agent::history::{Message, ToolCall};
+use cairn_agent::history::Message;
 use cairn_agent::journal::{DirObjects, JournalError, ObjectStore};
 use cairn_agent::metrics::Metrics;
 use cairn_agent::provider::{
@@ -24,6 +24,10 @@ use cairn_agent::provider::{
 use cairn_agent::session::{Session, SessionParts};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::sync::watch;
+
+#[path = "support/history.rs"]
+mod fixture;
+use fixture::history;
 
 /// Answers immediately; with `serialize`, the request body is still built and serialized
 /// exactly as the Anthropic client does before sending (`Anthropic::body` straight to bytes).
@@ -79,42 +83,6 @@ impl ObjectStore for MemObjects {
             })
             .unwrap_or_default())
     }
-}
-
-/// A coding-session-like history of about `bytes`: prompts, tool calls with results of a
-/// few KB, assistant prose. The results stay under the default `minContentChars`, so
-/// microcompaction leaves them whole and every turn really carries `bytes` of history.
-fn history(bytes: usize) -> Vec<Message> {
-    let mut h = vec![Message::system("You are a coding agent.")];
-    let mut size = 0;
-    let mut i = 0;
-    while size < bytes {
-        let result: String = (0..48)
-            .map(|l| format!("src/module_{i}.rs:{l}: let value_{l} = compute({l}, {i});\n"))
-            .collect();
-        let msgs = [
-            Message::user(format!("step {i}: look at module {i} and fix the warning")),
-            Message::assistant_calls(
-                "",
-                vec![ToolCall {
-                    id: format!("c{i}"),
-                    name: "read_file".into(),
-                    arguments: format!("{{\"path\":\"src/module_{i}.rs\",\"offset\":{i}}}"),
-                }],
-            ),
-            Message::tool(format!("c{i}"), result),
-            Message::assistant(format!(
-                "Module {i} computes values in a loop; the warning is an unused binding. {}",
-                "Details follow. ".repeat(20)
-            )),
-        ];
-        for m in msgs {
-            size += m.weight();
-            h.push(m);
-        }
-        i += 1;
-    }
-    h
 }
 
 fn session(
