@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use cairn_agent::ccr::{LocalLimits, LocalStore};
 use cairn_agent::config::{ConfigFile, Live};
-use cairn_agent::history::{Message, ToolCall};
+use cairn_agent::history::Message;
 use cairn_agent::journal::{DirObjects, JournalError, ObjectStore};
 use cairn_agent::metrics::Metrics;
 use cairn_agent::provider::{
@@ -25,14 +25,18 @@ use cairn_agent::session::{Session, SessionParts};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::sync::watch;
 
-/// Answers immediately; with `serialize`, the request body is still built and serialized as
-/// the Anthropic client does before sending.
-struct Instant {
+#[path = "support/history.rs"]
+mod fixture;
+use fixture::history;
+
+/// Answers immediately; with `serialize`, the request body is still built and serialized
+/// exactly as the Anthropic client does before sending (`Anthropic::body` straight to bytes).
+struct Immediate {
     serialize: bool,
 }
 
 #[async_trait]
-impl Provider for Instant {
+impl Provider for Immediate {
     fn name(&self) -> &str {
         "instant"
     }
@@ -81,41 +85,6 @@ impl ObjectStore for MemObjects {
     }
 }
 
-/// A coding-session-like history of about `bytes`: prompts, tool calls with results of a
-/// few KB, assistant prose.
-fn history(bytes: usize) -> Vec<Message> {
-    let mut h = vec![Message::system("You are a coding agent.")];
-    let mut size = 0;
-    let mut i = 0;
-    while size < bytes {
-        let result: String = (0..60)
-            .map(|l| format!("src/module_{i}.rs:{l}: let value_{l} = compute({l}, {i});\n"))
-            .collect();
-        let msgs = [
-            Message::user(format!("step {i}: look at module {i} and fix the warning")),
-            Message::assistant_calls(
-                "",
-                vec![ToolCall {
-                    id: format!("c{i}"),
-                    name: "read_file".into(),
-                    arguments: format!("{{\"path\":\"src/module_{i}.rs\",\"offset\":{i}}}"),
-                }],
-            ),
-            Message::tool(format!("c{i}"), result),
-            Message::assistant(format!(
-                "Module {i} computes values in a loop; the warning is an unused binding. {}",
-                "Details follow. ".repeat(20)
-            )),
-        ];
-        for m in msgs {
-            size += m.weight();
-            h.push(m);
-        }
-        i += 1;
-    }
-    h
-}
-
 fn session(
     rt: &tokio::runtime::Runtime,
     dir: &std::path::Path,
@@ -144,7 +113,7 @@ fn session(
             name: "bench".into(),
             holder: "bench".into(),
             live: rx,
-            provider: Arc::new(Instant { serialize }),
+            provider: Arc::new(Immediate { serialize }),
             store: Arc::new(store),
             journal: if on_disk {
                 Arc::new(DirObjects::open(dir.join("journal")).expect("journal"))
@@ -157,6 +126,11 @@ fn session(
         .await
         .expect("session");
         s.replace_history(history(bytes)).await.expect("seed");
+        // One turn first, so one-time work (first journal entries, archive lookups) is not
+        // measured; the history must still be as large as claimed afterwards.
+        s.turn(vec![Message::user("start")]).await.expect("turn");
+        let weight = cairn_agent::history::weight(s.history());
+        assert!(weight >= bytes, "the history shrank to {weight} bytes");
         s
     })
 }
@@ -182,10 +156,20 @@ fn bench(c: &mut Criterion) {
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut s = session(&rt, dir.path(), bytes, serialize, on_disk);
+        // Each turn adds two messages; thousands of iterations would grow the history far
+        // past its size, so it is reset (untimed) before every measured turn.
+        let base = s.history().to_vec();
         group.bench_function(label, |b| {
-            b.iter(|| {
-                rt.block_on(s.turn(vec![Message::user("next step")]))
-                    .expect("turn")
+            b.iter_custom(|iters| {
+                let mut measured = Duration::ZERO;
+                for _ in 0..iters {
+                    rt.block_on(s.replace_history(base.clone())).expect("reset");
+                    let started = std::time::Instant::now();
+                    rt.block_on(s.turn(vec![Message::user("next step")]))
+                        .expect("turn");
+                    measured += started.elapsed();
+                }
+                measured
             })
         });
     }

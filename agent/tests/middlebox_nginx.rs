@@ -82,13 +82,13 @@ fn request(chars: usize) -> ChatRequest {
 /// builder is public.
 fn expected_bytes(kind: ProviderKind, req: &ChatRequest) -> Option<u64> {
     let body = match kind {
-        ProviderKind::OpenaiResponses => OpenAiResponses::body(req),
-        ProviderKind::Anthropic => Anthropic::body(req),
-        ProviderKind::Gemini => Gemini::body(req),
-        ProviderKind::Bedrock => Bedrock::body(req),
+        ProviderKind::OpenaiResponses => serde_json::to_vec(&OpenAiResponses::body(req)),
+        ProviderKind::Anthropic => serde_json::to_vec(&Anthropic::body(req)),
+        ProviderKind::Gemini => serde_json::to_vec(&Gemini::body(req)),
+        ProviderKind::Bedrock => serde_json::to_vec(&Bedrock::body(req)),
         _ => return None,
     };
-    Some(serde_json::to_vec(&body).unwrap().len() as u64)
+    Some(body.unwrap().len() as u64)
 }
 
 async fn count_413(nginx: &Middlebox) -> usize {

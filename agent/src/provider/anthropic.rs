@@ -3,12 +3,13 @@
 
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::config::{BuildError, ClientOptions, Secret};
-use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
+use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
+use super::wire::{Arguments, SystemText, Turn, is_false, merge_turns};
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
@@ -47,98 +48,117 @@ impl Anthropic {
     }
 
     /// The exact JSON body sent for `request`.
-    pub fn body(request: &ChatRequest) -> Value {
-        let system: Vec<&str> = request
-            .messages
-            .iter()
-            .filter(|m| m.is_system())
-            .map(|m| m.content.as_str())
-            .collect();
-        let mut body = json!({
-            "model": request.model,
-            "max_tokens": request.max_output_tokens,
-            "messages": wire_messages(&request.messages),
-        });
-        if !system.is_empty() {
-            body["system"] = json!(system.join("\n\n"));
-        }
-        if !request.tools.is_empty() {
-            body["tools"] = request
+    pub fn body(request: &ChatRequest) -> impl Serialize + '_ {
+        Body {
+            model: &request.model,
+            max_tokens: request.max_output_tokens,
+            messages: wire_messages(&request.messages),
+            system: SystemText::of(&request.messages),
+            tools: request
                 .tools
                 .iter()
-                .map(|t| {
-                    json!({"name": t.name, "description": t.description,
-                           "input_schema": t.parameters})
+                .map(|t| Tool {
+                    name: &t.name,
+                    description: &t.description,
+                    input_schema: &t.parameters,
                 })
-                .collect();
+                .collect(),
+            stream: request.stream,
         }
-        if request.stream {
-            body["stream"] = json!(true);
-        }
-        body
     }
 }
 
-/// Tool arguments as a JSON object; text that is not one is wrapped so the call still
-/// round-trips (the API requires an object).
-pub(crate) fn arguments_object(arguments: &str) -> Value {
-    match serde_json::from_str::<Value>(arguments) {
-        Ok(v @ Value::Object(_)) => v,
-        _ if arguments.trim().is_empty() => json!({}),
-        _ => json!({"arguments": arguments}),
-    }
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    max_tokens: u64,
+    messages: Vec<Turn<ContentBlock<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<SystemText<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "is_false")]
+    stream: bool,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ContentBlock<'a> {
+    Image {
+        source: ImageSource<'a>,
+    },
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Arguments<'a>,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+struct ImageSource<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    media_type: &'a str,
+    data: &'a str,
 }
 
 /// Messages alternate user/assistant; tool results travel as user content blocks, and
 /// consecutive messages of one role merge into one.
-fn wire_messages(messages: &[Message]) -> Vec<Value> {
-    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for m in messages {
-        let (role, blocks) = match m.role {
-            Role::System => continue,
-            Role::User => {
-                let mut blocks: Vec<Value> = m
-                    .images
-                    .iter()
-                    .map(|i| {
-                        json!({"type": "image", "source": {
-                            "type": "base64", "media_type": i.media_type, "data": i.data}})
-                    })
-                    .collect();
-                if !m.content.is_empty() {
-                    blocks.push(json!({"type": "text", "text": m.content}));
-                }
-                ("user", blocks)
+fn wire_messages(messages: &[Message]) -> Vec<Turn<ContentBlock<'_>>> {
+    let turns = messages.iter().filter_map(|m| match m.role {
+        Role::System => None,
+        Role::User => {
+            let mut blocks: Vec<ContentBlock<'_>> = m
+                .images
+                .iter()
+                .map(|i| ContentBlock::Image {
+                    source: ImageSource {
+                        kind: "base64",
+                        media_type: &i.media_type,
+                        data: &i.data,
+                    },
+                })
+                .collect();
+            if !m.content.is_empty() {
+                blocks.push(ContentBlock::Text { text: &m.content });
             }
-            Role::Assistant => {
-                let mut blocks = Vec::new();
-                if !m.content.is_empty() {
-                    blocks.push(json!({"type": "text", "text": m.content}));
-                }
-                blocks.extend(m.tool_calls.iter().map(|c| {
-                    json!({"type": "tool_use", "id": c.id, "name": c.name,
-                           "input": arguments_object(&c.arguments)})
-                }));
-                ("assistant", blocks)
+            Some(("user", blocks))
+        }
+        Role::Assistant => {
+            let mut blocks = Vec::with_capacity(1 + m.tool_calls.len());
+            if !m.content.is_empty() {
+                blocks.push(ContentBlock::Text { text: &m.content });
             }
-            Role::Tool => (
-                "user",
-                vec![json!({"type": "tool_result",
-                    "tool_use_id": m.tool_call_id.as_deref().unwrap_or_default(),
-                    "content": m.content})],
-            ),
-        };
-        if blocks.is_empty() {
-            continue;
+            blocks.extend(m.tool_calls.iter().map(|c| ContentBlock::ToolUse {
+                id: &c.id,
+                name: &c.name,
+                input: Arguments::new(&c.arguments),
+            }));
+            Some(("assistant", blocks))
         }
-        match out.last_mut() {
-            Some((r, b)) if *r == role => b.extend(blocks),
-            _ => out.push((role, blocks)),
-        }
-    }
-    out.into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect()
+        Role::Tool => Some((
+            "user",
+            vec![ContentBlock::ToolResult {
+                tool_use_id: m.tool_call_id.as_deref().unwrap_or_default(),
+                content: &m.content,
+            }],
+        )),
+    });
+    merge_turns(turns)
 }
 
 #[async_trait]
@@ -156,32 +176,22 @@ impl Provider for Anthropic {
         request: &ChatRequest,
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = serde_json::to_vec(&Self::body(request))
-            .map_err(|e| ProviderError::transport("anthropic", e.to_string(), 0))?;
-        let key = self.key.clone();
-        let headers = move |_: &[u8]| -> Result<HeaderMap, String> {
+        let headers = |_: &[u8]| -> Result<HeaderMap, String> {
             let mut h = HeaderMap::new();
-            let mut v = HeaderValue::from_str(key.expose())
-                .map_err(|_| "the API key contains characters not allowed in a header")?;
-            v.set_sensitive(true);
-            h.insert(HeaderName::from_static("x-api-key"), v);
+            secret_header(
+                &mut h,
+                HeaderName::from_static("x-api-key"),
+                self.key.expose(),
+            )?;
             h.insert(
                 HeaderName::from_static("anthropic-version"),
                 HeaderValue::from_static(API_VERSION),
             );
             Ok(h)
         };
-        let headers: HeaderFn<'_> = &headers;
-        if request.stream {
-            self.http
-                .post_sse(&self.url, headers, body, MessageStream::default(), on_delta)
-                .await
-        } else {
-            self.http
-                .post_json(&self.url, headers, body, decode_reply)
-                .await
-                .inspect(|r| super::emit_whole(r, on_delta))
-        }
+        self.http
+            .exchange::<MessageStream>(&self.url, &headers, request, &Self::body(request), on_delta)
+            .await
     }
 }
 
@@ -400,46 +410,15 @@ impl StreamState for MessageStream {
 
 #[cfg(test)]
 mod tests {
+    use super::super::wire::fixture;
     use super::*;
 
     #[test]
-    fn tool_results_merge_into_one_user_turn_and_system_is_lifted() {
-        let req = ChatRequest {
-            model: "claude-sonnet-4-5".into(),
-            messages: vec![
-                Message::system("be brief"),
-                Message::user("go"),
-                Message::assistant_calls(
-                    "",
-                    vec![
-                        ToolCall {
-                            id: "a".into(),
-                            name: "t".into(),
-                            arguments: "{\"x\":1}".into(),
-                        },
-                        ToolCall {
-                            id: "b".into(),
-                            name: "t".into(),
-                            arguments: "not json".into(),
-                        },
-                    ],
-                ),
-                Message::tool("a", "ra"),
-                Message::tool("b", "rb"),
-            ],
-            tools: vec![],
-            max_output_tokens: 100,
-            stream: false,
-        };
-        let body = Anthropic::body(&req);
-        assert_eq!(body["system"], "be brief");
-        let msgs = body["messages"].as_array().unwrap();
-        assert_eq!(msgs.len(), 3);
-        assert_eq!(
-            msgs[1]["content"][1]["input"],
-            json!({"arguments": "not json"})
-        );
-        assert_eq!(msgs[2]["content"].as_array().unwrap().len(), 2);
+    fn body_matches_the_pinned_wire_json() {
+        let body =
+            |stream| serde_json::to_vec(&Anthropic::body(&fixture::request(stream))).unwrap();
+        fixture::assert_body(&body(false), include_str!("testdata/anthropic.json"));
+        fixture::assert_body(&body(true), include_str!("testdata/anthropic_stream.json"));
     }
 
     #[test]

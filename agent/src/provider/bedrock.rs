@@ -4,15 +4,15 @@
 use std::time::SystemTime;
 
 use async_trait::async_trait;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::anthropic::arguments_object;
 use super::config::{BuildError, ClientOptions, Secret};
-use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
+use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sigv4::{PATH_SEGMENT, SigningInput, sign};
 use super::sse::SseEvent;
+use super::wire::{Arguments, Turn, merge_turns, system_prompts};
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
@@ -94,84 +94,145 @@ impl Bedrock {
     }
 
     /// The exact JSON body sent for `request`.
-    pub fn body(request: &ChatRequest) -> Value {
-        let system: Vec<Value> = request
-            .messages
-            .iter()
-            .filter(|m| m.is_system())
-            .map(|m| json!({"text": m.content}))
-            .collect();
-        let mut body = json!({
-            "messages": wire_messages(&request.messages),
-            "inferenceConfig": {"maxTokens": request.max_output_tokens},
-        });
-        if !system.is_empty() {
-            body["system"] = json!(system);
+    pub fn body(request: &ChatRequest) -> impl Serialize + '_ {
+        Body {
+            messages: wire_messages(&request.messages),
+            inference_config: InferenceConfig {
+                max_tokens: request.max_output_tokens,
+            },
+            system: system_prompts(&request.messages)
+                .map(|text| Text { text })
+                .collect(),
+            tool_config: (!request.tools.is_empty()).then(|| ToolConfig {
+                tools: request
+                    .tools
+                    .iter()
+                    .map(|t| Tool {
+                        tool_spec: ToolSpec {
+                            name: &t.name,
+                            description: &t.description,
+                            input_schema: Schema {
+                                json: &t.parameters,
+                            },
+                        },
+                    })
+                    .collect(),
+            }),
         }
-        if !request.tools.is_empty() {
-            let tools: Vec<Value> = request
-                .tools
-                .iter()
-                .map(|t| {
-                    json!({"toolSpec": {"name": t.name, "description": t.description,
-                           "inputSchema": {"json": t.parameters}}})
-                })
-                .collect();
-            body["toolConfig"] = json!({"tools": tools});
-        }
-        body
     }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Body<'a> {
+    messages: Vec<Turn<Block<'a>>>,
+    inference_config: InferenceConfig,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    system: Vec<Text<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_config: Option<ToolConfig<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InferenceConfig {
+    max_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct Text<'a> {
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+struct ToolConfig<'a> {
+    tools: Vec<Tool<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Tool<'a> {
+    tool_spec: ToolSpec<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ToolSpec<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: Schema<'a>,
+}
+
+#[derive(Serialize)]
+struct Schema<'a> {
+    json: &'a Value,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+enum Block<'a> {
+    Text(&'a str),
+    Image {
+        format: &'a str,
+        source: ImageBytes<'a>,
+    },
+    #[serde(rename_all = "camelCase")]
+    ToolUse {
+        tool_use_id: &'a str,
+        name: &'a str,
+        input: Arguments<'a>,
+    },
+    #[serde(rename_all = "camelCase")]
+    ToolResult {
+        tool_use_id: &'a str,
+        content: [Text<'a>; 1],
+    },
+}
+
+#[derive(Serialize)]
+struct ImageBytes<'a> {
+    bytes: &'a str,
 }
 
 fn image_format(media_type: &str) -> &str {
     media_type.strip_prefix("image/").unwrap_or(media_type)
 }
 
-fn wire_messages(messages: &[Message]) -> Vec<Value> {
-    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for m in messages {
-        let (role, blocks) = match m.role {
-            Role::System => continue,
-            Role::User => {
-                let mut blocks = Vec::new();
-                if !m.content.is_empty() {
-                    blocks.push(json!({"text": m.content}));
-                }
-                blocks.extend(m.images.iter().map(|i| {
-                    json!({"image": {"format": image_format(&i.media_type),
-                                     "source": {"bytes": i.data}}})
-                }));
-                ("user", blocks)
+fn wire_messages(messages: &[Message]) -> Vec<Turn<Block<'_>>> {
+    let turns = messages.iter().filter_map(|m| match m.role {
+        Role::System => None,
+        Role::User => {
+            let mut blocks = Vec::with_capacity(1 + m.images.len());
+            if !m.content.is_empty() {
+                blocks.push(Block::Text(&m.content));
             }
-            Role::Assistant => {
-                let mut blocks = Vec::new();
-                if !m.content.is_empty() {
-                    blocks.push(json!({"text": m.content}));
-                }
-                blocks.extend(m.tool_calls.iter().map(|c| {
-                    json!({"toolUse": {"toolUseId": c.id, "name": c.name,
-                                       "input": arguments_object(&c.arguments)}})
-                }));
-                ("assistant", blocks)
+            blocks.extend(m.images.iter().map(|i| Block::Image {
+                format: image_format(&i.media_type),
+                source: ImageBytes { bytes: &i.data },
+            }));
+            Some(("user", blocks))
+        }
+        Role::Assistant => {
+            let mut blocks = Vec::with_capacity(1 + m.tool_calls.len());
+            if !m.content.is_empty() {
+                blocks.push(Block::Text(&m.content));
             }
-            Role::Tool => (
-                "user",
-                vec![json!({"toolResult": {
-                    "toolUseId": m.tool_call_id.as_deref().unwrap_or_default(),
-                    "content": [{"text": m.content}]}})],
-            ),
-        };
-        if blocks.is_empty() {
-            continue;
+            blocks.extend(m.tool_calls.iter().map(|c| Block::ToolUse {
+                tool_use_id: &c.id,
+                name: &c.name,
+                input: Arguments::new(&c.arguments),
+            }));
+            Some(("assistant", blocks))
         }
-        match out.last_mut() {
-            Some((r, b)) if *r == role => b.extend(blocks),
-            _ => out.push((role, blocks)),
-        }
-    }
-    out.into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect()
+        Role::Tool => Some((
+            "user",
+            vec![Block::ToolResult {
+                tool_use_id: m.tool_call_id.as_deref().unwrap_or_default(),
+                content: [Text { text: &m.content }],
+            }],
+        )),
+    });
+    merge_turns(turns)
 }
 
 #[async_trait]
@@ -189,63 +250,54 @@ impl Provider for Bedrock {
         request: &ChatRequest,
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = serde_json::to_vec(&Self::body(request))
-            .map_err(|e| ProviderError::transport("bedrock", e.to_string(), 0))?;
         let path = self.path(&request.model, request.stream);
         let mut url = self.base.clone();
         url.set_path(&path);
         let host = self.host();
         let headers = |payload: &[u8]| -> Result<HeaderMap, String> {
             let mut h = HeaderMap::new();
-            let pairs = match &self.auth {
+            match &self.auth {
                 BedrockAuth::ApiKey(k) => {
-                    vec![(
-                        "authorization".to_string(),
-                        format!("Bearer {}", k.expose()),
-                    )]
+                    secret_header(&mut h, AUTHORIZATION, &format!("Bearer {}", k.expose()))?;
                 }
-                BedrockAuth::SigV4(c) => sign(&SigningInput {
-                    method: "POST",
-                    host: &host,
-                    path: &path,
-                    query: "",
-                    headers: &[("content-type", "application/json")],
-                    payload,
-                    region: &self.region,
-                    service: "bedrock",
-                    time: SystemTime::now(),
-                    access_key_id: &c.access_key_id,
-                    secret_access_key: c.secret_access_key.expose(),
-                    session_token: c.session_token.as_ref().map(Secret::expose),
-                    double_encode_path: true,
-                }),
-            };
-            for (k, v) in pairs {
-                let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| e.to_string())?;
-                let mut value = HeaderValue::from_str(&v)
-                    .map_err(|_| "credentials contain characters not allowed in a header")?;
-                value.set_sensitive(k != "x-amz-date");
-                h.insert(name, value);
+                BedrockAuth::SigV4(c) => {
+                    let signed = sign(&SigningInput {
+                        method: "POST",
+                        host: &host,
+                        path: &path,
+                        query: "",
+                        headers: &[("content-type", "application/json")],
+                        payload,
+                        region: &self.region,
+                        service: "bedrock",
+                        time: SystemTime::now(),
+                        access_key_id: &c.access_key_id,
+                        secret_access_key: c.secret_access_key.expose(),
+                        session_token: c.session_token.as_ref().map(Secret::expose),
+                        double_encode_path: true,
+                    });
+                    for (k, v) in signed {
+                        let name =
+                            HeaderName::from_bytes(k.as_bytes()).map_err(|e| e.to_string())?;
+                        let mut value = HeaderValue::from_str(&v).map_err(
+                            |_| "credentials contain characters not allowed in a header",
+                        )?;
+                        value.set_sensitive(k != "x-amz-date");
+                        h.insert(name, value);
+                    }
+                }
             }
             Ok(h)
         };
-        let headers: HeaderFn<'_> = &headers;
-        if request.stream {
-            self.http
-                .post_sse(
-                    url.as_str(),
-                    headers,
-                    body,
-                    ConverseStream::default(),
-                    on_delta,
-                )
-                .await
-        } else {
-            self.http
-                .post_json(url.as_str(), headers, body, decode_reply)
-                .await
-                .inspect(|r| super::emit_whole(r, on_delta))
-        }
+        self.http
+            .exchange::<ConverseStream>(
+                url.as_str(),
+                &headers,
+                request,
+                &Self::body(request),
+                on_delta,
+            )
+            .await
     }
 }
 
@@ -442,7 +494,19 @@ impl StreamState for ConverseStream {
 
 #[cfg(test)]
 mod tests {
+    use super::super::wire::fixture;
     use super::*;
+
+    #[test]
+    fn body_matches_the_pinned_wire_json() {
+        let body = serde_json::to_vec(&Bedrock::body(&fixture::request(false))).unwrap();
+        fixture::assert_body(&body, include_str!("testdata/bedrock.json"));
+        let streamed = serde_json::to_vec(&Bedrock::body(&fixture::request(true))).unwrap();
+        assert_eq!(
+            streamed, body,
+            "streaming is chosen by the path, not the body"
+        );
+    }
 
     #[test]
     fn model_ids_with_colons_are_encoded_in_the_path() {

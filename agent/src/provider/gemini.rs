@@ -4,14 +4,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use reqwest::header::{HeaderMap, HeaderName};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::anthropic::arguments_object;
 use super::config::{BuildError, ClientOptions, Secret};
-use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
+use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
+use super::wire::{Arguments, merge_turns, system_prompts};
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
@@ -62,92 +62,160 @@ impl Gemini {
     }
 
     /// The exact JSON body sent for `request`.
-    pub fn body(request: &ChatRequest) -> Value {
-        let system: Vec<Value> = request
-            .messages
-            .iter()
-            .filter(|m| m.is_system())
-            .map(|m| json!({"text": m.content}))
+    pub fn body(request: &ChatRequest) -> impl Serialize + '_ {
+        let system: Vec<Text<'_>> = system_prompts(&request.messages)
+            .map(|text| Text { text })
             .collect();
-        let mut body = json!({
-            "contents": wire_contents(&request.messages),
-            "generationConfig": {"maxOutputTokens": request.max_output_tokens},
-        });
-        if !system.is_empty() {
-            body["systemInstruction"] = json!({"parts": system});
+        Body {
+            contents: wire_contents(&request.messages),
+            generation_config: GenerationConfig {
+                max_output_tokens: request.max_output_tokens,
+            },
+            system_instruction: (!system.is_empty()).then_some(SystemInstruction { parts: system }),
+            tools: if request.tools.is_empty() {
+                Vec::new()
+            } else {
+                vec![Tools {
+                    function_declarations: request
+                        .tools
+                        .iter()
+                        .map(|t| Declaration {
+                            name: &t.name,
+                            description: &t.description,
+                            parameters: &t.parameters,
+                        })
+                        .collect(),
+                }]
+            },
         }
-        if !request.tools.is_empty() {
-            let decls: Vec<Value> = request
-                .tools
-                .iter()
-                .map(|t| {
-                    json!({"name": t.name, "description": t.description,
-                           "parameters": t.parameters})
-                })
-                .collect();
-            body["tools"] = json!([{"functionDeclarations": decls}]);
-        }
-        body
     }
 }
 
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Body<'a> {
+    contents: Vec<Content<'a>>,
+    generation_config: GenerationConfig,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system_instruction: Option<SystemInstruction<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tools<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerationConfig {
+    max_output_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct SystemInstruction<'a> {
+    parts: Vec<Text<'a>>,
+}
+
+#[derive(Serialize)]
+struct Text<'a> {
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Tools<'a> {
+    function_declarations: Vec<Declaration<'a>>,
+}
+
+#[derive(Serialize)]
+struct Declaration<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+#[derive(Serialize)]
+struct Content<'a> {
+    role: &'static str,
+    parts: Vec<Part<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+enum Part<'a> {
+    Text(&'a str),
+    #[serde(rename_all = "camelCase")]
+    InlineData {
+        mime_type: &'a str,
+        data: &'a str,
+    },
+    FunctionCall {
+        name: &'a str,
+        args: Arguments<'a>,
+    },
+    FunctionResponse {
+        name: &'a str,
+        response: FunctionOutput<'a>,
+    },
+}
+
+#[derive(Serialize)]
+struct FunctionOutput<'a> {
+    content: &'a str,
+}
+
 /// Tool results answer a function by name, so the name comes from the call they answer.
-fn wire_contents(messages: &[Message]) -> Vec<Value> {
+fn wire_contents(messages: &[Message]) -> Vec<Content<'_>> {
     let names: HashMap<&str, &str> = messages
         .iter()
         .flat_map(|m| m.tool_calls.iter())
         .map(|c| (c.id.as_str(), c.name.as_str()))
         .collect();
-    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for m in messages {
-        let (role, parts) = match m.role {
-            Role::System => continue,
-            Role::User => {
-                let mut parts = Vec::new();
-                if !m.content.is_empty() {
-                    parts.push(json!({"text": m.content}));
-                }
-                parts.extend(
-                    m.images
-                        .iter()
-                        .map(|i| json!({"inlineData": {"mimeType": i.media_type, "data": i.data}})),
-                );
-                ("user", parts)
+    let turns = messages.iter().filter_map(|m| match m.role {
+        Role::System => None,
+        Role::User => {
+            let mut parts = Vec::with_capacity(1 + m.images.len());
+            if !m.content.is_empty() {
+                parts.push(Part::Text(&m.content));
             }
-            Role::Assistant => {
-                let mut parts = Vec::new();
-                if !m.content.is_empty() {
-                    parts.push(json!({"text": m.content}));
-                }
-                parts.extend(m.tool_calls.iter().map(|c| {
-                    json!({"functionCall": {"name": c.name, "args": arguments_object(&c.arguments)}})
-                }));
-                ("model", parts)
-            }
-            Role::Tool => {
-                let id = m.tool_call_id.as_deref().unwrap_or_default();
-                let name = m
-                    .name
-                    .as_deref()
-                    .or_else(|| names.get(id).copied())
-                    .unwrap_or(id);
-                (
-                    "user",
-                    vec![json!({"functionResponse": {
-                        "name": name, "response": {"content": m.content}}})],
-                )
-            }
-        };
-        if parts.is_empty() {
-            continue;
+            parts.extend(m.images.iter().map(|i| Part::InlineData {
+                mime_type: &i.media_type,
+                data: &i.data,
+            }));
+            Some(("user", parts))
         }
-        match out.last_mut() {
-            Some((r, p)) if *r == role => p.extend(parts),
-            _ => out.push((role, parts)),
+        Role::Assistant => {
+            let mut parts = Vec::with_capacity(1 + m.tool_calls.len());
+            if !m.content.is_empty() {
+                parts.push(Part::Text(&m.content));
+            }
+            parts.extend(m.tool_calls.iter().map(|c| Part::FunctionCall {
+                name: &c.name,
+                args: Arguments::new(&c.arguments),
+            }));
+            Some(("model", parts))
         }
-    }
-    out.into_iter()
-        .map(|(role, parts)| json!({"role": role, "parts": parts}))
+        Role::Tool => {
+            let id = m.tool_call_id.as_deref().unwrap_or_default();
+            let name = m
+                .name
+                .as_deref()
+                .or_else(|| names.get(id).copied())
+                .unwrap_or(id);
+            Some((
+                "user",
+                vec![Part::FunctionResponse {
+                    name,
+                    response: FunctionOutput {
+                        content: &m.content,
+                    },
+                }],
+            ))
+        }
+    });
+    merge_turns(turns)
+        .into_iter()
+        .map(|t| Content {
+            role: t.role,
+            parts: t.content,
+        })
         .collect()
 }
 
@@ -166,29 +234,19 @@ impl Provider for Gemini {
         request: &ChatRequest,
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = serde_json::to_vec(&Self::body(request))
-            .map_err(|e| ProviderError::transport("gemini", e.to_string(), 0))?;
-        let key = self.key.clone();
-        let headers = move |_: &[u8]| -> Result<HeaderMap, String> {
+        let headers = |_: &[u8]| -> Result<HeaderMap, String> {
             let mut h = HeaderMap::new();
-            let mut v = HeaderValue::from_str(key.expose())
-                .map_err(|_| "the API key contains characters not allowed in a header")?;
-            v.set_sensitive(true);
-            h.insert(HeaderName::from_static("x-goog-api-key"), v);
+            secret_header(
+                &mut h,
+                HeaderName::from_static("x-goog-api-key"),
+                self.key.expose(),
+            )?;
             Ok(h)
         };
-        let headers: HeaderFn<'_> = &headers;
         let url = self.url(&request.model, request.stream);
-        if request.stream {
-            self.http
-                .post_sse(&url, headers, body, ChunkStream::default(), on_delta)
-                .await
-        } else {
-            self.http
-                .post_json(&url, headers, body, decode_reply)
-                .await
-                .inspect(|r| super::emit_whole(r, on_delta))
-        }
+        self.http
+            .exchange::<ChunkStream>(&url, &headers, request, &Self::body(request), on_delta)
+            .await
     }
 }
 
@@ -207,13 +265,13 @@ struct WireResponse {
 #[serde(rename_all = "camelCase")]
 struct Candidate {
     #[serde(default)]
-    content: Option<Content>,
+    content: Option<ReplyContent>,
     #[serde(default)]
     finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct Content {
+struct ReplyContent {
     #[serde(default)]
     parts: Vec<Value>,
 }
@@ -373,7 +431,19 @@ impl StreamState for ChunkStream {
 
 #[cfg(test)]
 mod tests {
+    use super::super::wire::fixture;
     use super::*;
+
+    #[test]
+    fn body_matches_the_pinned_wire_json() {
+        let body = serde_json::to_vec(&Gemini::body(&fixture::request(false))).unwrap();
+        fixture::assert_body(&body, include_str!("testdata/gemini.json"));
+        let streamed = serde_json::to_vec(&Gemini::body(&fixture::request(true))).unwrap();
+        assert_eq!(
+            streamed, body,
+            "streaming is chosen by the URL, not the body"
+        );
+    }
 
     #[test]
     fn function_calls_stop_as_tool_use_and_results_find_their_name() {
@@ -392,7 +462,7 @@ mod tests {
             max_output_tokens: 10,
             stream: false,
         };
-        let body = Gemini::body(&req);
+        let body = serde_json::to_value(Gemini::body(&req)).unwrap();
         assert_eq!(
             body["contents"][2]["parts"][0]["functionResponse"]["name"],
             "read"

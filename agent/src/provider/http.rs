@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 
 use super::config::{BuildError, ClientOptions};
 use super::eventstream::EventStreamDecoder;
 use super::retry::{Decision, is_quota_exhausted, parse_retry_after};
 use super::sse::{SseDecoder, SseEvent};
-use super::{ChatResponse, Delta, DeltaSink, ProviderError, StopReason, Usage};
+use super::{ChatRequest, ChatResponse, Delta, DeltaSink, ProviderError, StopReason, Usage};
 use crate::history::{Message, ToolCall};
 
 /// Bytes of an error body kept for the classifier and logs.
@@ -206,6 +206,19 @@ pub(crate) fn decode_sse_bytes<S: StreamState>(
 /// Builds the request headers for one attempt (Bedrock signs each attempt anew).
 pub(crate) type HeaderFn<'a> = &'a (dyn Fn(&[u8]) -> Result<HeaderMap, String> + Send + Sync);
 
+/// Adds a credential header, marked sensitive so it never shows in debug output.
+pub(crate) fn secret_header(
+    headers: &mut HeaderMap,
+    name: HeaderName,
+    value: &str,
+) -> Result<(), String> {
+    let mut value = HeaderValue::from_str(value)
+        .map_err(|_| "the credentials contain characters not allowed in a header")?;
+    value.set_sensitive(true);
+    headers.insert(name, value);
+    Ok(())
+}
+
 /// One HTTP client per provider instance.
 pub(crate) struct HttpClient {
     client: reqwest::Client,
@@ -241,6 +254,29 @@ impl HttpClient {
             provider: provider.to_string(),
             options,
         })
+    }
+
+    /// Serializes `body` (built from `request`) and POSTs it, reading the reply as the event
+    /// stream `S` assembles when the request streams, as one JSON document otherwise
+    /// (handed to `on_delta` whole).
+    pub async fn exchange<S: StreamState + Default>(
+        &self,
+        url: &str,
+        headers: HeaderFn<'_>,
+        request: &ChatRequest,
+        body: &(impl serde::Serialize + Sync),
+        on_delta: DeltaSink<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        let body = serde_json::to_vec(body)
+            .map_err(|e| ProviderError::transport(&self.provider, e.to_string(), 0))?;
+        if request.stream {
+            self.post_sse(url, headers, body, S::default(), on_delta)
+                .await
+        } else {
+            self.post_json(url, headers, body, S::whole)
+                .await
+                .inspect(|r| super::emit_whole(r, on_delta))
+        }
     }
 
     /// POSTs `body` and decodes a JSON reply with `decode`.

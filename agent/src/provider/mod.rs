@@ -21,6 +21,7 @@ mod responses;
 pub mod retry;
 pub mod sigv4;
 pub mod sse;
+mod wire;
 
 pub use anthropic::Anthropic;
 pub use bedrock::{AwsCredentials, Bedrock, BedrockAuth};

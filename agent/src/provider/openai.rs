@@ -2,13 +2,14 @@
 //! OpenRouter, vLLM, Ollama) through a base URL.
 
 use async_trait::async_trait;
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use reqwest::header::{AUTHORIZATION, HeaderMap};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::config::{BuildError, ClientOptions, Secret};
-use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
+use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
+use super::wire::{DataUrl, is_false};
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
@@ -52,69 +53,163 @@ impl OpenAiChat {
     }
 
     /// The exact JSON body sent for `request`.
-    pub fn body(&self, request: &ChatRequest) -> Value {
-        let mut body = json!({
-            "model": request.model,
-            "messages": request.messages.iter().map(wire_message).collect::<Vec<_>>(),
-        });
-        let limit_field = if self.legacy_max_tokens {
-            "max_tokens"
+    pub fn body<'a>(&self, request: &'a ChatRequest) -> impl Serialize + 'a {
+        let limit = request.max_output_tokens;
+        let (max_tokens, max_completion_tokens) = if self.legacy_max_tokens {
+            (Some(limit), None)
         } else {
-            "max_completion_tokens"
+            (None, Some(limit))
         };
-        body[limit_field] = json!(request.max_output_tokens);
-        if !request.tools.is_empty() {
-            body["tools"] = request
+        Body {
+            model: &request.model,
+            messages: request.messages.iter().map(wire_message).collect(),
+            max_tokens,
+            max_completion_tokens,
+            tools: request
                 .tools
                 .iter()
-                .map(|t| {
-                    json!({"type": "function", "function": {
-                        "name": t.name, "description": t.description, "parameters": t.parameters}})
+                .map(|t| Tool {
+                    kind: "function",
+                    function: Function {
+                        name: &t.name,
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
                 })
-                .collect();
+                .collect(),
+            stream: request.stream,
+            stream_options: request.stream.then_some(StreamOptions {
+                include_usage: true,
+            }),
         }
-        if request.stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
-        }
-        body
     }
 }
 
-fn wire_message(m: &Message) -> Value {
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    messages: Vec<OutMessage<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "is_false")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: Function<'a>,
+}
+
+#[derive(Serialize)]
+struct Function<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum OutMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: UserContent<'a>,
+    },
+    Assistant {
+        /// `null` when the message only calls tools.
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<OutCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum UserContent<'a> {
+    Text(&'a str),
+    Parts(Vec<Part<'a>>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Part<'a> {
+    Text { text: &'a str },
+    ImageUrl { image_url: ImageUrl<'a> },
+}
+
+#[derive(Serialize)]
+struct ImageUrl<'a> {
+    url: DataUrl<'a>,
+}
+
+#[derive(Serialize)]
+struct OutCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OutFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+fn wire_message(m: &Message) -> OutMessage<'_> {
     match m.role {
-        Role::System => json!({"role": "system", "content": m.content}),
+        Role::System => OutMessage::System {
+            content: &m.content,
+        },
         Role::User if !m.images.is_empty() => {
-            let mut parts = vec![json!({"type": "text", "text": m.content})];
-            parts.extend(m.images.iter().map(|i| {
-                json!({"type": "image_url", "image_url": {
-                    "url": format!("data:{};base64,{}", i.media_type, i.data)}})
+            let mut parts = vec![Part::Text { text: &m.content }];
+            parts.extend(m.images.iter().map(|i| Part::ImageUrl {
+                image_url: ImageUrl { url: DataUrl(i) },
             }));
-            json!({"role": "user", "content": parts})
-        }
-        Role::User => json!({"role": "user", "content": m.content}),
-        Role::Assistant => {
-            let mut v = json!({"role": "assistant", "content": m.content});
-            if !m.tool_calls.is_empty() {
-                if m.content.is_empty() {
-                    v["content"] = Value::Null;
-                }
-                v["tool_calls"] = m
-                    .tool_calls
-                    .iter()
-                    .map(|c| {
-                        json!({"id": c.id, "type": "function",
-                               "function": {"name": c.name, "arguments": c.arguments}})
-                    })
-                    .collect();
+            OutMessage::User {
+                content: UserContent::Parts(parts),
             }
-            v
         }
-        Role::Tool => json!({
-            "role": "tool",
-            "tool_call_id": m.tool_call_id.as_deref().unwrap_or_default(),
-            "content": m.content,
-        }),
+        Role::User => OutMessage::User {
+            content: UserContent::Text(&m.content),
+        },
+        Role::Assistant => OutMessage::Assistant {
+            content: Some(m.content.as_str()).filter(|c| !c.is_empty() || m.tool_calls.is_empty()),
+            tool_calls: m
+                .tool_calls
+                .iter()
+                .map(|c| OutCall {
+                    id: &c.id,
+                    kind: "function",
+                    function: OutFunction {
+                        name: &c.name,
+                        arguments: &c.arguments,
+                    },
+                })
+                .collect(),
+        },
+        Role::Tool => OutMessage::Tool {
+            tool_call_id: m.tool_call_id.as_deref().unwrap_or_default(),
+            content: &m.content,
+        },
     }
 }
 
@@ -133,30 +228,16 @@ impl Provider for OpenAiChat {
         request: &ChatRequest,
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = serde_json::to_vec(&self.body(request))
-            .map_err(|e| ProviderError::transport(&self.name, e.to_string(), 0))?;
-        let key = self.key.clone();
-        let headers = move |_: &[u8]| -> Result<HeaderMap, String> {
+        let headers = |_: &[u8]| -> Result<HeaderMap, String> {
             let mut h = HeaderMap::new();
-            if let Some(k) = &key {
-                let mut v = HeaderValue::from_str(&format!("Bearer {}", k.expose()))
-                    .map_err(|_| "the API key contains characters not allowed in a header")?;
-                v.set_sensitive(true);
-                h.insert(AUTHORIZATION, v);
+            if let Some(k) = &self.key {
+                secret_header(&mut h, AUTHORIZATION, &format!("Bearer {}", k.expose()))?;
             }
             Ok(h)
         };
-        let headers: HeaderFn<'_> = &headers;
-        if request.stream {
-            self.http
-                .post_sse(&self.url, headers, body, ChatStream::default(), on_delta)
-                .await
-        } else {
-            self.http
-                .post_json(&self.url, headers, body, decode_reply)
-                .await
-                .inspect(|r| super::emit_whole(r, on_delta))
-        }
+        self.http
+            .exchange::<ChatStream>(&self.url, &headers, request, &self.body(request), on_delta)
+            .await
     }
 }
 
@@ -429,7 +510,34 @@ impl StreamState for ChatStream {
 
 #[cfg(test)]
 mod tests {
+    use super::super::wire::fixture;
     use super::*;
+
+    #[test]
+    fn body_matches_the_pinned_wire_json() {
+        let client = |legacy| {
+            OpenAiChat::new(
+                "openai",
+                "http://x/v1",
+                None,
+                legacy,
+                ClientOptions::default(),
+            )
+            .unwrap()
+        };
+        let body = |legacy, stream| {
+            serde_json::to_vec(&client(legacy).body(&fixture::request(stream))).unwrap()
+        };
+        fixture::assert_body(&body(false, false), include_str!("testdata/openai.json"));
+        fixture::assert_body(
+            &body(false, true),
+            include_str!("testdata/openai_stream.json"),
+        );
+        fixture::assert_body(
+            &body(true, false),
+            include_str!("testdata/openai_legacy.json"),
+        );
+    }
 
     #[test]
     fn bad_bodies_are_typed_errors() {

@@ -2,13 +2,14 @@
 //! conversation travels in `input` on every call, so the request size stays honest.
 
 use async_trait::async_trait;
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use reqwest::header::{AUTHORIZATION, HeaderMap};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::config::{BuildError, ClientOptions, Secret};
-use super::http::{DecodeError, HeaderFn, HttpClient, Reply, StreamState, parse_json};
+use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
+use super::wire::{DataUrl, SystemText, is_false};
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Role, ToolCall};
 
@@ -43,61 +44,115 @@ impl OpenAiResponses {
     }
 
     /// The exact JSON body sent for `request`.
-    pub fn body(request: &ChatRequest) -> Value {
-        let mut input = Vec::new();
-        let mut instructions = Vec::new();
+    pub fn body(request: &ChatRequest) -> impl Serialize + '_ {
+        let mut input = Vec::with_capacity(request.messages.len());
         for m in &request.messages {
             match m.role {
-                Role::System => instructions.push(m.content.as_str()),
+                Role::System => {}
                 Role::User => {
-                    let mut parts = vec![json!({"type": "input_text", "text": m.content})];
-                    parts.extend(m.images.iter().map(|i| {
-                        json!({"type": "input_image",
-                               "image_url": format!("data:{};base64,{}", i.media_type, i.data)})
+                    let mut content = vec![Part::InputText { text: &m.content }];
+                    content.extend(m.images.iter().map(|i| Part::InputImage {
+                        image_url: DataUrl(i),
                     }));
-                    input.push(json!({"role": "user", "content": parts}));
+                    input.push(Item::Message {
+                        role: "user",
+                        content,
+                    });
                 }
                 Role::Assistant => {
                     if !m.content.is_empty() {
-                        input.push(json!({"role": "assistant", "content": [
-                            {"type": "output_text", "text": m.content}]}));
+                        input.push(Item::Message {
+                            role: "assistant",
+                            content: vec![Part::OutputText { text: &m.content }],
+                        });
                     }
-                    input.extend(m.tool_calls.iter().map(|c| {
-                        json!({"type": "function_call", "call_id": c.id, "name": c.name,
-                               "arguments": c.arguments})
+                    input.extend(m.tool_calls.iter().map(|c| Item::FunctionCall {
+                        kind: "function_call",
+                        call_id: &c.id,
+                        name: &c.name,
+                        arguments: &c.arguments,
                     }));
                 }
-                Role::Tool => input.push(json!({
-                    "type": "function_call_output",
-                    "call_id": m.tool_call_id.as_deref().unwrap_or_default(),
-                    "output": m.content,
-                })),
+                Role::Tool => input.push(Item::FunctionCallOutput {
+                    kind: "function_call_output",
+                    call_id: m.tool_call_id.as_deref().unwrap_or_default(),
+                    output: &m.content,
+                }),
             }
         }
-        let mut body = json!({
-            "model": request.model,
-            "input": input,
-            "max_output_tokens": request.max_output_tokens,
-            "store": false,
-        });
-        if !instructions.is_empty() {
-            body["instructions"] = json!(instructions.join("\n\n"));
-        }
-        if !request.tools.is_empty() {
-            body["tools"] = request
+        Body {
+            model: &request.model,
+            input,
+            max_output_tokens: request.max_output_tokens,
+            store: false,
+            instructions: SystemText::of(&request.messages),
+            tools: request
                 .tools
                 .iter()
-                .map(|t| {
-                    json!({"type": "function", "name": t.name, "description": t.description,
-                           "parameters": t.parameters})
+                .map(|t| Tool {
+                    kind: "function",
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: &t.parameters,
                 })
-                .collect();
+                .collect(),
+            stream: request.stream,
         }
-        if request.stream {
-            body["stream"] = json!(true);
-        }
-        body
     }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    input: Vec<Item<'a>>,
+    max_output_tokens: u64,
+    store: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instructions: Option<SystemText<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "is_false")]
+    stream: bool,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+/// An input item: a message (no `type`, by role) or a function call or its output.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Item<'a> {
+    Message {
+        role: &'static str,
+        content: Vec<Part<'a>>,
+    },
+    FunctionCall {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        call_id: &'a str,
+        name: &'a str,
+        arguments: &'a str,
+    },
+    FunctionCallOutput {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        call_id: &'a str,
+        output: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Part<'a> {
+    InputText { text: &'a str },
+    InputImage { image_url: DataUrl<'a> },
+    OutputText { text: &'a str },
 }
 
 #[async_trait]
@@ -115,34 +170,24 @@ impl Provider for OpenAiResponses {
         request: &ChatRequest,
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = serde_json::to_vec(&Self::body(request))
-            .map_err(|e| ProviderError::transport("openai-responses", e.to_string(), 0))?;
-        let key = self.key.clone();
-        let headers = move |_: &[u8]| -> Result<HeaderMap, String> {
+        let headers = |_: &[u8]| -> Result<HeaderMap, String> {
             let mut h = HeaderMap::new();
-            let mut v = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
-                .map_err(|_| "the API key contains characters not allowed in a header")?;
-            v.set_sensitive(true);
-            h.insert(AUTHORIZATION, v);
+            secret_header(
+                &mut h,
+                AUTHORIZATION,
+                &format!("Bearer {}", self.key.expose()),
+            )?;
             Ok(h)
         };
-        let headers: HeaderFn<'_> = &headers;
-        if request.stream {
-            self.http
-                .post_sse(
-                    &self.url,
-                    headers,
-                    body,
-                    ResponseStream::default(),
-                    on_delta,
-                )
-                .await
-        } else {
-            self.http
-                .post_json(&self.url, headers, body, decode_reply)
-                .await
-                .inspect(|r| super::emit_whole(r, on_delta))
-        }
+        self.http
+            .exchange::<ResponseStream>(
+                &self.url,
+                &headers,
+                request,
+                &Self::body(request),
+                on_delta,
+            )
+            .await
     }
 }
 
@@ -322,7 +367,16 @@ impl StreamState for ResponseStream {
 
 #[cfg(test)]
 mod tests {
+    use super::super::wire::fixture;
     use super::*;
+
+    #[test]
+    fn body_matches_the_pinned_wire_json() {
+        let body =
+            |stream| serde_json::to_vec(&OpenAiResponses::body(&fixture::request(stream))).unwrap();
+        fixture::assert_body(&body(false), include_str!("testdata/responses.json"));
+        fixture::assert_body(&body(true), include_str!("testdata/responses_stream.json"));
+    }
 
     #[test]
     fn incomplete_for_output_tokens_is_max_tokens() {
