@@ -29,6 +29,10 @@ use tokio::sync::watch;
 mod fixture;
 use fixture::history;
 
+/// The allocator of the `cairn-agent` binary, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Answers immediately; with `serialize`, the request body is still built and serialized
 /// exactly as the Anthropic client does before sending (`Anthropic::body` straight to bytes).
 struct Immediate {

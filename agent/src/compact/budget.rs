@@ -21,6 +21,34 @@ pub async fn apply(
     limits: ToolResultLimits,
     store: &dyn Store,
 ) -> (Vec<Message>, PassReport) {
+    let mut out = history.to_vec();
+    let (_, report) = cut(&mut out, limits, store).await;
+    (out, report)
+}
+
+/// The full texts of the results one request carries cut; [`Cuts::restore`] puts them back.
+#[derive(Debug, Default)]
+#[must_use = "the history keeps the cut results until the cuts are restored"]
+pub struct Cuts(Vec<(usize, String)>);
+
+impl Cuts {
+    pub fn restore(self, history: &mut [Message]) {
+        for (i, full) in self.0 {
+            if let Some(m) = history.get_mut(i) {
+                m.content = full;
+            }
+        }
+    }
+}
+
+/// [`apply`] in place, for a history lent to one request: cuts the results and returns their
+/// full texts, which the caller restores once the request is sent. Spares copying megabytes
+/// of history per request when, as usual, few results (or none) need cutting.
+pub async fn cut(
+    history: &mut [Message],
+    limits: ToolResultLimits,
+    store: &dyn Store,
+) -> (Cuts, PassReport) {
     let mut report = PassReport::new(
         Pass::ToolResultBudget,
         Trigger::Turn,
@@ -28,9 +56,8 @@ pub async fn apply(
     );
     let caps = plan_caps(history, limits);
     if caps.is_empty() {
-        return (history.to_vec(), report);
+        return (Cuts::default(), report);
     }
-    let mut out = history.to_vec();
     let originals: Vec<&[u8]> = caps
         .iter()
         .map(|&(i, _)| history[i].content.as_bytes())
@@ -39,18 +66,19 @@ pub async fn apply(
         Ok(keys) => keys,
         Err(e) => {
             report.archive_error = Some(e.label());
-            return (out, report);
+            return (Cuts::default(), report);
         }
     };
     report.archived = distinct(&keys);
+    let mut cuts = Vec::with_capacity(caps.len());
     for ((i, cap), key) in caps.into_iter().zip(keys) {
         if let Some(p) = text::preview_within(&history[i].content, cap, &key) {
-            out[i].content = p;
+            cuts.push((i, std::mem::replace(&mut history[i].content, p)));
             report.changed += 1;
         }
     }
-    report.bytes_after = history::weight(&out);
-    (out, report)
+    report.bytes_after = history::weight(history);
+    (Cuts(cuts), report)
 }
 
 /// (message index, byte cap) for every result that must be cut.

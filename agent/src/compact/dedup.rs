@@ -59,13 +59,16 @@ impl Read {
 
 /// Recognises a read from a tool call's name and JSON arguments.
 pub fn recognise(name: &str, arguments: &str) -> Option<Read> {
-    let lname = name.to_ascii_lowercase();
+    let named = |tools: &[&str]| tools.iter().any(|t| name.eq_ignore_ascii_case(t));
+    // The pass looks at every call of the history on every turn: only a read tool's
+    // arguments are worth parsing.
+    let (read_tool, editor) = (named(&READ_TOOLS), named(&EDITOR_TOOLS));
+    if !read_tool && !editor {
+        return None;
+    }
     let args: serde_json::Value = serde_json::from_str(arguments).ok()?;
     let obj = args.as_object()?;
-    let is_read = READ_TOOLS.contains(&lname.as_str())
-        || EDITOR_TOOLS.contains(&lname.as_str())
-            && obj.get("command").and_then(|c| c.as_str()) == Some("view");
-    if !is_read {
+    if !read_tool && obj.get("command").and_then(|c| c.as_str()) != Some("view") {
         return None;
     }
     let path = PATH_KEYS
@@ -108,6 +111,25 @@ fn stub(read: &Read, key: &Key) -> String {
     )
 }
 
+/// For each read, in order: whether a later read covers it. One pass from the newest read
+/// back, keeping per path only the later reads no other later read covers (covering is
+/// containment, so a covered read adds nothing): linear in the number of reads for the usual
+/// histories, instead of comparing every pair.
+fn superseded(results: &[(usize, &Read)]) -> Vec<bool> {
+    let mut later: HashMap<&str, Vec<&Read>> = HashMap::new();
+    let mut out = vec![false; results.len()];
+    for (n, (_, read)) in results.iter().enumerate().rev() {
+        let kept = later.entry(read.path.as_str()).or_default();
+        if kept.iter().any(|l| l.covers(read)) {
+            out[n] = true;
+        } else {
+            kept.retain(|l| !read.covers(l));
+            kept.push(read);
+        }
+    }
+    out
+}
+
 /// Stubs earlier reads covered by later ones.
 pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassReport {
     let mut report = PassReport::new(Pass::Dedup, Trigger::Turn, history::weight(history));
@@ -130,19 +152,17 @@ pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassRepo
         .filter(|(_, m)| m.role == Role::Tool)
         .filter_map(|(i, m)| Some((i, reads.get(m.tool_call_id.as_deref()?)?)))
         .collect();
+    let superseded = superseded(&results);
     let mut edits: Vec<(usize, &Read)> = Vec::new();
     // Stubs have the same length whatever the key.
     let placeholder = Key::of(b"");
-    for (n, (i, read)) in results.iter().enumerate() {
+    for ((i, read), _) in results.iter().zip(&superseded).filter(|(_, s)| **s) {
         let m = &history[*i];
         if m.meta.preserve_verbatim
             || m.meta.is_summary
             || m.content.is_empty()
             || text::quotes_marker(&m.content)
         {
-            continue;
-        }
-        if !results[n + 1..].iter().any(|(_, later)| later.covers(read)) {
             continue;
         }
         if stub(read, &placeholder).len() < m.content.len() {
@@ -184,6 +204,30 @@ mod tests {
     use super::*;
     use crate::ccr::MemoryStore;
     use crate::history::ToolCall;
+
+    proptest::proptest! {
+        #[test]
+        fn superseded_matches_the_pairwise_definition(
+            reads in proptest::collection::vec(
+                (0..3usize, 1..6u64, proptest::option::of(0..8u64)),
+                0..40,
+            )
+        ) {
+            let reads: Vec<Read> = reads
+                .into_iter()
+                .map(|(p, start, len)| Read {
+                    path: format!("f{p}"),
+                    start,
+                    end: len.map(|l| start + l),
+                })
+                .collect();
+            let results: Vec<(usize, &Read)> = reads.iter().enumerate().collect();
+            let naive: Vec<bool> = (0..reads.len())
+                .map(|n| reads[n + 1..].iter().any(|l| l.covers(&reads[n])))
+                .collect();
+            proptest::prop_assert_eq!(superseded(&results), naive);
+        }
+    }
 
     fn read(id: &str, name: &str, args: &str, out: &str) -> Vec<Message> {
         vec![

@@ -481,6 +481,9 @@ impl Session {
     }
 
     /// Sends until a usable reply arrives or recovery gives up.
+    ///
+    /// Each request carries the history itself, lent with that request's tool-result cuts
+    /// (see [`Loan`]), not a copy of it.
     #[allow(clippy::too_many_arguments)]
     async fn send(
         &mut self,
@@ -499,14 +502,19 @@ impl Session {
         let store = Arc::clone(&self.store);
         loop {
             let limits = self.state.tool_result_limits(policy);
-            let (outgoing, _) = budget::apply(&self.history, limits, store.as_ref()).await;
-            let request = ChatRequest {
-                model: live.spec.provider.model.clone(),
-                messages: outgoing,
-                tools: tool_specs.to_vec(),
-                max_output_tokens: *max_out,
-                stream: notices.live.is_some(),
+            let (cuts, _) = budget::cut(&mut self.history, limits, store.as_ref()).await;
+            let loan = Loan {
+                request: ChatRequest {
+                    model: live.spec.provider.model.clone(),
+                    messages: std::mem::take(&mut self.history),
+                    tools: tool_specs.to_vec(),
+                    max_output_tokens: *max_out,
+                    stream: notices.live.is_some(),
+                },
+                cuts,
+                home: &mut self.history,
             };
+            let request = &loan.request;
             let span = tracing::info_span!(
                 "provider_call",
                 provider = self.provider.name(),
@@ -528,12 +536,13 @@ impl Session {
                         }
                     };
                     self.provider
-                        .send_streaming(&request, &sink)
+                        .send_streaming(request, &sink)
                         .instrument(span)
                         .await
                 }
-                None => self.provider.send(&request).instrument(span).await,
+                None => self.provider.send(request).instrument(span).await,
             };
+            drop(loan);
             *provider_time += t.elapsed();
             if result.is_err()
                 && streamed.load(Ordering::Relaxed)
@@ -742,5 +751,22 @@ fn tool_label(name: &str) -> &'static str {
         tools::RECALL => tools::RECALL,
         tools::COMPRESS => tools::COMPRESS,
         _ => "unknown",
+    }
+}
+
+/// The history lent to one provider request: the request's messages are the session's
+/// history with that request's tool-result cuts applied in place. Dropping the loan — after
+/// the call, or when the turn is cancelled in the middle of it — puts the history back whole.
+struct Loan<'h> {
+    request: ChatRequest,
+    cuts: budget::Cuts,
+    home: &'h mut Vec<Message>,
+}
+
+impl Drop for Loan<'_> {
+    fn drop(&mut self) {
+        let mut messages = std::mem::take(&mut self.request.messages);
+        std::mem::take(&mut self.cuts).restore(&mut messages);
+        *self.home = messages;
     }
 }
