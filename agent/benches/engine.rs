@@ -61,8 +61,10 @@ async fn pipeline(
         budget_ratio: None,
     };
     let out = compact(h, &ctx, &mut state).await;
-    let (outgoing, _) = budget::apply(h, state.tool_result_limits(policy), store).await;
-    out.bytes_after + outgoing.len()
+    // As a turn sends: the request's cuts are made in place and undone after the call.
+    let (cuts, report) = budget::cut(h, state.tool_result_limits(policy), store).await;
+    cuts.restore(h);
+    out.bytes_after + report.bytes_after
 }
 
 /// CPU time of the benchmarking thread. The machine these numbers come from is shared, so
@@ -190,10 +192,11 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
         g.bench_with_input(BenchmarkId::new("tool_result_budget", &label), h, |b, h| {
             let limits = SessionState::new().tool_result_limits(&policy);
             b.iter_batched(
-                MemoryStore::new,
-                |store| {
-                    let out = rt.block_on(budget::apply(h, limits, &store));
-                    (out, store)
+                || (h.clone(), MemoryStore::new()),
+                |(mut h, store)| {
+                    let (cuts, report) = rt.block_on(budget::cut(&mut h, limits, &store));
+                    cuts.restore(&mut h);
+                    (h, report, store)
                 },
                 BatchSize::LargeInput,
             )
