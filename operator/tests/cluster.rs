@@ -31,6 +31,7 @@ use cairn_operator::controller::{self, Context};
 use cairn_operator::metrics::Metrics;
 use cairn_operator::objects::RESTART_HASH_ANNOTATION;
 use cairn_operator::purge::S3Purger;
+use cairn_tests::harness::S3Server;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -688,13 +689,10 @@ async fn a_missing_policy_is_reported_and_picked_up_once_created() {
     env.teardown().await;
 }
 
-struct Moto(Child);
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// The harness's moto server, stopped on drop (also when the test process dies).
+struct Moto {
+    _server: S3Server,
+    _logs: tempfile::TempDir,
 }
 
 /// An S3 endpoint: `CAIRN_TEST_S3_ENDPOINT`, or a moto server started here.
@@ -702,30 +700,17 @@ fn s3_endpoint() -> (String, Option<Moto>) {
     if let Ok(endpoint) = std::env::var("CAIRN_TEST_S3_ENDPOINT") {
         return (endpoint, None);
     }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let child = Command::new("python3")
-        .args([
-            "-m",
-            "moto.server",
-            "-p",
-            &port.to_string(),
-            "-H",
-            "127.0.0.1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start moto (pip install 'moto[server]')");
-    let moto = Moto(child);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "moto did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (format!("http://127.0.0.1:{port}"), Some(moto))
+    let logs = tempfile::tempdir().expect("log dir");
+    let server = S3Server::start(logs.path(), &[])
+        .unwrap_or_else(|e| panic!("{e} (pip install 'moto[server]')"));
+    let endpoint = server.endpoint.clone();
+    (
+        endpoint,
+        Some(Moto {
+            _server: server,
+            _logs: logs,
+        }),
+    )
 }
 
 #[tokio::test]

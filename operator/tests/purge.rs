@@ -1,65 +1,26 @@
-//! The finalizer's S3 purge against a real S3-compatible server (moto, started by the test:
-//! `python3 -m moto.server`; install it with `pip install 'moto[server]'`).
-
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+//! The finalizer's S3 purge against a real S3-compatible server (moto, started by the test
+//! through the harness; install it with `pip install 'moto[server]'`).
 
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
 use cairn_operator::purge::{ArchivePurger, PurgeError, PurgeTarget, S3Keys, S3Purger};
+use cairn_tests::harness::S3Server;
 
+/// The harness's moto server, stopped on drop (also when the test process dies).
 struct Moto {
-    child: Child,
     endpoint: String,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn moto_available() -> bool {
-    Command::new("python3")
-        .args(["-c", "import moto.server"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    _server: S3Server,
+    _logs: tempfile::TempDir,
 }
 
 fn start_moto() -> Moto {
-    assert!(
-        moto_available(),
-        "these tests need moto: pip install 'moto[server]'"
-    );
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let child = Command::new("python3")
-        .args([
-            "-m",
-            "moto.server",
-            "-p",
-            &port.to_string(),
-            "-H",
-            "127.0.0.1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start moto");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "moto did not start on {port}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let logs = tempfile::tempdir().expect("log dir");
+    let server = S3Server::start(logs.path(), &[])
+        .unwrap_or_else(|e| panic!("{e} (these tests need moto: pip install 'moto[server]')"));
     Moto {
-        child,
-        endpoint: format!("http://127.0.0.1:{port}"),
+        endpoint: server.endpoint.clone(),
+        _server: server,
+        _logs: logs,
     }
 }
 

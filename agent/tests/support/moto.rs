@@ -1,85 +1,41 @@
-//! A real S3-compatible server for tests: moto's standalone server (`pip install
-//! 'moto[server]'`, done by `.ci/install.sh`), started on a free port and killed on drop.
+//! A real S3-compatible server for tests: the harness's moto server
+//! (`cairn_tests::harness::S3Server`; `pip install 'moto[server]'`, done by `.ci/install.sh`),
+//! started on a free port with [`BUCKET`] and stopped on drop — also when the test process
+//! dies, like every harness process.
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpListener;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cairn_agent::ccr::{S3Config, S3Credentials, S3Timeouts};
+use cairn_tests::harness::S3Server;
 
 pub const BUCKET: &str = "cairn-test";
 
 pub struct Moto {
-    child: Child,
     pub endpoint: String,
     pub port: u16,
+    _server: S3Server,
+    _logs: tempfile::TempDir,
 }
 
 impl Moto {
     /// Starts moto, waits until it answers and creates [`BUCKET`].
     pub async fn start() -> Self {
-        let port = free_port();
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 -m moto.server (run .ci/install.sh to install moto[server])");
-        let moto = Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-            port,
-        };
-        moto.wait_ready(Duration::from_secs(60));
-        let client = moto.config().client().expect("client");
-        client
-            .create_bucket()
-            .bucket(BUCKET)
-            .send()
-            .await
-            .expect("create bucket");
-        moto
-    }
-
-    fn wait_ready(&self, limit: Duration) {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
-                use std::io::{Read, Write};
-                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let req = "GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-                let mut buf = [0u8; 12];
-                if s.write_all(req.as_bytes()).is_ok()
-                    && s.read_exact(&mut buf).is_ok()
-                    && buf.starts_with(b"HTTP/")
-                {
-                    return;
-                }
-            }
-            thread::sleep(Duration::from_millis(100));
+        let logs = tempfile::tempdir().expect("log dir");
+        let server = S3Server::start(logs.path(), &[BUCKET])
+            .unwrap_or_else(|e| panic!("{e} (run .ci/install.sh to install moto[server])"));
+        Self {
+            endpoint: server.endpoint.clone(),
+            port: server.port,
+            _server: server,
+            _logs: logs,
         }
-        panic!("moto did not become ready on port {}", self.port);
     }
 
     /// Settings pointing at this server, with short timeouts.
     pub fn config(&self) -> S3Config {
         config_for(&self.endpoint, fast_timeouts())
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
