@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use cairn_agent::ccr::stats::CompressionCounters;
 use cairn_agent::ccr::{
-    LocalLimits, LocalStore, Store, check_archivable, extract_keys, extract_markers, recall,
+    Archivable, LocalLimits, LocalStore, Store, extract_keys, extract_markers, recall,
 };
 use cairn_agent::compress::{self, Kind, Limits, Outcome, Skip, log};
 use cairn_crds::policy::{Compression, CompressionMode, CompressionProfile};
@@ -77,7 +77,7 @@ proptest! {
 
     #[test]
     fn recall_of_archive_is_identical(content in prop::collection::vec(any::<u8>(), 0..20_000)) {
-        prop_assume!(check_archivable(&content).is_ok());
+        prop_assume!(Archivable::check(&content).is_ok());
         let dir = tempfile::tempdir().expect("tempdir");
         let rt = runtime();
         let back = rt.block_on(async {

@@ -272,7 +272,7 @@ fn recall_of_archive_through_s3_is_identical_for_arbitrary_bytes() {
     let writer = layered(&moto.config(), writer_cache.path(), "s1");
     let config = ProptestConfig::with_cases(24);
     proptest!(config, |(content in prop::collection::vec(any::<u8>(), 0..50_000))| {
-        prop_assume!(cairn_agent::ccr::check_archivable(&content).is_ok());
+        prop_assume!(cairn_agent::ccr::Archivable::check(&content).is_ok());
         let back = rt.block_on(async {
             let key = writer.archive(&content).await.expect("archive");
             // Read through an empty cache, so the bytes come from S3.

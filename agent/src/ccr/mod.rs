@@ -160,11 +160,6 @@ pub trait Store: Send + Sync {
     async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError>;
 }
 
-/// Refuses content that already carries a marker (shared by every tier).
-pub fn check_archivable(content: &[u8]) -> Result<(), ArchiveError> {
-    Archivable::check(content).map(|_| ())
-}
-
 /// Bytes known to carry no marker, so a store may archive them without nesting archives. The
 /// only way to get one is [`Archivable::check`].
 #[derive(Clone, Copy, Debug)]

@@ -17,11 +17,11 @@ use crate::history::Message;
 /// Markers are built from the keys the store returns, after archiving, so each original is
 /// hashed once (by the store).
 pub async fn archive_all(store: &dyn Store, originals: &[&[u8]]) -> Result<Vec<Key>, ArchiveError> {
-    let mut keys: Vec<Key> = Vec::with_capacity(originals.len());
-    for original in originals {
-        keys.push(store.archive(original).await?);
-    }
-    Ok(keys)
+    let checked = originals
+        .iter()
+        .map(|o| Archivable::check(o))
+        .collect::<Result<Vec<_>, _>>()?;
+    archive_all_checked(store, &checked).await
 }
 
 /// [`archive_all`] for originals whose marker check the pass already made.

@@ -5,10 +5,10 @@
 
 use std::collections::HashMap;
 
-use crate::ccr::{Key, Store};
+use crate::ccr::{Archivable, Key, Store};
 use crate::history::{self, Message, Role};
 
-use super::archive::{archive_all, distinct, note_archived};
+use super::archive::{archive_all_checked, distinct, note_archived};
 use super::{Pass, PassReport, Trigger, text};
 
 /// Tool names that read a file (compared case-insensitively).
@@ -154,6 +154,7 @@ pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassRepo
         .collect();
     let superseded = superseded(&results);
     let mut edits: Vec<(usize, &Read)> = Vec::new();
+    let mut originals: Vec<Archivable<'_>> = Vec::new();
     // Stubs have the same length whatever the key.
     let placeholder = Key::of(b"");
     for ((i, read), _) in results.iter().zip(&superseded).filter(|(_, s)| **s) {
@@ -161,22 +162,20 @@ pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassRepo
         if m.meta.preserve_verbatim
             || m.meta.is_summary
             || m.content.is_empty()
-            || text::quotes_marker(&m.content)
+            || stub(read, &placeholder).len() >= m.content.len()
         {
             continue;
         }
-        if stub(read, &placeholder).len() < m.content.len() {
+        // Content quoting a marker cannot be archived; the scan's proof goes to the store.
+        if let Ok(original) = Archivable::check(m.content.as_bytes()) {
             edits.push((*i, *read));
+            originals.push(original);
         }
     }
     if edits.is_empty() {
         return report;
     }
-    let originals: Vec<&[u8]> = edits
-        .iter()
-        .map(|(i, _)| history[*i].content.as_bytes())
-        .collect();
-    let keys = match archive_all(store, &originals).await {
+    let keys = match archive_all_checked(store, &originals).await {
         Ok(keys) => keys,
         Err(e) => {
             report.archive_error = Some(e.label());
