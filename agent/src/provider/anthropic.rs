@@ -15,19 +15,12 @@ use crate::history::{Message, Role, ToolCall};
 
 const API_VERSION: &str = "2023-06-01";
 
+/// `Debug` shows the key as redacted ([`Secret`]).
+#[derive(Debug)]
 pub struct Anthropic {
     url: String,
     key: Secret,
     http: HttpClient,
-}
-
-impl std::fmt::Debug for Anthropic {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Anthropic")
-            .field("url", &self.url)
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Anthropic {

@@ -15,19 +15,12 @@ use super::wire::{Arguments, merge_turns, system_prompts};
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Message, Role, ToolCall};
 
+/// `Debug` shows the key as redacted ([`Secret`]).
+#[derive(Debug)]
 pub struct Gemini {
     base: String,
     key: Secret,
     http: HttpClient,
-}
-
-impl std::fmt::Debug for Gemini {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gemini")
-            .field("base", &self.base)
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Gemini {

@@ -15,6 +15,8 @@ use crate::history::{Message, Role, ToolCall};
 
 /// Chat Completions client. `base` ends before `/chat/completions` (e.g.
 /// `https://api.openai.com/v1`).
+/// `Debug` shows the key as redacted ([`Secret`]).
+#[derive(Debug)]
 pub struct OpenAiChat {
     name: String,
     url: String,
@@ -22,16 +24,6 @@ pub struct OpenAiChat {
     /// Compatible servers often only know the older `max_tokens` field.
     legacy_max_tokens: bool,
     http: HttpClient,
-}
-
-impl std::fmt::Debug for OpenAiChat {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiChat")
-            .field("name", &self.name)
-            .field("url", &self.url)
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
 }
 
 impl OpenAiChat {

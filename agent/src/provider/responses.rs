@@ -13,19 +13,12 @@ use super::wire::{DataUrl, SystemText, is_false};
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
 use crate::history::{Role, ToolCall};
 
+/// `Debug` shows the key as redacted ([`Secret`]).
+#[derive(Debug)]
 pub struct OpenAiResponses {
     url: String,
     key: Secret,
     http: HttpClient,
-}
-
-impl std::fmt::Debug for OpenAiResponses {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiResponses")
-            .field("url", &self.url)
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
 }
 
 impl OpenAiResponses {
