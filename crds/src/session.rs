@@ -374,6 +374,23 @@ pub struct SessionStats {
     /// Request-size cap learned from a payload rejection, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learned_payload_cap: Option<u64>,
+    /// Context window in tokens the model server itself named (in an overflow error, or by
+    /// filling the context during generation), when it is smaller than the configured one.
+    /// Only tightens; forgotten when spec.contextWindow or the model changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned_context_window: Option<u64>,
+    /// The context window requests are budgeted against: the configured one, or the learned
+    /// one when smaller.
+    #[serde(default)]
+    pub effective_context_window: u64,
+    /// Bytes per token of this session's content as the model server counts it (starts at
+    /// 4; each reply's usage and each overflow error's own count calibrate it).
+    #[serde(default)]
+    pub bytes_per_token: f64,
+    /// Replies cut short without a fix: the context filled during generation, or the output
+    /// limit was already the model's maximum.
+    #[serde(default)]
+    pub truncated_replies: u64,
     /// Compactions run (all levels).
     #[serde(default)]
     pub compactions: u64,

@@ -19,6 +19,13 @@ pub struct SessionState {
     pub chars_per_token: CharsPerToken,
     /// Byte cap learned from a payload rejection; only ever tightens.
     pub learned_payload_cap: Option<u64>,
+    /// Context window a server named in an overflow error (or filled during generation);
+    /// only ever tightens, and is forgotten when the configured window or the model changes.
+    pub learned_window: Option<u64>,
+    /// `model@configured-window` the learned window belongs to.
+    pub learned_window_basis: Option<String>,
+    /// Replies reported as cut short with no fix possible.
+    pub truncated_replies: u64,
     /// Failed compactions in a row (reset by a success).
     pub consecutive_failures: u32,
     /// Upcoming compactions that go straight from level 1 to level 3.
@@ -66,6 +73,30 @@ impl SessionState {
         let cap = self.learned_payload_cap.map_or(cap, |old| old.min(cap));
         self.learned_payload_cap = Some(cap);
         cap
+    }
+
+    /// Learns a context window; keeps the tighter of the old and the new one.
+    pub fn learn_window(&mut self, window: u64) -> u64 {
+        let w = self.learned_window.map_or(window, |old| old.min(window));
+        self.learned_window = Some(w);
+        w
+    }
+
+    /// Forgets a learned window that was learned for another model or configured window.
+    /// Returns true when it did.
+    pub fn rebase_window(&mut self, basis: &str) -> bool {
+        if self.learned_window_basis.as_deref() == Some(basis) {
+            return false;
+        }
+        let had = self.learned_window.take().is_some();
+        self.learned_window_basis = Some(basis.to_owned());
+        had
+    }
+
+    /// The window requests must fit: the configured one, or the tighter one a server named.
+    pub fn effective_window(&self, configured: u64) -> u64 {
+        self.learned_window
+            .map_or(configured, |w| w.min(configured))
     }
 
     /// The tightest payload cap known: the configured one or the learned one.

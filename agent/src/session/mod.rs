@@ -118,6 +118,11 @@ impl Session {
         rebuilt.state.restore_into(&mut state);
         let mut live_rx = parts.live;
         let live = live_rx.borrow_and_update().clone();
+        if state.rebase_window(&window_basis(&live)) {
+            tracing::info!(
+                "the learned context window belonged to another model or configured window; forgotten"
+            );
+        }
         let s = Self {
             namespace: parts.namespace,
             name: parts.name,
@@ -185,6 +190,11 @@ impl Session {
             let next = self.live_rx.borrow_and_update().clone();
             if next.policy_hash != self.live.policy_hash {
                 tracing::info!(from = %self.live.policy_hash, to = %next.policy_hash, "effective policy changed");
+            }
+            if self.state.rebase_window(&window_basis(&next)) {
+                tracing::info!(
+                    "the model or the configured context window changed; the learned window is forgotten"
+                );
             }
             self.live = next;
         }
@@ -278,20 +288,24 @@ impl Session {
         }
     }
 
+    /// The context window requests are budgeted against (configured, or learned if tighter).
+    fn window(&self) -> u64 {
+        self.state
+            .effective_window(self.live.limits.context_window)
+            .max(1)
+    }
+
     /// Budget inputs for the current live settings.
     fn budget_inputs(&self) -> BudgetInputs {
         BudgetInputs {
-            context_window: self.live.limits.context_window,
+            context_window: self.window(),
             payload_cap: self.live.payload_cap,
             reserve_bytes: tools::catalog().iter().map(|t| t.weight()).sum(),
         }
     }
 
     fn summarizer(&self, extra: Option<String>) -> ProviderSummarizer {
-        let mut window = self
-            .state
-            .chars_per_token
-            .chars(self.live.limits.context_window);
+        let mut window = self.state.chars_per_token.chars(self.window());
         // The summary request crosses the same network path as every other request.
         if let Some(cap) = self.state.effective_payload_cap(self.live.payload_cap) {
             window = window.min((cap as f64 * crate::compact::window::PAYLOAD_CAP_SHARE) as usize);
@@ -315,6 +329,7 @@ impl Session {
             summarizer: Some(&summarizer),
             trigger,
             budget_ratio: ratio,
+            target: None,
         };
         let span = tracing::info_span!("compaction", trigger = trigger.label());
         let out = compact(&mut self.history, &ctx, &mut self.state)
@@ -392,8 +407,15 @@ impl Session {
     pub fn stats(&self) -> SessionStats {
         let bytes = history::weight(&self.history) as u64;
         let tokens = self.state.chars_per_token.tokens(bytes as usize);
-        let window = self.live.limits.context_window.max(1);
+        let window = self.window();
         SessionStats {
+            learned_context_window: self
+                .state
+                .learned_window
+                .filter(|w| *w < self.live.limits.context_window),
+            effective_context_window: window,
+            bytes_per_token: (self.state.chars_per_token.get() * 1000.0).round() / 1000.0,
+            truncated_replies: self.state.truncated_replies,
             turns: self.turns,
             messages: self.history.len() as u64,
             history_bytes: bytes,
@@ -425,6 +447,15 @@ impl Session {
             s.learned_payload_cap.unwrap_or(0) as f64,
         );
     }
+}
+
+/// What a learned window belongs to: the model and the configured window. A change of
+/// either makes the learned window meaningless.
+fn window_basis(live: &Live) -> String {
+    format!(
+        "{}@{}",
+        live.spec.provider.model, live.limits.context_window
+    )
 }
 
 fn record(out: &CompactionOutcome) -> CompactionRecord {

@@ -11,9 +11,10 @@ use tracing::Instrument;
 
 use crate::classify::classify;
 use crate::compact::dedup::dedup_reads;
+use crate::compact::ladder::{Preflight, preflight};
 use crate::compact::microcompact::microcompact;
 use crate::compact::pairing;
-use crate::compact::{Budget, Headroom, PassReport, Trigger, budget};
+use crate::compact::{Budget, BudgetInputs, Headroom, PassReport, SessionState, Trigger, budget};
 use crate::history::{self, Message, Role};
 use crate::journal::{CompactionRecord, Undo};
 use crate::provider::{ChatRequest, ChatResponse, Delta, StopReason, Usage};
@@ -24,12 +25,6 @@ use super::{Session, TurnError, record};
 
 /// Model rounds one turn may take (each tool-call batch costs one).
 pub const MAX_TOOL_ROUNDS: u32 = 16;
-/// Pre-flight compacts when a request would exceed this share of a known payload cap...
-pub const PREFLIGHT_CAP_SHARE: f64 = 0.85;
-/// ...down to this budget ratio.
-pub const PREFLIGHT_BUDGET_RATIO: f64 = 0.40;
-/// With no payload cap known, a history past this size is worth a warning (once).
-pub const LARGE_HISTORY_BYTES: usize = 2_500_000;
 /// First output-token limit of a turn; escalation doubles it up to the model's maximum.
 pub const INITIAL_OUTPUT_TOKENS: u64 = 8_192;
 
@@ -416,22 +411,19 @@ impl Session {
         let inputs = self.budget_inputs();
         let weight = history::weight(&self.history);
         let request_bytes = weight + inputs.reserve_bytes;
-        let cap = self.state.effective_payload_cap(live.payload_cap);
         let mut trigger = None;
-        if let Some(cap) = cap
-            && request_bytes as f64 > cap as f64 * PREFLIGHT_CAP_SHARE
-        {
-            trigger = Some((Trigger::PreFlight, Some(PREFLIGHT_BUDGET_RATIO)));
-        } else if cap.is_none() && weight > LARGE_HISTORY_BYTES && !self.state.large_history_warned
-        {
-            self.state.large_history_warned = true;
-            notice(
+        match preflight(request_bytes, live.payload_cap, &mut self.state) {
+            Preflight::Compact { budget_ratio } => {
+                trigger = Some((Trigger::PreFlight, Some(budget_ratio)));
+            }
+            Preflight::WarnLargeHistory => notice(
                 notices,
                 "warning",
                 format!(
-                    "the history is {weight} bytes and no payload cap is known; if a proxy limits request bodies, set spec.payloadCap"
+                    "the request is {request_bytes} bytes and no payload cap is known; if a proxy limits request bodies, set spec.payloadCap"
                 ),
-            );
+            ),
+            Preflight::Send => {}
         }
         if trigger.is_none() {
             let budget = Budget::compute(&inputs, policy, &self.state);
@@ -503,12 +495,16 @@ impl Session {
         loop {
             let limits = self.state.tool_result_limits(policy);
             let (cuts, _) = budget::cut(&mut self.history, limits, store.as_ref()).await;
+            // What this request weighs as cairn measures it: the basis every token count of
+            // the server is converted with.
+            let sent_weight = history::weight(&self.history) + tools_bytes;
+            let limit = output_limit(*max_out, self.window(), &self.state, sent_weight);
             let loan = Loan {
                 request: ChatRequest {
                     model: live.spec.provider.model.clone(),
                     messages: std::mem::take(&mut self.history),
                     tools: tool_specs.to_vec(),
-                    max_output_tokens: *max_out,
+                    max_output_tokens: limit,
                     stream: notices.live.is_some(),
                 },
                 cuts,
@@ -566,7 +562,7 @@ impl Session {
                     );
                     self.state
                         .chars_per_token
-                        .observe(resp.request_bytes, resp.usage.input_tokens);
+                        .observe(sent_weight as u64, resp.usage.input_tokens);
                     add_usage(usage, &resp.usage);
                     add_usage(&mut self.tokens, &resp.usage);
                     for (kind, v) in [
@@ -577,28 +573,34 @@ impl Session {
                         self.metrics
                             .inc("cairn_agent_tokens_total", &[("kind", kind)], v as f64);
                     }
-                    if resp.stop == StopReason::MaxTokens
-                        && resp.message.tool_calls.is_empty()
-                        && let Some(esc) = escalate_output(
-                            &mut self.history,
-                            &resp.message,
-                            *max_out,
-                            model_max,
-                            policy,
-                            &mut self.state,
-                        )
-                    {
-                        answer.push(&resp.message.content);
-                        notice(
-                            notices,
-                            "escalation",
-                            format!(
-                                "the reply hit the output-token limit of {}; continuing with {}",
-                                *max_out, esc.max_output_tokens
-                            ),
-                        );
-                        *max_out = esc.max_output_tokens;
-                        continue;
+                    if resp.stop == StopReason::MaxTokens && resp.message.tool_calls.is_empty() {
+                        let cut = Truncation::judge(&resp.usage, limit, *max_out, self.window());
+                        if cut == Truncation::OutputLimit
+                            && let Some(esc) = escalate_output(
+                                &mut self.history,
+                                &resp.message,
+                                *max_out,
+                                model_max,
+                                policy,
+                                &mut self.state,
+                            )
+                        {
+                            answer.push(&resp.message.content);
+                            notice(
+                                notices,
+                                "escalation",
+                                format!(
+                                    "the reply hit the output-token limit of {limit}; continuing with {}",
+                                    esc.max_output_tokens
+                                ),
+                            );
+                            *max_out = esc.max_output_tokens;
+                            // The continuation carries the partial reply: it is compacted to
+                            // fit like any other request.
+                            self.prepare(notices, changes).await;
+                            continue;
+                        }
+                        self.report_truncation(cut, &resp.usage, limit, notices);
                     }
                     return Ok(resp);
                 }
@@ -642,6 +644,12 @@ impl Session {
                         policy,
                         store: store.as_ref(),
                         uncompactable_bytes: uncompactable as u64,
+                        inputs: BudgetInputs {
+                            context_window: live.limits.context_window,
+                            payload_cap: live.payload_cap,
+                            reserve_bytes: tools_bytes,
+                        },
+                        sent_weight,
                     };
                     let span = tracing::info_span!("recovery", class = class.label());
                     let outcome = recover(&mut self.history, &err, class, &ctx, &mut self.state)
@@ -706,6 +714,21 @@ impl Session {
                             if let Some(w) = o.floor_warning {
                                 notice(notices, "warning", w);
                             }
+                            if let Some(tokens) = o.counted.prompt_tokens {
+                                notice(
+                                    notices,
+                                    "learned_window",
+                                    format!(
+                                        "the server counted {tokens} tokens for a {sent_weight}-byte request ({:.2} bytes per token){}; requests are now budgeted with its numbers",
+                                        self.state.chars_per_token.get(),
+                                        o.learned_window
+                                            .map(|w| format!(
+                                                " and enforces a context window of {w} tokens"
+                                            ))
+                                            .unwrap_or_default()
+                                    ),
+                                );
+                            }
                             // A learned cap takes effect on the retry itself.
                             self.prepare(notices, changes).await;
                         }
@@ -728,21 +751,114 @@ impl Session {
                                 });
                             }
                             return Err(match re {
-                                RecoveryError::Floor { .. } => TurnError::Floor(re.to_string()),
+                                RecoveryError::Floor { .. } | RecoveryError::WindowFloor { .. } => {
+                                    TurnError::Floor(re.to_string())
+                                }
                                 RecoveryError::NotRecoverable(_) => TurnError::Provider {
                                     class: class.label(),
                                     message: err.to_string(),
                                 },
-                                RecoveryError::Exhausted(_) => TurnError::Provider {
-                                    class: class.label(),
-                                    message: format!("{err} ({re})"),
-                                },
+                                RecoveryError::Exhausted(_) | RecoveryError::Stuck { .. } => {
+                                    TurnError::Provider {
+                                        class: class.label(),
+                                        message: format!("{err} ({re})"),
+                                    }
+                                }
                             });
                         }
                     }
                 }
             }
         }
+    }
+}
+
+/// The least output room a request asks for, even when the estimate says the window is
+/// nearly full.
+pub const MIN_OUTPUT_TOKENS: u64 = 128;
+
+/// The output limit of one request: the turn's limit, but never more than the window leaves
+/// after the prompt (servers such as vLLM and OpenAI reject prompt + limit > window).
+fn output_limit(max_out: u64, window: u64, state: &SessionState, sent_weight: usize) -> u64 {
+    let prompt = state.chars_per_token.tokens(sent_weight);
+    max_out.min(window.saturating_sub(prompt).max(MIN_OUTPUT_TOKENS))
+}
+
+/// Why a reply stopped at a length limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Truncation {
+    /// The output-token limit sent, which escalation may raise.
+    OutputLimit,
+    /// The context window filled during generation (the reply stopped short of the limit,
+    /// or prompt and reply add up to the window): a higher limit cannot help.
+    ContextFull,
+    /// The limit sent was already all the window leaves after the prompt.
+    WindowBound,
+}
+
+impl Truncation {
+    fn judge(usage: &Usage, sent_limit: u64, turn_limit: u64, window: u64) -> Self {
+        let out = usage.output_tokens;
+        let total = usage.input_tokens + out;
+        if out > 0 && (out < sent_limit || total >= window) {
+            Self::ContextFull
+        } else if sent_limit < turn_limit {
+            Self::WindowBound
+        } else {
+            Self::OutputLimit
+        }
+    }
+}
+
+impl Session {
+    /// A reply cut short that no escalation fixes is never silent: a notice (an SSE event
+    /// when streaming), a counter in `status.session`, a metric.
+    fn report_truncation(
+        &mut self,
+        cut: Truncation,
+        usage: &Usage,
+        limit: u64,
+        notices: &mut Notices,
+    ) {
+        let (reason, why) = match cut {
+            Truncation::ContextFull => {
+                let total = usage.input_tokens + usage.output_tokens;
+                if total > 0 && total < self.live.limits.context_window {
+                    self.state.learn_window(total);
+                }
+                (
+                    "context_full",
+                    format!(
+                        "the model's context window filled during generation ({} prompt + {} reply tokens)",
+                        usage.input_tokens, usage.output_tokens
+                    ),
+                )
+            }
+            Truncation::WindowBound => (
+                "window_bound",
+                format!(
+                    "the output limit of {limit} tokens was all the context window ({} tokens) left after the prompt",
+                    self.window()
+                ),
+            ),
+            Truncation::OutputLimit => (
+                "output_limit",
+                format!(
+                    "the output limit of {limit} tokens could not be raised (the model's maximum, or escalations used up)"
+                ),
+            ),
+        };
+        self.state.truncated_replies += 1;
+        self.metrics.inc(
+            "cairn_agent_truncated_replies_total",
+            &[("reason", reason)],
+            1.0,
+        );
+        notice(
+            notices,
+            "truncated",
+            format!("the reply is incomplete: {why}"),
+        );
     }
 }
 
