@@ -24,6 +24,9 @@ pub struct SessionState {
     pub learned_window: Option<u64>,
     /// `model@configured-window` the learned window belongs to.
     pub learned_window_basis: Option<String>,
+    /// Window a dedicated summarizer model's server named (the session's own model learns
+    /// into `learned_window`).
+    pub summarizer_window: Option<u64>,
     /// Replies reported as cut short with no fix possible.
     pub truncated_replies: u64,
     /// Failed compactions in a row (reset by a success).

@@ -125,6 +125,16 @@ fn view_of(session: &Session, status: &str) -> Value {
         "payloadCap": live.payload_cap,
         "journalEpoch": session.journal_epoch(),
         "stats": session.stats(),
+        // The shape of the newest messages (roles and sizes, never their text): what a
+        // person checks first after a compaction.
+        "recent": session
+            .history()
+            .iter()
+            .rev()
+            .take(4)
+            .rev()
+            .map(|m| json!({"role": m.role.as_str(), "bytes": m.weight(), "summary": m.meta.is_summary}))
+            .collect::<Vec<_>>(),
         "policyHash": live.policy_hash,
         "policy": live.policy,
     })

@@ -305,12 +305,54 @@ impl Session {
     }
 
     fn summarizer(&self, extra: Option<String>) -> ProviderSummarizer {
-        let mut window = self.state.chars_per_token.chars(self.window());
+        let own_model = self
+            .live
+            .policy
+            .summarizer
+            .model
+            .as_ref()
+            .is_none_or(|m| *m == self.live.spec.provider.model);
+        // A dedicated summarizer model has a window of its own, learned the same way.
+        let tokens = if own_model {
+            self.window()
+        } else {
+            self.state
+                .summarizer_window
+                .map_or(self.live.limits.context_window, |w| {
+                    w.min(self.live.limits.context_window)
+                })
+        };
+        let mut window = self.state.chars_per_token.chars(tokens);
         // The summary request crosses the same network path as every other request.
         if let Some(cap) = self.state.effective_payload_cap(self.live.payload_cap) {
             window = window.min((cap as f64 * crate::compact::window::PAYLOAD_CAP_SHARE) as usize);
         }
+        // The summary must fit beside its input: at most a quarter of the window.
         ProviderSummarizer::new(Arc::clone(&self.provider), &self.live, window, extra)
+            .with_max_output(tokens / 4)
+    }
+
+    /// Learns what the summarizer's own overflow said: the session's window and ratio when it
+    /// used the session's model, its own window otherwise.
+    fn learn_from_summarizer(&mut self, summarizer: &ProviderSummarizer) {
+        let Some((count, sent)) = summarizer.take_learned() else {
+            return;
+        };
+        let own = summarizer.model() == self.live.spec.provider.model;
+        if own && let Some(p) = count.prompt_tokens {
+            self.state.chars_per_token.set_counted(sent as u64, p);
+        }
+        if let Some(w) = count
+            .window
+            .filter(|w| *w < self.live.limits.context_window)
+        {
+            if own {
+                self.state.learn_window(w);
+            } else {
+                self.state.summarizer_window =
+                    Some(self.state.summarizer_window.map_or(w, |old| old.min(w)));
+            }
+        }
     }
 
     /// Runs the ladder with `trigger` and counts it.
@@ -335,6 +377,7 @@ impl Session {
         let out = compact(&mut self.history, &ctx, &mut self.state)
             .instrument(span)
             .await;
+        self.learn_from_summarizer(&summarizer);
         tracing::info!(
             trigger = trigger.label(),
             level = out.level,

@@ -48,6 +48,9 @@ pub struct TurnOutcome {
     pub rounds: u32,
     /// Why the tool-call loop stopped early, if it did.
     pub stopped: Option<&'static str>,
+    /// Set when the answer is incomplete: a reply was cut short and nothing could fix it
+    /// (`context_full`, `window_bound`, `output_limit`).
+    pub truncated: Option<&'static str>,
 }
 
 /// Per-turn bookkeeping of compactions (for the journal and rewind).
@@ -108,6 +111,8 @@ fn notice(notices: &mut Notices, kind: &'static str, message: String) {
 struct Answer {
     text: String,
     after_tools: bool,
+    /// Why the last reply was cut short, when nothing could fix it.
+    truncated: Option<&'static str>,
 }
 
 /// Separates the text of a reply that follows tool calls from the text before it.
@@ -334,6 +339,7 @@ impl Session {
                     notices: Vec::new(),
                     rounds,
                     stopped: Some("max_rounds"),
+                    truncated: answer.truncated,
                 });
             }
             // 3-4. Pre-flight and the compaction ladder.
@@ -363,6 +369,7 @@ impl Session {
                     notices: Vec::new(),
                     rounds,
                     stopped: None,
+                    truncated: answer.truncated,
                 });
             }
             let stagnating = guard.record(&calls);
@@ -399,6 +406,7 @@ impl Session {
                     notices: Vec::new(),
                     rounds,
                     stopped: Some("stagnation"),
+                    truncated: answer.truncated,
                 });
             }
         }
@@ -448,6 +456,16 @@ impl Session {
                 );
             }
             return;
+        }
+        // A summary that failed is never silent: the ladder went on to level 3 without it.
+        for r in out
+            .reports
+            .iter()
+            .filter(|r| r.pass == crate::compact::Pass::Summary && r.bytes_after == r.bytes_before)
+        {
+            if let Some(why) = r.notes.last() {
+                notice(notices, "summary", format!("no summary this time: {why}"));
+            }
         }
         if changes.pre.is_none() {
             changes.pre = Some(before);
@@ -600,7 +618,8 @@ impl Session {
                             self.prepare(notices, changes).await;
                             continue;
                         }
-                        self.report_truncation(cut, &resp.usage, limit, notices);
+                        answer.truncated =
+                            Some(self.report_truncation(cut, &resp.usage, limit, notices));
                     }
                     return Ok(resp);
                 }
@@ -819,7 +838,7 @@ impl Session {
         usage: &Usage,
         limit: u64,
         notices: &mut Notices,
-    ) {
+    ) -> &'static str {
         let (reason, why) = match cut {
             Truncation::ContextFull => {
                 let total = usage.input_tokens + usage.output_tokens;
@@ -859,6 +878,7 @@ impl Session {
             "truncated",
             format!("the reply is incomplete: {why}"),
         );
+        reason
     }
 }
 
