@@ -59,7 +59,7 @@ pub enum RecoveryError {
     /// The context-window twin of [`RecoveryError::Floor`]: what every request must carry
     /// does not fit the model's window.
     #[error(
-        "the system prompt, the tool catalog and the newest message need about {floor_tokens} tokens even with everything else dropped and the message cut to its floor, but the model's context window is {window} tokens (as the server reported it): no compaction can fix this. Shorten the system prompt or the message, offer fewer tools, or use a model with a larger window"
+        "the system prompt, the tool catalog and the newest message need about {floor_tokens} tokens even with everything else dropped and the message cut to its floor, but requests must fit a context window of {window} tokens (spec.contextWindow, or the server's own when smaller): no compaction can fix this. Shorten the system prompt or the message, offer fewer tools, or use a model with a larger window"
     )]
     WindowFloor { floor_tokens: u64, window: u64 },
     /// Nothing could be made smaller (the archive refused the originals, so nothing was cut):

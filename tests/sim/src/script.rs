@@ -122,6 +122,14 @@ pub struct Script {
     /// Context windows in tokens by model name.
     #[serde(default)]
     pub windows: BTreeMap<String, u64>,
+    /// Bytes per token of a model's tokenizer (default 4): real small-vocabulary tokenizers
+    /// count logs at 1.6–1.8.
+    #[serde(default, rename = "bytesPerToken")]
+    pub bytes_per_token: BTreeMap<String, f64>,
+    /// Server dialects by model name: `llama.cpp` answers an overflow with llama-server's
+    /// own body on every API and stops a reply with `length` when the context fills.
+    #[serde(default)]
+    pub dialects: BTreeMap<String, String>,
     #[serde(default)]
     pub faults: Vec<Fault>,
 }
