@@ -71,6 +71,21 @@ const HELP: &[(&str, &str, &str)] = &[
         "Built-in tool calls by tool.",
     ),
     (
+        "cairn_agent_truncated_replies_total",
+        "counter",
+        "Replies cut short that no escalation could fix, by reason (context_full, window_bound, output_limit).",
+    ),
+    (
+        "cairn_agent_learned_context_window_tokens",
+        "gauge",
+        "Context window a model server named, when smaller than the configured one (0: none).",
+    ),
+    (
+        "cairn_agent_bytes_per_token",
+        "gauge",
+        "Bytes per token of the session's content as the model server counts it.",
+    ),
+    (
         "cairn_agent_learned_payload_cap_bytes",
         "gauge",
         "Payload cap learned from a rejection (0: none).",

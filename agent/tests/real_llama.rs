@@ -15,7 +15,7 @@ use std::time::Duration;
 use agent_support::*;
 use cairn_tests::harness::llama::Recorded;
 use cairn_tests::harness::{LlamaServer, RecordingProxy};
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// Prose of about `bytes` bytes, different for every `seed`.
 fn prose(seed: usize, bytes: usize) -> String {
@@ -108,7 +108,7 @@ async fn drive(server: &LlamaServer, dir: &Path, run: &Run) {
     std::fs::write(&cfg, config(run.kind, &base, run.window)).expect("config");
     let env = storage_env(&data, None);
     let agent = AgentProcess::start(&cfg, &env, &data.join("agent.log"));
-    let api = agent.api();
+    let api = patient(&agent);
     let mut first_overflow = None;
     for turn in 0..run.turns {
         let before = calls(&proxy).len();
@@ -173,6 +173,20 @@ async fn drive(server: &LlamaServer, dir: &Path, run: &Run) {
     );
 }
 
+/// A client that waits as long as a 135M model on two busy cores may need for one turn.
+fn patient(agent: &AgentProcess) -> Api {
+    Api {
+        base: agent.url.clone(),
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(600))
+            .build()
+            .expect("client"),
+    }
+}
+
+/// The tests of this file take turns: one model server at a time gets both cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
@@ -205,6 +219,7 @@ fn matrix(ctx: u64) -> Vec<(&'static str, Option<u64>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_sessions_converge_on_a_2048_token_server() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let dir = logs_dir("2048");
     let server = LlamaServer::start(dir.path(), 2_048).expect("llama-server");
     for (kind, window) in matrix(2_048) {
@@ -223,6 +238,7 @@ async fn served_sessions_converge_on_a_2048_token_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_sessions_converge_on_a_1024_token_server() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let dir = logs_dir("1024");
     let server = LlamaServer::start(dir.path(), 1_024).expect("llama-server");
     for (kind, window) in matrix(1_024).into_iter().filter(|(k, _)| {
@@ -246,6 +262,7 @@ async fn served_sessions_converge_on_a_1024_token_server() {
 /// success at the first recovery attempt, with the server's numbers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_recovers_a_41kb_history_at_the_first_attempt() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let dir = logs_dir("run");
     let server = LlamaServer::start(dir.path(), 2_048).expect("llama-server");
     let proxy = RecordingProxy::start(&server.url).await.expect("proxy");
@@ -314,19 +331,21 @@ async fn run_recovers_a_41kb_history_at_the_first_attempt() {
 /// A reply cut because the context filled during generation is never silent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_cut_by_a_full_context_is_reported() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let dir = logs_dir("full");
-    let server = LlamaServer::start(dir.path(), 1_024).expect("llama-server");
+    // A small context fills within a few hundred generated tokens.
+    let server = LlamaServer::start(dir.path(), 512).expect("llama-server");
     let proxy = RecordingProxy::start(&server.url).await.expect("proxy");
     let data = dir.path().join("full");
     std::fs::create_dir_all(&data).expect("dir");
     let cfg = data.join("session.yaml");
-    // The session believes 32,768 tokens and may write 8,192: the 1,024-token context fills
+    // The session believes 32,768 tokens and may write 8,192: the 512-token context fills
     // long before that.
     let yaml = config("openai-compatible", &format!("{}/v1", proxy.url), None)
         .replace("maxOutputTokens: 48", "maxOutputTokens: 8192");
     std::fs::write(&cfg, yaml).expect("config");
     let agent = AgentProcess::start(&cfg, &storage_env(&data, None), &data.join("agent.log"));
-    let api = agent.api();
+    let api = patient(&agent);
     let mut seen = false;
     for attempt in 0..4 {
         let (status, body) = api
@@ -365,6 +384,3 @@ async fn a_reply_cut_by_a_full_context_is_reported() {
         "{metrics}"
     );
 }
-
-#[allow(dead_code)]
-fn unused(_: Value) {}

@@ -489,6 +489,13 @@ impl Session {
             &[],
             s.learned_payload_cap.unwrap_or(0) as f64,
         );
+        self.metrics.set(
+            "cairn_agent_learned_context_window_tokens",
+            &[],
+            s.learned_context_window.unwrap_or(0) as f64,
+        );
+        self.metrics
+            .set("cairn_agent_bytes_per_token", &[], s.bytes_per_token);
     }
 }
 
