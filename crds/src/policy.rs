@@ -149,26 +149,32 @@ pub struct ToolResultsSpec {
     pub per_result_chars: Option<u32>,
 }
 
-/// The recovery ladder: attempt 1 repairs and halves tool-result budgets, attempt 2 keeps the
-/// last `emergencyKeepMessages`, attempt 3 keeps the last `nuclearKeepMessages`, each capped.
+/// The recovery ladder: after a rejection each attempt learns what the server said (its
+/// window and token count, or a payload cap) and shrinks the history to a target computed
+/// from it, strictly smaller than the rejected request, through the compaction ladder; its
+/// level 3 keeps fewer messages (`emergencyKeepMessages`, then `nuclearKeepMessages`, each cut
+/// to `nuclearMessageChars`, then only the newest) until the target is met.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.nuclearKeepMessages) || !has(self.emergencyKeepMessages) || self.nuclearKeepMessages <= self.emergencyKeepMessages").message("nuclearKeepMessages must not exceed emergencyKeepMessages"))]
 pub struct RecoverySpec {
-    /// Recovery attempts per turn (0 disables recovery; the ladder has 3 levels).
-    /// Default: 3.
+    /// Recovery attempts per turn, each aimed at a smaller target than the last (0 disables
+    /// recovery). Default: 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 3").message("maxAttempts must be between 0 and 3"))]
     pub max_attempts: Option<u32>,
-    /// Non-system messages kept by attempt 2. Default: 10.
+    /// Non-system messages level 3 keeps when a tail of minKeepRecent cannot meet its target
+    /// (used when smaller than minKeepRecent). Default: 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("emergencyKeepMessages must be at least 1"))]
     pub emergency_keep_messages: Option<u32>,
-    /// Non-system messages kept by attempt 3. Default: 4.
+    /// Non-system messages level 3 keeps when the longer tails cannot meet the target; below
+    /// this only the newest user message is kept. Default: 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("nuclearKeepMessages must be at least 1"))]
     pub nuclear_keep_messages: Option<u32>,
-    /// Characters each message keeps in attempt 3. Default: 4000.
+    /// Bytes each message keeps once level 3 is down to nuclearKeepMessages messages or fewer
+    /// (the originals are archived first). Default: 4000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 400").message("nuclearMessageChars must be at least 400"))]
     pub nuclear_message_chars: Option<u32>,

@@ -68,15 +68,17 @@ fn floor_weight(m: &Message) -> usize {
 /// The tail sizes level 3 tries, largest first, ending with the newest user message alone.
 pub fn keep_schedule(policy: &EffectivePolicy) -> Vec<usize> {
     let r = &policy.recovery;
-    let mut keeps = vec![
-        policy.min_keep_recent as usize,
+    let first = (policy.min_keep_recent as usize).max(1);
+    let mut keeps = vec![first];
+    for k in [
         r.emergency_keep_messages as usize,
         r.nuclear_keep_messages as usize,
         1,
-    ];
-    keeps.retain(|k| *k >= 1);
-    keeps.sort_unstable_by(|a, b| b.cmp(a));
-    keeps.dedup();
+    ] {
+        if k >= 1 && keeps.last().is_some_and(|last| k < *last) {
+            keeps.push(k);
+        }
+    }
     keeps
 }
 
@@ -163,7 +165,21 @@ pub async fn emergency(
     staged.extend(history[ts..].iter().filter(|m| !m.is_system()).cloned());
     pairing::repair(&mut staged, OrphanMode::ToUser);
 
-    shrink_largest(&mut staged, target, store, &mut report).await;
+    // Forced down to the nuclear tail, every kept message is also cut to nuclearMessageChars:
+    // cutting the largest first to the total those caps leave ends with each at its cap.
+    let mut goal = target;
+    if keep < policy.min_keep_recent as usize
+        && keep <= policy.recovery.nuclear_keep_messages as usize
+    {
+        let cap = (policy.recovery.nuclear_message_chars as usize).max(FLOOR_CHARS);
+        let excess: usize = staged
+            .iter()
+            .filter(|m| !m.is_system() && !m.meta.preserve_verbatim && !m.meta.is_summary)
+            .map(|m| m.content.len().saturating_sub(cap))
+            .sum();
+        goal = goal.min(history::weight(&staged).saturating_sub(excess));
+    }
+    shrink_largest(&mut staged, goal, store, &mut report).await;
     *history = staged;
     report.bytes_after = history::weight(history);
     let met = report.bytes_after <= target;
