@@ -513,7 +513,13 @@ fn turn(
         call,
         stop,
         input_tokens,
-        output_tokens: (out_chars as u64).div_ceil(4).max(1),
+        // A real server that stops at a length limit has produced exactly that many tokens:
+        // the request's limit, or what the window had left.
+        output_tokens: if stop == Stop::MaxTokens && limit > 0 {
+            limit
+        } else {
+            (out_chars as u64).div_ceil(4).max(1)
+        },
         cached_tokens: reply.cached_tokens.min(input_tokens),
     }
 }
