@@ -157,9 +157,11 @@ async fn drive(server: &LlamaServer, dir: &Path, run: &Run) {
             "GET /v1/session shows the learned window: {stats}"
         );
     }
+    // Calibrated from the server's counts, not the assumed 4 (llama.cpp's SmolLM2 template
+    // does not render the tool catalog, so the ratio over everything cairn sends is high).
     let ratio = stats["bytesPerToken"].as_f64().unwrap_or(0.0);
     assert!(
-        (1.0..4.0).contains(&ratio),
+        (1.0..=8.0).contains(&ratio) && (ratio - 4.0).abs() > 0.05,
         "the ratio follows the server's own count: {ratio}"
     );
     eprintln!(
