@@ -104,3 +104,37 @@ async fn thirty_turns_converge_on_a_small_real_window() {
         eprintln!("window {configured:?}: {total} requests, {rejected} rejected");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_learned_window_survives_a_restart_and_is_forgotten_when_the_spec_changes() {
+    let sim = Sim::start().await.expect("sim");
+    sim.set_window(MODEL, 2_048);
+    sim.set_llama_dialect(MODEL, 1.7);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = storage_env(dir.path(), None);
+    let yaml = config_yaml("restart", &format!("{}/v1", sim.url()), 32_768, "")
+        .replace("maxOutputTokens: 1000", "maxOutputTokens: 64");
+    {
+        let mut built = build_session(&yaml, &env, "a").await;
+        let out = built
+            .session
+            .turn(vec![cairn_agent::history::Message::user(logs(0, 5_000))])
+            .await
+            .expect("turn");
+        assert!(
+            out.notices.iter().any(|n| n.kind == "learned_window"),
+            "{out:?}"
+        );
+        assert_eq!(built.session.stats().learned_context_window, Some(2_048));
+    }
+    // A restarted agent reads it back from the journal.
+    let built = build_session(&yaml, &env, "b").await;
+    assert_eq!(built.session.stats().learned_context_window, Some(2_048));
+    assert!(built.session.stats().bytes_per_token < 2.5);
+    drop(built);
+    // A new configured window makes the learned one meaningless.
+    let changed = yaml.replace("contextWindow: 32768", "contextWindow: 65536");
+    let built = build_session(&changed, &env, "c").await;
+    assert_eq!(built.session.stats().learned_context_window, None);
+    assert_eq!(built.session.stats().effective_context_window, 65_536);
+}

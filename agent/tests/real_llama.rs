@@ -50,7 +50,11 @@ fn prose(seed: usize, bytes: usize) -> String {
     while s.len() < bytes {
         i = i.wrapping_mul(1_103_515_245).wrapping_add(12_345);
         s.push_str(WORDS[(i >> 16) % WORDS.len()]);
-        s.push(if (i >> 8).is_multiple_of(11) { '.' } else { ' ' });
+        s.push(if (i >> 8).is_multiple_of(11) {
+            '.'
+        } else {
+            ' '
+        });
     }
     s.push_str("\nSummarize this note in one sentence.");
     s

@@ -134,3 +134,29 @@ pub struct ToolResultLimits {
     pub per_result: usize,
     pub per_turn: usize,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_learned_window_only_tightens_and_is_forgotten_on_a_new_basis() {
+        let mut s = SessionState::new();
+        assert!(!s.rebase_window("m@32768"), "nothing learned yet");
+        assert_eq!(s.learn_window(2_048), 2_048);
+        assert_eq!(s.learn_window(4_096), 2_048, "never loosens");
+        assert_eq!(s.effective_window(32_768), 2_048);
+        assert_eq!(
+            s.effective_window(1_024),
+            1_024,
+            "a smaller configured window wins"
+        );
+        assert!(!s.rebase_window("m@32768"), "same model and window: kept");
+        assert_eq!(s.learned_window, Some(2_048));
+        assert!(s.rebase_window("m@65536"), "the configured window changed");
+        assert_eq!(s.learned_window, None);
+        s.learn_window(2_048);
+        assert!(s.rebase_window("other@65536"), "the model changed");
+        assert_eq!(s.effective_window(65_536), 65_536);
+    }
+}
