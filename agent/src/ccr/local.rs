@@ -549,13 +549,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn corrupt_entry_is_reported_and_removed() {
+    async fn corrupt_cache_entry_is_reported_and_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = LocalStore::open_cache(dir.path(), limits(1 << 20)).expect("open");
+        let k = s.archive(b"original").await.expect("archive");
+        fs::write(dir.path().join(k.as_str()), b"tampered").expect("tamper");
+        assert!(matches!(s.fetch(&k).await, Err(ArchiveError::Corrupt(c)) if c == k));
+        // The durable tier behind the cache holds the intact copy: the damaged one goes.
+        assert_eq!(s.fetch(&k).await.expect("second read"), None);
+    }
+
+    #[tokio::test]
+    async fn corrupt_entry_of_the_only_tier_is_kept_aside_and_reported_every_time() {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = LocalStore::open(dir.path(), limits(1 << 20)).expect("open");
         let k = s.archive(b"original").await.expect("archive");
         fs::write(dir.path().join(k.as_str()), b"tampered").expect("tamper");
-        assert!(matches!(s.fetch(&k).await, Err(ArchiveError::Corrupt(c)) if c == k));
-        assert_eq!(s.fetch(&k).await.expect("second read"), None);
+        for read in 1..=3 {
+            assert!(
+                matches!(s.fetch(&k).await, Err(ArchiveError::Corrupt(c)) if c == k),
+                "read {read} must report the corruption"
+            );
+        }
+        // A store reopened on the directory still knows.
+        let again = LocalStore::open(dir.path(), limits(1 << 20)).expect("reopen");
+        assert!(matches!(
+            again.fetch(&k).await,
+            Err(ArchiveError::Corrupt(_))
+        ));
+        // The damaged bytes are kept for inspection, outside the entries.
+        let kept = fs::read(dir.path().join(".corrupt").join(k.as_str())).expect("kept");
+        assert_eq!(kept, b"tampered");
+        assert_eq!(again.usage().await.expect("usage").entries, 0);
+        // Archiving the original again heals the entry.
+        assert_eq!(again.archive(b"original").await.expect("re-archive"), k);
+        assert_eq!(
+            again.fetch(&k).await.expect("healed").as_deref(),
+            Some(&b"original"[..])
+        );
     }
 
     #[tokio::test]
