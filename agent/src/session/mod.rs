@@ -12,8 +12,9 @@ mod turn;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use cairn_crds::session::{LastRecovery, SessionStats, TokenStats};
+use cairn_crds::session::{ArchiveCheck, LastRecovery, SessionStats, TokenStats};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::ccr::Store;
@@ -49,6 +50,17 @@ pub enum TurnError {
     Fenced(JournalError),
     #[error("nothing to rewind: no compaction since the last rewind or restart checkpoint")]
     NothingToRewind,
+    /// The turn ran past `timeouts.turnSeconds`.
+    #[error("{0}")]
+    Deadline(String),
+    /// The request would not fit the window and compaction could not make room.
+    #[error("{0}")]
+    ContextFull(String),
+    /// The agent is stopping: the turn was aborted before its grace period ran out.
+    #[error(
+        "the agent is shutting down: the turn was aborted before it finished; it was not persisted and its input was dropped"
+    )]
+    ShuttingDown,
 }
 
 impl TurnError {
@@ -60,6 +72,9 @@ impl TurnError {
             Self::Journal(_) => "journal",
             Self::Fenced(_) => "fenced",
             Self::NothingToRewind => "nothing_to_rewind",
+            Self::Deadline(_) => "deadline",
+            Self::ContextFull(_) => "context_full",
+            Self::ShuttingDown => "shutting_down",
         }
     }
 }
@@ -108,6 +123,16 @@ pub struct Session {
     last_reply_at: Option<SystemTime>,
     rewindable: Option<(u64, Undo)>,
     last_recovery: Option<LastRecovery>,
+    /// Fired at shutdown: a turn in flight stops (see [`Session::abort_handle`]).
+    abort: CancellationToken,
+    /// The session state changed without a history change (a reset learned cap): the next
+    /// commit writes an entry even if nothing else changed.
+    state_dirty: bool,
+    /// Notices of changes made between turns, given with the next turn's.
+    pending_notices: Vec<(&'static str, String)>,
+    /// The latest archive check, for `status.session` (written by whoever runs the checks,
+    /// also while a turn holds the session).
+    archive_check: Arc<std::sync::RwLock<Option<ArchiveCheck>>>,
 }
 
 impl Session {
@@ -141,6 +166,10 @@ impl Session {
             last_reply_at: None,
             rewindable: rebuilt.rewindable,
             last_recovery: None,
+            abort: CancellationToken::new(),
+            state_dirty: false,
+            pending_notices: Vec::new(),
+            archive_check: Arc::default(),
         };
         s.publish_gauges();
         Ok(s)
@@ -179,6 +208,17 @@ impl Session {
         self.journal.fenced().map(ToString::to_string)
     }
 
+    /// Cancels the turn in flight (and refuses later ones) when fired: `serve` fires it
+    /// before the pod's grace period ends.
+    pub fn abort_handle(&self) -> CancellationToken {
+        self.abort.clone()
+    }
+
+    /// Where the latest archive check is kept; its content is reported in `status.session`.
+    pub fn archive_check_slot(&self) -> Arc<std::sync::RwLock<Option<ArchiveCheck>>> {
+        Arc::clone(&self.archive_check)
+    }
+
     /// Picks up a changed policy or spec; called at the start of every turn.
     fn refresh_live(&mut self) {
         if self.live_rx.has_changed().unwrap_or(false) {
@@ -186,8 +226,43 @@ impl Session {
             if next.policy_hash != self.live.policy_hash {
                 tracing::info!(from = %self.live.policy_hash, to = %next.policy_hash, "effective policy changed");
             }
+            if next.payload_cap != self.live.payload_cap
+                && let Some(old) = self.forget_payload_cap()
+            {
+                // A cap learned under the old setting may have been an artefact of the old
+                // network path; the platform team's new number is the evidence now.
+                self.pending_notices.push((
+                    "learned_cap",
+                    format!("spec.payloadCap changed: the learned cap of {old} bytes was reset"),
+                ));
+            }
             self.live = next;
         }
+    }
+
+    fn forget_payload_cap(&mut self) -> Option<u64> {
+        let old = self.state.learned_payload_cap.take()?;
+        // The guidance told the model about the old cap; a new rejection adds it again.
+        self.state.payload_notice_injected = false;
+        self.state_dirty = true;
+        tracing::info!(learned = old, "learned payload cap reset");
+        Some(old)
+    }
+
+    /// `POST /v1/session/reset-payload-cap` and `cairn-agent reset-payload-cap`: forgets the
+    /// learned payload cap (journaled). Returns the cap that was in force, if any.
+    pub async fn reset_payload_cap(&mut self) -> Result<Option<u64>, TurnError> {
+        if let Some(f) = self.journal.fenced() {
+            return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
+        }
+        let before = self.state.clone();
+        let old = self.forget_payload_cap();
+        if let Err(e) = self.commit(Vec::new(), None, None).await {
+            self.state = before;
+            return Err(e);
+        }
+        self.publish_gauges();
+        Ok(old)
     }
 
     /// Appends messages without a model call (seeding from `--history`), persisted at once.
@@ -224,6 +299,7 @@ impl Session {
             && compactions.is_empty()
             && undo.is_none()
             && rewinds.is_none()
+            && !self.state_dirty
         {
             return Ok(());
         }
@@ -251,6 +327,7 @@ impl Session {
         };
         match self.journal.append(entry).await {
             Ok(seq) => {
+                self.state_dirty = false;
                 self.metrics.inc(
                     "cairn_agent_journal_writes_total",
                     &[("outcome", "ok")],
@@ -405,6 +482,7 @@ impl Session {
             recoveries: self.state.recoveries,
             last_recovery: self.last_recovery.clone(),
             archive: self.archive_counters.snapshot().session_stats(),
+            archive_check: self.archive_check.read().ok().and_then(|c| c.clone()),
             tokens: TokenStats {
                 input: self.tokens.input_tokens,
                 output: self.tokens.output_tokens,
