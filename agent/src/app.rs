@@ -98,21 +98,6 @@ fn holder_of(host: &str, pod_uid: Option<&str>, incarnation: u64) -> String {
     format!("{host}/{uid}/{incarnation:016x}")
 }
 
-#[cfg(test)]
-mod holder_tests {
-    #[test]
-    fn holder_names_pod_uid_and_incarnation() {
-        let a = super::holder_of("cairn-x-0", Some("3f1c9a52-0000-4000"), 1);
-        assert_eq!(a, "cairn-x-0/3f1c9a52/0000000000000001");
-        assert_ne!(
-            a,
-            super::holder_of("cairn-x-0", Some("3f1c9a52-0000-4000"), 2)
-        );
-        assert_eq!(super::holder_of("h", None, 0), "h/-/0000000000000000");
-        assert_eq!(super::holder_identity(), super::holder_identity());
-    }
-}
-
 /// The session's provider: follows `spec.provider` edits (model, base URL, API family) from
 /// one call to the next, with the API key from the environment.
 fn provider_for(live: watch::Receiver<Arc<Live>>) -> Result<Arc<dyn Provider>, AppError> {
@@ -456,8 +441,9 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
     let session = open_session(&namespace, &name, live_rx, &storage, metrics).await?;
     let epoch = session.journal_epoch();
     let check_slot = session.archive_check_slot();
+    let check = storage.check().await;
     if let Ok(mut slot) = check_slot.write() {
-        *slot = Some(storage.check().await);
+        *slot = Some(check);
     }
     let state = AppState::new(session, token);
     tokio::spawn(recheck_archive(storage, check_slot, state.clone()));
@@ -579,5 +565,20 @@ pub fn session_name(source: &Source) -> Option<(String, String)> {
     match source {
         Source::Cluster(r) => crate::config::parse_session_ref(r).ok(),
         Source::File(path) => ConfigFile::load(path).ok().map(|c| (c.namespace, c.name)),
+    }
+}
+
+#[cfg(test)]
+mod holder_tests {
+    #[test]
+    fn holder_names_pod_uid_and_incarnation() {
+        let a = super::holder_of("cairn-x-0", Some("3f1c9a52-0000-4000"), 1);
+        assert_eq!(a, "cairn-x-0/3f1c9a52/0000000000000001");
+        assert_ne!(
+            a,
+            super::holder_of("cairn-x-0", Some("3f1c9a52-0000-4000"), 2)
+        );
+        assert_eq!(super::holder_of("h", None, 0), "h/-/0000000000000000");
+        assert_eq!(super::holder_identity(), super::holder_identity());
     }
 }

@@ -189,9 +189,9 @@ pub struct RecoverySpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.providerCallSeconds) || !has(self.turnSeconds) || self.providerCallSeconds <= self.turnSeconds").message("providerCallSeconds must not exceed turnSeconds"))]
 pub struct TimeoutsSpec {
-    /// Longest one turn may take, every model call, tool round, compaction and journal
-    /// write included. A turn past it fails (504 `deadline`), is not acknowledged and its
-    /// input is dropped. Default: 600.
+    /// Longest one turn may take, every model call, tool round and compaction included
+    /// (a journal write in progress is never cut off). A turn past it fails (504
+    /// `deadline`), is not acknowledged and its input is dropped. Default: 600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 86400").message("turnSeconds must be between 1 and 86400"))]
     pub turn_seconds: Option<u32>,
