@@ -427,7 +427,15 @@ impl Session {
         }
         self.refresh_live();
         let pre = self.history.clone();
-        let out = self.run_ladder(Trigger::Manual, None, instruction).await;
+        let abort = self.abort.clone();
+        let out = tokio::select! {
+            out = self.run_ladder(Trigger::Manual, None, instruction) => out,
+            // A summary may take minutes; at shutdown the compaction is given up whole.
+            () = abort.cancelled() => {
+                self.history = pre;
+                return Err(TurnError::ShuttingDown);
+            }
+        };
         let changed = self.history != pre;
         let records = vec![record(&out)];
         let undo = changed.then_some(Undo {
