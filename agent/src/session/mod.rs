@@ -10,7 +10,7 @@ pub mod tools;
 mod turn;
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use cairn_crds::session::{ArchiveCheck, LastRecovery, SessionStats, TokenStats};
 use tokio::sync::watch;
@@ -27,6 +27,7 @@ use crate::journal::{
     CompactionRecord, Entry, Journal, JournalError, ObjectStore, PersistedState, Undo,
 };
 use crate::metrics::Metrics;
+use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
 
 pub use summarizer::ProviderSummarizer;
@@ -143,6 +144,16 @@ impl Session {
         rebuilt.state.restore_into(&mut state);
         let mut live_rx = parts.live;
         let live = live_rx.borrow_and_update().clone();
+        // Every provider call of the session (replies and summaries) has a total deadline.
+        let policy_rx = live_rx.clone();
+        let provider: Arc<dyn Provider> = Arc::new(Deadlined::new(
+            parts.provider,
+            Box::new(move || {
+                Duration::from_secs(u64::from(
+                    policy_rx.borrow().policy.timeouts.provider_call_seconds,
+                ))
+            }),
+        ));
         let s = Self {
             namespace: parts.namespace,
             name: parts.name,
@@ -151,7 +162,7 @@ impl Session {
             state,
             live,
             live_rx,
-            provider: parts.provider,
+            provider,
             store: parts.store,
             journal,
             archive_counters: parts.archive_counters,

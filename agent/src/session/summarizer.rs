@@ -21,8 +21,6 @@ pub struct ProviderSummarizer {
     max_output: u64,
     /// A person's instruction for this compaction (`POST /v1/session/compact`).
     extra: Option<String>,
-    /// `timeouts.providerCallSeconds`: a summary is a provider call like any other.
-    call_deadline: std::time::Duration,
 }
 
 impl ProviderSummarizer {
@@ -44,9 +42,6 @@ impl ProviderSummarizer {
             window_chars,
             max_output: live.limits.max_output_tokens.min(SUMMARY_OUTPUT_TOKENS),
             extra,
-            call_deadline: std::time::Duration::from_secs(u64::from(
-                live.policy.timeouts.provider_call_seconds,
-            )),
         }
     }
 }
@@ -74,14 +69,9 @@ impl Summarizer for ProviderSummarizer {
             stream: false,
         };
         let span = tracing::info_span!("summary", attempt = request.attempt);
-        let call = self.provider.send(&req).instrument(span);
-        match tokio::time::timeout(self.call_deadline, call).await {
-            Ok(Ok(r)) => Ok(r.message.content),
-            Ok(Err(e)) => Err(SummarizeError::Failed(e.to_string())),
-            Err(_) => Err(SummarizeError::Failed(format!(
-                "the summary call did not finish within its deadline of {}s (timeouts.providerCallSeconds)",
-                self.call_deadline.as_secs()
-            ))),
+        match self.provider.send(&req).instrument(span).await {
+            Ok(r) => Ok(r.message.content),
+            Err(e) => Err(SummarizeError::Failed(e.to_string())),
         }
     }
 }

@@ -596,41 +596,24 @@ impl Session {
             let t = Instant::now();
             let lead = answer.lead();
             let streamed = AtomicBool::new(false);
-            let call_secs = policy.timeouts.provider_call_seconds;
-            let call = async {
-                match &notices.live {
-                    Some(tx) => {
-                        let sink = |d: Delta<'_>| {
-                            if let Delta::Text(text) = d
-                                && !text.is_empty()
-                            {
-                                if !streamed.swap(true, Ordering::Relaxed) && !lead.is_empty() {
-                                    let _ = tx.send(TurnEvent::Text(lead.to_owned()));
-                                }
-                                let _ = tx.send(TurnEvent::Text(text.to_owned()));
+            let result = match &notices.live {
+                Some(tx) => {
+                    let sink = |d: Delta<'_>| {
+                        if let Delta::Text(text) = d
+                            && !text.is_empty()
+                        {
+                            if !streamed.swap(true, Ordering::Relaxed) && !lead.is_empty() {
+                                let _ = tx.send(TurnEvent::Text(lead.to_owned()));
                             }
-                        };
-                        self.provider
-                            .send_streaming(request, &sink)
-                            .instrument(span)
-                            .await
-                    }
-                    None => self.provider.send(request).instrument(span).await,
+                            let _ = tx.send(TurnEvent::Text(text.to_owned()));
+                        }
+                    };
+                    self.provider
+                        .send_streaming(request, &sink)
+                        .instrument(span)
+                        .await
                 }
-            };
-            // The HTTP client bounds the wait for headers and each silence; this bounds the
-            // whole call, however the provider keeps it alive.
-            let result = match tokio::time::timeout(Duration::from_secs(u64::from(call_secs)), call)
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(crate::provider::ProviderError::transport(
-                    self.provider.name(),
-                    format!(
-                        "the provider call did not finish within its deadline of {call_secs}s (timeouts.providerCallSeconds): timeout"
-                    ),
-                    (history::weight(&request.messages) + tools_bytes) as u64,
-                )),
+                None => self.provider.send(request).instrument(span).await,
             };
             drop(loan);
             *provider_time += t.elapsed();
