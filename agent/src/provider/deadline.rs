@@ -50,9 +50,10 @@ impl Provider for Deadlined {
 
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
         let deadline = (self.deadline)();
-        tokio::time::timeout(deadline, self.inner.send(request))
-            .await
-            .unwrap_or_else(|_| Err(self.expired(request, deadline)))
+        match tokio::time::timeout(deadline, self.inner.send(request)).await {
+            Ok(r) => r,
+            Err(_) => Err(self.expired(request, deadline)),
+        }
     }
 
     async fn send_streaming(
@@ -61,8 +62,9 @@ impl Provider for Deadlined {
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
         let deadline = (self.deadline)();
-        tokio::time::timeout(deadline, self.inner.send_streaming(request, on_delta))
-            .await
-            .unwrap_or_else(|_| Err(self.expired(request, deadline)))
+        match tokio::time::timeout(deadline, self.inner.send_streaming(request, on_delta)).await {
+            Ok(r) => r,
+            Err(_) => Err(self.expired(request, deadline)),
+        }
     }
 }
