@@ -17,6 +17,10 @@ use serde_json::json;
 const BOUND: Duration = Duration::from_secs(20);
 
 async fn session_with(sim: &Sim, dir: &std::path::Path, timeouts: &str) -> Session {
+    session_as(sim, dir, timeouts, "a").await
+}
+
+async fn session_as(sim: &Sim, dir: &std::path::Path, timeouts: &str, holder: &str) -> Session {
     let env = storage_env(dir, None);
     let yaml = config_yaml(
         "deadlines",
@@ -24,7 +28,7 @@ async fn session_with(sim: &Sim, dir: &std::path::Path, timeouts: &str) -> Sessi
         100_000,
         &format!("compaction:\n  timeouts: {timeouts}\n"),
     );
-    build_session(&yaml, &env, "a").await.session
+    build_session(&yaml, &env, holder).await.session
 }
 
 /// Runs a turn (streamed or not) and returns its result and how long it took; panics when
@@ -151,5 +155,19 @@ async fn the_turn_deadline_bounds_all_calls_of_a_turn_together() {
     assert!(
         session.history().iter().all(|m| m.content != "go"),
         "the input of an aborted turn is dropped"
+    );
+    // ...from the journal too: a restart right after finds no question without its answer.
+    drop(session);
+    let again = session_as(
+        &sim,
+        dir.path(),
+        "{providerCallSeconds: 2, turnSeconds: 3}",
+        "b",
+    )
+    .await;
+    assert!(
+        again.history().iter().all(|m| m.content != "go"),
+        "the restarted session still holds the aborted input: {:?}",
+        again.history()
     );
 }

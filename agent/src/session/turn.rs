@@ -299,10 +299,17 @@ impl Session {
                 Ok(out)
             }
             Err(e) => {
-                // Back to the history before the input; the journal may still hold the
-                // input, which the next entry rewrites away.
+                // Back to the history before the input, in the journal too: a restart
+                // before the next entry would otherwise find a question without its answer
+                // (and the next turn would send two user messages in a row). When the
+                // journal itself failed, the next entry rewrites the input away.
                 self.history.clone_from(&self.committed);
                 self.history.truncate(pre_turn_len);
+                if !matches!(e, TurnError::Journal(_) | TurnError::Fenced(_))
+                    && self.commit(Vec::new(), None, None).await.is_err()
+                {
+                    self.history.truncate(pre_turn_len);
+                }
                 Err(e)
             }
         }
