@@ -1,6 +1,6 @@
 //! The HTTP server bounds what idle clients can hold: a connection must send its request
-//! headers within the header timeout (which also bounds how long a kept-alive connection
-//! may sit idle), and the number of connections is limited, the oldest idle ones making room
+//! headers within the header timeout, which also bounds how long a kept-alive connection
+//! may sit idle between requests, and the number of connections is limited, the oldest idle ones making room
 //! for new ones. So with the agent at the usual fd limit of 1,024, 1,100 idle sockets do not
 //! stop `/healthz` (the liveness probe) or the API from answering.
 
@@ -95,4 +95,28 @@ async fn healthz_answers_under_1100_idle_sockets_and_slow_headers_are_cut() {
         String::from_utf8_lossy(&buf[..n])
     );
     assert!(started.elapsed() < Duration::from_secs(5));
+
+    // A kept-alive connection that answered a request and then sits idle is closed too.
+    let mut kept = TcpStream::connect(&addr).expect("connect");
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: agent\r\n\r\n")
+        .expect("write");
+    kept.set_read_timeout(Some(Duration::from_secs(8)))
+        .expect("timeout");
+    let mut answer = Vec::new();
+    while !String::from_utf8_lossy(&answer).ends_with("ok") {
+        let n = kept.read(&mut buf).expect("the answer");
+        assert!(n > 0, "closed before answering");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"));
+    let idle_from = Instant::now();
+    match kept.read(&mut buf) {
+        Ok(0) => {}
+        Ok(n) => panic!("unexpected bytes: {:?}", String::from_utf8_lossy(&buf[..n])),
+        Err(e) => panic!(
+            "an idle kept-alive connection was still open after {:?}: {e}",
+            idle_from.elapsed()
+        ),
+    }
+    assert!(idle_from.elapsed() < Duration::from_secs(5));
 }
