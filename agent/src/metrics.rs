@@ -51,6 +51,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "Recovery attempts by failure class, attempt and outcome.",
     ),
     (
+        "cairn_agent_headroom_warnings_total",
+        "counter",
+        "Turns whose context headroom fell to autoCompact.warningBufferTokens.",
+    ),
+    (
         "cairn_agent_notices_total",
         "counter",
         "Notices (compaction, recovery, learned cap, floor, warning) by kind.",

@@ -28,6 +28,11 @@ use crate::history::{self, Message};
 use crate::overflow::{ServerCount, server_count};
 use crate::provider::ProviderError;
 
+/// A payload rejection of a request no larger than the uncompactable part plus this much
+/// is no evidence of a body-size limit worth learning (no proxy limits bodies to a few KB;
+/// a cap that small would compact every later turn down to nothing): it is a floor
+/// diagnosis, and no cap is learned.
+pub const MIN_PLAUSIBLE_ROOM_BYTES: u64 = 4 * 1024;
 /// The rejected size assumed when a payload failure carries no request size.
 pub const ASSUMED_REJECTED_BYTES: u64 = 4 * 1024 * 1024;
 /// First line of the payload-limit guidance; also how it is found again in a history.
@@ -139,7 +144,7 @@ pub async fn recover(
         } else {
             err.request_bytes
         };
-        if ctx.uncompactable_bytes >= rejected {
+        if ctx.uncompactable_bytes + MIN_PLAUSIBLE_ROOM_BYTES >= rejected {
             return Err(RecoveryError::Floor {
                 uncompactable: ctx.uncompactable_bytes,
                 rejected,

@@ -299,7 +299,17 @@ pub struct PodOverrides {
     /// Extra annotations on the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<BTreeMap<String, String>>,
+    /// Seconds the pod is given to stop (the pod's `terminationGracePeriodSeconds`). On
+    /// SIGTERM the agent lets a turn in flight run until 5 s before this ends, then aborts
+    /// it (not acknowledged, its input dropped), flushes the journal and releases the Lease.
+    /// Default: 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 3600").message("template.terminationGracePeriodSeconds must be between 10 and 3600"))]
+    pub termination_grace_period_seconds: Option<u32>,
 }
+
+/// `template.terminationGracePeriodSeconds` when the session sets none.
+pub const DEFAULT_TERMINATION_GRACE_SECONDS: u32 = 60;
 
 /// Observed state, written by the operator (phase, conditions, pod) and by the agent
 /// (`session`).
@@ -406,9 +416,29 @@ pub struct SessionStats {
     /// Archive usage of the session.
     #[serde(default)]
     pub archive: ArchiveStats,
+    /// The agent's latest check that the archive answers (the operator's ArchiveReady
+    /// condition follows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive_check: Option<ArchiveCheck>,
     /// Token usage reported by the provider.
     #[serde(default)]
     pub tokens: TokenStats,
+}
+
+/// A check that the archive answers: a probe object written, read back and deleted with
+/// the agent's own credentials, at start-up and every few minutes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveCheck {
+    /// True when the probe's round trip succeeded.
+    pub ok: bool,
+    /// What was checked: `s3://BUCKET/PREFIX/NAMESPACE/SESSION/`, or `local:DIR`.
+    pub location: String,
+    /// The error of a failed check (the S3 error as the client reported it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When (RFC 3339, UTC).
+    pub at: String,
 }
 
 /// The most recent recovery of a session.

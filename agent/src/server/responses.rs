@@ -227,10 +227,23 @@ pub async fn create(
             .unwrap_or_else(|| session.live().spec.provider.model.clone()),
     };
     if !stream {
-        let mut session = session;
-        let result = session.turn(input).await;
-        state.publish(&session);
-        let outcome = result?;
+        // The turn runs in its own task, as a streamed one does: a client that goes away
+        // mid-turn (dropping this handler) does not cancel it; it runs to the end and is
+        // journaled, so the next request never finds a question without its answer.
+        let task_state = state.clone();
+        let turn = tokio::spawn(async move {
+            let mut session = session;
+            let result = session.turn(input).await;
+            task_state.publish(&session);
+            result
+        });
+        let outcome = turn.await.map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "turn_failed",
+                format!("the turn task failed: {e}"),
+            )
+        })??;
         return Ok(axum::Json(response_object(
             &ids,
             None,

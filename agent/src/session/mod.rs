@@ -10,10 +10,11 @@ pub mod tools;
 mod turn;
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use cairn_crds::session::{LastRecovery, SessionStats, TokenStats};
+use cairn_crds::session::{ArchiveCheck, LastRecovery, SessionStats, TokenStats};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::ccr::Store;
@@ -26,6 +27,7 @@ use crate::journal::{
     CompactionRecord, Entry, Journal, JournalError, ObjectStore, PersistedState, Undo,
 };
 use crate::metrics::Metrics;
+use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
 
 pub use summarizer::ProviderSummarizer;
@@ -49,6 +51,17 @@ pub enum TurnError {
     Fenced(JournalError),
     #[error("nothing to rewind: no compaction since the last rewind or restart checkpoint")]
     NothingToRewind,
+    /// The turn ran past `timeouts.turnSeconds`.
+    #[error("{0}")]
+    Deadline(String),
+    /// The request would not fit the window and compaction could not make room.
+    #[error("{0}")]
+    ContextFull(String),
+    /// The agent is stopping: the turn was aborted before its grace period ran out.
+    #[error(
+        "the agent is shutting down: the turn was aborted before it finished; it was not persisted and its input was dropped"
+    )]
+    ShuttingDown,
 }
 
 impl TurnError {
@@ -60,6 +73,9 @@ impl TurnError {
             Self::Journal(_) => "journal",
             Self::Fenced(_) => "fenced",
             Self::NothingToRewind => "nothing_to_rewind",
+            Self::Deadline(_) => "deadline",
+            Self::ContextFull(_) => "context_full",
+            Self::ShuttingDown => "shutting_down",
         }
     }
 }
@@ -108,6 +124,16 @@ pub struct Session {
     last_reply_at: Option<SystemTime>,
     rewindable: Option<(u64, Undo)>,
     last_recovery: Option<LastRecovery>,
+    /// Fired at shutdown: a turn in flight stops (see [`Session::abort_handle`]).
+    abort: CancellationToken,
+    /// The session state changed without a history change (a reset learned cap): the next
+    /// commit writes an entry even if nothing else changed.
+    state_dirty: bool,
+    /// Notices of changes made between turns, given with the next turn's.
+    pending_notices: Vec<(&'static str, String)>,
+    /// The latest archive check, for `status.session` (written by whoever runs the checks,
+    /// also while a turn holds the session).
+    archive_check: Arc<std::sync::RwLock<Option<ArchiveCheck>>>,
 }
 
 impl Session {
@@ -123,6 +149,16 @@ impl Session {
                 "the learned context window belonged to another model or configured window; forgotten"
             );
         }
+        // Every provider call of the session (replies and summaries) has a total deadline.
+        let policy_rx = live_rx.clone();
+        let provider: Arc<dyn Provider> = Arc::new(Deadlined::new(
+            parts.provider,
+            Box::new(move || {
+                Duration::from_secs(u64::from(
+                    policy_rx.borrow().policy.timeouts.provider_call_seconds,
+                ))
+            }),
+        ));
         let s = Self {
             namespace: parts.namespace,
             name: parts.name,
@@ -131,7 +167,7 @@ impl Session {
             state,
             live,
             live_rx,
-            provider: parts.provider,
+            provider,
             store: parts.store,
             journal,
             archive_counters: parts.archive_counters,
@@ -146,6 +182,10 @@ impl Session {
             last_reply_at: None,
             rewindable: rebuilt.rewindable,
             last_recovery: None,
+            abort: CancellationToken::new(),
+            state_dirty: false,
+            pending_notices: Vec::new(),
+            archive_check: Arc::default(),
         };
         s.publish_gauges();
         Ok(s)
@@ -184,6 +224,17 @@ impl Session {
         self.journal.fenced().map(ToString::to_string)
     }
 
+    /// Cancels the turn in flight (and refuses later ones) when fired: `serve` fires it
+    /// before the pod's grace period ends.
+    pub fn abort_handle(&self) -> CancellationToken {
+        self.abort.clone()
+    }
+
+    /// Where the latest archive check is kept; its content is reported in `status.session`.
+    pub fn archive_check_slot(&self) -> Arc<std::sync::RwLock<Option<ArchiveCheck>>> {
+        Arc::clone(&self.archive_check)
+    }
+
     /// Picks up a changed policy or spec; called at the start of every turn.
     fn refresh_live(&mut self) {
         if self.live_rx.has_changed().unwrap_or(false) {
@@ -196,8 +247,43 @@ impl Session {
                     "the model or the configured context window changed; the learned window is forgotten"
                 );
             }
+            if next.payload_cap != self.live.payload_cap
+                && let Some(old) = self.forget_payload_cap()
+            {
+                // A cap learned under the old setting may have been an artefact of the old
+                // network path; the platform team's new number is the evidence now.
+                self.pending_notices.push((
+                    "learned_cap",
+                    format!("spec.payloadCap changed: the learned cap of {old} bytes was reset"),
+                ));
+            }
             self.live = next;
         }
+    }
+
+    fn forget_payload_cap(&mut self) -> Option<u64> {
+        let old = self.state.learned_payload_cap.take()?;
+        // The guidance told the model about the old cap; a new rejection adds it again.
+        self.state.payload_notice_injected = false;
+        self.state_dirty = true;
+        tracing::info!(learned = old, "learned payload cap reset");
+        Some(old)
+    }
+
+    /// `POST /v1/session/reset-payload-cap` and `cairn-agent reset-payload-cap`: forgets the
+    /// learned payload cap (journaled). Returns the cap that was in force, if any.
+    pub async fn reset_payload_cap(&mut self) -> Result<Option<u64>, TurnError> {
+        if let Some(f) = self.journal.fenced() {
+            return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
+        }
+        let before = self.state.clone();
+        let old = self.forget_payload_cap();
+        if let Err(e) = self.commit(Vec::new(), None, None).await {
+            self.state = before;
+            return Err(e);
+        }
+        self.publish_gauges();
+        Ok(old)
     }
 
     /// Appends messages without a model call (seeding from `--history`), persisted at once.
@@ -234,6 +320,7 @@ impl Session {
             && compactions.is_empty()
             && undo.is_none()
             && rewinds.is_none()
+            && !self.state_dirty
         {
             return Ok(());
         }
@@ -261,6 +348,7 @@ impl Session {
         };
         match self.journal.append(entry).await {
             Ok(seq) => {
+                self.state_dirty = false;
                 self.metrics.inc(
                     "cairn_agent_journal_writes_total",
                     &[("outcome", "ok")],
@@ -408,7 +496,15 @@ impl Session {
         }
         self.refresh_live();
         let pre = self.history.clone();
-        let out = self.run_ladder(Trigger::Manual, None, instruction).await;
+        let abort = self.abort.clone();
+        let out = tokio::select! {
+            out = self.run_ladder(Trigger::Manual, None, instruction) => out,
+            // A summary may take minutes; at shutdown the compaction is given up whole.
+            () = abort.cancelled() => {
+                self.history = pre;
+                return Err(TurnError::ShuttingDown);
+            }
+        };
         let changed = self.history != pre;
         let records = vec![record(&out)];
         let undo = changed.then_some(Undo {
@@ -470,6 +566,7 @@ impl Session {
             recoveries: self.state.recoveries,
             last_recovery: self.last_recovery.clone(),
             archive: self.archive_counters.snapshot().session_stats(),
+            archive_check: self.archive_check.read().ok().and_then(|c| c.clone()),
             tokens: TokenStats {
                 input: self.tokens.input_tokens,
                 output: self.tokens.output_tokens,

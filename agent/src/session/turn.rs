@@ -249,10 +249,29 @@ impl Session {
             list: Vec::new(),
             live: events,
         };
+        for (kind, message) in std::mem::take(&mut self.pending_notices) {
+            notice(&mut notices, kind, message);
+        }
         let mut changes = Changes::default();
-        let result = match self.rounds(&mut notices, &mut changes, provider_time).await {
+        // The turn's deadline and a shutdown cut the model calls, tool rounds and
+        // compactions short, never a journal write (the entries around them stay whole).
+        let turn_secs = self.live.policy.timeouts.turn_seconds;
+        let abort = self.abort.clone();
+        let rounds = tokio::select! {
+            r = self.rounds(&mut notices, &mut changes, provider_time) => r,
+            () = tokio::time::sleep(Duration::from_secs(u64::from(turn_secs))) => {
+                Err(TurnError::Deadline(format!(
+                    "the turn did not finish within its deadline of {turn_secs}s (timeouts.turnSeconds); it was not persisted and its input was dropped"
+                )))
+            }
+            () = abort.cancelled() => Err(TurnError::ShuttingDown),
+        };
+        let result = match rounds {
             Ok(out) => {
                 self.turns += 1;
+                // Recovery halves the tool-result budgets for the retry; once a turn went
+                // through they are whole again (they would otherwise ratchet down to 1/8).
+                let halvings = std::mem::take(&mut self.state.tool_budget_halvings);
                 let undo = changes.undo();
                 // 6. The reply and the compactions are journaled before the turn is answered.
                 match self
@@ -262,6 +281,7 @@ impl Session {
                     Ok(()) => Ok(out),
                     Err(e) => {
                         self.turns -= 1;
+                        self.state.tool_budget_halvings = halvings;
                         Err(e)
                     }
                 }
@@ -279,10 +299,17 @@ impl Session {
                 Ok(out)
             }
             Err(e) => {
-                // Back to the history before the input; the journal may still hold the
-                // input, which the next entry rewrites away.
+                // Back to the history before the input, in the journal too: a restart
+                // before the next entry would otherwise find a question without its answer
+                // (and the next turn would send two user messages in a row). When the
+                // journal itself failed, the next entry rewrites the input away.
                 self.history.clone_from(&self.committed);
                 self.history.truncate(pre_turn_len);
+                if !matches!(e, TurnError::Journal(_) | TurnError::Fenced(_))
+                    && self.commit(Vec::new(), None, None).await.is_err()
+                {
+                    self.history.truncate(pre_turn_len);
+                }
                 Err(e)
             }
         }
@@ -343,7 +370,7 @@ impl Session {
                 });
             }
             // 3-4. Pre-flight and the compaction ladder.
-            self.prepare(notices, changes).await;
+            self.prepare(notices, changes).await?;
             // 5. Send, recovering from classified failures.
             let resp = self
                 .send(
@@ -412,8 +439,13 @@ impl Session {
         }
     }
 
-    /// Pre-flight against a known payload cap, then the ladder when over budget.
-    async fn prepare(&mut self, notices: &mut Notices, changes: &mut Changes) {
+    /// Pre-flight against a known payload cap, then the ladder when over budget; a request
+    /// still in the blocking buffer after that is refused.
+    async fn prepare(
+        &mut self,
+        notices: &mut Notices,
+        changes: &mut Changes,
+    ) -> Result<(), TurnError> {
         let live = Arc::clone(&self.live);
         let policy = &live.policy;
         let inputs = self.budget_inputs();
@@ -436,14 +468,18 @@ impl Session {
         if trigger.is_none() {
             let budget = Budget::compute(&inputs, policy, &self.state);
             let (headroom, left) = Headroom::of(request_bytes, &inputs, policy, &self.state);
-            if !budget.fits(weight) || headroom >= Headroom::AutoCompact {
+            if headroom == Headroom::Blocking && self.state.auto_compaction_disabled() {
+                // The breaker stops routine auto-compaction; at the blocking buffer the CRD
+                // says compact first, no matter what.
+                trigger = Some((Trigger::PreFlight, None));
+            } else if !budget.fits(weight) || headroom >= Headroom::AutoCompact {
                 trigger = Some((Trigger::Auto, None));
             } else if headroom == Headroom::Warning {
-                tracing::info!(tokens_left = left, "context headroom low");
+                self.headroom_warning(notices, left);
             }
         }
         let Some((trigger, ratio)) = trigger else {
-            return;
+            return Ok(());
         };
         let before = self.history.clone();
         let out = self.run_ladder(trigger, ratio, None).await;
@@ -455,7 +491,7 @@ impl Session {
                     "auto-compaction is disabled for this session (circuit breaker open)"
                 );
             }
-            return;
+            return self.refuse_if_blocking();
         }
         // A summary that failed is never silent: the ladder went on to level 3 without it.
         for r in out
@@ -488,6 +524,50 @@ impl Session {
                 }
             ),
         );
+        self.refuse_if_blocking()
+    }
+
+    /// The `warning` tier of the CRD: a notice (once per turn) and a metric.
+    fn headroom_warning(&self, notices: &mut Notices, left: i64) {
+        if notices
+            .list
+            .iter()
+            .any(|n| n.kind == "warning" && n.message.contains("headroom"))
+        {
+            return;
+        }
+        self.metrics
+            .inc("cairn_agent_headroom_warnings_total", &[], 1.0);
+        let warn_at = self.live.policy.auto_compact.warning_buffer_tokens;
+        notice(
+            notices,
+            "warning",
+            format!(
+                "the context headroom is down to about {left} tokens (autoCompact.warningBufferTokens is {warn_at}); the history will be compacted soon"
+            ),
+        );
+    }
+
+    /// The `blocking` tier of the CRD: a request that leaves no more than
+    /// `blockingBufferTokens` of headroom is not sent.
+    fn refuse_if_blocking(&self) -> Result<(), TurnError> {
+        let inputs = self.budget_inputs();
+        let request_bytes = history::weight(&self.history) + inputs.reserve_bytes;
+        let policy = &self.live.policy;
+        let (headroom, left) = Headroom::of(request_bytes, &inputs, policy, &self.state);
+        if headroom != Headroom::Blocking {
+            return Ok(());
+        }
+        Err(TurnError::ContextFull(format!(
+            "the request would leave about {left} tokens of headroom in the {}-token context window, at or below autoCompact.blockingBufferTokens ({}), and compaction could not make room{}; it was not sent",
+            inputs.context_window,
+            policy.auto_compact.blocking_buffer_tokens,
+            if self.state.auto_compaction_disabled() {
+                " (auto-compaction is off for this session after three compactions missed their target)"
+            } else {
+                ""
+            }
+        )))
     }
 
     /// Sends until a usable reply arrives or recovery gives up.
@@ -615,7 +695,7 @@ impl Session {
                             *max_out = esc.max_output_tokens;
                             // The continuation carries the partial reply: it is compacted to
                             // fit like any other request.
-                            self.prepare(notices, changes).await;
+                            self.prepare(notices, changes).await?;
                             continue;
                         }
                         answer.truncated =
@@ -749,7 +829,7 @@ impl Session {
                                 );
                             }
                             // A learned cap takes effect on the retry itself.
-                            self.prepare(notices, changes).await;
+                            self.prepare(notices, changes).await?;
                         }
                         Err(re) => {
                             self.metrics.inc(

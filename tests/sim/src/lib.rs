@@ -347,6 +347,8 @@ fn fault_label(f: &Fault) -> String {
         Fault::Reset => "fault:reset".into(),
         Fault::MalformedJson => "fault:malformed".into(),
         Fault::Stall { .. } => "fault:stall".into(),
+        Fault::Drip { .. } => "fault:drip".into(),
+        Fault::Heartbeat { .. } => "fault:heartbeat".into(),
     }
 }
 
@@ -585,6 +587,27 @@ fn respond(r: Rendered, fault: Option<Fault>) -> Response {
                 futures::StreamExt::chain(head, pause),
                 tail,
             ))
+        }
+        Some(Fault::Drip { ms }) => {
+            let whole = Bytes::from(frames.concat());
+            let bytes = futures::StreamExt::then(futures::stream::iter(0..whole.len()), move |i| {
+                let byte = whole.slice(i..i + 1);
+                async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok::<_, std::io::Error>(byte)
+                }
+            });
+            Body::from_stream(bytes)
+        }
+        Some(Fault::Heartbeat { ms }) => {
+            frames.truncate(half.max(1));
+            let head = futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>));
+            let beats =
+                futures::StreamExt::then(futures::stream::repeat(()), move |()| async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok(Bytes::from_static(b": keep-alive\n\n"))
+                });
+            Body::from_stream(futures::StreamExt::chain(head, beats))
         }
         _ => Body::from(frames.concat()),
     };
