@@ -99,13 +99,16 @@ impl Headroom {
     }
 }
 
+/// The largest share of the window the auto-compact buffer may take.
+pub const MAX_BUFFER_SHARE: f64 = 0.5;
+
 /// The headroom buffers in force for a window, in tokens.
 ///
 /// The policy's buffers (13,000 / 20,000 / 3,000 by default) are sized for windows of 100k
 /// tokens and more; on a small window they would exceed the window itself, so every request
 /// would be "blocking" and every compaction would aim below a quarter of the budget. They
-/// are scaled down together so that the auto-compact buffer never exceeds the share of the
-/// window the budget leaves free (`1 - budgetRatio`).
+/// are scaled down together so that the auto-compact buffer never exceeds
+/// [`MAX_BUFFER_SHARE`] of the window. Buffers that already fit are used as configured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Buffers {
     pub warning: u64,
@@ -116,7 +119,7 @@ pub struct Buffers {
 impl Buffers {
     pub fn of(window: u64, policy: &EffectivePolicy) -> Self {
         let a = &policy.auto_compact;
-        let free = (window as f64 * (1.0 - policy.budget_ratio).max(0.0)).floor();
+        let free = (window as f64 * MAX_BUFFER_SHARE).floor();
         let buffer = f64::from(a.buffer_tokens.max(1));
         let scale = (free / buffer).min(1.0);
         let scaled = |t: u32| (f64::from(t) * scale).floor() as u64;
@@ -242,9 +245,9 @@ mod tests {
             (big.warning, big.auto_compact, big.blocking),
             (20_000, 13_000, 3_000)
         );
-        // 2,048 × 0.4 = 819 tokens free: the auto-compact buffer is that, the others scale along.
+        // Half of 2,048: the auto-compact buffer is 1,024 tokens, the others scale along.
         let small = Buffers::of(2_048, &p);
-        assert_eq!(small.auto_compact, 819);
+        assert_eq!(small.auto_compact, 1_024);
         assert!(small.blocking < small.auto_compact && small.auto_compact < small.warning);
         let s = SessionState::new();
         let i = inputs(2_048, None, 0);
@@ -252,6 +255,9 @@ mod tests {
         let at_budget = Headroom::of(2_048 * 6 / 10 * 4, &i, &p, &s).0;
         assert!(at_budget < Headroom::Blocking, "{at_budget:?}");
         let b = Budget::compute(&i, &p, &s);
-        assert_eq!(target_chars(b, &i, &p, &s), b.chars);
+        assert_eq!(target_chars(b, &i, &p, &s), 1_024 * 4);
+        // Buffers that fit the window are used as configured.
+        let fits = Buffers::of(10_000, &p);
+        assert_eq!(fits.auto_compact, 5_000);
     }
 }
