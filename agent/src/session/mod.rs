@@ -418,6 +418,7 @@ impl Session {
         // The summary must fit beside its input: at most a quarter of the window.
         ProviderSummarizer::new(Arc::clone(&self.provider), &self.live, window, extra)
             .with_max_output(tokens / 4)
+            .with_chars_per_token(self.state.chars_per_token.get())
     }
 
     /// Learns what the summarizer's own overflow said: the session's window and ratio when it

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use tracing::Instrument;
 
 use crate::classify::{FailureClass, classify};
-use crate::compact::summarize::{MIN_INPUT_CHARS, SummaryRequest};
+use crate::compact::summarize::{MIN_INPUT_CHARS, SUMMARY_MIN_CHARS, SummaryRequest};
 use crate::compact::text;
 use crate::compact::{SummarizeError, Summarizer};
 use crate::config::Live;
@@ -31,6 +31,8 @@ pub struct ProviderSummarizer {
     /// What an overflow of the summarizer's own request said: the server's count and the
     /// bytes of the request it counted.
     learned: Mutex<Option<(ServerCount, usize)>>,
+    /// The session's bytes per token, to tell whether the output limit can hold a summary.
+    chars_per_token: f64,
 }
 
 impl ProviderSummarizer {
@@ -53,12 +55,18 @@ impl ProviderSummarizer {
             max_output: live.limits.max_output_tokens.min(SUMMARY_OUTPUT_TOKENS),
             extra,
             learned: Mutex::new(None),
+            chars_per_token: crate::tokens::DEFAULT_CHARS_PER_TOKEN,
         }
     }
 
     /// Bounds the summary's output limit (a share of a small window).
     pub fn with_max_output(mut self, max_output: u64) -> Self {
         self.max_output = self.max_output.min(max_output.max(1));
+        self
+    }
+
+    pub fn with_chars_per_token(mut self, ratio: f64) -> Self {
+        self.chars_per_token = ratio;
         self
     }
 
@@ -110,6 +118,15 @@ impl Summarizer for ProviderSummarizer {
         if let Some(extra) = &self.extra {
             instructions.push_str("\n\nAdditional instruction for this summary: ");
             instructions.push_str(extra);
+        }
+        // A limit too small for the shortest summary the quality gate accepts would only
+        // spend a model call on a certain rejection.
+        let output_chars = (self.max_output as f64 * self.chars_per_token) as usize;
+        if output_chars < SUMMARY_MIN_CHARS {
+            return Err(SummarizeError::Failed(format!(
+                "the output limit of {} tokens cannot hold a summary (at least {SUMMARY_MIN_CHARS} bytes); level 2 was skipped",
+                self.max_output
+            )));
         }
         let span = tracing::info_span!("summary", attempt = request.attempt);
         let req = self.request(&instructions, request.transcript.clone());
