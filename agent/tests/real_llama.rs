@@ -61,11 +61,22 @@ fn prose(seed: usize, bytes: usize) -> String {
 }
 
 fn config(kind: &str, base_url: &str, window: Option<u64>) -> String {
+    config_with(kind, base_url, window, true)
+}
+
+/// A session spec; `summaries: false` turns level 2 off (each summary is a second model call
+/// per compaction, which the runs that test the summarizer pay for the others).
+fn config_with(kind: &str, base_url: &str, window: Option<u64>, summaries: bool) -> String {
     let window = window
         .map(|w| format!("contextWindow: {w}\n"))
         .unwrap_or_default();
+    let compaction = if summaries {
+        ""
+    } else {
+        "compaction:\n  summarizer: {enabled: false}\n"
+    };
     format!(
-        "name: llama\nnamespace: tests\nprovider:\n  kind: {kind}\n  model: smollm2-135m-instruct\n  baseUrl: {base_url}\n{window}maxOutputTokens: 48\nsystemPrompt: You are a concise assistant.\n"
+        "name: llama\nnamespace: tests\nprovider:\n  kind: {kind}\n  model: smollm2-135m-instruct\n  baseUrl: {base_url}\n{window}maxOutputTokens: 48\nsystemPrompt: You are a concise assistant.\n{compaction}"
     )
 }
 
@@ -95,6 +106,8 @@ struct Run {
     kind: &'static str,
     window: Option<u64>,
     turns: usize,
+    /// Level-2 summaries through the same server (the first run of each server size).
+    summaries: bool,
 }
 
 /// Drives one served session for `run.turns` turns of 3–5 KB and checks the promises.
@@ -109,7 +122,11 @@ async fn drive(server: &LlamaServer, dir: &Path, run: &Run) {
     ));
     std::fs::create_dir_all(&data).expect("dir");
     let cfg = data.join("session.yaml");
-    std::fs::write(&cfg, config(run.kind, &base, run.window)).expect("config");
+    std::fs::write(
+        &cfg,
+        config_with(run.kind, &base, run.window, run.summaries),
+    )
+    .expect("config");
     let env = storage_env(&data, None);
     let agent = AgentProcess::start(&cfg, &env, &data.join("agent.log"));
     let api = patient(&agent);
@@ -228,7 +245,7 @@ async fn served_sessions_converge_on_a_2048_token_server() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let dir = logs_dir("2048");
     let server = LlamaServer::start(dir.path(), 2_048).expect("llama-server");
-    for (kind, window) in matrix(2_048) {
+    for (i, (kind, window)) in matrix(2_048).into_iter().enumerate() {
         drive(
             &server,
             dir.path(),
@@ -236,6 +253,7 @@ async fn served_sessions_converge_on_a_2048_token_server() {
                 kind,
                 window,
                 turns: TURNS,
+                summaries: i == 0,
             },
         )
         .await;
@@ -247,10 +265,11 @@ async fn served_sessions_converge_on_a_1024_token_server() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let dir = logs_dir("1024");
     let server = LlamaServer::start(dir.path(), 1_024).expect("llama-server");
-    for (kind, window) in matrix(1_024).into_iter().filter(|(k, _)| {
-        *k == "openai-compatible"
-            || std::env::var("CAIRN_LLAMA_FULL_MATRIX").is_ok_and(|v| v == "1")
-    }) {
+    let full = std::env::var("CAIRN_LLAMA_FULL_MATRIX").is_ok_and(|v| v == "1");
+    let runs = matrix(1_024)
+        .into_iter()
+        .filter(|(k, _)| *k == "openai-compatible" || full);
+    for (i, (kind, window)) in runs.enumerate() {
         drive(
             &server,
             dir.path(),
@@ -258,6 +277,7 @@ async fn served_sessions_converge_on_a_1024_token_server() {
                 kind,
                 window,
                 turns: TURNS,
+                summaries: i == 0,
             },
         )
         .await;
