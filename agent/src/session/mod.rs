@@ -3,7 +3,9 @@
 //!
 //! The in-memory history only ever moves forward from what the journal holds: every change
 //! is persisted as one journal entry before the turn (or compaction, or rewind) that made it
-//! is acknowledged, and a failure rolls the in-memory history back to the journal's.
+//! is acknowledged, and a failure takes the in-memory history back to the journal's. A write
+//! whose outcome stayed unknown is settled before the next operation starts, and the history
+//! then becomes whatever the journal turned out to hold: what a restart would rebuild.
 
 mod summarizer;
 pub mod tools;
@@ -23,7 +25,7 @@ use crate::compact::{BudgetInputs, CompactionOutcome, SessionState, Trigger, com
 use crate::config::Live;
 use crate::history::{self, Message};
 use crate::journal::{
-    CompactionRecord, Entry, Journal, JournalError, ObjectStore, PersistedState, Undo,
+    Change, CompactionRecord, Journal, JournalError, ObjectStore, PersistedState, Undo,
 };
 use crate::metrics::Metrics;
 use crate::provider::{Provider, Usage};
@@ -45,6 +47,10 @@ pub enum TurnError {
     Floor(String),
     #[error("the turn was not persisted, history unchanged: {0}")]
     Journal(JournalError),
+    /// The journal may hold the change: see the message (the outcome is settled before the
+    /// next write, and the history then follows the journal).
+    #[error("{0}")]
+    Unsettled(JournalError),
     #[error("{0}")]
     Fenced(JournalError),
     #[error("nothing to rewind: no compaction since the last rewind or restart checkpoint")]
@@ -58,6 +64,7 @@ impl TurnError {
             Self::Provider { .. } => "provider",
             Self::Floor(_) => "floor",
             Self::Journal(_) => "journal",
+            Self::Unsettled(_) => "journal_unknown",
             Self::Fenced(_) => "fenced",
             Self::NothingToRewind => "nothing_to_rewind",
         }
@@ -68,6 +75,7 @@ impl From<JournalError> for TurnError {
     fn from(e: JournalError) -> Self {
         match e {
             JournalError::Fenced { .. } => Self::Fenced(e),
+            e if e.outcome_unknown() => Self::Unsettled(e),
             e => Self::Journal(e),
         }
     }
@@ -92,8 +100,6 @@ pub struct Session {
     pub namespace: String,
     pub name: String,
     history: Vec<Message>,
-    /// What the journal holds.
-    committed: Vec<Message>,
     state: SessionState,
     live: Arc<Live>,
     live_rx: watch::Receiver<Arc<Live>>,
@@ -106,8 +112,10 @@ pub struct Session {
     turns: u64,
     tokens: Usage,
     last_reply_at: Option<SystemTime>,
-    rewindable: Option<(u64, Undo)>,
     last_recovery: Option<LastRecovery>,
+    /// History length before the input of a turn that failed, while the journal may still
+    /// hold that input (see [`Session::settle`]).
+    failed_turn: Option<usize>,
 }
 
 impl Session {
@@ -121,7 +129,6 @@ impl Session {
         let s = Self {
             namespace: parts.namespace,
             name: parts.name,
-            committed: rebuilt.history.clone(),
             history: rebuilt.history,
             state,
             live,
@@ -139,8 +146,8 @@ impl Session {
                 cache_read_tokens: rebuilt.state.cache_read_tokens,
             },
             last_reply_at: None,
-            rewindable: rebuilt.rewindable,
             last_recovery: None,
+            failed_turn: None,
         };
         s.publish_gauges();
         Ok(s)
@@ -195,47 +202,58 @@ impl Session {
         if messages.is_empty() {
             return Ok(());
         }
+        self.settle().await?;
         self.history.extend(messages);
-        self.commit(Vec::new(), None, None).await
+        self.commit(Vec::new(), None, false).await
     }
 
     /// Replaces the whole history (`run --history`), persisted at once.
     pub async fn replace_history(&mut self, messages: Vec<Message>) -> Result<(), TurnError> {
+        self.settle().await?;
         self.history = messages;
-        self.commit(Vec::new(), None, None).await
+        self.commit(Vec::new(), None, false).await
+    }
+
+    /// Settles a journal write whose outcome is not known yet (nothing else is written
+    /// before), and takes the history the journal turned out to hold. Called before every
+    /// operation that changes the history.
+    async fn settle(&mut self) -> Result<(), TurnError> {
+        if self.journal.settled() {
+            return Ok(());
+        }
+        let result = self.journal.resolve().await;
+        self.follow_journal();
+        if self.journal.settled() {
+            self.failed_turn = None;
+        }
+        result.map_err(TurnError::from)
+    }
+
+    /// The history (and the turn count) become what the journal holds. The input of a
+    /// failed turn that the journal turned out to hold stays out of memory, as it does when
+    /// a turn fails after journaling its input: the next entry rewrites it away.
+    fn follow_journal(&mut self) {
+        self.history = self.journal.history().to_vec();
+        self.turns = self.journal.state().turns;
+        if let Some(n) = self.failed_turn
+            && self.history.len() > n
+            && self.history[n..]
+                .iter()
+                .all(|m| matches!(m.role, history::Role::User | history::Role::System))
+        {
+            self.history.truncate(n);
+        }
     }
 
     /// Persists the difference between the journal and the history as one entry. On failure
-    /// the history returns to what the journal holds.
+    /// the history is what the journal holds (for an unknown outcome: as far as is known).
     async fn commit(
         &mut self,
         compactions: Vec<CompactionRecord>,
         undo: Option<Undo>,
-        rewinds: Option<u64>,
+        rewinds: bool,
     ) -> Result<(), TurnError> {
-        let mut at = self
-            .committed
-            .iter()
-            .zip(&self.history)
-            .take_while(|(a, b)| a == b)
-            .count();
-        if at == self.committed.len()
-            && at == self.history.len()
-            && compactions.is_empty()
-            && undo.is_none()
-            && rewinds.is_none()
-        {
-            return Ok(());
-        }
-        if self.journal.checkpoint_due() {
-            at = 0;
-        }
-        let entry = Entry {
-            epoch: 0,
-            seq: 0,
-            holder: String::new(),
-            at,
-            messages: self.history[at..].to_vec(),
+        let change = Change {
             state: PersistedState::capture(
                 &self.state,
                 self.turns,
@@ -246,23 +264,18 @@ impl Session {
                 ],
             ),
             compactions,
-            undo: undo.clone(),
+            undo,
             rewinds,
         };
-        match self.journal.append(entry).await {
-            Ok(seq) => {
-                self.metrics.inc(
-                    "cairn_agent_journal_writes_total",
-                    &[("outcome", "ok")],
-                    1.0,
-                );
-                // The first `at` messages are equal already.
-                self.committed.truncate(at);
-                self.committed.extend_from_slice(&self.history[at..]);
-                if let Some(u) = undo {
-                    self.rewindable = Some((seq, u));
-                } else if rewinds.is_some() {
-                    self.rewindable = None;
+        match self.journal.write(&self.history, change).await {
+            Ok(written) => {
+                if written.is_some() {
+                    self.failed_turn = None;
+                    self.metrics.inc(
+                        "cairn_agent_journal_writes_total",
+                        &[("outcome", "ok")],
+                        1.0,
+                    );
                 }
                 Ok(())
             }
@@ -272,7 +285,8 @@ impl Session {
                     &[("outcome", e.label())],
                     1.0,
                 );
-                self.history.clone_from(&self.committed);
+                self.history = self.journal.history().to_vec();
+                self.turns = self.journal.state().turns;
                 Err(e.into())
             }
         }
@@ -348,16 +362,18 @@ impl Session {
         if let Some(f) = self.journal.fenced() {
             return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
         }
+        self.settle().await?;
         self.refresh_live();
         let pre = self.history.clone();
         let out = self.run_ladder(Trigger::Manual, None, instruction).await;
-        let changed = self.history != pre;
-        let records = vec![record(&out)];
-        let undo = changed.then_some(Undo {
-            pre,
-            post_len: self.history.len(),
-        });
-        self.commit(records, undo, None).await?;
+        // A compaction that changed nothing writes nothing.
+        if self.history != pre {
+            let undo = Undo {
+                pre,
+                post_len: self.history.len(),
+            };
+            self.commit(vec![record(&out)], Some(undo), false).await?;
+        }
         self.publish_gauges();
         Ok(out)
     }
@@ -365,7 +381,8 @@ impl Session {
     /// `POST /v1/session/rewind`: undoes the last compaction — the history before it, plus
     /// every message added since.
     pub async fn rewind(&mut self) -> Result<usize, TurnError> {
-        let Some((seq, undo)) = self.rewindable.clone() else {
+        self.settle().await?;
+        let Some((_, undo)) = self.journal.rewindable().cloned() else {
             return Err(TurnError::NothingToRewind);
         };
         let tail = self
@@ -375,7 +392,7 @@ impl Session {
             .to_vec();
         self.history = undo.pre;
         self.history.extend(tail);
-        self.commit(Vec::new(), None, Some(seq)).await?;
+        self.commit(Vec::new(), None, true).await?;
         self.publish_gauges();
         Ok(self.history.len())
     }
@@ -385,7 +402,8 @@ impl Session {
         if self.journal.fenced().is_some() {
             return Ok(());
         }
-        self.commit(Vec::new(), None, None).await
+        self.settle().await?;
+        self.commit(Vec::new(), None, false).await
     }
 
     /// Counters for `status.session` and `GET /v1/session`.
