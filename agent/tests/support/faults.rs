@@ -10,6 +10,7 @@
 //! connection is closed after every answer, so a fault never leaks into the next request.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -84,6 +85,8 @@ pub struct FaultProxy {
     plan: Arc<Mutex<Plan>>,
     /// How long a stalled or held request is kept (longer than the client's attempt timeout).
     pub hold: Duration,
+    /// Held requests not forwarded yet.
+    held: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -103,15 +106,18 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
         let plan = Arc::new(Mutex::new(Plan::default()));
+        let held = Arc::new(AtomicUsize::new(0));
         let shared = Arc::clone(&plan);
+        let counter = Arc::clone(&held);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((conn, _)) = listener.accept().await else {
                     break;
                 };
                 let plan = Arc::clone(&shared);
+                let held = Arc::clone(&counter);
                 tokio::spawn(async move {
-                    let _ = handle(conn, upstream_port, plan, hold).await;
+                    let _ = handle(conn, upstream_port, plan, hold, held).await;
                 });
             }
         });
@@ -119,6 +125,7 @@ impl FaultProxy {
             endpoint: format!("http://127.0.0.1:{port}"),
             plan,
             hold,
+            held,
             task,
         }
     }
@@ -164,9 +171,11 @@ impl FaultProxy {
         p.always.clear();
     }
 
-    /// Waits until every held request has been forwarded.
+    /// Waits until every held request has been forwarded (and has landed).
     pub async fn settle(&self) {
-        tokio::time::sleep(self.hold + Duration::from_millis(200)).await;
+        while self.held.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -366,6 +375,7 @@ async fn handle(
     upstream: u16,
     plan: Arc<Mutex<Plan>>,
     hold: Duration,
+    held: Arc<AtomicUsize>,
 ) -> std::io::Result<()> {
     let Some((head, body)) = read_request(&mut conn).await? else {
         return Ok(());
@@ -399,9 +409,12 @@ async fn handle(
         }
         Some(Fault::Late) => {
             // The client gives up while the request is held; it lands afterwards.
+            held.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(hold).await;
             drop(conn);
-            forward(upstream, &head, &body).await?;
+            let landed = forward(upstream, &head, &body).await;
+            held.fetch_sub(1, Ordering::SeqCst);
+            landed?;
         }
         Some(Fault::Shuffle) => {
             let resp = forward(upstream, &head, &body).await?;
