@@ -194,6 +194,8 @@ fn classify(method: &str, target: &str) -> Op {
 }
 
 fn decide(plan: &Mutex<Plan>, op: Op, target: &str) -> Option<Fault> {
+    // Listings carry their prefix percent-encoded; matching is on the plain text.
+    let target = &target.replace("%2F", "/").replace("%2f", "/");
     let mut p = lock(plan);
     let n = p.count;
     p.count += 1;
@@ -205,22 +207,24 @@ fn decide(plan: &Mutex<Plan>, op: Op, target: &str) -> Option<Fault> {
             .find(|(o, needle, _)| *o == op && target.contains(needle.as_str()))
             .map(|(_, _, f)| *f);
     }
-    if fault.is_none()
-        && let Some(i) = p
-            .next
-            .iter()
-            .position(|(o, needle, _, _, _)| *o == op && target.contains(needle.as_str()))
-    {
-        let entry = &mut p.next[i];
+    // Every planned fault counts its own matches.
+    let mut done = Vec::new();
+    for (i, entry) in p.next.iter_mut().enumerate() {
+        if entry.0 != op || !target.contains(entry.1.as_str()) {
+            continue;
+        }
         if entry.3 > 0 {
             entry.3 -= 1;
-        } else {
+        } else if fault.is_none() {
             fault = Some(entry.2);
             entry.4 = entry.4.saturating_sub(1);
             if entry.4 == 0 {
-                p.next.remove(i);
+                done.push(i);
             }
         }
+    }
+    for i in done.into_iter().rev() {
+        p.next.remove(i);
     }
     // Reordering means nothing for anything but a listing.
     if fault == Some(Fault::Shuffle) && op != Op::List {
