@@ -698,14 +698,54 @@ struct View {
     chain: Chain,
 }
 
+/// How a landed entry changes the [`View`]: the splice of the history (which moves the kept
+/// messages rather than copying them) and the rest.
+struct Next {
+    at: usize,
+    messages: Vec<Message>,
+    tail: Option<[usize; 2]>,
+    sizes: Vec<u64>,
+    state: PersistedState,
+    rewindable: RewindUpdate,
+    rewind_bytes: u64,
+    chain: Chain,
+}
+
+enum RewindUpdate {
+    Keep,
+    Set((u64, Undo)),
+    Clear,
+}
+
+impl View {
+    fn apply(&mut self, next: Next) {
+        let kept: Vec<Message> = match next.tail {
+            Some([a, b]) => self.history.drain(a..b).collect(),
+            None => Vec::new(),
+        };
+        self.history.truncate(next.at);
+        self.history.extend(next.messages);
+        self.history.extend(kept);
+        self.sizes = next.sizes;
+        self.state = next.state;
+        match next.rewindable {
+            RewindUpdate::Keep => {}
+            RewindUpdate::Set(r) => self.rewindable = Some(r),
+            RewindUpdate::Clear => self.rewindable = None,
+        }
+        self.rewind_bytes = next.rewind_bytes;
+        self.chain = next.chain;
+    }
+}
+
 /// A write whose outcome is not settled.
 enum Pending {
-    /// The entry was sent; whether it landed is unknown. `next` is the view if it did.
+    /// The entry was sent; whether it landed is unknown. `next` is what it changes if it did.
     Sent {
         seq: u64,
         name: String,
         body: Vec<u8>,
-        next: Box<View>,
+        next: Box<Next>,
     },
     /// The entry landed; the claims check that makes it count has not completed.
     Unconfirmed,
@@ -903,7 +943,15 @@ impl Journal {
             Some(Pending::Unconfirmed) => self.resolve().await?,
             None => {}
         }
-        if history == self.view.history.as_slice() && change.undo.is_none() && !change.rewinds {
+        // A seq spent past the chain's head (a write read back as not written) could still
+        // land late and become the newest entry; any entry written after it leaves it off
+        // the chain, so one is written even when nothing changed.
+        let spent = self.next_seq > self.view.chain.head.map_or(0, |h| h + 1);
+        if history == self.view.history.as_slice()
+            && change.undo.is_none()
+            && !change.rewinds
+            && !spent
+        {
             return Ok(None);
         }
         let seq = self.next_seq;
@@ -940,13 +988,13 @@ impl Journal {
     }
 
     /// The entry for `history` (a delta on the chain's head, or a checkpoint when the size
-    /// rule asks for one), its body and the view once it has landed.
+    /// rule asks for one), its body and what it changes once it has landed.
     fn prepare(
         &self,
         seq: u64,
         history: &[Message],
         change: Change,
-    ) -> Result<(Vec<u8>, bool, View), JournalError> {
+    ) -> Result<(Vec<u8>, bool, Next), JournalError> {
         let old = &self.view;
         let (at, range, tail) = diff(&old.history, history);
         let delta = &history[range];
@@ -961,10 +1009,16 @@ impl Journal {
         let rewinds = change
             .rewinds
             .then(|| old.rewindable.as_ref().map_or(0, |(s, _)| *s));
-        let (rewindable, rewind_bytes) = match (&change.undo, &new_undo) {
-            (Some(u), Some(stored)) => (Some((seq, u.clone())), undo_bytes(stored)),
-            _ if change.rewinds => (None, 0),
-            _ => (old.rewindable.clone(), old.rewind_bytes),
+        // What a rewind restores once this entry has landed.
+        let rewind_target = match (&change.undo, change.rewinds) {
+            (Some(u), _) => Some(u),
+            (None, true) => None,
+            (None, false) => old.rewindable.as_ref().map(|(_, u)| u),
+        };
+        let rewind_bytes = match (&new_undo, change.rewinds) {
+            (Some(stored), _) => undo_bytes(stored),
+            (None, true) => 0,
+            (None, false) => old.rewind_bytes,
         };
         let checkpoint_size = sizes.iter().sum::<u64>() + rewind_bytes + ENTRY_OVERHEAD;
         let delta_size = delta_sizes.iter().sum::<u64>()
@@ -985,7 +1039,7 @@ impl Journal {
                 tail: None,
                 state: &change.state,
                 compactions: &change.compactions,
-                undo: rewindable.as_ref().map(|(_, u)| encode_undo(u, history)),
+                undo: rewind_target.map(|u| encode_undo(u, history)),
                 rewinds,
             }
         } else {
@@ -1009,8 +1063,15 @@ impl Journal {
         })?;
         let mut chain = old.chain.clone();
         chain.add(seq, body.len() as u64, full);
-        let next = View {
-            history: history.to_vec(),
+        let rewindable = match (change.undo, change.rewinds) {
+            (Some(u), _) => RewindUpdate::Set((seq, u)),
+            (None, true) => RewindUpdate::Clear,
+            (None, false) => RewindUpdate::Keep,
+        };
+        let next = Next {
+            at,
+            messages: delta.to_vec(),
+            tail,
             sizes,
             state: change.state,
             rewindable,
@@ -1026,7 +1087,7 @@ impl Journal {
             if next.chain.checkpoint.is_some_and(|(s, _)| s == seq) {
                 self.collect_below = Some(seq);
             }
-            self.view = *next;
+            self.view.apply(*next);
             self.pending = Some(Pending::Unconfirmed);
         }
     }

@@ -280,6 +280,44 @@ async fn landed_entry_with_a_failed_fence_check_is_not_denied() {
     );
 }
 
+/// A compaction entry whose every attempt timed out and whose read-back found nothing lands
+/// after all, later. The client was told it was not persisted; it stays off the history, in
+/// memory and after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_lands_after_its_read_back_stays_off_the_history() {
+    let name = unique("late");
+    let sim = Sim::start().await.expect("sim");
+    let proxy = FaultProxy::start(moto().port, Duration::from_millis(600)).await;
+    let cache = tempfile::tempdir().expect("cache");
+    let yaml = yaml(&name, &sim, 200_000);
+    let mut a = open(&yaml, &proxy.endpoint, faulty_timeouts(), cache.path(), "a")
+        .await
+        .expect("open");
+    for t in 0..8 {
+        a.session
+            .turn(vec![Message::user(question(t))])
+            .await
+            .expect("turn");
+    }
+    let before = history::to_jsonl(a.session.history());
+    // Both attempts of the compaction's entry are held past the read-back.
+    proxy.next(Op::Put, "/journal/e", Fault::Late, 2);
+    sim.push_reply(ScriptedReply::text(summary_text()));
+    let err = a
+        .session
+        .compact_now(None)
+        .await
+        .expect_err("the entry did not land in time");
+    assert!(err.to_string().contains("not persisted"), "{err}");
+    assert_eq!(history::to_jsonl(a.session.history()), before);
+    proxy.settle().await;
+    // It has landed now; a clean shutdown still leaves it off the chain.
+    a.session.flush().await.expect("flush");
+    drop(a);
+    let b = restart(&yaml, "b").await;
+    assert_eq!(history::to_jsonl(b.session.history()), before);
+}
+
 /// One step of a fault schedule's session.
 #[derive(Clone, Copy, Debug)]
 enum Step {

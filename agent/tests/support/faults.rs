@@ -83,7 +83,8 @@ struct Plan {
 pub struct FaultProxy {
     pub endpoint: String,
     plan: Arc<Mutex<Plan>>,
-    /// How long a stalled or held request is kept (longer than the client's attempt timeout).
+    /// How long a stalled request is kept (longer than the client's attempt timeout); a held
+    /// one is kept 2.5 times as long.
     pub hold: Duration,
     /// Held requests not forwarded yet.
     held: Arc<AtomicUsize>,
@@ -412,9 +413,10 @@ async fn handle(
             tokio::time::sleep(hold).await;
         }
         Some(Fault::Late) => {
-            // The client gives up while the request is held; it lands afterwards.
+            // The client gives up while the request is held (and has its retry and a
+            // read-back answered meanwhile); it lands afterwards.
             held.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(hold).await;
+            tokio::time::sleep(hold * 5 / 2).await;
             drop(conn);
             let landed = forward(upstream, &head, &body).await;
             held.fetch_sub(1, Ordering::SeqCst);
