@@ -113,8 +113,8 @@ pub struct Session {
     tokens: Usage,
     last_reply_at: Option<SystemTime>,
     last_recovery: Option<LastRecovery>,
-    /// History length before the input of a turn that failed, while the journal may still
-    /// hold that input (see [`Session::settle`]).
+    /// History length before the input of the turn that failed last, until the write it
+    /// left unsettled is settled (see [`Session::follow_journal`]).
     failed_turn: Option<usize>,
 }
 
@@ -219,6 +219,9 @@ impl Session {
     /// operation that changes the history.
     async fn settle(&mut self) -> Result<(), TurnError> {
         if self.journal.settled() {
+            // Whatever a failed turn left is settled: its input, if written, stays out of
+            // memory until the next entry rewrites it away.
+            self.failed_turn = None;
             return Ok(());
         }
         let result = self.journal.resolve().await;

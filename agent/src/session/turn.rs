@@ -267,13 +267,9 @@ impl Session {
                 self.turns += 1;
                 let undo = changes.undo();
                 // 6. The reply and the compactions are journaled before the turn is answered.
-                match self
-                    .commit(std::mem::take(&mut changes.records), undo, false)
+                self.commit(std::mem::take(&mut changes.records), undo, false)
                     .await
-                {
-                    Ok(()) => Ok(out),
-                    Err(e) => Err(e),
-                }
+                    .map(|()| out)
             }
             Err(e) => Err(e),
         };
