@@ -169,6 +169,19 @@ fn texts(history: &[Message]) -> Vec<String> {
         .collect()
 }
 
+/// A clean shutdown's flush, retried a few times as a client would: the short timeouts of
+/// the faulty path stay, and a busy machine may answer slowly.
+async fn flush(session: &mut Session) -> Result<(), TurnError> {
+    let mut flushed = session.flush().await;
+    for _ in 0..4 {
+        match &flushed {
+            Err(e) if is_unsettled_or_not_persisted(e) => flushed = session.flush().await,
+            _ => break,
+        }
+    }
+    flushed
+}
+
 fn is_unsettled_or_not_persisted(e: &TurnError) -> bool {
     matches!(e.label(), "journal" | "journal_unknown")
 }
@@ -287,7 +300,8 @@ async fn landed_entry_with_a_failed_fence_check_is_not_denied() {
 async fn an_entry_that_lands_after_its_read_back_stays_off_the_history() {
     let name = unique("late");
     let sim = Sim::start().await.expect("sim");
-    let proxy = FaultProxy::start(moto().port, Duration::from_millis(600)).await;
+    // Held 2.5 s: well past both attempts and the read-back.
+    let proxy = FaultProxy::start(moto().port, Duration::from_secs(1)).await;
     let cache = tempfile::tempdir().expect("cache");
     let yaml = yaml(&name, &sim, 200_000);
     let mut a = open(&yaml, &proxy.endpoint, faulty_timeouts(), cache.path(), "a")
@@ -312,7 +326,7 @@ async fn an_entry_that_lands_after_its_read_back_stays_off_the_history() {
     assert_eq!(history::to_jsonl(a.session.history()), before);
     proxy.settle().await;
     // It has landed now; a clean shutdown still leaves it off the chain.
-    a.session.flush().await.expect("flush");
+    flush(&mut a.session).await.expect("flush");
     drop(a);
     let b = restart(&yaml, "b").await;
     assert_eq!(history::to_jsonl(b.session.history()), before);
@@ -527,9 +541,9 @@ async fn schedule(
     let mut memory = None;
     if graceful && let Some(s) = session.as_mut() {
         // A clean shutdown settles and writes what is pending; the restart must then be
-        // exactly what the agent had.
-        s.session
-            .flush()
+        // exactly what the agent had. The short timeouts stay, so a slow answer of a busy
+        // machine is retried as a client would.
+        flush(&mut s.session)
             .await
             .map_err(|e| TestCaseError::fail(format!("flush with the store back: {e}")))?;
         memory = Some(history::to_jsonl(s.session.history()));
