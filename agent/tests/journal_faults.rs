@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -36,7 +37,6 @@ fn moto() -> &'static S3Server {
 }
 
 fn unique(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
         "{prefix}-{}-{}",
@@ -461,6 +461,10 @@ fn journal_error(label: &str) -> bool {
     matches!(label, "journal" | "journal_unknown")
 }
 
+/// S3 requests the schedules sent, and how many of them met a fault.
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+static FAULTED: AtomicU64 = AtomicU64::new(0);
+
 /// A faulty store may fail an operation; it may never lose what it acknowledged, corrupt
 /// the journal or hand out a marker it cannot resolve.
 async fn schedule(
@@ -538,6 +542,12 @@ async fn schedule(
     }
     proxy.clear();
     proxy.settle().await;
+    let seen = proxy.seen();
+    REQUESTS.fetch_add(seen.len() as u64, Ordering::Relaxed);
+    FAULTED.fetch_add(
+        seen.iter().filter(|r| r.fault.is_some()).count() as u64,
+        Ordering::Relaxed,
+    );
     let mut memory = None;
     if graceful && let Some(s) = session.as_mut() {
         // A clean shutdown settles and writes what is pending; the restart must then be
@@ -647,8 +657,10 @@ fn random_fault_schedules_keep_every_acknowledged_turn() {
             .collect()
     });
     eprintln!(
-        "fault schedules: {cases} in {:.1} s",
-        started.elapsed().as_secs_f64()
+        "fault schedules: {cases} in {:.1} s, {} S3 requests, {} of them faulted",
+        started.elapsed().as_secs_f64(),
+        REQUESTS.load(Ordering::Relaxed),
+        FAULTED.load(Ordering::Relaxed)
     );
     assert!(
         failures.is_empty(),
