@@ -23,9 +23,11 @@
 //!   the journal, so one whose outcome stayed unknown and that lands later is off the chain:
 //!   a rebuild never meets two candidates for one position.
 //! - **A failed write is read back** before the writer answers. Found: it landed (and counts
-//!   once the claims check confirms it). Not found: it was not written. No answer: the
-//!   outcome stays unknown, and nothing else is written until a read-back settles it
-//!   ([`Journal::resolve`]); the caller takes the history the journal then holds.
+//!   once the claims check confirms it). Not found: a request still in flight could land
+//!   later, so the writer seals it off — an entry with the head's history, on the head — and
+//!   only once that is confirmed was it not written. No answer: the outcome stays unknown, and
+//!   nothing else is written until a read-back settles it ([`Journal::resolve`]); the caller
+//!   takes the history the journal then holds.
 //!
 //! # Fencing
 //!
@@ -902,7 +904,9 @@ impl Journal {
             match self.read_back().await {
                 Ok(true) => {}
                 Ok(false) => return Ok(()),
-                Err(e @ JournalError::Corrupt { .. }) => return Err(e),
+                Err(e @ (JournalError::Corrupt { .. } | JournalError::Fenced { .. })) => {
+                    return Err(e);
+                }
                 Err(e) => {
                     return Err(JournalError::Unsettled(format!(
                         "whether entry {seq} was written is unknown: {e}"
@@ -973,10 +977,12 @@ impl Journal {
                     Ok(true) => {}
                     Ok(false) => {
                         return Err(JournalError::Unavailable(format!(
-                            "{e} (read back: not written)"
+                            "{e} (read back: not written, and sealed off)"
                         )));
                     }
-                    Err(c @ JournalError::Corrupt { .. }) => return Err(c),
+                    Err(c @ (JournalError::Corrupt { .. } | JournalError::Fenced { .. })) => {
+                        return Err(c);
+                    }
                     Err(g) => {
                         return Err(JournalError::Unknown(format!("{e}; reading it back: {g}")));
                     }
@@ -1092,8 +1098,8 @@ impl Journal {
         }
     }
 
-    /// Whether the sent entry is in the store: `true` (and landed) or `false` (and not
-    /// pending any more).
+    /// Whether the sent entry is in the store: `true` (it landed) or `false` (it is not, and
+    /// never will count: see [`Journal::seal`]). On an error it stays unknown.
     async fn read_back(&mut self) -> Result<bool, JournalError> {
         let Some(Pending::Sent { name, body, .. }) = &self.pending else {
             return Ok(true);
@@ -1108,10 +1114,44 @@ impl Journal {
                 reason: "holds another entry than the one written under its name".into(),
             }),
             None => {
-                self.pending = None;
+                self.seal().await?;
                 Ok(false)
             }
         }
+    }
+
+    /// After a read-back found nothing: a request still in flight may land later, so
+    /// "not written" holds only once an entry after it is in the journal and confirmed. The
+    /// seal holds the head's history and builds on the head, which leaves the missing entry
+    /// off the chain whenever it lands. On success nothing is pending; if the seal landed
+    /// but is not confirmed, it is what is pending; otherwise the sent entry still is.
+    async fn seal(&mut self) -> Result<(), JournalError> {
+        let seq = self.next_seq;
+        let change = Change {
+            state: self.view.state.clone(),
+            ..Change::default()
+        };
+        let (body, full, next) = self.prepare(seq, &self.view.history, change)?;
+        let name = entry_name(self.token, seq, full);
+        self.next_seq += 1;
+        if let Err(e) = self.objects.put(&name, body.clone()).await {
+            // A seal that lands late only repeats the head: harmless either way.
+            match self.objects.get(&name).await {
+                Ok(Some(found)) if found == body => {}
+                Ok(_) => return Err(JournalError::Unavailable(format!("sealing: {e}"))),
+                Err(g) => {
+                    return Err(JournalError::Unavailable(format!(
+                        "sealing: {e}; reading it back: {g}"
+                    )));
+                }
+            }
+        }
+        if full {
+            self.collect_below = Some(seq);
+        }
+        self.view.apply(next);
+        self.pending = Some(Pending::Unconfirmed);
+        self.confirm().await
     }
 
     /// The claims check after a landed entry; superseded entries are collected once it passed.
@@ -1549,7 +1589,11 @@ mod tests {
         assert!(a.settled());
         assert_eq!(a.history(), users(&["1"]).as_slice());
         let seq = a.write(&users(&["1", "2"]), change()).await.unwrap();
-        assert_eq!(seq, Some(2), "seq 1 was spent by the refused write");
+        assert_eq!(
+            seq,
+            Some(3),
+            "seq 1 went to the refused write, 2 to its seal"
+        );
         assert_eq!(rebuilt(&objects).await, users(&["1", "2"]));
     }
 
