@@ -549,6 +549,12 @@ async fn schedule(
         Ordering::Relaxed,
     );
     let mut memory = None;
+    // Killed with its journal settled: the restart is what the agent had, but for the input
+    // of a failed last turn, which the journal keeps until the next entry.
+    let killed = match &session {
+        Some(s) if !graceful && s.session.journal_settled() => Some(s.session.history().to_vec()),
+        _ => None,
+    };
     if graceful && let Some(s) = session.as_mut() {
         // A clean shutdown settles and writes what is pending; the restart must then be
         // exactly what the agent had. The short timeouts stay, so a slow answer of a busy
@@ -567,6 +573,20 @@ async fn schedule(
             history::to_jsonl(rebuilt),
             memory,
             "the restart rebuilds what the agent had"
+        );
+    }
+    if let Some(had) = killed {
+        let same = history::to_jsonl(rebuilt) == history::to_jsonl(&had);
+        let plus_input = rebuilt.len() == had.len() + 1
+            && history::to_jsonl(&rebuilt[..had.len()]) == history::to_jsonl(&had)
+            && rebuilt
+                .last()
+                .is_some_and(|m| m.role == Role::User && unacked.contains(&m.content));
+        prop_assert!(
+            same || plus_input,
+            "the restart differs from what the killed agent had: {:?} vs {:?}",
+            texts(rebuilt),
+            texts(&had)
         );
     }
     // Every marker resolves, straight from S3.

@@ -181,6 +181,12 @@ impl Session {
         self.journal.epoch()
     }
 
+    /// False while a journal write's outcome is unknown or unconfirmed: the history is then
+    /// what the journal is known to hold, and the next operation settles it first.
+    pub fn journal_settled(&self) -> bool {
+        self.journal.settled()
+    }
+
     /// Set once another agent took this session over: it must not run turns any more.
     pub fn fenced(&self) -> Option<String> {
         self.journal.fenced().map(ToString::to_string)
