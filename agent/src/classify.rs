@@ -435,14 +435,14 @@ fn contains_word(hay: &str, needle: &str) -> bool {
 
 /// The useful parts of an error body: every code/type/status string found and the message.
 #[derive(Debug, Default)]
-struct ParsedBody {
-    is_json: bool,
-    codes: Vec<String>,
-    message: String,
+pub(crate) struct ParsedBody {
+    pub(crate) is_json: bool,
+    pub(crate) codes: Vec<String>,
+    pub(crate) message: String,
 }
 
 impl ParsedBody {
-    fn parse(body: &str) -> Self {
+    pub(crate) fn parse(body: &str) -> Self {
         let Ok(value) = serde_json::from_str::<serde_json::Value>(body.trim()) else {
             return Self {
                 is_json: false,

@@ -265,6 +265,47 @@ pub struct Storage {
     pub counters: Arc<ArchiveCounters>,
     /// `s3` or `local`.
     pub kind: &'static str,
+    /// What [`Storage::check`] probes.
+    probe: Probe,
+}
+
+/// The durable tier, as [`Storage::check`] reaches it (past any cache).
+#[derive(Clone)]
+enum Probe {
+    S3(S3Store),
+    Local(PathBuf),
+}
+
+impl Storage {
+    /// Whether the archive answers: a probe object written, read back and deleted on the
+    /// durable tier with the agent's own credentials (for S3: past the local cache).
+    pub async fn check(&self) -> cairn_crds::session::ArchiveCheck {
+        let (location, result) = match &self.probe {
+            Probe::S3(s3) => (s3.location(), s3.probe().await.map_err(|e| e.to_string())),
+            Probe::Local(dir) => (
+                format!("local:{}", dir.display()),
+                probe_dir(dir).map_err(|e| format!("local archive {}: {e}", dir.display())),
+            ),
+        };
+        cairn_crds::session::ArchiveCheck {
+            ok: result.is_ok(),
+            location,
+            message: result.err(),
+            at: crate::session::rfc3339(std::time::SystemTime::now()),
+        }
+    }
+}
+
+fn probe_dir(dir: &Path) -> std::io::Result<()> {
+    const BODY: &[u8] = b"cairn archive probe";
+    let path = dir.join(format!(".probe-{:016x}", fastrand::u64(..)));
+    std::fs::write(&path, BODY)?;
+    let read = std::fs::read(&path);
+    std::fs::remove_file(&path)?;
+    if read? != BODY {
+        return Err(std::io::Error::other("the probe file came back different"));
+    }
+    Ok(())
 }
 
 impl Storage {
@@ -283,6 +324,7 @@ impl Storage {
                     .client()
                     .map_err(|e| ConfigError::Archive(e.to_string()))?;
                 let remote = S3Store::with_client(client.clone(), &cfg.bucket, scope.clone());
+                let probe = Probe::S3(remote.clone());
                 let layered =
                     LayeredStore::open(&settings.cache_dir, settings.cache_limits, remote)
                         .map_err(archive_err)?;
@@ -292,6 +334,7 @@ impl Storage {
                     journal: Arc::new(S3Objects::new(client, &cfg.bucket, scope.journal_prefix())),
                     counters,
                     kind: "s3",
+                    probe,
                 })
             }
             None => {
@@ -308,6 +351,7 @@ impl Storage {
                     journal: Arc::new(DirObjects::open(root.join("journal")).map_err(journal_err)?),
                     counters,
                     kind: "local",
+                    probe: Probe::Local(root),
                 })
             }
         }

@@ -357,6 +357,14 @@ pub struct PersistedState {
     pub output_tokens: u64,
     #[serde(default)]
     pub cache_read_tokens: u64,
+    /// The window a server named, and the `model@configured-window` it was learned for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned_window: Option<(u64, String)>,
+    /// The calibrated bytes per token and how many counts it rests on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chars_per_token: Option<(f64, u32)>,
+    #[serde(default)]
+    pub truncated_replies: u64,
 }
 
 impl PersistedState {
@@ -375,6 +383,10 @@ impl PersistedState {
             input_tokens: tokens[0],
             output_tokens: tokens[1],
             cache_read_tokens: tokens[2],
+            learned_window: state.learned_window.zip(state.learned_window_basis.clone()),
+            chars_per_token: (state.chars_per_token.samples() > 0)
+                .then(|| (state.chars_per_token.get(), state.chars_per_token.samples())),
+            truncated_replies: state.truncated_replies,
         }
     }
 
@@ -388,6 +400,14 @@ impl PersistedState {
         state.compactions = self.compactions;
         state.level3_compactions = self.level3_compactions;
         state.recoveries = self.recoveries;
+        state.truncated_replies = self.truncated_replies;
+        if let Some((w, basis)) = &self.learned_window {
+            state.learned_window = Some(*w);
+            state.learned_window_basis = Some(basis.clone());
+        }
+        if let Some((v, n)) = self.chars_per_token {
+            state.chars_per_token = crate::tokens::CharsPerToken::restored(v, n);
+        }
     }
 }
 
@@ -762,6 +782,9 @@ pub struct Change {
     pub undo: Option<Undo>,
     /// This change undoes the compaction that [`Journal::rewindable`] names.
     pub rewinds: bool,
+    /// The session state changed without the history (a reset learned cap): written even
+    /// when nothing else changed.
+    pub persist_state: bool,
 }
 
 /// The journal of one session, owned by its single writer.
@@ -954,6 +977,7 @@ impl Journal {
         if history == self.view.history.as_slice()
             && change.undo.is_none()
             && !change.rewinds
+            && !change.persist_state
             && !spent
         {
             return Ok(None);

@@ -194,6 +194,32 @@ pub async fn write_status(
     }
 }
 
+/// Writes one archive check into `status.session.archiveCheck` (a merge patch: the
+/// counters an earlier incarnation wrote stay until this one's first status write). Used
+/// before the session is open, when the regular status writer is not running yet.
+pub async fn report_archive_check(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    check: &cairn_crds::session::ArchiveCheck,
+) {
+    let api: Api<AgentSession> = Api::namespaced(client.clone(), ns);
+    let patch = serde_json::json!({"status": {"session": {"archiveCheck": check}}});
+    if let Err(e) = api
+        .patch_status(
+            name,
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        tracing::warn!(error = %e, "writing status.session.archiveCheck");
+    }
+}
+
 /// A held Lease.
 pub struct LeaseHold {
     api: Api<Lease>,

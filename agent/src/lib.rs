@@ -14,6 +14,7 @@ pub mod provider;
 // Classification, compaction and recovery.
 pub mod classify;
 pub mod compact;
+pub mod overflow;
 pub mod recovery;
 pub mod tokens;
 

@@ -71,6 +71,12 @@ enum Command {
         #[arg(long, default_value = "0.0.0.0:8080")]
         listen: SocketAddr,
     },
+    /// Forget the session's learned payload cap (journaled). Opens the session's journal
+    /// as `run` does; against a running `serve` use `POST /v1/session/reset-payload-cap`.
+    ResetPayloadCap {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Print an archived original, byte for byte.
     Recall {
         /// A <<ccr:KEY>> marker or its 16-hex key.
@@ -159,6 +165,23 @@ fn main() -> ExitCode {
             telemetry.shutdown();
             match result {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            }
+        }
+        Command::ResetPayloadCap { config } => {
+            let session = app::session_name(&Source::File(config.clone()));
+            let telemetry = telemetry::init(false, session_ref(&session));
+            let result = runtime().block_on(app::reset_payload_cap_cmd(&config));
+            telemetry.shutdown();
+            match result {
+                Ok(Some(cap)) => {
+                    println!("the learned payload cap of {cap} bytes was reset");
+                    ExitCode::SUCCESS
+                }
+                Ok(None) => {
+                    println!("no payload cap was learned");
+                    ExitCode::SUCCESS
+                }
                 Err(e) => fail(e),
             }
         }

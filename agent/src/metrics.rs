@@ -51,6 +51,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "Recovery attempts by failure class, attempt and outcome.",
     ),
     (
+        "cairn_agent_headroom_warnings_total",
+        "counter",
+        "Turns whose context headroom fell to autoCompact.warningBufferTokens.",
+    ),
+    (
         "cairn_agent_notices_total",
         "counter",
         "Notices (compaction, recovery, learned cap, floor, warning) by kind.",
@@ -69,6 +74,21 @@ const HELP: &[(&str, &str, &str)] = &[
         "cairn_agent_tool_calls_total",
         "counter",
         "Built-in tool calls by tool.",
+    ),
+    (
+        "cairn_agent_truncated_replies_total",
+        "counter",
+        "Replies cut short that no escalation could fix, by reason (context_full, window_bound, output_limit).",
+    ),
+    (
+        "cairn_agent_learned_context_window_tokens",
+        "gauge",
+        "Context window a model server named, when smaller than the configured one (0: none).",
+    ),
+    (
+        "cairn_agent_bytes_per_token",
+        "gauge",
+        "Bytes per token of the session's content as the model server counts it.",
     ),
     (
         "cairn_agent_learned_payload_cap_bytes",

@@ -1,41 +1,53 @@
 //! The recovery ladder: what to do after a classified failure, at most
 //! `recovery.maxAttempts` times per turn.
 //!
-//! - Attempt 1: pairing repair; the session's tool-result budgets are halved; assistant
-//!   messages over [`LONG_ASSISTANT_CHARS`] are cut (¾ head + ¼ tail).
-//! - Attempt 2: the system messages and the last `emergencyKeepMessages` non-system
-//!   messages, starting at a user message; pairing re-checked.
-//! - Attempt 3: the system messages and the last `nuclearKeepMessages`, each capped at
-//!   `nuclearMessageChars`.
-//!
-//! Everything dropped or cut is archived first; a notice with the recall marker replaces a
-//! dropped segment. A payload-class failure also teaches the session a cap (¾ of the exact
-//! size of the rejected request; [`ASSUMED_REJECTED_BYTES`] when the size is unknown), runs
-//! the floor diagnosis, and adds the payload-limit guidance once per session.
+//! Every attempt first learns what the failure says: an overflow error's own numbers teach
+//! the session its real window and its real bytes per token for the request that failed
+//! ([`crate::overflow`]); a payload-class failure teaches a cap of ¾ of the exact size of the
+//! rejected request ([`ASSUMED_REJECTED_BYTES`] when the size is unknown), runs the floor
+//! diagnosis and adds the payload-limit guidance once per session. Then it computes the size
+//! the history must reach — the session's budget under what it just learned, less a safety
+//! margin, and strictly below the rejected size — and hands that target to the one shrinking
+//! engine, the compaction ladder ([`crate::compact::ladder`], without a summarizer call).
+//! Its last level keeps fewer and fewer messages, each cut to its floor (archived first),
+//! until the target is met. When the system prompt, the tool catalog and the newest user
+//! message alone cannot fit the window, recovery fails fast with the floor diagnosis; an
+//! attempt that could not make the request smaller is never sent.
 //!
 //! On a reply stopped by the output-token limit, [`escalate_output`] doubles the limit (up to
 //! the model's own maximum) and asks the model to continue.
 
 use cairn_crds::EffectivePolicy;
 
-use crate::ccr::{Key, Store, extract_markers};
+use crate::ccr::Store;
 use crate::classify::FailureClass;
-use crate::compact::archive::{archive_all, note_archived, referenced_keys, segment_text};
-use crate::compact::emergency::user_tail_start;
-use crate::compact::pairing::{self, OrphanMode};
-use crate::compact::state::MAX_TOOL_BUDGET_HALVINGS;
-use crate::compact::{Pass, PassReport, SessionState, Trigger, text};
-use crate::history::{self, Message, Role};
+use crate::compact::emergency::floor_with_keep;
+use crate::compact::ladder::{self, LadderContext};
+use crate::compact::{Budget, BudgetInputs, Pass, PassReport, SessionState, Trigger, window};
+use crate::history::{self, Message};
+use crate::overflow::{ServerCount, server_count};
 use crate::provider::ProviderError;
 
-/// Assistant messages longer than this are cut by attempt 1.
-pub const LONG_ASSISTANT_CHARS: usize = 5_000;
+/// A payload rejection of a request no larger than the uncompactable part plus this much
+/// is no evidence of a body-size limit worth learning (no proxy limits bodies to a few KB;
+/// a cap that small would compact every later turn down to nothing): it is a floor
+/// diagnosis, and no cap is learned.
+pub const MIN_PLAUSIBLE_ROOM_BYTES: u64 = 4 * 1024;
 /// The rejected size assumed when a payload failure carries no request size.
 pub const ASSUMED_REJECTED_BYTES: u64 = 4 * 1024 * 1024;
 /// First line of the payload-limit guidance; also how it is found again in a history.
 pub const PAYLOAD_NOTICE_HEADER: &str = "[SYSTEM NOTICE — PAYLOAD LIMIT HIT]";
 /// Asked of the model after a reply cut off at the output-token limit.
 pub const CONTINUATION_MESSAGE: &str = "Your response was cut off at the token limit. Resume DIRECTLY from where you stopped — do not repeat any content. Do not apologize, recap or restart; continue mid-sentence if that is where you stopped.";
+/// Share of the computed target a recovery aims for: the new request differs from the one
+/// the server counted, so its bytes per token do too.
+pub const TARGET_MARGIN: f64 = 0.9;
+/// Without any number to go by (the estimate says the request fits, the server says it does
+/// not), each attempt halves what it keeps.
+pub const BLIND_SHRINK: f64 = 0.5;
+/// Share of the window the floor may fill before recovery gives up: the rest is the least
+/// room a reply needs.
+pub const FLOOR_WINDOW_SHARE: f64 = 0.9;
 
 /// Why recovery cannot help.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +61,18 @@ pub enum RecoveryError {
         "the system prompt and tool catalog alone are {uncompactable} bytes, but the network path rejected a {rejected}-byte request: no compaction can fix this. Shorten the system prompt, offer fewer tools, or raise the body-size limit of the proxy in front of the provider (and set spec.payloadCap to match)"
     )]
     Floor { uncompactable: u64, rejected: u64 },
+    /// The context-window twin of [`RecoveryError::Floor`]: what every request must carry
+    /// does not fit the model's window.
+    #[error(
+        "the system prompt, the tool catalog and the newest message need about {floor_tokens} tokens even with everything else dropped and the message cut to its floor, but requests must fit a context window of {window} tokens (spec.contextWindow, or the server's own when smaller): no compaction can fix this. Shorten the system prompt or the message, offer fewer tools, or use a model with a larger window"
+    )]
+    WindowFloor { floor_tokens: u64, window: u64 },
+    /// Nothing could be made smaller (the archive refused the originals, so nothing was cut):
+    /// the rejected request is not resent.
+    #[error(
+        "recovery could not make the rejected request smaller (the archive refused: {archive_error}), so it was not resent; nothing was dropped"
+    )]
+    Stuck { archive_error: &'static str },
 }
 
 impl RecoveryError {
@@ -56,7 +80,8 @@ impl RecoveryError {
         match self {
             Self::NotRecoverable(_) => "not_recoverable",
             Self::Exhausted(_) => "exhausted",
-            Self::Floor { .. } => "floor",
+            Self::Floor { .. } | Self::WindowFloor { .. } => "floor",
+            Self::Stuck { .. } => "stuck",
         }
     }
 }
@@ -67,16 +92,28 @@ pub struct RecoveryContext<'a> {
     pub store: &'a dyn Store,
     /// Bytes of the parts no compaction can remove: system prompt and tool catalog.
     pub uncompactable_bytes: u64,
+    /// The budget inputs with the *configured* window (the session's learned window is
+    /// applied here) and the configured payload cap.
+    pub inputs: BudgetInputs,
+    /// Weight of the request that failed, as cairn measures it (history as sent plus tool
+    /// catalog): the basis the server's token count is converted with.
+    pub sent_weight: usize,
 }
 
 /// What one recovery attempt did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecoveryOutcome {
-    /// 1, 2 or 3.
+    /// 1, 2, ... up to `recovery.maxAttempts`.
     pub attempt: u32,
     pub class: FailureClass,
     /// The session's payload cap after this failure (payload classes only).
     pub learned_cap: Option<u64>,
+    /// The numbers the overflow error carried.
+    pub counted: ServerCount,
+    /// The session's window after this failure, when a server named one.
+    pub learned_window: Option<u64>,
+    /// The history weight the attempt aimed for.
+    pub target: usize,
     /// The payload-limit guidance was added by this attempt.
     pub notice_injected: bool,
     /// Set when the uncompactable part reaches ¾ of the rejected size.
@@ -95,7 +132,7 @@ pub async fn recover(
     if !class.is_recoverable() {
         return Err(RecoveryError::NotRecoverable(class));
     }
-    let max = ctx.policy.recovery.max_attempts.min(3);
+    let max = ctx.policy.recovery.max_attempts;
     if state.recovery_attempts >= max {
         return Err(RecoveryError::Exhausted(state.recovery_attempts));
     }
@@ -107,7 +144,7 @@ pub async fn recover(
         } else {
             err.request_bytes
         };
-        if ctx.uncompactable_bytes >= rejected {
+        if ctx.uncompactable_bytes + MIN_PLAUSIBLE_ROOM_BYTES >= rejected {
             return Err(RecoveryError::Floor {
                 uncompactable: ctx.uncompactable_bytes,
                 rejected,
@@ -121,37 +158,38 @@ pub async fn recover(
         }
         learned_cap = Some(state.learn_payload_cap(rejected / 4 * 3));
     }
+    let counted = if class == FailureClass::ContextOverflow {
+        learn_from_count(err, ctx, state)
+    } else {
+        ServerCount::default()
+    };
+    let learned_window = counted.window.and(state.learned_window);
+
+    let weight = history::weight(history);
+    let target = target_for(history, weight, &counted, learned_cap, ctx, state)?;
+
     state.recovery_attempts += 1;
     state.recoveries += 1;
     let attempt = state.recovery_attempts;
-    let mut report = PassReport::new(Pass::Recovery, Trigger::Recovery, history::weight(history));
-    report
-        .notes
-        .push(format!("attempt {attempt} after {}", class.label()));
+    let mut report = PassReport::new(Pass::Recovery, Trigger::Recovery, weight);
+    report.notes.push(format!(
+        "attempt {attempt} after {}: target {target} bytes",
+        class.label()
+    ));
 
-    match attempt {
-        1 => {
-            let (pr, _) = pairing::repair_archived(history, ctx.store, Trigger::Recovery).await;
-            merge(&mut report, &pr);
-            state.tool_budget_halvings =
-                (state.tool_budget_halvings + 1).min(MAX_TOOL_BUDGET_HALVINGS);
-            cut_long_assistants(history, ctx.store, &mut report).await;
-        }
-        2 => {
-            let keep = ctx.policy.recovery.emergency_keep_messages as usize;
-            keep_last(history, keep, None, ctx.store, &mut report).await;
-        }
-        _ => {
-            let r = &ctx.policy.recovery;
-            keep_last(
-                history,
-                r.nuclear_keep_messages as usize,
-                Some(r.nuclear_message_chars as usize),
-                ctx.store,
-                &mut report,
-            )
-            .await;
-        }
+    let inputs = effective_inputs(ctx, state);
+    let lctx = LadderContext {
+        policy: ctx.policy,
+        inputs,
+        store: ctx.store,
+        summarizer: None,
+        trigger: Trigger::Recovery,
+        budget_ratio: None,
+        target: Some(target),
+    };
+    let out = ladder::compact(history, &lctx, state).await;
+    for r in &out.reports {
+        merge(&mut report, r);
     }
 
     let mut notice_injected = false;
@@ -163,14 +201,115 @@ pub async fn recover(
         report.added += 1;
     }
     report.bytes_after = history::weight(history);
+    if report.bytes_after >= weight {
+        // Resending the same bytes can only fail the same way.
+        return Err(match report.archive_error {
+            Some(archive_error) => RecoveryError::Stuck { archive_error },
+            None => floor_error(history, class, err, ctx, state),
+        });
+    }
     Ok(RecoveryOutcome {
         attempt,
         class,
         learned_cap,
+        counted,
+        learned_window,
+        target,
         notice_injected,
         floor_warning,
         report,
     })
+}
+
+/// Learns the window and the bytes per token from an overflow error's own numbers.
+fn learn_from_count(
+    err: &ProviderError,
+    ctx: &RecoveryContext<'_>,
+    state: &mut SessionState,
+) -> ServerCount {
+    let count = server_count(err);
+    if let Some(prompt) = count.prompt_tokens {
+        state
+            .chars_per_token
+            .set_counted(ctx.sent_weight as u64, prompt);
+    }
+    let configured = ctx.inputs.context_window;
+    match (count.window, count.prompt_tokens) {
+        (Some(w), _) if w < configured => {
+            state.learn_window(w);
+        }
+        // The server rejected `p` tokens without naming its window: the window is smaller.
+        (None, Some(p)) if p <= configured => {
+            state.learn_window(p.saturating_sub(1).max(1));
+        }
+        _ => {}
+    }
+    count
+}
+
+/// The budget inputs with the session's learned window applied.
+fn effective_inputs(ctx: &RecoveryContext<'_>, state: &SessionState) -> BudgetInputs {
+    BudgetInputs {
+        context_window: state.effective_window(ctx.inputs.context_window),
+        ..ctx.inputs
+    }
+}
+
+/// The history weight an attempt aims for: the budget under what the session now knows,
+/// less [`TARGET_MARGIN`], and strictly below what was rejected; never below what every
+/// request carries (system messages and the newest user message at its floor), which fails
+/// fast when even that cannot fit the window.
+fn target_for(
+    history: &[Message],
+    weight: usize,
+    counted: &ServerCount,
+    learned_cap: Option<u64>,
+    ctx: &RecoveryContext<'_>,
+    state: &SessionState,
+) -> Result<usize, RecoveryError> {
+    let inputs = effective_inputs(ctx, state);
+    let budget = Budget::compute(&inputs, ctx.policy, state);
+    let by_budget = window::target_chars(budget, &inputs, ctx.policy, state).min(budget.chars);
+    let mut target = (by_budget as f64 * TARGET_MARGIN) as usize;
+    let informed = !counted.is_empty() || learned_cap.is_some();
+    if target >= weight || !informed {
+        // Nothing learned says by how much: halve.
+        target = target.min((weight as f64 * BLIND_SHRINK) as usize);
+    }
+    let floor = floor_with_keep(history, 1);
+    let floor_tokens = state
+        .chars_per_token
+        .tokens(floor + ctx.inputs.reserve_bytes);
+    let window = inputs.context_window;
+    if floor_tokens as f64 > window as f64 * FLOOR_WINDOW_SHARE {
+        return Err(RecoveryError::WindowFloor {
+            floor_tokens,
+            window,
+        });
+    }
+    Ok(target.max(floor).min(weight.saturating_sub(1)))
+}
+
+fn floor_error(
+    history: &[Message],
+    class: FailureClass,
+    err: &ProviderError,
+    ctx: &RecoveryContext<'_>,
+    state: &SessionState,
+) -> RecoveryError {
+    if class.is_payload() {
+        RecoveryError::Floor {
+            uncompactable: ctx.uncompactable_bytes,
+            rejected: err.request_bytes,
+        }
+    } else {
+        RecoveryError::WindowFloor {
+            floor_tokens: state
+                .chars_per_token
+                .tokens(floor_with_keep(history, 1) + ctx.inputs.reserve_bytes),
+            window: state.effective_window(ctx.inputs.context_window),
+        }
+    }
 }
 
 fn merge(into: &mut PassReport, from: &PassReport) {
@@ -185,6 +324,7 @@ fn merge(into: &mut PassReport, from: &PassReport) {
     if into.archive_error.is_none() {
         into.archive_error = from.archive_error;
     }
+    into.notes.extend(from.notes.iter().cloned());
 }
 
 /// The payload-limit guidance.
@@ -200,145 +340,6 @@ pub fn payload_notice_present(history: &[Message], state: &SessionState) -> bool
         || history
             .iter()
             .any(|m| m.content.contains(PAYLOAD_NOTICE_HEADER))
-}
-
-async fn cut_long_assistants(history: &mut [Message], store: &dyn Store, report: &mut PassReport) {
-    let targets: Vec<usize> = history
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| {
-            m.role == Role::Assistant
-                && m.content.len() > LONG_ASSISTANT_CHARS
-                && !m.meta.preserve_verbatim
-                && !text::quotes_marker(&m.content)
-        })
-        .map(|(i, _)| i)
-        .collect();
-    cap_messages(history, &targets, LONG_ASSISTANT_CHARS, store, report).await;
-}
-
-/// Cuts each message in `targets` to `cap` bytes (¾ head, ¼ tail), archiving originals
-/// first; all or nothing.
-async fn cap_messages(
-    history: &mut [Message],
-    targets: &[usize],
-    cap: usize,
-    store: &dyn Store,
-    report: &mut PassReport,
-) {
-    // (index, already-archived stub) — `None`: archive the content, then cut it.
-    let mut edits: Vec<(usize, Option<(String, Key)>)> = Vec::new();
-    for &i in targets {
-        let c = &history[i].content;
-        if c.len() <= cap {
-            continue;
-        }
-        if text::is_ours(c) {
-            if let (Some(k), Some(st)) = (extract_markers(c).first().copied(), text::parse_stats(c))
-            {
-                let s = text::stub("message", st, &k);
-                if s.len() < c.len() {
-                    edits.push((i, Some((s, k))));
-                }
-            }
-            continue;
-        }
-        if !text::quotes_marker(c) {
-            edits.push((i, None));
-        }
-    }
-    let originals: Vec<&[u8]> = edits
-        .iter()
-        .filter(|(_, ready)| ready.is_none())
-        .map(|(i, _)| history[*i].content.as_bytes())
-        .collect();
-    let keys = match archive_all(store, &originals).await {
-        Ok(keys) => keys,
-        Err(e) => {
-            report.archive_error = Some(e.label());
-            return;
-        }
-    };
-    for k in &keys {
-        if !report.archived.contains(k) {
-            report.archived.push(*k);
-        }
-    }
-    let mut keys = keys.into_iter();
-    for (i, ready) in edits {
-        let (new, key) = match ready {
-            Some(r) => r,
-            None => {
-                let Some(key) = keys.next() else { break };
-                match text::preview_within(&history[i].content, cap, &key) {
-                    Some(p) => (p, key),
-                    None => continue,
-                }
-            }
-        };
-        history[i].content = new;
-        note_archived(&mut history[i], &key);
-        report.changed += 1;
-    }
-}
-
-/// Keeps the system messages and the last `keep` non-system messages (starting at a user
-/// message), optionally capping each; the dropped part is archived and replaced by a notice.
-async fn keep_last(
-    history: &mut Vec<Message>,
-    keep: usize,
-    cap: Option<usize>,
-    store: &dyn Store,
-    report: &mut PassReport,
-) {
-    let ts = user_tail_start(history, keep);
-    let dropped: Vec<Message> = history[..ts]
-        .iter()
-        .filter(|m| !m.is_system())
-        .cloned()
-        .collect();
-    let mut staged: Vec<Message> = history.iter().filter(|m| m.is_system()).cloned().collect();
-    if !dropped.is_empty() {
-        let archive_text = segment_text(&dropped);
-        let key = match archive_all(store, &[archive_text.as_bytes()]).await {
-            Ok(keys) if !keys.is_empty() => keys[0],
-            Ok(_) => return,
-            Err(e) => {
-                report.archive_error = Some(e.label());
-                return;
-            }
-        };
-        report.archived.push(key);
-        let chars: usize = dropped.iter().map(Message::weight).sum();
-        let mut n = Message::user(format!(
-            "{}a request was rejected, so {} earlier messages ({chars} chars) were dropped to recover. They are archived; recall {} to read them.]",
-            text::BANNER_PREFIX,
-            dropped.len(),
-            key.marker()
-        ));
-        n.meta.is_summary = true;
-        n.meta.archived.push(key.as_str().to_string());
-        for k in referenced_keys(&dropped) {
-            if k != key {
-                n.meta.archived.push(k.as_str().to_string());
-            }
-        }
-        staged.push(n);
-        report.removed += dropped.len();
-        report.added += 1;
-    }
-    staged.extend(history[ts..].iter().filter(|m| !m.is_system()).cloned());
-    pairing::repair(&mut staged, OrphanMode::ToUser);
-    if let Some(cap) = cap {
-        let targets: Vec<usize> = staged
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| !m.is_system() && !m.meta.is_summary && m.content.len() > cap)
-            .map(|(i, _)| i)
-            .collect();
-        cap_messages(&mut staged, &targets, cap, store, report).await;
-    }
-    *history = staged;
 }
 
 /// A reply that stopped at the output-token limit, and what to do about it.

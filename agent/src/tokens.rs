@@ -9,9 +9,10 @@
 pub const DEFAULT_CHARS_PER_TOKEN: f64 = 4.0;
 /// Weight of the newest observation in the moving average.
 pub const EMA_ALPHA: f64 = 0.3;
-/// Bounds of the calibrated ratio.
-pub const MIN_CHARS_PER_TOKEN: f64 = 2.0;
-pub const MAX_CHARS_PER_TOKEN: f64 = 6.0;
+/// Bounds of the calibrated ratio. Small-vocabulary tokenizers on logs and code reach 1.6
+/// bytes per token; CJK text with byte-level tokenizers goes lower still.
+pub const MIN_CHARS_PER_TOKEN: f64 = 1.0;
+pub const MAX_CHARS_PER_TOKEN: f64 = 8.0;
 /// Observations from tiny requests are dominated by framing overhead and are ignored.
 pub const MIN_SAMPLE_TOKENS: u64 = 256;
 
@@ -54,6 +55,30 @@ impl CharsPerToken {
         }
         .clamp(MIN_CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN);
         self.samples = self.samples.saturating_add(1);
+    }
+
+    /// Takes a server's own count of one request as the ratio: `chars` is the weight of the
+    /// request the server counted `tokens` for. Unlike [`CharsPerToken::observe`] there is
+    /// no averaging: an exact count of the session's own content beats any estimate, and a
+    /// rejection is exactly when an optimistic estimate has to stop.
+    pub fn set_counted(&mut self, chars: u64, tokens: u64) {
+        if tokens == 0 || chars == 0 {
+            return;
+        }
+        self.value = (chars as f64 / tokens as f64).clamp(MIN_CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN);
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    /// A ratio restored from the journal.
+    pub fn restored(value: f64, samples: u32) -> Self {
+        Self {
+            value: if value.is_finite() {
+                value.clamp(MIN_CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN)
+            } else {
+                DEFAULT_CHARS_PER_TOKEN
+            },
+            samples,
+        }
     }
 
     /// Tokens that `chars` characters are expected to cost.

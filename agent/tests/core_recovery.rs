@@ -1,18 +1,18 @@
-//! The recovery ladder: three attempts, learned payload caps, the floor diagnosis, the
-//! payload-limit notice, and output-token escalation.
+//! The recovery ladder: attempts that converge on the server's numbers, learned windows,
+//! ratios and payload caps, the floor diagnoses, the payload-limit notice, and output-token
+//! escalation.
 
 mod core_support;
 
-use cairn_agent::ccr::{MemoryStore, Store, extract_markers};
+use cairn_agent::ccr::MemoryStore;
 use cairn_agent::classify::{FailureClass, OtherReason, classify};
-use cairn_agent::compact::archive::parse_segment;
 use cairn_agent::compact::pairing;
-use cairn_agent::compact::{SessionState, Trigger};
+use cairn_agent::compact::{BudgetInputs, SessionState, Trigger};
 use cairn_agent::history::{self, Message, Role};
 use cairn_agent::provider::ProviderError;
 use cairn_agent::recovery::{
-    ASSUMED_REJECTED_BYTES, CONTINUATION_MESSAGE, LONG_ASSISTANT_CHARS, PAYLOAD_NOTICE_HEADER,
-    RecoveryContext, RecoveryError, escalate_output, recover,
+    ASSUMED_REJECTED_BYTES, CONTINUATION_MESSAGE, PAYLOAD_NOTICE_HEADER, RecoveryContext,
+    RecoveryError, escalate_output, recover,
 };
 use cairn_crds::EffectivePolicy;
 use core_support::*;
@@ -46,93 +46,195 @@ fn ctx<'a>(
         policy,
         store,
         uncompactable_bytes: uncompactable,
+        inputs: BudgetInputs {
+            context_window: 200_000,
+            payload_cap: None,
+            reserve_bytes: 0,
+        },
+        sent_weight: 900_000,
     }
 }
 
+/// llama.cpp's own overflow body, verbatim but for the numbers.
+fn llama_overflow(prompt: u64, n_ctx: u64, request_bytes: u64) -> ProviderError {
+    ProviderError::http(
+        "openai-compatible",
+        400,
+        Some("application/json; charset=utf-8".into()),
+        format!(
+            r#"{{"error":{{"code":400,"message":"request ({prompt} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":{prompt},"n_ctx":{n_ctx}}}}}"#
+        ),
+        request_bytes,
+    )
+}
+
 #[tokio::test]
-async fn three_attempts_then_exhausted_and_reset_per_turn() {
+async fn the_first_attempt_fits_the_window_the_server_named() {
     let store = MemoryStore::new();
     let policy = EffectivePolicy::default();
     let mut st = SessionState::new();
-    let mut h = session(300_000);
-    h.push(Message::assistant("x".repeat(12_000)));
-    h.push(Message::user("continue"));
+    // A 41 KB history against a 2,048-token server that counts 1.7 bytes per token; the
+    // session was told 32,768 tokens.
+    let mut h = session(40_000);
+    h.push(Message::user("p".repeat(1_500)));
     let before = h.clone();
-    let err = overflow();
+    let sent = history::weight(&h);
+    let prompt = (sent as f64 / 1.7) as u64;
+    let err = llama_overflow(prompt, 2_048, sent as u64 + 2_000);
     let class = classify(&err);
     assert_eq!(class, FailureClass::ContextOverflow);
-
-    // Attempt 1: pairing checked, tool budgets halved for this session, long replies cut.
-    let limits_before = st.tool_result_limits(&policy);
-    let o1 = recover(&mut h, &err, class, &ctx(&policy, &store, 5_000), &mut st)
+    let cx = RecoveryContext {
+        inputs: BudgetInputs {
+            context_window: 32_768,
+            payload_cap: None,
+            reserve_bytes: 0,
+        },
+        sent_weight: sent,
+        ..ctx(&policy, &store, 0)
+    };
+    let o = recover(&mut h, &err, class, &cx, &mut st)
         .await
         .expect("attempt 1");
-    assert_eq!(o1.attempt, 1);
-    assert_eq!(
-        st.tool_result_limits(&policy).per_result,
-        limits_before.per_result / 2
-    );
-    assert_eq!(
-        st.tool_result_limits(&policy).per_turn,
-        limits_before.per_turn / 2
-    );
-    let long = &h[h.len() - 2];
-    assert!(long.content.len() <= LONG_ASSISTANT_CHARS && long.content.starts_with("xxx"));
-    assert!(o1.learned_cap.is_none(), "overflow teaches no payload cap");
-    assert!(!o1.notice_injected);
-
-    // Attempt 2: system + last emergencyKeepMessages non-system, starting at a user message.
-    let o2 = recover(&mut h, &err, class, &ctx(&policy, &store, 5_000), &mut st)
-        .await
-        .expect("attempt 2");
-    assert_eq!(o2.attempt, 2);
-    assert!(h[0].is_system());
-    assert_eq!(h[1].role, Role::User);
-    assert!(h[1].meta.is_summary);
-    let non_system = h.iter().filter(|m| !m.is_system()).count();
+    assert_eq!(o.attempt, 1);
+    assert_eq!(o.counted.prompt_tokens, Some(prompt));
+    assert_eq!(o.learned_window, Some(2_048));
+    assert_eq!(st.effective_window(32_768), 2_048);
     assert!(
-        non_system <= policy.recovery.emergency_keep_messages as usize + 1,
-        "{non_system}"
+        (st.chars_per_token.get() - 1.7).abs() < 0.01,
+        "{}",
+        st.chars_per_token.get()
     );
-    assert!(pairing::is_valid(&h));
-    let key = extract_markers(&h[1].content)[0];
-    let seg = store.fetch(&key).await.expect("ok").expect("archived");
+    // The result fits the real window in real tokens, with room for a reply: the budget, or
+    // what every request carries (here the 1,320-byte system prompt, the truncation notice and
+    // the newest message at its floor) when that is more.
+    let tokens = st.chars_per_token.tokens(history::weight(&h));
     assert!(
-        !parse_segment(&String::from_utf8(seg).expect("utf8"))
-            .expect("segment")
-            .is_empty()
+        tokens as f64 <= 2_048.0 * cairn_agent::recovery::FLOOR_WINDOW_SHARE,
+        "{tokens} tokens after recovery"
     );
-
-    // Attempt 3: system + last nuclearKeepMessages, each capped.
-    let o3 = recover(&mut h, &err, class, &ctx(&policy, &store, 5_000), &mut st)
-        .await
-        .expect("attempt 3");
-    assert_eq!(o3.attempt, 3);
-    let kept: Vec<&Message> = h
-        .iter()
-        .filter(|m| !m.is_system() && !m.meta.is_summary)
-        .collect();
-    assert!(kept.len() <= policy.recovery.nuclear_keep_messages as usize);
     assert!(
-        kept.iter()
-            .all(|m| m.content.len() <= policy.recovery.nuclear_message_chars as usize)
+        history::weight(&h) <= cairn_agent::compact::emergency::floor_with_keep(&h, 1).max(2_090),
+        "{} bytes",
+        history::weight(&h)
+    );
+    assert!(
+        h.last().is_some_and(|m| m.role == Role::User),
+        "the newest message stays"
     );
     assert!(pairing::is_valid(&h));
     assert!(
         lost_texts(&before, &h, &store).await.is_empty(),
-        "everything dropped is archived"
+        "everything dropped or cut is archived"
     );
+    // A second rejection of the already-fitting request is never answered by resending it.
+    let w1 = history::weight(&h);
+    let again = llama_overflow(1_900, 2_048, w1 as u64);
+    let cx2 = RecoveryContext {
+        sent_weight: w1,
+        ..cx
+    };
+    match recover(&mut h, &again, class, &cx2, &mut st).await {
+        Ok(o2) => assert!(o2.report.bytes_after < w1, "attempt 2 is smaller"),
+        Err(e) => assert_eq!(e.label(), "floor"),
+    }
+}
 
-    let e = recover(&mut h, &err, class, &ctx(&policy, &store, 5_000), &mut st).await;
-    assert_eq!(e, Err(RecoveryError::Exhausted(3)));
-    st.begin_turn();
-    assert_eq!(
-        recover(&mut h, &err, class, &ctx(&policy, &store, 5_000), &mut st)
+#[tokio::test]
+async fn attempts_are_bounded_by_the_policy_and_reset_per_turn() {
+    let store = MemoryStore::new();
+    let policy = EffectivePolicy::default();
+    let mut st = SessionState::new();
+    let mut h = session(300_000);
+    let err = overflow();
+    let class = classify(&err);
+    let mut last = history::weight(&h);
+    for attempt in 1..=policy.recovery.max_attempts {
+        let o = recover(&mut h, &err, class, &ctx(&policy, &store, 5_000), &mut st)
             .await
-            .map(|o| o.attempt),
+            .expect("attempt runs");
+        assert_eq!(o.attempt, attempt);
+        assert!(
+            o.report.bytes_after < last,
+            "every attempt is smaller than the last"
+        );
+        last = o.report.bytes_after;
+    }
+    let e = recover(&mut h, &err, class, &ctx(&policy, &store, 5_000), &mut st).await;
+    assert_eq!(
+        e,
+        Err(RecoveryError::Exhausted(policy.recovery.max_attempts))
+    );
+    st.begin_turn();
+    let mut fresh = session(300_000);
+    assert_eq!(
+        recover(
+            &mut fresh,
+            &err,
+            class,
+            &ctx(&policy, &store, 5_000),
+            &mut st
+        )
+        .await
+        .map(|o| o.attempt),
         Ok(1)
     );
-    assert_eq!(st.recoveries, 4);
+}
+
+#[tokio::test]
+async fn recovery_keeps_preserve_verbatim_messages() {
+    let store = MemoryStore::new();
+    let policy = EffectivePolicy::default();
+    let mut st = SessionState::new();
+    let mut h = session(200_000);
+    let mut pinned = Message::user("PINNED: the deploy key rotates on Fridays");
+    pinned.meta.preserve_verbatim = true;
+    h.insert(3, pinned.clone());
+    h.push(Message::user("next"));
+    let err = overflow();
+    // Through every attempt the policy allows: the last levels keep it too.
+    for attempt in 1..=policy.recovery.max_attempts {
+        let cx = RecoveryContext {
+            sent_weight: history::weight(&h),
+            ..ctx(&policy, &store, 0)
+        };
+        if recover(&mut h, &err, classify(&err), &cx, &mut st)
+            .await
+            .is_err()
+        {
+            break;
+        }
+        assert!(
+            h.contains(&pinned),
+            "a PreserveVerbatim message survives recovery attempt {attempt}"
+        );
+    }
+    assert!(h.contains(&pinned));
+}
+
+#[tokio::test]
+async fn a_newest_message_that_alone_overflows_the_window_fails_fast() {
+    let store = MemoryStore::new();
+    let policy = EffectivePolicy::default();
+    let mut st = SessionState::new();
+    // A system prompt of 6,000 bytes at 1.7 bytes per token is 3,500 tokens: it can never fit
+    // a 2,048-token window, whatever is dropped.
+    let mut h = vec![
+        Message::system("s".repeat(6_000)),
+        Message::user("q".repeat(3_000)),
+    ];
+    let before = h.clone();
+    let sent = history::weight(&h);
+    let err = llama_overflow((sent as f64 / 1.7) as u64, 2_048, sent as u64);
+    let cx = RecoveryContext {
+        sent_weight: sent,
+        ..ctx(&policy, &store, 6_000)
+    };
+    let e = recover(&mut h, &err, FailureClass::ContextOverflow, &cx, &mut st).await;
+    let Err(e @ RecoveryError::WindowFloor { window: 2_048, .. }) = e else {
+        panic!("expected the window floor diagnosis, got {e:?}");
+    };
+    assert!(e.to_string().contains("Shorten the system prompt"), "{e}");
+    assert_eq!(h, before, "fail fast: nothing changed");
 }
 
 #[tokio::test]
@@ -297,7 +399,12 @@ async fn payload_notice_is_injected_once_and_found_inside_a_summary() {
         "[cairn: summary]\n7. Pending tasks\n{PAYLOAD_NOTICE_HEADER} keep outputs small"
     ));
     summary.meta.is_summary = true;
-    let mut h2 = vec![Message::system("s"), summary, Message::user("go on")];
+    let mut h2 = vec![
+        Message::system("s"),
+        summary,
+        Message::assistant("a long answer ".repeat(2_000)),
+        Message::user("go on"),
+    ];
     let o = recover(
         &mut h2,
         &nginx_413(1_000_000),
@@ -372,31 +479,26 @@ fn output_tokens_double_up_to_the_model_cap_at_most_twice() {
 }
 
 #[tokio::test]
-async fn recovery_on_a_failing_store_drops_nothing() {
+async fn recovery_on_a_failing_store_drops_nothing_and_sends_nothing() {
     let policy = EffectivePolicy::default();
     let mut st = SessionState::new();
     let mut h = session(200_000);
     h.push(Message::assistant("y".repeat(9_000)));
     let before = h.clone();
     let err = overflow();
-    for attempt in 1..=3 {
-        let o = recover(
-            &mut h,
-            &err,
-            FailureClass::ContextOverflow,
-            &RecoveryContext {
-                policy: &policy,
-                store: &FailingStore,
-                uncompactable_bytes: 0,
-            },
-            &mut st,
-        )
-        .await
-        .expect("attempt runs");
-        assert_eq!(o.attempt, attempt);
-        assert_eq!(o.report.archive_error, Some("unavailable"));
-        assert_eq!(o.report.trigger, Trigger::Recovery);
-    }
-    assert_eq!(history::weight(&h), history::weight(&before));
+    let unused = MemoryStore::new();
+    let cx = RecoveryContext {
+        store: &FailingStore,
+        ..ctx(&policy, &unused, 0)
+    };
+    let e = recover(&mut h, &err, FailureClass::ContextOverflow, &cx, &mut st).await;
+    // Nothing could be archived, so nothing was cut: resending the same request is refused.
+    assert_eq!(
+        e,
+        Err(RecoveryError::Stuck {
+            archive_error: "unavailable"
+        })
+    );
     assert_eq!(h, before);
+    let _ = Trigger::Recovery;
 }

@@ -70,6 +70,11 @@ pub struct CompactionPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<CompressionSpec>,
 
+    /// Total deadlines of provider calls and turns: a provider that keeps a call alive
+    /// (a byte at a time, SSE comments, or nothing at all) cannot hold the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<TimeoutsSpec>,
+
     /// Who writes the level-2 summary: `local` (the agent's own summarizer call),
     /// `provider` (the provider's server-side compaction, where it has one) or `mcp`
     /// (an external MCP compaction tool). Default: local.
@@ -149,26 +154,32 @@ pub struct ToolResultsSpec {
     pub per_result_chars: Option<u32>,
 }
 
-/// The recovery ladder: attempt 1 repairs and halves tool-result budgets, attempt 2 keeps the
-/// last `emergencyKeepMessages`, attempt 3 keeps the last `nuclearKeepMessages`, each capped.
+/// The recovery ladder: after a rejection each attempt learns what the server said (its
+/// window and token count, or a payload cap) and shrinks the history to a target computed
+/// from it, strictly smaller than the rejected request, through the compaction ladder; its
+/// level 3 keeps fewer messages (`emergencyKeepMessages`, then `nuclearKeepMessages`, each cut
+/// to `nuclearMessageChars`, then only the newest) until the target is met.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.nuclearKeepMessages) || !has(self.emergencyKeepMessages) || self.nuclearKeepMessages <= self.emergencyKeepMessages").message("nuclearKeepMessages must not exceed emergencyKeepMessages"))]
 pub struct RecoverySpec {
-    /// Recovery attempts per turn (0 disables recovery; the ladder has 3 levels).
-    /// Default: 3.
+    /// Recovery attempts per turn, each aimed at a smaller target than the last (0 disables
+    /// recovery). Default: 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 3").message("maxAttempts must be between 0 and 3"))]
     pub max_attempts: Option<u32>,
-    /// Non-system messages kept by attempt 2. Default: 10.
+    /// Non-system messages level 3 keeps when a tail of minKeepRecent cannot meet its target
+    /// (used when smaller than minKeepRecent). Default: 10.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("emergencyKeepMessages must be at least 1"))]
     pub emergency_keep_messages: Option<u32>,
-    /// Non-system messages kept by attempt 3. Default: 4.
+    /// Non-system messages level 3 keeps when the longer tails cannot meet the target; below
+    /// this only the newest user message is kept. Default: 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("nuclearKeepMessages must be at least 1"))]
     pub nuclear_keep_messages: Option<u32>,
-    /// Characters each message keeps in attempt 3. Default: 4000.
+    /// Bytes each message keeps once level 3 is down to nuclearKeepMessages messages or fewer
+    /// (the originals are archived first). Default: 4000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 400").message("nuclearMessageChars must be at least 400"))]
     pub nuclear_message_chars: Option<u32>,
@@ -177,6 +188,24 @@ pub struct RecoverySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 5").message("maxTokenEscalations must be between 0 and 5"))]
     pub max_token_escalations: Option<u32>,
+}
+
+/// Total deadlines, from the first byte sent to the last byte received, streamed or not.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.providerCallSeconds) || !has(self.turnSeconds) || self.providerCallSeconds <= self.turnSeconds").message("providerCallSeconds must not exceed turnSeconds"))]
+pub struct TimeoutsSpec {
+    /// Longest one turn may take, every model call, tool round and compaction included
+    /// (a journal write in progress is never cut off). A turn past it fails (504
+    /// `deadline`), is not acknowledged and its input is dropped. Default: 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 86400").message("turnSeconds must be between 1 and 86400"))]
+    pub turn_seconds: Option<u32>,
+    /// Longest one provider call may take, retries of the HTTP client included: a call past
+    /// it fails as a timeout. Default: 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 86400").message("providerCallSeconds must be between 1 and 86400"))]
+    pub provider_call_seconds: Option<u32>,
 }
 
 /// The level-2 summarizer.
@@ -258,6 +287,14 @@ pub struct EffectivePolicy {
     pub summarizer: Summarizer,
     pub compression: Compression,
     pub engine: Engine,
+    pub timeouts: Timeouts,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Timeouts {
+    pub turn_seconds: u32,
+    pub provider_call_seconds: u32,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -355,6 +392,10 @@ impl Default for EffectivePolicy {
                 profile: CompressionProfile::Default,
             },
             engine: Engine::Local,
+            timeouts: Timeouts {
+                turn_seconds: 600,
+                provider_call_seconds: 300,
+            },
         }
     }
 }
@@ -413,6 +454,13 @@ impl EffectivePolicy {
             set(&mut self.compression.profile, c.profile);
         }
         set(&mut self.engine, o.engine);
+        if let Some(t) = &o.timeouts {
+            set(&mut self.timeouts.turn_seconds, t.turn_seconds);
+            set(
+                &mut self.timeouts.provider_call_seconds,
+                t.provider_call_seconds,
+            );
+        }
         self
     }
 
@@ -441,6 +489,13 @@ impl EffectivePolicy {
         let r = &self.recovery;
         if r.nuclear_keep_messages > r.emergency_keep_messages {
             return err("recovery.nuclearKeepMessages must not exceed emergencyKeepMessages");
+        }
+        let t = &self.timeouts;
+        if t.turn_seconds == 0 || t.provider_call_seconds == 0 {
+            return err("timeouts.turnSeconds and providerCallSeconds must be at least 1");
+        }
+        if t.provider_call_seconds > t.turn_seconds {
+            return err("timeouts.providerCallSeconds must not exceed turnSeconds");
         }
         Ok(())
     }
@@ -545,6 +600,27 @@ mod tests {
         assert!(resolve(None, Some(&inline)).is_err());
         let inline = spec_yaml("recovery: {nuclearKeepMessages: 11}\n");
         assert!(resolve(None, Some(&inline)).is_err());
+        let policy = spec_yaml("timeouts: {turnSeconds: 60}\n");
+        let inline = spec_yaml("timeouts: {providerCallSeconds: 120}\n");
+        let err = resolve(Some(&policy), Some(&inline)).unwrap_err();
+        assert!(err.to_string().contains("providerCallSeconds"), "{err}");
+    }
+
+    #[test]
+    fn timeouts_layer() {
+        let p = resolve(
+            None,
+            Some(&spec_yaml(
+                "timeouts: {turnSeconds: 30, providerCallSeconds: 10}\n",
+            )),
+        )
+        .expect("valid");
+        assert_eq!(
+            (p.timeouts.turn_seconds, p.timeouts.provider_call_seconds),
+            (30, 10)
+        );
+        let d = EffectivePolicy::default().timeouts;
+        assert_eq!((d.turn_seconds, d.provider_call_seconds), (600, 300));
     }
 
     #[test]
@@ -585,6 +661,8 @@ mod tests {
             |p| p.compression.threshold_bytes += 1,
             |p| p.compression.profile = CompressionProfile::Aggressive,
             |p| p.engine = Engine::Mcp,
+            |p| p.timeouts.turn_seconds += 1,
+            |p| p.timeouts.provider_call_seconds += 1,
         ];
         let mut seen = std::collections::HashSet::new();
         seen.insert(base.hash());
@@ -598,7 +676,9 @@ mod tests {
         }
     }
 
-    const PINNED_DEFAULT_HASH: &str = "bc1fba4ab859f597";
+    // Changed once on purpose when `timeouts` joined the policy: every running session
+    // sees its policy change once after the upgrade (it logs it and goes on).
+    const PINNED_DEFAULT_HASH: &str = "7634b5c3229ee0bf";
 
     proptest::proptest! {
         #[test]

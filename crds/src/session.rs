@@ -299,7 +299,17 @@ pub struct PodOverrides {
     /// Extra annotations on the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<BTreeMap<String, String>>,
+    /// Seconds the pod is given to stop (the pod's `terminationGracePeriodSeconds`). On
+    /// SIGTERM the agent lets a turn in flight run until 5 s before this ends, then aborts
+    /// it (not acknowledged, its input dropped), flushes the journal and releases the Lease.
+    /// Default: 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 3600").message("template.terminationGracePeriodSeconds must be between 10 and 3600"))]
+    pub termination_grace_period_seconds: Option<u32>,
 }
+
+/// `template.terminationGracePeriodSeconds` when the session sets none.
+pub const DEFAULT_TERMINATION_GRACE_SECONDS: u32 = 60;
 
 /// Observed state, written by the operator (phase, conditions, pod) and by the agent
 /// (`session`).
@@ -374,6 +384,23 @@ pub struct SessionStats {
     /// Request-size cap learned from a payload rejection, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learned_payload_cap: Option<u64>,
+    /// Context window in tokens the model server itself named (in an overflow error, or by
+    /// filling the context during generation), when it is smaller than the configured one.
+    /// Only tightens; forgotten when spec.contextWindow or the model changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learned_context_window: Option<u64>,
+    /// The context window requests are budgeted against: the configured one, or the learned
+    /// one when smaller.
+    #[serde(default)]
+    pub effective_context_window: u64,
+    /// Bytes per token of this session's content as the model server counts it (starts at
+    /// 4; each reply's usage and each overflow error's own count calibrate it).
+    #[serde(default)]
+    pub bytes_per_token: f64,
+    /// Replies cut short without a fix: the context filled during generation, or the output
+    /// limit was already the model's maximum.
+    #[serde(default)]
+    pub truncated_replies: u64,
     /// Compactions run (all levels).
     #[serde(default)]
     pub compactions: u64,
@@ -389,9 +416,29 @@ pub struct SessionStats {
     /// Archive usage of the session.
     #[serde(default)]
     pub archive: ArchiveStats,
+    /// The agent's latest check that the archive answers (the operator's ArchiveReady
+    /// condition follows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive_check: Option<ArchiveCheck>,
     /// Token usage reported by the provider.
     #[serde(default)]
     pub tokens: TokenStats,
+}
+
+/// A check that the archive answers: a probe object written, read back and deleted with
+/// the agent's own credentials, at start-up and every few minutes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveCheck {
+    /// True when the probe's round trip succeeded.
+    pub ok: bool,
+    /// What was checked: `s3://BUCKET/PREFIX/NAMESPACE/SESSION/`, or `local:DIR`.
+    pub location: String,
+    /// The error of a failed check (the S3 error as the client reported it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When (RFC 3339, UTC).
+    pub at: String,
 }
 
 /// The most recent recovery of a session.

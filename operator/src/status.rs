@@ -101,21 +101,22 @@ pub fn desired(
         Err(p) => (false, p.clone()),
     };
     let archive_cond = match &obs.archive {
-        Ok(location) => (
-            true,
-            Problem::new("Configured", format!("archive and journal in {location}")),
+        Ok(location) => archive_answered(
+            location,
+            prev.and_then(|s| s.session.as_ref())
+                .and_then(|s| s.archive_check.as_ref()),
         ),
-        Err(p) => (false, p.clone()),
+        Err(p) => (FALSE, p.clone()),
     };
 
     let prev_conditions = prev.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let conditions = [
-        (READY, ready_cond),
-        (POLICY_RESOLVED, policy_cond),
-        (ARCHIVE_READY, archive_cond),
+        (READY, bool_status(ready_cond.0), ready_cond.1),
+        (POLICY_RESOLVED, bool_status(policy_cond.0), policy_cond.1),
+        (ARCHIVE_READY, archive_cond.0, archive_cond.1),
     ]
     .into_iter()
-    .map(|(kind, (ok, p))| condition(prev_conditions, kind, ok, p, obs.generation, now))
+    .map(|(kind, status, p)| condition(prev_conditions, kind, status, p, obs.generation, now))
     .collect();
 
     let applied = obs.ready_replicas.is_some();
@@ -137,15 +138,64 @@ pub fn desired(
     }
 }
 
+const TRUE: &str = "True";
+const FALSE: &str = "False";
+const UNKNOWN: &str = "Unknown";
+
+fn bool_status(ok: bool) -> &'static str {
+    if ok { TRUE } else { FALSE }
+}
+
+/// ArchiveReady of a configured archive: what the agent found when it last probed it
+/// (a configured bucket alone proves nothing: wrong credentials, a missing bucket or an
+/// unreachable endpoint only show when something is written). A check of another location
+/// (the settings changed, the new pod has not checked yet) does not count.
+fn archive_answered(
+    location: &str,
+    check: Option<&cairn_crds::session::ArchiveCheck>,
+) -> (&'static str, Problem) {
+    match check {
+        Some(c) if c.location == location && c.ok => (
+            TRUE,
+            Problem::new(
+                "ArchiveAnswered",
+                format!(
+                    "archive and journal in {location}: the agent wrote, read back and deleted a probe object at {}",
+                    c.at
+                ),
+            ),
+        ),
+        Some(c) if c.location == location => (
+            FALSE,
+            Problem::new(
+                "ArchiveUnreachable",
+                format!(
+                    "{location} did not answer the agent's check at {}: {}",
+                    c.at,
+                    c.message.as_deref().unwrap_or("no error reported")
+                ),
+            ),
+        ),
+        _ => (
+            UNKNOWN,
+            Problem::new(
+                "ArchiveNotChecked",
+                format!(
+                    "archive and journal in {location}; waiting for the agent to check that it answers"
+                ),
+            ),
+        ),
+    }
+}
+
 fn condition(
     prev: &[Condition],
     kind: &str,
-    ok: bool,
+    status: &str,
     p: Problem,
     generation: Option<i64>,
     now: &Time,
 ) -> Condition {
-    let status = if ok { "True" } else { "False" };
     let last_transition_time = prev
         .iter()
         .find(|c| c.type_ == kind && c.status == status)
@@ -171,7 +221,14 @@ pub fn with_condition(
     generation: Option<i64>,
     now: &Time,
 ) -> AgentSessionStatus {
-    let updated = condition(&prev.conditions, kind, ok, problem, generation, now);
+    let updated = condition(
+        &prev.conditions,
+        kind,
+        bool_status(ok),
+        problem,
+        generation,
+        now,
+    );
     let mut next = prev.clone();
     match next.conditions.iter_mut().find(|c| c.type_ == kind) {
         Some(c) => *c = updated,
@@ -223,7 +280,10 @@ pub fn transitions(
         let before = prev_conditions.iter().find(|p| p.type_ == c.type_);
         let changed = before.is_none_or(|p| p.status != c.status || p.reason != c.reason);
         // Not ready while starting or suspended is expected, not a warning.
-        let expected = matches!(c.reason.as_str(), "PodNotReady" | "Suspended");
+        let expected = matches!(
+            c.reason.as_str(),
+            "PodNotReady" | "Suspended" | "ArchiveNotChecked"
+        );
         let warning = c.status != "True" && !expected;
         // At scale every Event is a write: a condition that starts out fine, and Ready
         // turning True (the phase Event says Running), are not news.

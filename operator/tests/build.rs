@@ -81,6 +81,7 @@ template:
   nodeSelector: {pool: agents}
   tolerations: [{key: dedicated, operator: Equal, value: agents, effect: NoSchedule}]
   annotations: {team: a}
+  terminationGracePeriodSeconds: 120
 "#;
 
 const FRUGAL: &str =
@@ -112,9 +113,11 @@ fn env(objects: &SessionObjects) -> BTreeMap<String, String> {
         .unwrap_or_default()
         .into_iter()
         .map(|e: EnvVar| {
-            let v = match (e.value, e.value_from.and_then(|f| f.secret_key_ref)) {
-                (Some(v), _) => v,
-                (None, Some(r)) => format!("secret:{}/{}", r.name, r.key),
+            let from = e.value_from.unwrap_or_default();
+            let v = match (e.value, from.secret_key_ref, from.field_ref) {
+                (Some(v), _, _) => v,
+                (None, Some(r), _) => format!("secret:{}/{}", r.name, r.key),
+                (None, None, Some(f)) => format!("field:{}", f.field_path),
                 _ => "?".into(),
             };
             (e.name, v)
@@ -177,6 +180,12 @@ fn assert_snapshot(name: &str, objects: &SessionObjects) {
 fn minimal_session_builds_hardened_owned_objects() {
     let objects = build(&plan("chat", MINIMAL, None), &inputs());
     assert_snapshot("minimal", &objects);
+    // A replacement pod has the name but not the UID of the one before: the agent's
+    // holder identity takes it from the downward API. The grace period defaults to 60 s.
+    let wired = env(&objects);
+    assert_eq!(wired["CAIRN_POD_UID"], "field:metadata.uid");
+    assert_eq!(wired["CAIRN_TERMINATION_GRACE_SECONDS"], "60");
+    assert_eq!(pod(&objects).termination_grace_period_seconds, Some(60));
 
     for (kind, meta) in all_metas(&objects) {
         let expected_name = if kind == "Secret" {
@@ -358,6 +367,9 @@ fn full_session_wires_policy_credentials_archive_and_template() {
         "secret:s3-creds/AWS_SECRET_ACCESS_KEY"
     );
     assert_eq!(env["CAIRN_ARCHIVE_TTL"], "24h");
+    // The pod's grace period comes from the template, and the agent is told the same.
+    assert_eq!(pod(&objects).termination_grace_period_seconds, Some(120));
+    assert_eq!(env["CAIRN_TERMINATION_GRACE_SECONDS"], "120");
 
     let c = container(&objects);
     assert_eq!(c.image.as_deref(), Some("registry.local/cairn-agent:2.0"));

@@ -757,10 +757,41 @@ async fn delete_purges_the_archive_and_children_are_collected() {
     env.create_session("kept", kept).await;
     let running = env.wait_phase("doomed", Phase::Running).await;
     env.wait_phase("kept", Phase::Running).await;
+    // A configured bucket is not an archive that answered: no agent runs here (kwok), so
+    // ArchiveReady waits for a check until one is written as the agent writes it.
     assert_eq!(
-        condition(&running, "ArchiveReady").map(|c| c.0),
-        Some("True".into())
+        condition(&running, "ArchiveReady"),
+        Some(("Unknown".into(), "ArchiveNotChecked".into()))
     );
+    let sessions = env.api::<AgentSession>();
+    let location = format!("s3://{bucket}/cairn/{}/doomed/", env.ns);
+    for (ok, message, want) in [
+        (
+            false,
+            Some("S3 put: service error: NoSuchBucket"),
+            ("False", "ArchiveUnreachable"),
+        ),
+        (true, None, ("True", "ArchiveAnswered")),
+    ] {
+        let check = json!({"status": {"session": {"archiveCheck": {
+            "ok": ok, "location": location, "message": message, "at": "2027-01-15T08:00:00Z"}}}});
+        sessions
+            .patch_status(
+                "doomed",
+                &PatchParams {
+                    field_manager: Some("cairn-agent".into()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(&check),
+            )
+            .await
+            .expect("agent's archive check");
+        eventually(&format!("ArchiveReady={}/{}", want.0, want.1), || async {
+            let s = sessions.get("doomed").await.ok()?;
+            (condition(&s, "ArchiveReady")? == (want.0.into(), want.1.into())).then_some(())
+        })
+        .await;
+    }
 
     for key in ["ccr/aaaa", "ccr/bbbb", "journal/000001.jsonl"] {
         for session in ["doomed", "kept"] {

@@ -40,9 +40,73 @@ fn condition<'a>(
         .unwrap_or_else(|| panic!("condition {kind} missing"))
 }
 
+/// A previous status carrying the agent's archive check, written as the agent writes it.
+fn checked(ok: bool, location: &str, message: Option<&str>) -> AgentSessionStatus {
+    serde_json::from_value(serde_json::json!({
+        "session": {"turns": 3, "archiveCheck": {
+            "ok": ok, "location": location, "message": message, "at": "2027-01-15T08:00:00Z"
+        }}
+    }))
+    .expect("status")
+}
+
+#[test]
+fn archive_ready_means_the_archive_answered_the_agent() {
+    let location = "s3://b/cairn/team-a/chat/";
+    // A configured bucket alone proves nothing.
+    let unchecked = status::desired(None, &observed(), &at(0));
+    let c = condition(&unchecked, status::ARCHIVE_READY);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("Unknown", "ArchiveNotChecked"),
+        "{c:?}"
+    );
+    assert!(
+        status::transitions(None, &unchecked)
+            .iter()
+            .all(|t| t.reason != "ArchiveNotChecked"),
+        "waiting for the first check is not a warning"
+    );
+
+    let error = "S3 put: service error: NoSuchBucket: The specified bucket does not exist";
+    let failed = status::desired(
+        Some(&checked(false, location, Some(error))),
+        &observed(),
+        &at(5),
+    );
+    let c = condition(&failed, status::ARCHIVE_READY);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "ArchiveUnreachable"),
+        "{c:?}"
+    );
+    assert!(c.message.contains("NoSuchBucket"), "{}", c.message);
+    assert!(
+        status::transitions(Some(&unchecked), &failed)
+            .iter()
+            .any(|t| t.warning && t.reason == "ArchiveUnreachable")
+    );
+
+    let fine = status::desired(Some(&checked(true, location, None)), &observed(), &at(9));
+    let c = condition(&fine, status::ARCHIVE_READY);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "ArchiveAnswered")
+    );
+
+    // A check of another location (the archive settings changed since) does not count.
+    let stale = status::desired(
+        Some(&checked(true, "s3://old/cairn/team-a/chat/", None)),
+        &observed(),
+        &at(9),
+    );
+    assert_eq!(condition(&stale, status::ARCHIVE_READY).status, "Unknown");
+}
+
 #[test]
 fn running_session_reports_pod_url_hash_and_true_conditions() {
-    let s = status::desired(None, &observed(), &at(0));
+    let prev = checked(true, "s3://b/cairn/team-a/chat/", None);
+    let s = status::desired(Some(&prev), &observed(), &at(0));
     assert_eq!(s.phase, Some(Phase::Running));
     assert_eq!(s.observed_generation, Some(2));
     assert_eq!(s.pod.as_deref(), Some("cairn-chat-0"));

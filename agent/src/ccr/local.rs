@@ -22,6 +22,9 @@ use super::{Archivable, ArchiveError, Key, Store};
 
 /// Temp files start with this; no key does, so the sweep can never remove an entry.
 const TEMP_PREFIX: &str = ".tmp-";
+/// Where the only tier keeps a damaged entry: out of the entries (no key names a directory)
+/// and out of reach of eviction and the temp sweep, for a person to inspect.
+const QUARANTINE_DIR: &str = ".corrupt";
 /// A temp file this old belongs to a writer that crashed (a live write takes milliseconds).
 const STALE_TEMP_AGE: Duration = Duration::from_secs(10 * 60);
 /// Writes between full scans of the directory when this process's running total stays under
@@ -272,8 +275,11 @@ impl Inner {
             )));
         }
         let now = SystemTime::now();
-        if self.get(key, now)?.is_some() {
-            return Ok(PutOutcome::Deduplicated);
+        match self.get(key, now) {
+            Ok(Some(_)) => return Ok(PutOutcome::Deduplicated),
+            // Archiving the original again heals a damaged entry.
+            Ok(None) | Err(ArchiveError::Corrupt(_)) => {}
+            Err(e) => return Err(e),
         }
         let temp = self.dir.join(format!(
             "{TEMP_PREFIX}{key}-{}-{}",
@@ -285,6 +291,10 @@ impl Inner {
         if let Err(e) = written {
             let _ = fs::remove_file(&temp);
             return Err(e.into());
+        }
+        if self.sync_writes {
+            // Healed: the intact original is back, the damaged copy has served its purpose.
+            remove_if_present(&self.quarantined(key))?;
         }
         let approx = self
             .approx_bytes
@@ -301,7 +311,14 @@ impl Inner {
         let path = self.path_of(key);
         let mut file = match File::open(&path) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // The only tier's damaged entry stays reported until the original is
+                // archived again.
+                if self.sync_writes && self.quarantined(key).exists() {
+                    return Err(ArchiveError::Corrupt(key));
+                }
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
         };
         let meta = file.metadata()?;
@@ -313,13 +330,26 @@ impl Inner {
         let mut content = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
         file.read_to_end(&mut content)?;
         if Key::of(&content) != key {
-            // A damaged entry must not shadow the intact copy another tier may hold.
             drop(file);
-            remove_if_present(&path)?;
+            if self.sync_writes {
+                // This is the only copy: deleting it would turn "corrupt" into "never
+                // archived" on the next read. It is moved aside, and reads keep saying why.
+                let aside = self.quarantined(key);
+                fs::create_dir_all(self.dir.join(QUARANTINE_DIR))?;
+                fs::rename(&path, &aside)?;
+                tracing::error!(key = %key, kept = %aside.display(), "archived original is corrupt; moved aside");
+            } else {
+                // A damaged cache entry must not shadow the intact copy of the durable tier.
+                remove_if_present(&path)?;
+            }
             return Err(ArchiveError::Corrupt(key));
         }
         touch(&path, now)?;
         Ok(Some(content))
+    }
+
+    fn quarantined(&self, key: Key) -> PathBuf {
+        self.dir.join(QUARANTINE_DIR).join(key.as_str())
     }
 
     fn expired(&self, last_access: SystemTime, now: SystemTime) -> bool {
@@ -549,13 +579,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn corrupt_entry_is_reported_and_removed() {
+    async fn corrupt_cache_entry_is_reported_and_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = LocalStore::open_cache(dir.path(), limits(1 << 20)).expect("open");
+        let k = s.archive(b"original").await.expect("archive");
+        fs::write(dir.path().join(k.as_str()), b"tampered").expect("tamper");
+        assert!(matches!(s.fetch(&k).await, Err(ArchiveError::Corrupt(c)) if c == k));
+        // The durable tier behind the cache holds the intact copy: the damaged one goes.
+        assert_eq!(s.fetch(&k).await.expect("second read"), None);
+    }
+
+    #[tokio::test]
+    async fn corrupt_entry_of_the_only_tier_is_kept_aside_and_reported_every_time() {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = LocalStore::open(dir.path(), limits(1 << 20)).expect("open");
         let k = s.archive(b"original").await.expect("archive");
         fs::write(dir.path().join(k.as_str()), b"tampered").expect("tamper");
-        assert!(matches!(s.fetch(&k).await, Err(ArchiveError::Corrupt(c)) if c == k));
-        assert_eq!(s.fetch(&k).await.expect("second read"), None);
+        for read in 1..=3 {
+            assert!(
+                matches!(s.fetch(&k).await, Err(ArchiveError::Corrupt(c)) if c == k),
+                "read {read} must report the corruption"
+            );
+        }
+        // A store reopened on the directory still knows.
+        let again = LocalStore::open(dir.path(), limits(1 << 20)).expect("reopen");
+        assert!(matches!(
+            again.fetch(&k).await,
+            Err(ArchiveError::Corrupt(_))
+        ));
+        // The damaged bytes are kept for inspection, outside the entries.
+        let kept = fs::read(dir.path().join(".corrupt").join(k.as_str())).expect("kept");
+        assert_eq!(kept, b"tampered");
+        assert_eq!(again.usage().await.expect("usage").entries, 0);
+        // Archiving the original again heals the entry.
+        assert_eq!(again.archive(b"original").await.expect("re-archive"), k);
+        assert_eq!(
+            again.fetch(&k).await.expect("healed").as_deref(),
+            Some(&b"original"[..])
+        );
     }
 
     #[tokio::test]

@@ -431,6 +431,55 @@ impl S3Store {
         Ok(Some(bytes))
     }
 
+    /// Proves the archive answers with this client's credentials: writes a small probe
+    /// object under `<root>probe/`, reads it back, compares and deletes it. The error is
+    /// the S3 client's, naming the operation that failed.
+    pub async fn probe(&self) -> Result<(), ArchiveError> {
+        const BODY: &[u8] = b"cairn archive probe";
+        let key = format!("{}probe/{:016x}", self.scope.root(), fastrand::u64(..));
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .body(ByteStream::from_static(BODY))
+            .send()
+            .await
+            .map_err(|e| unavailable("put", &e))?;
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+            .map_err(|e| unavailable("get", &e))?;
+        let read = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| ArchiveError::Unavailable(format!("S3 get: reading body: {e}")))?
+            .into_bytes();
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+            .map_err(|e| unavailable("delete", &e))?;
+        if read.as_ref() != BODY {
+            return Err(ArchiveError::Unavailable(format!(
+                "S3 get: the probe object {key} came back as {} different bytes",
+                read.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `s3://BUCKET/ROOT`, as the operator names the session's archive.
+    pub fn location(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.scope.root())
+    }
+
     /// Deletes everything under the session's root (archive and journal): the operator's
     /// finalizer when `retainOnDelete` is false. Returns the number of objects deleted.
     pub async fn delete_session_prefix(&self) -> Result<u64, ArchiveError> {

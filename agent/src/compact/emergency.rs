@@ -4,6 +4,11 @@
 //! archived segment. Then, while still over budget, the largest non-system message is cut
 //! first (its original archived before the first cut, never below [`FLOOR_CHARS`]), until
 //! the budget is met or nothing can shrink any more.
+//!
+//! The tail kept is `minKeepRecent` messages first; when even that tail, every message cut
+//! to its floor, cannot meet the target, fewer are kept (`emergencyKeepMessages`, then
+//! `nuclearKeepMessages`, then only the newest user message), so the level converges on any
+//! window that can hold the system prompt and the newest message at all.
 
 use std::collections::HashMap;
 
@@ -47,6 +52,57 @@ pub fn notice(dropped: usize, chars: usize, key: &Key) -> String {
     )
 }
 
+/// Room the truncation notice takes (its text with the marker and counts).
+const NOTICE_ROOM: usize = 400;
+
+/// Bytes a message weighs at the least once level 3 has cut it: content at its floor (the
+/// preview's banner included), plus everything that is not content (tool calls, images,
+/// reasoning).
+fn floor_weight(m: &Message) -> usize {
+    if m.is_system() || m.meta.preserve_verbatim || m.content.len() <= FLOOR_CHARS {
+        return m.weight();
+    }
+    m.weight() - m.content.len() + FLOOR_CHARS
+}
+
+/// The tail sizes level 3 tries, largest first, ending with the newest user message alone.
+pub fn keep_schedule(policy: &EffectivePolicy) -> Vec<usize> {
+    let r = &policy.recovery;
+    let first = (policy.min_keep_recent as usize).max(1);
+    let mut keeps = vec![first];
+    for k in [
+        r.emergency_keep_messages as usize,
+        r.nuclear_keep_messages as usize,
+        1,
+    ] {
+        if k >= 1 && keeps.last().is_some_and(|last| k < *last) {
+            keeps.push(k);
+        }
+    }
+    keeps
+}
+
+/// The least weight level 3 can reach keeping a tail of `keep` messages: what it never cuts,
+/// the notice, and every kept message at its floor.
+pub fn floor_with_keep(history: &[Message], keep: usize) -> usize {
+    let ts = user_tail_start(history, keep);
+    let notice = if history[..ts]
+        .iter()
+        .any(|m| !m.is_system() && !m.meta.preserve_verbatim)
+    {
+        NOTICE_ROOM
+    } else {
+        0
+    };
+    history
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| *i >= ts || m.is_system() || m.meta.preserve_verbatim)
+        .map(|(_, m)| floor_weight(m))
+        .sum::<usize>()
+        + notice
+}
+
 /// Runs level 3 towards `target` bytes. Returns the report and whether the target was met.
 pub async fn emergency(
     history: &mut Vec<Message>,
@@ -55,8 +111,20 @@ pub async fn emergency(
     trigger: Trigger,
     store: &dyn Store,
 ) -> (PassReport, bool) {
+    let schedule = keep_schedule(policy);
+    // The largest tail whose floor meets the target; the smallest one when none does.
+    let keep = schedule
+        .iter()
+        .copied()
+        .find(|k| floor_with_keep(history, *k) <= target)
+        .unwrap_or(1);
     let mut report = PassReport::new(Pass::Emergency, trigger, history::weight(history));
-    let ts = user_tail_start(history, policy.min_keep_recent as usize);
+    if keep < policy.min_keep_recent as usize {
+        report.notes.push(format!(
+            "kept only the newest {keep} message(s): a longer tail could not fit {target} bytes"
+        ));
+    }
+    let ts = user_tail_start(history, keep);
     let dropped: Vec<Message> = history[..ts]
         .iter()
         .filter(|m| !m.is_system() && !m.meta.preserve_verbatim)
@@ -97,7 +165,21 @@ pub async fn emergency(
     staged.extend(history[ts..].iter().filter(|m| !m.is_system()).cloned());
     pairing::repair(&mut staged, OrphanMode::ToUser);
 
-    shrink_largest(&mut staged, target, store, &mut report).await;
+    // Forced down to the nuclear tail, every kept message is also cut to nuclearMessageChars:
+    // cutting the largest first to the total those caps leave ends with each at its cap.
+    let mut goal = target;
+    if keep < policy.min_keep_recent as usize
+        && keep <= policy.recovery.nuclear_keep_messages as usize
+    {
+        let cap = (policy.recovery.nuclear_message_chars as usize).max(FLOOR_CHARS);
+        let excess: usize = staged
+            .iter()
+            .filter(|m| !m.is_system() && !m.meta.preserve_verbatim && !m.meta.is_summary)
+            .map(|m| m.content.len().saturating_sub(cap))
+            .sum();
+        goal = goal.min(history::weight(&staged).saturating_sub(excess));
+    }
+    shrink_largest(&mut staged, goal, store, &mut report).await;
     *history = staged;
     report.bytes_after = history::weight(history);
     let met = report.bytes_after <= target;

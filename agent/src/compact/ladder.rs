@@ -2,6 +2,11 @@
 //! emergency truncation, stopping as soon as the history fits. Three failed compactions in a
 //! row open the session's circuit breaker: auto-compaction stops (manual compaction and
 //! recovery still run) until a compaction succeeds.
+//!
+//! It is the one shrinking engine of the agent, driven by two kinds of trigger: a budget
+//! before sending (the policy's ratio of the window, or pre-flight's tighter one), and after
+//! a rejection a target the recovery ladder computed from what the server said
+//! ([`LadderContext::target`]).
 
 use cairn_crds::EffectivePolicy;
 
@@ -66,6 +71,9 @@ pub struct LadderContext<'a> {
     pub trigger: Trigger,
     /// Overrides the policy's budget ratio (pre-flight compacts to 0.40).
     pub budget_ratio: Option<f64>,
+    /// A target in bytes that overrides the budget's (recovery: the size the server's
+    /// numbers call for). The ladder then runs even if the history fits its budget.
+    pub target: Option<usize>,
 }
 
 /// Why a compaction did not run.
@@ -103,7 +111,9 @@ pub async fn compact(
 ) -> CompactionOutcome {
     let ratio = ctx.budget_ratio.unwrap_or(ctx.policy.budget_ratio);
     let budget = Budget::with_ratio(&ctx.inputs, ratio, state);
-    let target = target_chars(budget, &ctx.inputs, ctx.policy, state).min(budget.chars);
+    let target = ctx
+        .target
+        .unwrap_or_else(|| target_chars(budget, &ctx.inputs, ctx.policy, state).min(budget.chars));
     let before = history::weight(history);
     let mut out = CompactionOutcome {
         trigger: ctx.trigger,
@@ -168,6 +178,10 @@ pub async fn compact(
 
     out.bytes_after = history::weight(history);
     out.met = out.bytes_after <= target;
+    if ctx.trigger == Trigger::Recovery {
+        // Recovery counts its own attempts; it neither opens nor closes the breaker.
+        return out;
+    }
     let was_open = state.auto_compaction_disabled();
     state.record_outcome(out.met);
     state.compactions += 1;

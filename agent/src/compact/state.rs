@@ -19,6 +19,16 @@ pub struct SessionState {
     pub chars_per_token: CharsPerToken,
     /// Byte cap learned from a payload rejection; only ever tightens.
     pub learned_payload_cap: Option<u64>,
+    /// Context window a server named in an overflow error (or filled during generation);
+    /// only ever tightens, and is forgotten when the configured window or the model changes.
+    pub learned_window: Option<u64>,
+    /// `model@configured-window` the learned window belongs to.
+    pub learned_window_basis: Option<String>,
+    /// Window a dedicated summarizer model's server named (the session's own model learns
+    /// into `learned_window`).
+    pub summarizer_window: Option<u64>,
+    /// Replies reported as cut short with no fix possible.
+    pub truncated_replies: u64,
     /// Failed compactions in a row (reset by a success).
     pub consecutive_failures: u32,
     /// Upcoming compactions that go straight from level 1 to level 3.
@@ -68,6 +78,30 @@ impl SessionState {
         cap
     }
 
+    /// Learns a context window; keeps the tighter of the old and the new one.
+    pub fn learn_window(&mut self, window: u64) -> u64 {
+        let w = self.learned_window.map_or(window, |old| old.min(window));
+        self.learned_window = Some(w);
+        w
+    }
+
+    /// Forgets a learned window that was learned for another model or configured window.
+    /// Returns true when it did.
+    pub fn rebase_window(&mut self, basis: &str) -> bool {
+        if self.learned_window_basis.as_deref() == Some(basis) {
+            return false;
+        }
+        let had = self.learned_window.take().is_some();
+        self.learned_window_basis = Some(basis.to_owned());
+        had
+    }
+
+    /// The window requests must fit: the configured one, or the tighter one a server named.
+    pub fn effective_window(&self, configured: u64) -> u64 {
+        self.learned_window
+            .map_or(configured, |w| w.min(configured))
+    }
+
     /// The tightest payload cap known: the configured one or the learned one.
     pub fn effective_payload_cap(&self, configured: Option<u64>) -> Option<u64> {
         match (configured, self.learned_payload_cap) {
@@ -99,4 +133,30 @@ impl SessionState {
 pub struct ToolResultLimits {
     pub per_result: usize,
     pub per_turn: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_learned_window_only_tightens_and_is_forgotten_on_a_new_basis() {
+        let mut s = SessionState::new();
+        assert!(!s.rebase_window("m@32768"), "nothing learned yet");
+        assert_eq!(s.learn_window(2_048), 2_048);
+        assert_eq!(s.learn_window(4_096), 2_048, "never loosens");
+        assert_eq!(s.effective_window(32_768), 2_048);
+        assert_eq!(
+            s.effective_window(1_024),
+            1_024,
+            "a smaller configured window wins"
+        );
+        assert!(!s.rebase_window("m@32768"), "same model and window: kept");
+        assert_eq!(s.learned_window, Some(2_048));
+        assert!(s.rebase_window("m@65536"), "the configured window changed");
+        assert_eq!(s.learned_window, None);
+        s.learn_window(2_048);
+        assert!(s.rebase_window("other@65536"), "the model changed");
+        assert_eq!(s.effective_window(65_536), 65_536);
+    }
 }

@@ -3,7 +3,9 @@
 //!
 //! The segment runs from after the system prefix to the start of the recent tail (snapped
 //! back so a tool call is never separated from its results). The summarizer's input is
-//! budgeted to half its window (never below [`MIN_INPUT_CHARS`]), an equal share per message,
+//! budgeted to half its window (in bytes at the session's real bytes per token) less the
+//! instructions, an equal share per message; a window too small for [`MIN_INPUT_CHARS`] of
+//! transcript skips level 2 visibly instead of sending a request that cannot fit,
 //! cut 3:1 head/tail; stubs whose archived original fits its share are restored. The reply
 //! must pass a quality gate (not empty, not a refusal, not too short for the segment) or is
 //! retried once. The whole segment is archived and the summary carries its marker; system
@@ -21,8 +23,8 @@ use super::text;
 use super::trim::tail_start;
 use super::{Pass, PassReport, Trigger};
 
-/// Floor of the summarizer's input budget.
-pub const MIN_INPUT_CHARS: usize = 20_000;
+/// Transcript bytes below which a summary is not worth asking for: level 2 is skipped.
+pub const MIN_INPUT_CHARS: usize = 2_000;
 /// A summary must be at least segment/[`SUMMARY_RATIO`] chars, within these bounds.
 pub const SUMMARY_MIN_CHARS: usize = 200;
 pub const SUMMARY_MIN_CHARS_CAP: usize = 2_000;
@@ -59,6 +61,10 @@ pub enum SummarizeError {
     Failed(String),
     #[error("no summarizer is configured")]
     Unavailable,
+    #[error(
+        "the summarizer's window ({window_chars} bytes) cannot hold its instructions and a useful transcript; level 2 was skipped"
+    )]
+    WindowTooSmall { window_chars: usize },
 }
 
 impl SummarizeError {
@@ -66,6 +72,7 @@ impl SummarizeError {
         match self {
             Self::Failed(_) => "failed",
             Self::Unavailable => "unavailable",
+            Self::WindowTooSmall { .. } => "window_too_small",
         }
     }
 }
@@ -158,9 +165,8 @@ pub fn segment_bounds(history: &[Message], keep_recent: usize) -> (usize, usize)
     (start, end)
 }
 
-/// The budgeted transcript of `segment`.
-pub async fn transcript(segment: &[&Message], window_chars: usize, store: &dyn Store) -> String {
-    let budget = (window_chars / 2).max(MIN_INPUT_CHARS);
+/// The transcript of `segment` within `budget` bytes.
+pub async fn transcript(segment: &[&Message], budget: usize, store: &dyn Store) -> String {
     let share = budget / segment.len().max(1);
     let mut out = String::new();
     for m in segment {
@@ -227,9 +233,17 @@ pub async fn summarize(
         return (report, SummaryOutcome::NothingToSummarize);
     }
     let segment_chars: usize = dropped.iter().map(|m| m.weight()).sum();
+    let instructions = instructions();
+    let window_chars = summarizer.window_chars();
+    let budget = (window_chars / 2).saturating_sub(instructions.len());
+    if budget < MIN_INPUT_CHARS {
+        let e = SummarizeError::WindowTooSmall { window_chars };
+        report.notes.push(e.to_string());
+        return (report, SummaryOutcome::Failed(e));
+    }
     let mut request = SummaryRequest {
-        instructions: instructions(),
-        transcript: transcript(&dropped, summarizer.window_chars(), store).await,
+        instructions,
+        transcript: transcript(&dropped, budget, store).await,
         attempt: 1,
     };
     let mut summary = None;
@@ -352,14 +366,14 @@ mod tests {
         let huge = Message::user(format!("{}{}", "H".repeat(60_000), "T".repeat(60_000)));
         let small = Message::assistant("short reply");
         let segment = [&stub, &huge, &small];
-        // Window 30,000 chars: half is below the 20,000 floor, so 20,000 / 3 per message.
-        let t = transcript(&segment, 30_000, &store).await;
+        // A 20,000-byte budget: 20,000 / 3 per message.
+        let t = transcript(&segment, 20_000, &store).await;
         assert!(
             t.contains(&original),
             "the stub's original fits its share and is restored"
         );
         assert!(t.contains("short reply"));
-        let share = MIN_INPUT_CHARS / 3;
+        let share = 20_000 / 3;
         let heads = t.matches('H').count();
         let tails = t.matches('T').count();
         assert!(
@@ -368,7 +382,7 @@ mod tests {
         );
         assert!(tails <= share / 4 && tails > share / 4 - 100, "{tails}");
         assert!(t.contains("chars cut"));
-        assert!(t.len() < MIN_INPUT_CHARS + 1_000);
+        assert!(t.len() < 20_000 + 1_000);
     }
 
     #[test]

@@ -76,12 +76,12 @@ impl Headroom {
     ) -> (Self, i64) {
         let used = state.chars_per_token.tokens(request_bytes) as i64;
         let left = inputs.context_window as i64 - used;
-        let a = &policy.auto_compact;
-        let level = if left <= i64::from(a.blocking_buffer_tokens) {
+        let a = Buffers::of(inputs.context_window, policy);
+        let level = if left <= a.blocking as i64 {
             Self::Blocking
-        } else if left <= i64::from(a.buffer_tokens) {
+        } else if left <= a.auto_compact as i64 {
             Self::AutoCompact
-        } else if left <= i64::from(a.warning_buffer_tokens) {
+        } else if left <= a.warning as i64 {
             Self::Warning
         } else {
             Self::Ok
@@ -99,6 +99,38 @@ impl Headroom {
     }
 }
 
+/// The largest share of the window the auto-compact buffer may take.
+pub const MAX_BUFFER_SHARE: f64 = 0.5;
+
+/// The headroom buffers in force for a window, in tokens.
+///
+/// The policy's buffers (13,000 / 20,000 / 3,000 by default) are sized for windows of 100k
+/// tokens and more; on a small window they would exceed the window itself, so every request
+/// would be "blocking" and every compaction would aim below a quarter of the budget. They
+/// are scaled down together so that the auto-compact buffer never exceeds
+/// [`MAX_BUFFER_SHARE`] of the window. Buffers that already fit are used as configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Buffers {
+    pub warning: u64,
+    pub auto_compact: u64,
+    pub blocking: u64,
+}
+
+impl Buffers {
+    pub fn of(window: u64, policy: &EffectivePolicy) -> Self {
+        let a = &policy.auto_compact;
+        let free = (window as f64 * MAX_BUFFER_SHARE).floor();
+        let buffer = f64::from(a.buffer_tokens.max(1));
+        let scale = (free / buffer).min(1.0);
+        let scaled = |t: u32| (f64::from(t) * scale).floor() as u64;
+        Self {
+            warning: scaled(a.warning_buffer_tokens),
+            auto_compact: scaled(a.buffer_tokens),
+            blocking: scaled(a.blocking_buffer_tokens),
+        }
+    }
+}
+
 /// The target a compaction aims for: under budget and with more headroom than the
 /// auto-compact buffer.
 pub fn target_chars(
@@ -109,7 +141,7 @@ pub fn target_chars(
 ) -> usize {
     let window_tokens = inputs
         .context_window
-        .saturating_sub(u64::from(policy.auto_compact.buffer_tokens));
+        .saturating_sub(Buffers::of(inputs.context_window, policy).auto_compact);
     let by_headroom = state
         .chars_per_token
         .chars(window_tokens)
@@ -203,5 +235,29 @@ mod tests {
         assert_eq!(at(20_000), Headroom::Warning);
         assert_eq!(at(13_000), Headroom::AutoCompact);
         assert_eq!(at(3_000), Headroom::Blocking);
+    }
+
+    #[test]
+    fn buffers_scale_down_on_small_windows() {
+        let p = EffectivePolicy::default();
+        let big = Buffers::of(200_000, &p);
+        assert_eq!(
+            (big.warning, big.auto_compact, big.blocking),
+            (20_000, 13_000, 3_000)
+        );
+        // Half of 2,048: the auto-compact buffer is 1,024 tokens, the others scale along.
+        let small = Buffers::of(2_048, &p);
+        assert_eq!(small.auto_compact, 1_024);
+        assert!(small.blocking < small.auto_compact && small.auto_compact < small.warning);
+        let s = SessionState::new();
+        let i = inputs(2_048, None, 0);
+        // A request at the budget (60 % of the window) is not yet blocking.
+        let at_budget = Headroom::of(2_048 * 6 / 10 * 4, &i, &p, &s).0;
+        assert!(at_budget < Headroom::Blocking, "{at_budget:?}");
+        let b = Budget::compute(&i, &p, &s);
+        assert_eq!(target_chars(b, &i, &p, &s), 1_024 * 4);
+        // Buffers that fit the window are used as configured.
+        let fits = Buffers::of(10_000, &p);
+        assert_eq!(fits.auto_compact, 5_000);
     }
 }

@@ -12,6 +12,7 @@ use crate::history::{Message, ToolCall};
 mod anthropic;
 mod bedrock;
 mod config;
+pub mod deadline;
 pub mod eventstream;
 mod gemini;
 mod http;

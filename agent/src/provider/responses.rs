@@ -60,14 +60,12 @@ impl OpenAiResponses {
                         });
                     }
                     input.extend(m.tool_calls.iter().map(|c| Item::FunctionCall {
-                        kind: "function_call",
                         call_id: &c.id,
                         name: &c.name,
                         arguments: &c.arguments,
                     }));
                 }
                 Role::Tool => input.push(Item::FunctionCallOutput {
-                    kind: "function_call_output",
                     call_id: m.tool_call_id.as_deref().unwrap_or_default(),
                     output: &m.content,
                 }),
@@ -117,24 +115,23 @@ struct Tool<'a> {
     parameters: &'a Value,
 }
 
-/// An input item: a message (no `type`, by role) or a function call or its output.
+/// An input item: a message, a function call or its output. Every item names its `type`:
+/// the Responses API reference lists it on message items too, and servers other than
+/// OpenAI's (llama.cpp: "Cannot determine type of 'item'") refuse an assistant message
+/// without it.
 #[derive(Serialize)]
-#[serde(untagged)]
+#[serde(tag = "type", rename_all = "snake_case")]
 enum Item<'a> {
     Message {
         role: &'static str,
         content: Vec<Part<'a>>,
     },
     FunctionCall {
-        #[serde(rename = "type")]
-        kind: &'static str,
         call_id: &'a str,
         name: &'a str,
         arguments: &'a str,
     },
     FunctionCallOutput {
-        #[serde(rename = "type")]
-        kind: &'static str,
         call_id: &'a str,
         output: &'a str,
     },

@@ -7,14 +7,17 @@
 //! the session while another holds it gets 409. Bodies over the limit get 413; malformed
 //! ones 400; every error is a JSON `{"error": {"message", "type", "code"}}`.
 
+mod listen;
 mod responses;
+
+pub use listen::{Limits, LimitsError, serve as serve_limited};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -98,7 +101,7 @@ impl AppState {
     }
 
     /// Refreshes the cached view after the session changed.
-    fn publish(&self, session: &Session) {
+    pub fn publish(&self, session: &Session) {
         let status = if session.fenced().is_some() {
             self.set_ready(false);
             "fenced"
@@ -125,6 +128,16 @@ fn view_of(session: &Session, status: &str) -> Value {
         "payloadCap": live.payload_cap,
         "journalEpoch": session.journal_epoch(),
         "stats": session.stats(),
+        // The shape of the newest messages (roles and sizes, never their text): what a
+        // person checks first after a compaction.
+        "recent": session
+            .history()
+            .iter()
+            .rev()
+            .take(4)
+            .rev()
+            .map(|m| json!({"role": m.role.as_str(), "bytes": m.weight(), "summary": m.meta.is_summary}))
+            .collect::<Vec<_>>(),
         "policyHash": live.policy_hash,
         "policy": live.policy,
     })
@@ -190,6 +203,9 @@ impl From<TurnError> for ApiError {
             TurnError::Journal(_) | TurnError::Unsettled(_) => StatusCode::SERVICE_UNAVAILABLE,
             TurnError::Fenced(_) => StatusCode::CONFLICT,
             TurnError::NothingToRewind => StatusCode::CONFLICT,
+            TurnError::Deadline(_) => StatusCode::GATEWAY_TIMEOUT,
+            TurnError::ContextFull(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            TurnError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         };
         Self::new(status, e.label(), e.to_string())
     }
@@ -241,6 +257,7 @@ impl Gate {
                 let gate = gate.clone();
                 async move { gate.handle(request).await }
             })
+            .method_not_allowed_fallback(method_not_allowed)
     }
 
     async fn handle(&self, request: axum::extract::Request) -> Response {
@@ -257,7 +274,8 @@ impl Gate {
             .map(|w| w.clone())
             .unwrap_or_else(|_| "starting".into());
         if request.uri().path() == "/readyz" {
-            return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", why)
+                .into_response();
         }
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -275,6 +293,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/v1/session", get(get_session))
         .route("/v1/session/compact", post(compact))
         .route("/v1/session/rewind", post(rewind))
+        .route("/v1/session/reset-payload-cap", post(reset_payload_cap))
         .route("/v1/recall/{key}", get(get_recall))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
@@ -283,8 +302,18 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/metrics", get(metrics))
         .merge(protected)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
+}
+
+/// A known route asked with a method it does not answer (axum's own 405 has no body).
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not answer {method}", uri.path()),
+    )
 }
 
 async fn auth(
@@ -328,7 +357,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
             .ok()
             .and_then(|v| v.get("fenced").and_then(Value::as_str).map(str::to_owned))
             .unwrap_or_else(|| "not ready".into());
-        (StatusCode::SERVICE_UNAVAILABLE, reason).into_response()
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", reason).into_response()
     }
 }
 
@@ -409,10 +438,32 @@ async fn rewind(State(state): State<AppState>) -> Result<Response, ApiError> {
     )
 }
 
+async fn reset_payload_cap(State(state): State<AppState>) -> Result<Response, ApiError> {
+    state.check_owned()?;
+    let mut session = state.session.try_lock().map_err(|_| busy())?;
+    let result = session.reset_payload_cap().await;
+    state.publish(&session);
+    let previous = result?;
+    Ok(axum::Json(json!({
+        "previous": previous,
+        "learnedPayloadCap": session.stats().learned_payload_cap,
+        "payloadCap": session.live().payload_cap,
+    }))
+    .into_response())
+}
+
 async fn get_recall(
     State(state): State<AppState>,
-    Path(key): Path<String>,
+    key: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    // axum's own rejection is plain text; a key that is not even UTF-8 is no key.
+    let Path(key) = key.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+            format!("the key in the path cannot be decoded: {}", e.body_text()),
+        )
+    })?;
     match recall(state.store.as_ref(), &key).await {
         Ok(r) if r.missing.is_empty() => Ok((
             [(header::CONTENT_TYPE, "application/octet-stream")],

@@ -141,10 +141,18 @@ fn response_object(
     outcome: Option<&TurnOutcome>,
     error: Option<Value>,
 ) -> Value {
+    // A reply cut short that nothing could fix is an incomplete response, as OpenAI marks one
+    // stopped by its output limit.
+    let truncated = outcome.and_then(|o| o.truncated);
+    let status = if status == "completed" && truncated.is_some() {
+        "incomplete"
+    } else {
+        status
+    };
     let output = match outcome {
         Some(o) => json!([message_item(
             item_id.unwrap_or(&ids.message),
-            "completed",
+            status,
             Some(&o.text)
         )]),
         None => json!([]),
@@ -167,7 +175,7 @@ fn response_object(
         "output": output,
         "usage": usage,
         "error": error,
-        "incomplete_details": null,
+        "incomplete_details": truncated.map(|reason| json!({"reason": "max_output_tokens", "cairn_reason": reason})),
         "instructions": null,
         "metadata": {},
         "parallel_tool_calls": false,
@@ -219,10 +227,23 @@ pub async fn create(
             .unwrap_or_else(|| session.live().spec.provider.model.clone()),
     };
     if !stream {
-        let mut session = session;
-        let result = session.turn(input).await;
-        state.publish(&session);
-        let outcome = result?;
+        // The turn runs in its own task, as a streamed one does: a client that goes away
+        // mid-turn (dropping this handler) does not cancel it; it runs to the end and is
+        // journaled, so the next request never finds a question without its answer.
+        let task_state = state.clone();
+        let turn = tokio::spawn(async move {
+            let mut session = session;
+            let result = session.turn(input).await;
+            task_state.publish(&session);
+            result
+        });
+        let outcome = turn.await.map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "turn_failed",
+                format!("the turn task failed: {e}"),
+            )
+        })??;
         return Ok(axum::Json(response_object(
             &ids,
             None,
@@ -425,7 +446,12 @@ impl Writer {
         let part =
             self.part(json!({"part": {"type": "output_text", "text": text, "annotations": []}}));
         self.send("response.content_part.done", part).await;
-        let item = message_item(&self.item.id, "completed", Some(text));
+        let item_status = if outcome.truncated.is_some() {
+            "incomplete"
+        } else {
+            "completed"
+        };
+        let item = message_item(&self.item.id, item_status, Some(text));
         self.send(
             "response.output_item.done",
             json!({"output_index": self.item.index, "item": item}),
@@ -438,8 +464,12 @@ impl Writer {
             Some(outcome),
             None,
         );
-        self.send("response.completed", json!({ "response": response }))
-            .await;
+        let event = if outcome.truncated.is_some() {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        self.send(event, json!({ "response": response })).await;
     }
 
     async fn fail(&mut self, err: ApiError) {
@@ -525,6 +555,7 @@ mod tests {
             notices: Vec::new(),
             rounds: 1,
             stopped: None,
+            truncated: None,
         }
     }
 

@@ -12,10 +12,11 @@ pub mod tools;
 mod turn;
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use cairn_crds::session::{LastRecovery, SessionStats, TokenStats};
+use cairn_crds::session::{ArchiveCheck, LastRecovery, SessionStats, TokenStats};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::ccr::Store;
@@ -28,6 +29,7 @@ use crate::journal::{
     Change, CompactionRecord, Journal, JournalError, ObjectStore, PersistedState, Undo,
 };
 use crate::metrics::Metrics;
+use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
 
 pub use summarizer::ProviderSummarizer;
@@ -55,6 +57,17 @@ pub enum TurnError {
     Fenced(JournalError),
     #[error("nothing to rewind: no compaction since the last rewind or restart checkpoint")]
     NothingToRewind,
+    /// The turn ran past `timeouts.turnSeconds`.
+    #[error("{0}")]
+    Deadline(String),
+    /// The request would not fit the window and compaction could not make room.
+    #[error("{0}")]
+    ContextFull(String),
+    /// The agent is stopping: the turn was aborted before its grace period ran out.
+    #[error(
+        "the agent is shutting down: the turn was aborted before it finished; it was not persisted and its input was dropped"
+    )]
+    ShuttingDown,
 }
 
 impl TurnError {
@@ -67,6 +80,9 @@ impl TurnError {
             Self::Unsettled(_) => "journal_unknown",
             Self::Fenced(_) => "fenced",
             Self::NothingToRewind => "nothing_to_rewind",
+            Self::Deadline(_) => "deadline",
+            Self::ContextFull(_) => "context_full",
+            Self::ShuttingDown => "shutting_down",
         }
     }
 }
@@ -116,6 +132,16 @@ pub struct Session {
     /// History length before the input of the turn that failed last, until the write it
     /// left unsettled is settled (see [`Session::follow_journal`]).
     failed_turn: Option<usize>,
+    /// Fired at shutdown: a turn in flight stops (see [`Session::abort_handle`]).
+    abort: CancellationToken,
+    /// The session state changed without a history change (a reset learned cap): the next
+    /// commit writes an entry even if nothing else changed.
+    state_dirty: bool,
+    /// Notices of changes made between turns, given with the next turn's.
+    pending_notices: Vec<(&'static str, String)>,
+    /// The latest archive check, for `status.session` (written by whoever runs the checks,
+    /// also while a turn holds the session).
+    archive_check: Arc<std::sync::RwLock<Option<ArchiveCheck>>>,
 }
 
 impl Session {
@@ -126,6 +152,21 @@ impl Session {
         rebuilt.state.restore_into(&mut state);
         let mut live_rx = parts.live;
         let live = live_rx.borrow_and_update().clone();
+        if state.rebase_window(&window_basis(&live)) {
+            tracing::info!(
+                "the learned context window belonged to another model or configured window; forgotten"
+            );
+        }
+        // Every provider call of the session (replies and summaries) has a total deadline.
+        let policy_rx = live_rx.clone();
+        let provider: Arc<dyn Provider> = Arc::new(Deadlined::new(
+            parts.provider,
+            Box::new(move || {
+                Duration::from_secs(u64::from(
+                    policy_rx.borrow().policy.timeouts.provider_call_seconds,
+                ))
+            }),
+        ));
         let s = Self {
             namespace: parts.namespace,
             name: parts.name,
@@ -133,7 +174,7 @@ impl Session {
             state,
             live,
             live_rx,
-            provider: parts.provider,
+            provider,
             store: parts.store,
             journal,
             archive_counters: parts.archive_counters,
@@ -148,6 +189,10 @@ impl Session {
             last_reply_at: None,
             last_recovery: None,
             failed_turn: None,
+            abort: CancellationToken::new(),
+            state_dirty: false,
+            pending_notices: Vec::new(),
+            archive_check: Arc::default(),
         };
         s.publish_gauges();
         Ok(s)
@@ -192,6 +237,17 @@ impl Session {
         self.journal.fenced().map(ToString::to_string)
     }
 
+    /// Cancels the turn in flight (and refuses later ones) when fired: `serve` fires it
+    /// before the pod's grace period ends.
+    pub fn abort_handle(&self) -> CancellationToken {
+        self.abort.clone()
+    }
+
+    /// Where the latest archive check is kept; its content is reported in `status.session`.
+    pub fn archive_check_slot(&self) -> Arc<std::sync::RwLock<Option<ArchiveCheck>>> {
+        Arc::clone(&self.archive_check)
+    }
+
     /// Picks up a changed policy or spec; called at the start of every turn.
     fn refresh_live(&mut self) {
         if self.live_rx.has_changed().unwrap_or(false) {
@@ -199,8 +255,49 @@ impl Session {
             if next.policy_hash != self.live.policy_hash {
                 tracing::info!(from = %self.live.policy_hash, to = %next.policy_hash, "effective policy changed");
             }
+            if self.state.rebase_window(&window_basis(&next)) {
+                tracing::info!(
+                    "the model or the configured context window changed; the learned window is forgotten"
+                );
+            }
+            if next.payload_cap != self.live.payload_cap
+                && let Some(old) = self.forget_payload_cap()
+            {
+                // A cap learned under the old setting may have been an artefact of the old
+                // network path; the platform team's new number is the evidence now.
+                self.pending_notices.push((
+                    "learned_cap",
+                    format!("spec.payloadCap changed: the learned cap of {old} bytes was reset"),
+                ));
+            }
             self.live = next;
         }
+    }
+
+    fn forget_payload_cap(&mut self) -> Option<u64> {
+        let old = self.state.learned_payload_cap.take()?;
+        // The guidance told the model about the old cap; a new rejection adds it again.
+        self.state.payload_notice_injected = false;
+        self.state_dirty = true;
+        tracing::info!(learned = old, "learned payload cap reset");
+        Some(old)
+    }
+
+    /// `POST /v1/session/reset-payload-cap` and `cairn-agent reset-payload-cap`: forgets the
+    /// learned payload cap (journaled). Returns the cap that was in force, if any.
+    pub async fn reset_payload_cap(&mut self) -> Result<Option<u64>, TurnError> {
+        if let Some(f) = self.journal.fenced() {
+            return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
+        }
+        self.settle().await?;
+        let before = self.state.clone();
+        let old = self.forget_payload_cap();
+        if let Err(e) = self.commit(Vec::new(), None, false).await {
+            self.state = before;
+            return Err(e);
+        }
+        self.publish_gauges();
+        Ok(old)
     }
 
     /// Appends messages without a model call (seeding from `--history`), persisted at once.
@@ -275,9 +372,11 @@ impl Session {
             compactions,
             undo,
             rewinds,
+            persist_state: self.state_dirty,
         };
         match self.journal.write(&self.history, change).await {
             Ok(written) => {
+                self.state_dirty = false;
                 if written.is_some() {
                     self.failed_turn = None;
                     self.metrics.inc(
@@ -301,25 +400,71 @@ impl Session {
         }
     }
 
+    /// The context window requests are budgeted against (configured, or learned if tighter).
+    fn window(&self) -> u64 {
+        self.state
+            .effective_window(self.live.limits.context_window)
+            .max(1)
+    }
+
     /// Budget inputs for the current live settings.
     fn budget_inputs(&self) -> BudgetInputs {
         BudgetInputs {
-            context_window: self.live.limits.context_window,
+            context_window: self.window(),
             payload_cap: self.live.payload_cap,
             reserve_bytes: tools::catalog().iter().map(|t| t.weight()).sum(),
         }
     }
 
     fn summarizer(&self, extra: Option<String>) -> ProviderSummarizer {
-        let mut window = self
-            .state
-            .chars_per_token
-            .chars(self.live.limits.context_window);
+        let own_model = self
+            .live
+            .policy
+            .summarizer
+            .model
+            .as_ref()
+            .is_none_or(|m| *m == self.live.spec.provider.model);
+        // A dedicated summarizer model has a window of its own, learned the same way.
+        let tokens = if own_model {
+            self.window()
+        } else {
+            self.state
+                .summarizer_window
+                .map_or(self.live.limits.context_window, |w| {
+                    w.min(self.live.limits.context_window)
+                })
+        };
+        let mut window = self.state.chars_per_token.chars(tokens);
         // The summary request crosses the same network path as every other request.
         if let Some(cap) = self.state.effective_payload_cap(self.live.payload_cap) {
             window = window.min((cap as f64 * crate::compact::window::PAYLOAD_CAP_SHARE) as usize);
         }
+        // The summary must fit beside its input: at most a quarter of the window.
         ProviderSummarizer::new(Arc::clone(&self.provider), &self.live, window, extra)
+            .with_max_output(tokens / 4)
+    }
+
+    /// Learns what the summarizer's own overflow said: the session's window and ratio when it
+    /// used the session's model, its own window otherwise.
+    fn learn_from_summarizer(&mut self, summarizer: &ProviderSummarizer) {
+        let Some((count, sent)) = summarizer.take_learned() else {
+            return;
+        };
+        let own = summarizer.model() == self.live.spec.provider.model;
+        if own && let Some(p) = count.prompt_tokens {
+            self.state.chars_per_token.set_counted(sent as u64, p);
+        }
+        if let Some(w) = count
+            .window
+            .filter(|w| *w < self.live.limits.context_window)
+        {
+            if own {
+                self.state.learn_window(w);
+            } else {
+                self.state.summarizer_window =
+                    Some(self.state.summarizer_window.map_or(w, |old| old.min(w)));
+            }
+        }
     }
 
     /// Runs the ladder with `trigger` and counts it.
@@ -338,11 +483,13 @@ impl Session {
             summarizer: Some(&summarizer),
             trigger,
             budget_ratio: ratio,
+            target: None,
         };
         let span = tracing::info_span!("compaction", trigger = trigger.label());
         let out = compact(&mut self.history, &ctx, &mut self.state)
             .instrument(span)
             .await;
+        self.learn_from_summarizer(&summarizer);
         tracing::info!(
             trigger = trigger.label(),
             level = out.level,
@@ -374,7 +521,15 @@ impl Session {
         self.settle().await?;
         self.refresh_live();
         let pre = self.history.clone();
-        let out = self.run_ladder(Trigger::Manual, None, instruction).await;
+        let abort = self.abort.clone();
+        let out = tokio::select! {
+            out = self.run_ladder(Trigger::Manual, None, instruction) => out,
+            // A summary may take minutes; at shutdown the compaction is given up whole.
+            () = abort.cancelled() => {
+                self.history = pre;
+                return Err(TurnError::ShuttingDown);
+            }
+        };
         // A compaction that changed nothing writes nothing.
         if self.history != pre {
             let undo = Undo {
@@ -419,8 +574,15 @@ impl Session {
     pub fn stats(&self) -> SessionStats {
         let bytes = history::weight(&self.history) as u64;
         let tokens = self.state.chars_per_token.tokens(bytes as usize);
-        let window = self.live.limits.context_window.max(1);
+        let window = self.window();
         SessionStats {
+            learned_context_window: self
+                .state
+                .learned_window
+                .filter(|w| *w < self.live.limits.context_window),
+            effective_context_window: window,
+            bytes_per_token: (self.state.chars_per_token.get() * 1000.0).round() / 1000.0,
+            truncated_replies: self.state.truncated_replies,
             turns: self.turns,
             messages: self.history.len() as u64,
             history_bytes: bytes,
@@ -432,6 +594,7 @@ impl Session {
             recoveries: self.state.recoveries,
             last_recovery: self.last_recovery.clone(),
             archive: self.archive_counters.snapshot().session_stats(),
+            archive_check: self.archive_check.read().ok().and_then(|c| c.clone()),
             tokens: TokenStats {
                 input: self.tokens.input_tokens,
                 output: self.tokens.output_tokens,
@@ -451,7 +614,23 @@ impl Session {
             &[],
             s.learned_payload_cap.unwrap_or(0) as f64,
         );
+        self.metrics.set(
+            "cairn_agent_learned_context_window_tokens",
+            &[],
+            s.learned_context_window.unwrap_or(0) as f64,
+        );
+        self.metrics
+            .set("cairn_agent_bytes_per_token", &[], s.bytes_per_token);
     }
+}
+
+/// What a learned window belongs to: the model and the configured window. A change of
+/// either makes the learned window meaningless.
+fn window_basis(live: &Live) -> String {
+    format!(
+        "{}@{}",
+        live.spec.provider.model, live.limits.context_window
+    )
 }
 
 fn record(out: &CompactionOutcome) -> CompactionRecord {

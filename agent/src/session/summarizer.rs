@@ -1,14 +1,21 @@
-//! Level-2 summaries written by the session's own provider.
+//! Level-2 summaries written by the session's own provider (or the policy's summarizer
+//! model through it). The summarizer obeys the session's rules: its input is budgeted
+//! against its real window in real tokens, and when the server still rejects it as too long,
+//! the overflow is classified, its numbers are kept for the session to learn, and the request
+//! is retried once cut to what the server said.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use tracing::Instrument;
 
-use crate::compact::summarize::SummaryRequest;
+use crate::classify::{FailureClass, classify};
+use crate::compact::summarize::{MIN_INPUT_CHARS, SummaryRequest};
+use crate::compact::text;
 use crate::compact::{SummarizeError, Summarizer};
 use crate::config::Live;
 use crate::history::Message;
+use crate::overflow::{ServerCount, server_count};
 use crate::provider::{ChatRequest, Provider};
 
 /// Reply budget of a summary, in tokens.
@@ -21,6 +28,9 @@ pub struct ProviderSummarizer {
     max_output: u64,
     /// A person's instruction for this compaction (`POST /v1/session/compact`).
     extra: Option<String>,
+    /// What an overflow of the summarizer's own request said: the server's count and the
+    /// bytes of the request it counted.
+    learned: Mutex<Option<(ServerCount, usize)>>,
 }
 
 impl ProviderSummarizer {
@@ -42,8 +52,51 @@ impl ProviderSummarizer {
             window_chars,
             max_output: live.limits.max_output_tokens.min(SUMMARY_OUTPUT_TOKENS),
             extra,
+            learned: Mutex::new(None),
         }
     }
+
+    /// Bounds the summary's output limit (a share of a small window).
+    pub fn with_max_output(mut self, max_output: u64) -> Self {
+        self.max_output = self.max_output.min(max_output.max(1));
+        self
+    }
+
+    /// The summarizer model's name.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// What the summarizer's own overflow taught, once.
+    pub fn take_learned(&self) -> Option<(ServerCount, usize)> {
+        self.learned.lock().ok().and_then(|mut l| l.take())
+    }
+
+    fn request(&self, instructions: &str, transcript: String) -> ChatRequest {
+        ChatRequest {
+            model: self.model.clone(),
+            messages: vec![
+                Message::system(instructions.to_owned()),
+                Message::user(transcript),
+            ],
+            tools: Vec::new(),
+            max_output_tokens: self.max_output,
+            stream: false,
+        }
+    }
+}
+
+/// `transcript` cut to `max` bytes, head and tail 3:1, the cut said in place.
+fn cut_transcript(transcript: &str, max: usize) -> String {
+    if transcript.len() <= max {
+        return transcript.to_owned();
+    }
+    let h = text::head(transcript, max * 3 / 4);
+    let t = text::tail(&transcript[h.len()..], max / 4);
+    format!(
+        "{h}\n[... {} chars cut to fit the summarizer's window ...]\n{t}",
+        transcript.len() - h.len() - t.len()
+    )
 }
 
 #[async_trait]
@@ -58,20 +111,46 @@ impl Summarizer for ProviderSummarizer {
             instructions.push_str("\n\nAdditional instruction for this summary: ");
             instructions.push_str(extra);
         }
-        let req = ChatRequest {
-            model: self.model.clone(),
-            messages: vec![
-                Message::system(instructions),
-                Message::user(request.transcript.clone()),
-            ],
-            tools: Vec::new(),
-            max_output_tokens: self.max_output,
-            stream: false,
-        };
         let span = tracing::info_span!("summary", attempt = request.attempt);
-        match self.provider.send(&req).instrument(span).await {
+        let req = self.request(&instructions, request.transcript.clone());
+        let err = match self.provider.send(&req).instrument(span.clone()).await {
+            Ok(r) => return Ok(r.message.content),
+            Err(e) => e,
+        };
+        if classify(&err) != FailureClass::ContextOverflow {
+            return Err(SummarizeError::Failed(err.to_string()));
+        }
+        let sent = instructions.len() + request.transcript.len();
+        let count = server_count(&err);
+        if let Ok(mut l) = self.learned.lock() {
+            *l = Some((count, sent));
+        }
+        // Cut to half the window the server named, at the bytes per token it counted.
+        let (Some(window), Some(prompt)) = (count.window, count.prompt_tokens) else {
+            return Err(SummarizeError::Failed(format!(
+                "the summarizer's request overflowed its window and the server gave no numbers to fit it: {err}"
+            )));
+        };
+        let per_token = sent as f64 / prompt.max(1) as f64;
+        let room = ((window as f64 / 2.0) * per_token) as usize;
+        let max = room.saturating_sub(instructions.len());
+        if max < MIN_INPUT_CHARS {
+            return Err(SummarizeError::WindowTooSmall {
+                window_chars: room * 2,
+            });
+        }
+        let retry = self.request(&instructions, cut_transcript(&request.transcript, max));
+        tracing::info!(
+            window,
+            prompt,
+            bytes = max,
+            "summary request overflowed; retrying within the server's window"
+        );
+        match self.provider.send(&retry).instrument(span).await {
             Ok(r) => Ok(r.message.content),
-            Err(e) => Err(SummarizeError::Failed(e.to_string())),
+            Err(e) => Err(SummarizeError::Failed(format!(
+                "the summarizer's request overflowed ({err}) and its cut retry failed: {e}"
+            ))),
         }
     }
 }

@@ -11,9 +11,10 @@ use tracing::Instrument;
 
 use crate::classify::classify;
 use crate::compact::dedup::dedup_reads;
+use crate::compact::ladder::{Preflight, preflight};
 use crate::compact::microcompact::microcompact;
 use crate::compact::pairing;
-use crate::compact::{Budget, Headroom, PassReport, Trigger, budget};
+use crate::compact::{Budget, BudgetInputs, Headroom, PassReport, SessionState, Trigger, budget};
 use crate::history::{self, Message, Role};
 use crate::journal::{CompactionRecord, JournalError, Undo};
 use crate::provider::{ChatRequest, ChatResponse, Delta, StopReason, Usage};
@@ -24,12 +25,6 @@ use super::{Session, TurnError, record};
 
 /// Model rounds one turn may take (each tool-call batch costs one).
 pub const MAX_TOOL_ROUNDS: u32 = 16;
-/// Pre-flight compacts when a request would exceed this share of a known payload cap...
-pub const PREFLIGHT_CAP_SHARE: f64 = 0.85;
-/// ...down to this budget ratio.
-pub const PREFLIGHT_BUDGET_RATIO: f64 = 0.40;
-/// With no payload cap known, a history past this size is worth a warning (once).
-pub const LARGE_HISTORY_BYTES: usize = 2_500_000;
 /// First output-token limit of a turn; escalation doubles it up to the model's maximum.
 pub const INITIAL_OUTPUT_TOKENS: u64 = 8_192;
 
@@ -53,6 +48,9 @@ pub struct TurnOutcome {
     pub rounds: u32,
     /// Why the tool-call loop stopped early, if it did.
     pub stopped: Option<&'static str>,
+    /// Set when the answer is incomplete: a reply was cut short and nothing could fix it
+    /// (`context_full`, `window_bound`, `output_limit`).
+    pub truncated: Option<&'static str>,
 }
 
 /// Per-turn bookkeeping of compactions (for the journal and rewind).
@@ -113,6 +111,8 @@ fn notice(notices: &mut Notices, kind: &'static str, message: String) {
 struct Answer {
     text: String,
     after_tools: bool,
+    /// Why the last reply was cut short, when nothing could fix it.
+    truncated: Option<&'static str>,
 }
 
 /// Separates the text of a reply that follows tool calls from the text before it.
@@ -261,15 +261,42 @@ impl Session {
             list: Vec::new(),
             live: events,
         };
+        for (kind, message) in std::mem::take(&mut self.pending_notices) {
+            notice(&mut notices, kind, message);
+        }
         let mut changes = Changes::default();
-        let result = match self.rounds(&mut notices, &mut changes, provider_time).await {
+        // The turn's deadline and a shutdown cut the model calls, tool rounds and
+        // compactions short, never a journal write (the entries around them stay whole).
+        let turn_secs = self.live.policy.timeouts.turn_seconds;
+        let abort = self.abort.clone();
+        let rounds = tokio::select! {
+            r = self.rounds(&mut notices, &mut changes, provider_time) => r,
+            () = tokio::time::sleep(Duration::from_secs(u64::from(turn_secs))) => {
+                Err(TurnError::Deadline(format!(
+                    "the turn did not finish within its deadline of {turn_secs}s (timeouts.turnSeconds); it was not persisted and its input was dropped"
+                )))
+            }
+            () = abort.cancelled() => Err(TurnError::ShuttingDown),
+        };
+        let result = match rounds {
             Ok(out) => {
                 self.turns += 1;
+                // Recovery halves the tool-result budgets for the retry; once a turn went
+                // through they are whole again (they would otherwise ratchet down to 1/8).
+                let halvings = std::mem::take(&mut self.state.tool_budget_halvings);
                 let undo = changes.undo();
                 // 6. The reply and the compactions are journaled before the turn is answered.
-                self.commit(std::mem::take(&mut changes.records), undo, false)
+                match self
+                    .commit(std::mem::take(&mut changes.records), undo, false)
                     .await
-                    .map(|()| out)
+                {
+                    Ok(()) => Ok(out),
+                    Err(e) => {
+                        // The turn count follows the journal (see `commit`).
+                        self.state.tool_budget_halvings = halvings;
+                        Err(e)
+                    }
+                }
             }
             Err(e) => Err(e),
         };
@@ -286,6 +313,17 @@ impl Session {
             }
             Err(e) => {
                 self.fail_turn(pre_turn_len, &e);
+                // Back to the history before the input in the journal too: a restart before
+                // the next entry would otherwise find a question without its answer (and the
+                // next turn would send two user messages in a row). When the journal itself
+                // failed, the next entry rewrites the input away.
+                if !matches!(
+                    e,
+                    TurnError::Journal(_) | TurnError::Unsettled(_) | TurnError::Fenced(_)
+                ) && self.commit(Vec::new(), None, false).await.is_err()
+                {
+                    self.history.truncate(pre_turn_len);
+                }
                 Err(e)
             }
         }
@@ -360,10 +398,11 @@ impl Session {
                     notices: Vec::new(),
                     rounds,
                     stopped: Some("max_rounds"),
+                    truncated: answer.truncated,
                 });
             }
             // 3-4. Pre-flight and the compaction ladder.
-            self.prepare(notices, changes).await;
+            self.prepare(notices, changes).await?;
             // 5. Send, recovering from classified failures.
             let resp = self
                 .send(
@@ -389,6 +428,7 @@ impl Session {
                     notices: Vec::new(),
                     rounds,
                     stopped: None,
+                    truncated: answer.truncated,
                 });
             }
             let stagnating = guard.record(&calls);
@@ -425,46 +465,53 @@ impl Session {
                     notices: Vec::new(),
                     rounds,
                     stopped: Some("stagnation"),
+                    truncated: answer.truncated,
                 });
             }
         }
     }
 
-    /// Pre-flight against a known payload cap, then the ladder when over budget.
-    async fn prepare(&mut self, notices: &mut Notices, changes: &mut Changes) {
+    /// Pre-flight against a known payload cap, then the ladder when over budget; a request
+    /// still in the blocking buffer after that is refused.
+    async fn prepare(
+        &mut self,
+        notices: &mut Notices,
+        changes: &mut Changes,
+    ) -> Result<(), TurnError> {
         let live = Arc::clone(&self.live);
         let policy = &live.policy;
         let inputs = self.budget_inputs();
         let weight = history::weight(&self.history);
         let request_bytes = weight + inputs.reserve_bytes;
-        let cap = self.state.effective_payload_cap(live.payload_cap);
         let mut trigger = None;
-        if let Some(cap) = cap
-            && request_bytes as f64 > cap as f64 * PREFLIGHT_CAP_SHARE
-        {
-            trigger = Some((Trigger::PreFlight, Some(PREFLIGHT_BUDGET_RATIO)));
-        } else if cap.is_none() && weight > LARGE_HISTORY_BYTES && !self.state.large_history_warned
-        {
-            self.state.large_history_warned = true;
-            notice(
+        match preflight(request_bytes, live.payload_cap, &mut self.state) {
+            Preflight::Compact { budget_ratio } => {
+                trigger = Some((Trigger::PreFlight, Some(budget_ratio)));
+            }
+            Preflight::WarnLargeHistory => notice(
                 notices,
                 "warning",
                 format!(
-                    "the history is {weight} bytes and no payload cap is known; if a proxy limits request bodies, set spec.payloadCap"
+                    "the request is {request_bytes} bytes and no payload cap is known; if a proxy limits request bodies, set spec.payloadCap"
                 ),
-            );
+            ),
+            Preflight::Send => {}
         }
         if trigger.is_none() {
             let budget = Budget::compute(&inputs, policy, &self.state);
             let (headroom, left) = Headroom::of(request_bytes, &inputs, policy, &self.state);
-            if !budget.fits(weight) || headroom >= Headroom::AutoCompact {
+            if headroom == Headroom::Blocking && self.state.auto_compaction_disabled() {
+                // The breaker stops routine auto-compaction; at the blocking buffer the CRD
+                // says compact first, no matter what.
+                trigger = Some((Trigger::PreFlight, None));
+            } else if !budget.fits(weight) || headroom >= Headroom::AutoCompact {
                 trigger = Some((Trigger::Auto, None));
             } else if headroom == Headroom::Warning {
-                tracing::info!(tokens_left = left, "context headroom low");
+                self.headroom_warning(notices, left);
             }
         }
         let Some((trigger, ratio)) = trigger else {
-            return;
+            return Ok(());
         };
         let before = self.history.clone();
         let out = self.run_ladder(trigger, ratio, None).await;
@@ -476,7 +523,17 @@ impl Session {
                     "auto-compaction is disabled for this session (circuit breaker open)"
                 );
             }
-            return;
+            return self.refuse_if_blocking();
+        }
+        // A summary that failed is never silent: the ladder went on to level 3 without it.
+        for r in out
+            .reports
+            .iter()
+            .filter(|r| r.pass == crate::compact::Pass::Summary && r.bytes_after == r.bytes_before)
+        {
+            if let Some(why) = r.notes.last() {
+                notice(notices, "summary", format!("no summary this time: {why}"));
+            }
         }
         if changes.pre.is_none() {
             changes.pre = Some(before);
@@ -499,6 +556,50 @@ impl Session {
                 }
             ),
         );
+        self.refuse_if_blocking()
+    }
+
+    /// The `warning` tier of the CRD: a notice (once per turn) and a metric.
+    fn headroom_warning(&self, notices: &mut Notices, left: i64) {
+        if notices
+            .list
+            .iter()
+            .any(|n| n.kind == "warning" && n.message.contains("headroom"))
+        {
+            return;
+        }
+        self.metrics
+            .inc("cairn_agent_headroom_warnings_total", &[], 1.0);
+        let warn_at = self.live.policy.auto_compact.warning_buffer_tokens;
+        notice(
+            notices,
+            "warning",
+            format!(
+                "the context headroom is down to about {left} tokens (autoCompact.warningBufferTokens is {warn_at}); the history will be compacted soon"
+            ),
+        );
+    }
+
+    /// The `blocking` tier of the CRD: a request that leaves no more than
+    /// `blockingBufferTokens` of headroom is not sent.
+    fn refuse_if_blocking(&self) -> Result<(), TurnError> {
+        let inputs = self.budget_inputs();
+        let request_bytes = history::weight(&self.history) + inputs.reserve_bytes;
+        let policy = &self.live.policy;
+        let (headroom, left) = Headroom::of(request_bytes, &inputs, policy, &self.state);
+        if headroom != Headroom::Blocking {
+            return Ok(());
+        }
+        Err(TurnError::ContextFull(format!(
+            "the request would leave about {left} tokens of headroom in the {}-token context window, at or below autoCompact.blockingBufferTokens ({}), and compaction could not make room{}; it was not sent",
+            inputs.context_window,
+            policy.auto_compact.blocking_buffer_tokens,
+            if self.state.auto_compaction_disabled() {
+                " (auto-compaction is off for this session after three compactions missed their target)"
+            } else {
+                ""
+            }
+        )))
     }
 
     /// Sends until a usable reply arrives or recovery gives up.
@@ -524,12 +625,16 @@ impl Session {
         loop {
             let limits = self.state.tool_result_limits(policy);
             let (cuts, _) = budget::cut(&mut self.history, limits, store.as_ref()).await;
+            // What this request weighs as cairn measures it: the basis every token count of
+            // the server is converted with.
+            let sent_weight = history::weight(&self.history) + tools_bytes;
+            let limit = output_limit(*max_out, self.window(), &self.state, sent_weight);
             let loan = Loan {
                 request: ChatRequest {
                     model: live.spec.provider.model.clone(),
                     messages: std::mem::take(&mut self.history),
                     tools: tool_specs.to_vec(),
-                    max_output_tokens: *max_out,
+                    max_output_tokens: limit,
                     stream: notices.live.is_some(),
                 },
                 cuts,
@@ -587,7 +692,7 @@ impl Session {
                     );
                     self.state
                         .chars_per_token
-                        .observe(resp.request_bytes, resp.usage.input_tokens);
+                        .observe(sent_weight as u64, resp.usage.input_tokens);
                     add_usage(usage, &resp.usage);
                     add_usage(&mut self.tokens, &resp.usage);
                     for (kind, v) in [
@@ -598,28 +703,35 @@ impl Session {
                         self.metrics
                             .inc("cairn_agent_tokens_total", &[("kind", kind)], v as f64);
                     }
-                    if resp.stop == StopReason::MaxTokens
-                        && resp.message.tool_calls.is_empty()
-                        && let Some(esc) = escalate_output(
-                            &mut self.history,
-                            &resp.message,
-                            *max_out,
-                            model_max,
-                            policy,
-                            &mut self.state,
-                        )
-                    {
-                        answer.push(&resp.message.content);
-                        notice(
-                            notices,
-                            "escalation",
-                            format!(
-                                "the reply hit the output-token limit of {}; continuing with {}",
-                                *max_out, esc.max_output_tokens
-                            ),
-                        );
-                        *max_out = esc.max_output_tokens;
-                        continue;
+                    if resp.stop == StopReason::MaxTokens && resp.message.tool_calls.is_empty() {
+                        let cut = Truncation::judge(&resp.usage, limit, *max_out, self.window());
+                        if cut == Truncation::OutputLimit
+                            && let Some(esc) = escalate_output(
+                                &mut self.history,
+                                &resp.message,
+                                *max_out,
+                                model_max,
+                                policy,
+                                &mut self.state,
+                            )
+                        {
+                            answer.push(&resp.message.content);
+                            notice(
+                                notices,
+                                "escalation",
+                                format!(
+                                    "the reply hit the output-token limit of {limit}; continuing with {}",
+                                    esc.max_output_tokens
+                                ),
+                            );
+                            *max_out = esc.max_output_tokens;
+                            // The continuation carries the partial reply: it is compacted to
+                            // fit like any other request.
+                            self.prepare(notices, changes).await?;
+                            continue;
+                        }
+                        answer.truncated =
+                            Some(self.report_truncation(cut, &resp.usage, limit, notices));
                     }
                     return Ok(resp);
                 }
@@ -663,6 +775,12 @@ impl Session {
                         policy,
                         store: store.as_ref(),
                         uncompactable_bytes: uncompactable as u64,
+                        inputs: BudgetInputs {
+                            context_window: live.limits.context_window,
+                            payload_cap: live.payload_cap,
+                            reserve_bytes: tools_bytes,
+                        },
+                        sent_weight,
                     };
                     let span = tracing::info_span!("recovery", class = class.label());
                     let outcome = recover(&mut self.history, &err, class, &ctx, &mut self.state)
@@ -727,8 +845,23 @@ impl Session {
                             if let Some(w) = o.floor_warning {
                                 notice(notices, "warning", w);
                             }
+                            if let Some(tokens) = o.counted.prompt_tokens {
+                                notice(
+                                    notices,
+                                    "learned_window",
+                                    format!(
+                                        "the server counted {tokens} tokens for a {sent_weight}-byte request ({:.2} bytes per token){}; requests are now budgeted with its numbers",
+                                        self.state.chars_per_token.get(),
+                                        o.learned_window
+                                            .map(|w| format!(
+                                                " and enforces a context window of {w} tokens"
+                                            ))
+                                            .unwrap_or_default()
+                                    ),
+                                );
+                            }
                             // A learned cap takes effect on the retry itself.
-                            self.prepare(notices, changes).await;
+                            self.prepare(notices, changes).await?;
                         }
                         Err(re) => {
                             self.metrics.inc(
@@ -749,21 +882,115 @@ impl Session {
                                 });
                             }
                             return Err(match re {
-                                RecoveryError::Floor { .. } => TurnError::Floor(re.to_string()),
+                                RecoveryError::Floor { .. } | RecoveryError::WindowFloor { .. } => {
+                                    TurnError::Floor(re.to_string())
+                                }
                                 RecoveryError::NotRecoverable(_) => TurnError::Provider {
                                     class: class.label(),
                                     message: err.to_string(),
                                 },
-                                RecoveryError::Exhausted(_) => TurnError::Provider {
-                                    class: class.label(),
-                                    message: format!("{err} ({re})"),
-                                },
+                                RecoveryError::Exhausted(_) | RecoveryError::Stuck { .. } => {
+                                    TurnError::Provider {
+                                        class: class.label(),
+                                        message: format!("{err} ({re})"),
+                                    }
+                                }
                             });
                         }
                     }
                 }
             }
         }
+    }
+}
+
+/// The least output room a request asks for, even when the estimate says the window is
+/// nearly full.
+pub const MIN_OUTPUT_TOKENS: u64 = 128;
+
+/// The output limit of one request: the turn's limit, but never more than the window leaves
+/// after the prompt (servers such as vLLM and OpenAI reject prompt + limit > window).
+fn output_limit(max_out: u64, window: u64, state: &SessionState, sent_weight: usize) -> u64 {
+    let prompt = state.chars_per_token.tokens(sent_weight);
+    max_out.min(window.saturating_sub(prompt).max(MIN_OUTPUT_TOKENS))
+}
+
+/// Why a reply stopped at a length limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Truncation {
+    /// The output-token limit sent, which escalation may raise.
+    OutputLimit,
+    /// The context window filled during generation (the reply stopped short of the limit,
+    /// or prompt and reply add up to the window): a higher limit cannot help.
+    ContextFull,
+    /// The limit sent was already all the window leaves after the prompt.
+    WindowBound,
+}
+
+impl Truncation {
+    fn judge(usage: &Usage, sent_limit: u64, turn_limit: u64, window: u64) -> Self {
+        let out = usage.output_tokens;
+        let total = usage.input_tokens + out;
+        if out > 0 && (out < sent_limit || total >= window) {
+            Self::ContextFull
+        } else if sent_limit < turn_limit {
+            Self::WindowBound
+        } else {
+            Self::OutputLimit
+        }
+    }
+}
+
+impl Session {
+    /// A reply cut short that no escalation fixes is never silent: a notice (an SSE event
+    /// when streaming), a counter in `status.session`, a metric.
+    fn report_truncation(
+        &mut self,
+        cut: Truncation,
+        usage: &Usage,
+        limit: u64,
+        notices: &mut Notices,
+    ) -> &'static str {
+        let (reason, why) = match cut {
+            Truncation::ContextFull => {
+                let total = usage.input_tokens + usage.output_tokens;
+                if total > 0 && total < self.live.limits.context_window {
+                    self.state.learn_window(total);
+                }
+                (
+                    "context_full",
+                    format!(
+                        "the model's context window filled during generation ({} prompt + {} reply tokens)",
+                        usage.input_tokens, usage.output_tokens
+                    ),
+                )
+            }
+            Truncation::WindowBound => (
+                "window_bound",
+                format!(
+                    "the output limit of {limit} tokens was all the context window ({} tokens) left after the prompt",
+                    self.window()
+                ),
+            ),
+            Truncation::OutputLimit => (
+                "output_limit",
+                format!(
+                    "the output limit of {limit} tokens could not be raised (the model's maximum, or escalations used up)"
+                ),
+            ),
+        };
+        self.state.truncated_replies += 1;
+        self.metrics.inc(
+            "cairn_agent_truncated_replies_total",
+            &[("reason", reason)],
+            1.0,
+        );
+        notice(
+            notices,
+            "truncated",
+            format!("the reply is incomplete: {why}"),
+        );
+        reason
     }
 }
 

@@ -210,8 +210,28 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     pub fn start(config: &Path, env: &[(String, String)], log: &Path) -> Self {
+        Self::start_wrapped(config, env, log, &[])
+    }
+
+    /// Like [`AgentProcess::start`], run through `wrap` (a command that ends by executing
+    /// its arguments, e.g. `bash -c 'ulimit -n 1024 && exec "$0" "$@"'`).
+    pub fn start_wrapped(
+        config: &Path,
+        env: &[(String, String)],
+        log: &Path,
+        wrap: &[&str],
+    ) -> Self {
         let stderr = std::fs::File::create(log).expect("log file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn-agent"))
+        let bin = env!("CARGO_BIN_EXE_cairn-agent");
+        let mut command = match wrap.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = command
             .args(["serve", "--config"])
             .arg(config)
             .args(["--listen", "127.0.0.1:0"])

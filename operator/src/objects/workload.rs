@@ -7,8 +7,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SeccompProfile, Secret, SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -159,6 +160,7 @@ pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
         volumes: Some(volumes(plan)),
         node_selector: template.and_then(|t| t.node_selector.clone()),
         tolerations: template.and_then(|t| t.tolerations.clone()),
+        termination_grace_period_seconds: Some(i64::from(grace_seconds(plan))),
         ..Default::default()
     };
 
@@ -292,9 +294,36 @@ fn agent_container(plan: &Plan) -> Container {
     }
 }
 
+/// The pod's grace period: the agent is told the same number so it aborts a turn in
+/// flight before the kubelet's SIGKILL.
+fn grace_seconds(plan: &Plan) -> u32 {
+    plan.spec
+        .template
+        .as_ref()
+        .and_then(|t| t.termination_grace_period_seconds)
+        .unwrap_or(cairn_crds::session::DEFAULT_TERMINATION_GRACE_SECONDS)
+}
+
 fn env(plan: &Plan) -> Vec<EnvVar> {
     let mut env = vec![
         value("CAIRN_SESSION", format!("{}/{}", plan.namespace, plan.name)),
+        // Part of the agent's holder identity: a replacement pod has the pod's name but
+        // not its UID.
+        EnvVar {
+            name: "CAIRN_POD_UID".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.uid".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        value(
+            "CAIRN_TERMINATION_GRACE_SECONDS",
+            grace_seconds(plan).to_string(),
+        ),
         secret_ref(
             "CAIRN_API_TOKEN",
             &token_secret_name(&plan.name),

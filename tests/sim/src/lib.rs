@@ -5,8 +5,11 @@
 //! - Replies are scripted ([`ScriptedReply`]: text, reasoning, a tool call, a stop reason) and
 //!   consumed in order by whichever API is called; with none queued the reply is `ok`.
 //! - Every model has a context window (set per model, else the default); the request's
-//!   token estimate is its body size in bytes / 4, rounded up. Over the window, the answer is
-//!   that provider's genuine overflow error (status, headers, JSON body).
+//!   token estimate is its body size in bytes / the model's bytes per token (4 unless the
+//!   script sets `bytesPerToken`), rounded up. Over the window, the answer is that provider's
+//!   genuine overflow error (status, headers, JSON body); a model with the `llama.cpp`
+//!   dialect answers llama-server's own body on every API and, like llama-server, stops a
+//!   reply with `length` when prompt and reply fill the window.
 //! - A reply longer than the request's output limit (chars / 4) is cut and stops with
 //!   `max_tokens`.
 //! - Faults ([`Fault`]) are queued (`POST /_sim/script`, [`Sim::push_fault`]) or set per
@@ -81,6 +84,8 @@ struct SimState {
     replies: VecDeque<ScriptedReply>,
     faults: VecDeque<Fault>,
     windows: BTreeMap<String, u64>,
+    bytes_per_token: BTreeMap<String, f64>,
+    dialects: BTreeMap<String, String>,
     requests: Vec<RecordedRequest>,
     seq: u64,
 }
@@ -97,6 +102,8 @@ fn apply_script(state: &Shared, script: Script) {
     s.replies.extend(script.replies);
     s.faults.extend(script.faults);
     s.windows.extend(script.windows);
+    s.bytes_per_token.extend(script.bytes_per_token);
+    s.dialects.extend(script.dialects);
 }
 
 /// A running simulator; dropping it stops the server.
@@ -151,6 +158,13 @@ impl Sim {
 
     pub fn set_window(&self, model: &str, tokens: u64) {
         lock(&self.state).windows.insert(model.to_string(), tokens);
+    }
+
+    /// Makes `model` count `ratio` bytes per token and answer like a llama.cpp server.
+    pub fn set_llama_dialect(&self, model: &str, ratio: f64) {
+        let mut s = lock(&self.state);
+        s.bytes_per_token.insert(model.to_string(), ratio);
+        s.dialects.insert(model.to_string(), "llama.cpp".into());
     }
 
     pub fn requests(&self) -> Vec<RecordedRequest> {
@@ -333,6 +347,8 @@ fn fault_label(f: &Fault) -> String {
         Fault::Reset => "fault:reset".into(),
         Fault::MalformedJson => "fault:malformed".into(),
         Fault::Stall { .. } => "fault:stall".into(),
+        Fault::Drip { .. } => "fault:drip".into(),
+        Fault::Heartbeat { .. } => "fault:heartbeat".into(),
     }
 }
 
@@ -361,14 +377,21 @@ async fn handle(
             p.stream &= !ignore_stream;
             p
         });
-    let estimated_tokens = (body.len() as u64).div_ceil(4);
-    let (seq, fault, window, reply) = {
+    let (seq, fault, window, reply, estimated_tokens, llama) = {
         let mut s = lock(&state);
         s.seq += 1;
         let seq = s.seq;
         let fault = header_fault.or_else(|| s.faults.pop_front());
         let model = parsed.as_ref().map(|p| p.model.clone()).unwrap_or_default();
         let window = s.windows.get(&model).copied().unwrap_or(DEFAULT_WINDOW);
+        let ratio = s
+            .bytes_per_token
+            .get(&model)
+            .copied()
+            .filter(|r| *r > 0.0)
+            .unwrap_or(4.0);
+        let estimated_tokens = (body.len() as f64 / ratio).ceil() as u64;
+        let llama = s.dialects.get(&model).is_some_and(|d| d == "llama.cpp");
         let fits = estimated_tokens <= window;
         let failing = matches!(fault, Some(Fault::Status { .. }));
         let reply = (auth.is_some() && parsed.is_ok() && fits && !failing).then(|| {
@@ -392,7 +415,7 @@ async fn handle(
             contains: None,
             body: String::from_utf8_lossy(&body).into_owned(),
         });
-        (seq, fault, window, reply)
+        (seq, fault, window, reply, estimated_tokens, llama)
     };
     let outcome = |o: String| {
         let mut s = lock(&state);
@@ -431,13 +454,22 @@ async fn handle(
     }
     let Some(reply) = reply else {
         outcome("overflow".into());
-        let e = ApiError::Overflow {
-            tokens: estimated_tokens,
-            window,
+        let e = if llama {
+            ApiError::LlamaOverflow {
+                tokens: estimated_tokens,
+                window,
+            }
+        } else {
+            ApiError::Overflow {
+                tokens: estimated_tokens,
+                window,
+            }
         };
         return respond(wire::render_error(wire, &e, seq), None);
     };
-    let turn = turn(seq, &parsed, reply, estimated_tokens);
+    // llama-server generates until the context is full, whatever max_tokens allows.
+    let room = llama.then(|| window.saturating_sub(estimated_tokens));
+    let turn = turn(seq, &parsed, reply, estimated_tokens, room);
     outcome(match &fault {
         Some(f) if !matches!(f, Fault::Latency { .. }) => fault_label(f),
         _ => "ok".into(),
@@ -447,8 +479,15 @@ async fn handle(
 }
 
 /// The scripted reply bound to this request: ids, the output limit, token counts.
-fn turn(seq: u64, p: &wire::Parsed, reply: ScriptedReply, input_tokens: u64) -> Turn {
-    let limit_chars = usize::try_from(p.max_tokens.saturating_mul(4)).unwrap_or(usize::MAX);
+fn turn(
+    seq: u64,
+    p: &wire::Parsed,
+    reply: ScriptedReply,
+    input_tokens: u64,
+    room: Option<u64>,
+) -> Turn {
+    let limit = room.map_or(p.max_tokens, |r| r.min(p.max_tokens));
+    let limit_chars = usize::try_from(limit.saturating_mul(4)).unwrap_or(usize::MAX);
     let mut text = reply.text;
     let mut call = reply.tool_call.map(|c| {
         let id = c.id.unwrap_or_else(|| format!("call_sim_{seq}"));
@@ -476,7 +515,13 @@ fn turn(seq: u64, p: &wire::Parsed, reply: ScriptedReply, input_tokens: u64) -> 
         call,
         stop,
         input_tokens,
-        output_tokens: (out_chars as u64).div_ceil(4).max(1),
+        // A real server that stops at a length limit has produced exactly that many tokens:
+        // the request's limit, or what the window had left.
+        output_tokens: if stop == Stop::MaxTokens && limit > 0 {
+            limit
+        } else {
+            (out_chars as u64).div_ceil(4).max(1)
+        },
         cached_tokens: reply.cached_tokens.min(input_tokens),
     }
 }
@@ -542,6 +587,27 @@ fn respond(r: Rendered, fault: Option<Fault>) -> Response {
                 futures::StreamExt::chain(head, pause),
                 tail,
             ))
+        }
+        Some(Fault::Drip { ms }) => {
+            let whole = Bytes::from(frames.concat());
+            let bytes = futures::StreamExt::then(futures::stream::iter(0..whole.len()), move |i| {
+                let byte = whole.slice(i..i + 1);
+                async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok::<_, std::io::Error>(byte)
+                }
+            });
+            Body::from_stream(bytes)
+        }
+        Some(Fault::Heartbeat { ms }) => {
+            frames.truncate(half.max(1));
+            let head = futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>));
+            let beats =
+                futures::StreamExt::then(futures::stream::repeat(()), move |()| async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok(Bytes::from_static(b": keep-alive\n\n"))
+                });
+            Body::from_stream(futures::StreamExt::chain(head, beats))
         }
         _ => Body::from(frames.concat()),
     };

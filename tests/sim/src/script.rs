@@ -89,11 +89,18 @@ pub enum Fault {
     MalformedJson,
     /// Send the first half of a stream, go silent for `ms`, then finish.
     Stall { ms: u64 },
+    /// Send the whole answer (JSON body or stream) one byte every `ms`: never silent long
+    /// enough for an idle timeout, yet it takes as long as the answer has bytes.
+    Drip { ms: u64 },
+    /// Send the first half of a stream, then an SSE comment every `ms`, forever: the
+    /// connection is never idle and the answer never ends.
+    Heartbeat { ms: u64 },
 }
 
 impl Fault {
     /// Short form of the `x-sim-fault` request header: `429`, `429:2` (Retry-After 2 s),
-    /// `503`, `529`, `latency:200`, `truncate`, `reset`, `malformed`, `stall:5000`.
+    /// `503`, `529`, `latency:200`, `truncate`, `reset`, `malformed`, `stall:5000`,
+    /// `drip:1000`, `heartbeat:500`.
     pub fn parse_header(v: &str) -> Option<Self> {
         let (head, arg) = match v.trim().split_once(':') {
             Some((h, a)) => (h, Some(a)),
@@ -103,6 +110,8 @@ impl Fault {
         Some(match head {
             "latency" => Self::Latency { ms: num()? },
             "stall" => Self::Stall { ms: num()? },
+            "drip" => Self::Drip { ms: num()? },
+            "heartbeat" => Self::Heartbeat { ms: num()? },
             "truncate" => Self::TruncateStream,
             "reset" => Self::Reset,
             "malformed" => Self::MalformedJson,
@@ -122,6 +131,14 @@ pub struct Script {
     /// Context windows in tokens by model name.
     #[serde(default)]
     pub windows: BTreeMap<String, u64>,
+    /// Bytes per token of a model's tokenizer (default 4): real small-vocabulary tokenizers
+    /// count logs at 1.6–1.8.
+    #[serde(default, rename = "bytesPerToken")]
+    pub bytes_per_token: BTreeMap<String, f64>,
+    /// Server dialects by model name: `llama.cpp` answers an overflow with llama-server's
+    /// own body on every API and stops a reply with `length` when the context fills.
+    #[serde(default)]
+    pub dialects: BTreeMap<String, String>,
     #[serde(default)]
     pub faults: Vec<Fault>,
 }
@@ -152,6 +169,11 @@ mod tests {
         assert_eq!(
             Fault::parse_header("latency:20"),
             Some(Fault::Latency { ms: 20 })
+        );
+        assert_eq!(Fault::parse_header("drip:5"), Some(Fault::Drip { ms: 5 }));
+        assert_eq!(
+            Fault::parse_header("heartbeat:7"),
+            Some(Fault::Heartbeat { ms: 7 })
         );
         assert_eq!(Fault::parse_header("nope"), None);
         assert_eq!(Fault::parse_header("999"), None);

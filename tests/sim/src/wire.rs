@@ -659,6 +659,8 @@ fn bedrock_stream(t: &Turn) -> Rendered {
 pub enum ApiError {
     /// The request does not fit the model's window.
     Overflow { tokens: u64, window: u64 },
+    /// The same, from a llama.cpp server: its body on every API.
+    LlamaOverflow { tokens: u64, window: u64 },
     /// A status injected by a fault (429, 500, 503, 529, 403, ...).
     Status {
         status: u16,
@@ -673,7 +675,7 @@ pub enum ApiError {
 /// `ApiError` in `wire`'s format: status, headers and the JSON body the real API sends.
 pub fn render_error(wire: Wire, e: &ApiError, seq: u64) -> Rendered {
     let status = match e {
-        ApiError::Overflow { .. } | ApiError::BadRequest(_) => 400,
+        ApiError::Overflow { .. } | ApiError::LlamaOverflow { .. } | ApiError::BadRequest(_) => 400,
         ApiError::Status { status, .. } => *status,
         ApiError::Unauthorized => match wire {
             Wire::Bedrock => 403,
@@ -688,6 +690,13 @@ pub fn render_error(wire: Wire, e: &ApiError, seq: u64) -> Rendered {
     } = e
     {
         headers.push(("retry-after".to_string(), s.to_string()));
+    }
+    if let ApiError::LlamaOverflow { tokens, window } = e {
+        // Verbatim llama-server (b11434), whatever the API.
+        let body = json!({"error": {"code": 400, "message": format!("request ({tokens} tokens) exceeds the available context size ({window} tokens), try increasing it"), "type": "exceed_context_size_error", "n_prompt_tokens": tokens, "n_ctx": window}});
+        let mut r = Rendered::json(400, &body, Vec::new());
+        r.content_type = "application/json; charset=utf-8";
+        return r;
     }
     let (body, mut extra) = match wire {
         Wire::OpenaiChat | Wire::OpenaiResponses => openai_error(wire, e, status),
@@ -705,16 +714,20 @@ pub fn render_error(wire: Wire, e: &ApiError, seq: u64) -> Rendered {
 
 fn openai_error(wire: Wire, e: &ApiError, status: u16) -> (Value, Vec<(String, String)>) {
     let (message, kind, param, code) = match e {
-        ApiError::Overflow { tokens, window } if wire == Wire::OpenaiChat => (
-            format!(
-                "This model's maximum context length is {window} tokens. However, your \
+        ApiError::Overflow { tokens, window } | ApiError::LlamaOverflow { tokens, window }
+            if wire == Wire::OpenaiChat =>
+        {
+            (
+                format!(
+                    "This model's maximum context length is {window} tokens. However, your \
                  messages resulted in {tokens} tokens. Please reduce the length of the messages."
-            ),
-            "invalid_request_error",
-            json!("messages"),
-            json!("context_length_exceeded"),
-        ),
-        ApiError::Overflow { .. } => (
+                ),
+                "invalid_request_error",
+                json!("messages"),
+                json!("context_length_exceeded"),
+            )
+        }
+        ApiError::Overflow { .. } | ApiError::LlamaOverflow { .. } => (
             "Your input exceeds the context window of this model. Please adjust your input \
              and try again."
                 .to_string(),
@@ -760,7 +773,7 @@ fn openai_error(wire: Wire, e: &ApiError, status: u16) -> (Value, Vec<(String, S
 
 fn anthropic_error(e: &ApiError, status: u16, seq: u64) -> (Value, Vec<(String, String)>) {
     let (kind, message) = match e {
-        ApiError::Overflow { tokens, window } => (
+        ApiError::Overflow { tokens, window } | ApiError::LlamaOverflow { tokens, window } => (
             "invalid_request_error",
             format!("prompt is too long: {tokens} tokens > {window} maximum"),
         ),
@@ -803,7 +816,7 @@ fn anthropic_error(e: &ApiError, status: u16, seq: u64) -> (Value, Vec<(String, 
 
 fn gemini_error(e: &ApiError, status: u16) -> (Value, Vec<(String, String)>) {
     let (message, code) = match e {
-        ApiError::Overflow { tokens, window } => (
+        ApiError::Overflow { tokens, window } | ApiError::LlamaOverflow { tokens, window } => (
             format!(
                 "The input token count ({tokens}) exceeds the maximum number of tokens \
                  allowed ({window})."
@@ -843,7 +856,7 @@ fn gemini_error(e: &ApiError, status: u16) -> (Value, Vec<(String, String)>) {
 
 fn bedrock_error(e: &ApiError, status: u16, seq: u64) -> (Value, Vec<(String, String)>) {
     let (kind, message) = match e {
-        ApiError::Overflow { .. } => (
+        ApiError::Overflow { .. } | ApiError::LlamaOverflow { .. } => (
             "ValidationException",
             "Input is too long for requested model.".to_string(),
         ),

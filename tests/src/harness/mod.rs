@@ -3,6 +3,7 @@
 //! (`cairn-harness`, see `tests/harness/README.md`) and a library for tests.
 
 pub mod controlplane;
+pub mod llama;
 pub mod pki;
 pub mod proc;
 pub mod runtime;
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use controlplane::ControlPlane;
+pub use llama::{LlamaServer, RecordingProxy};
 pub use runtime::PodRuntime;
 pub use s3::S3Server;
 
