@@ -87,6 +87,12 @@ impl ObjectStore for MemObjects {
             })
             .unwrap_or_default())
     }
+    async fn delete(&self, name: &str) -> Result<(), JournalError> {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(name);
+        }
+        Ok(())
+    }
 }
 
 fn session(

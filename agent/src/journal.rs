@@ -1,28 +1,60 @@
 //! The session journal: an append-only log of history changes, written before a turn is
 //! acknowledged, from which a restarted agent rebuilds the exact history.
 //!
-//! Every entry is one object `e<epoch>n<nonce>-s<seq>.json` under the session's `journal/` prefix
-//! (S3: `<prefix>/<namespace>/<session>/journal/`, or a local directory). An entry is a
-//! splice: "keep the first `at` messages, then these". A turn that only added messages
-//! writes only those; a compaction rewrites from the first message it changed. Replaying the
-//! valid entries in `seq` order gives the history byte for byte, with its summaries and
-//! archive markers.
+//! Every entry is one object `e<epoch>n<nonce>-s<seq>[-full].json` under the session's
+//! `journal/` prefix (S3: `<prefix>/<namespace>/<session>/journal/`, or a local directory).
+//! An entry is a splice of the history of the entry it builds on (its `base`): "keep the first
+//! `at` messages, then these, then the base's messages `tail[0]..tail[1]`". A turn that only
+//! added messages writes only those; a compaction or a rewind writes only the messages it
+//! changed. A checkpoint (`-full`) holds the whole history and builds on nothing. Replaying
+//! the chain of bases from the newest valid entry back to a checkpoint gives the history byte
+//! for byte, with its summaries and archive markers.
+//!
+//! # Unknown outcomes
+//!
+//! The outcome of a write whose request was sent is unknown until something answers it: a
+//! lost or timed-out response, an error after the store acted, a cancelled writer. Three
+//! rules keep the journal and the writer's memory in agreement through them:
+//!
+//! - **No name is written twice with different content.** A sequence number is spent as soon
+//!   as its entry is sent, whatever happens to it; a claim is completed under a second name.
+//!   A request that lands late can only repeat what its name already holds.
+//! - **An entry names its base.** The next entry builds on the last entry *known* to be in
+//!   the journal, so one whose outcome stayed unknown and that lands later is off the chain:
+//!   a rebuild never meets two candidates for one position.
+//! - **A failed write is read back** before the writer answers. Found: it landed (and counts
+//!   once the claims check confirms it). Not found: a request still in flight could land
+//!   later, so the writer seals it off — an entry with the head's history, on the head — and
+//!   only once that is confirmed was it not written. No answer: the outcome stays unknown, and
+//!   nothing else is written until a read-back settles it ([`Journal::resolve`]); the caller
+//!   takes the history the journal then holds.
 //!
 //! # Fencing
 //!
 //! At most one agent writes a session's journal. A writer takes a fencing token — an *epoch*
 //! (highest existing + 1) and a random nonce that orders two claims of one epoch made at the
 //! same moment: it writes the claim object `claims/e<epoch>n<nonce>.json` naming itself, then
-//! lists the journal and completes the claim with `start_seq` = the next free sequence number.
-//! After every entry it writes, a writer lists `claims/`: if a higher token exists, it has
-//! been replaced, fails the write and never writes again ([`JournalError::Fenced`]). A reader
-//! ignores every entry of token `t` whose seq is at or beyond the `start_seq` of a completed
-//! claim with a higher token. Together: an entry acknowledged by a writer that checked the
-//! claims after writing it was listed by the next claimant before that claimant completed
-//! its claim (read-after-write and list-after-write consistency, which S3 provides), so it is
-//! below the new `start_seq` and stays valid; whatever a replaced writer writes later is
-//! ignored. No conditional write is needed. In a cluster a Kubernetes Lease additionally keeps
-//! two pods from running turns at once (see `kube`); its holder still takes an epoch here.
+//! lists the journal and completes the claim with `start_seq` = the next free sequence number
+//! (`claims/e<epoch>n<nonce>-start.json`). After every entry it writes, a writer lists
+//! `claims/`: if a higher token exists, it has been replaced, fails the write and never
+//! writes again ([`JournalError::Fenced`]). A reader ignores every entry of token `t` whose
+//! seq is at or beyond the `start_seq` of a completed claim with a higher token. Together: an
+//! entry acknowledged by a writer that checked the claims after writing it was listed by the
+//! next claimant before that claimant completed its claim (read-after-write and
+//! list-after-write consistency, which S3 provides), so it is below the new `start_seq` and
+//! stays valid; whatever a replaced writer writes later is ignored. A claims check that
+//! fails after the entry landed leaves the entry in the journal, unconfirmed; the next check
+//! that succeeds confirms it (a claimant that appears after that check lists it). No
+//! conditional write is needed. In a cluster a Kubernetes Lease additionally keeps two pods
+//! from running turns at once (see `kube`); its holder still takes an epoch here.
+//!
+//! # Size
+//!
+//! The next entry is a checkpoint when the live journal (the chain's checkpoint and the
+//! deltas since) would otherwise exceed 1.5 checkpoints plus [`CHECKPOINT_SLACK`]; once a
+//! checkpoint is confirmed, every entry before it is deleted. A checkpoint carries the undo
+//! record of the last compaction, so rewind survives the collection. The journal therefore
+//! stays within 1.5 × (history + what a rewind would bring back) + a constant.
 
 use std::collections::BTreeMap;
 use std::ops::Bound::{Excluded, Unbounded};
@@ -38,15 +70,35 @@ use serde::{Deserialize, Serialize};
 use crate::compact::SessionState;
 use crate::history::Message;
 
-/// Entries written after which a full checkpoint (an entry with `at = 0`) is written, so a
+/// Entries on a chain after which the next one is a checkpoint whatever the sizes, so a
 /// rebuild fetches a bounded number of objects.
 pub const CHECKPOINT_EVERY: u64 = 64;
+/// Bytes of deltas allowed past the size rule, so a small history is not checkpointed on
+/// every turn.
+pub const CHECKPOINT_SLACK: u64 = 64 * 1024;
+/// Serialized bytes of an entry besides its messages (names, state, records), for the size
+/// rule.
+const ENTRY_OVERHEAD: u64 = 512;
 
 /// Why the journal could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
+    /// Nothing was written (a failed write was read back and is not there).
     #[error("journal store unavailable: {0}")]
     Unavailable(String),
+    /// This write was sent and nothing confirms or denies that it landed.
+    #[error(
+        "the journal store did not confirm the write ({0}); whether it was persisted is unknown, and it is settled before anything else is written"
+    )]
+    Unknown(String),
+    /// This write is in the journal; the claims check that makes it count did not complete.
+    #[error(
+        "the change is in the journal, but this agent could not confirm that it still owns the session ({0}); it counts unless another agent has taken the session over, and it is confirmed before anything else is written"
+    )]
+    Unconfirmed(String),
+    /// An earlier write is still unsettled; nothing was written.
+    #[error("an earlier journal write is not settled yet ({0}); nothing was written")]
+    Unsettled(String),
     #[error(
         "this agent ({holder}, epoch {epoch}) no longer owns the session: {by} took it over with epoch {by_epoch}; it stops writing"
     )]
@@ -68,11 +120,19 @@ impl JournalError {
     pub fn label(&self) -> &'static str {
         match self {
             Self::Unavailable(_) => "unavailable",
+            Self::Unknown(_) => "unknown",
+            Self::Unconfirmed(_) => "unconfirmed",
+            Self::Unsettled(_) => "unsettled",
             Self::Fenced { .. } => "fenced",
             Self::Corrupt { .. } => "corrupt",
             Self::Io(_) => "io",
             Self::NothingToRewind => "nothing_to_rewind",
         }
+    }
+
+    /// The write this error answers may be in the journal.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, Self::Unknown(_) | Self::Unconfirmed(_))
     }
 }
 
@@ -84,6 +144,8 @@ pub trait ObjectStore: Send + Sync {
     async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError>;
     /// Names starting with `prefix`, in any order.
     async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError>;
+    /// Removes `name`; removing what is not there succeeds.
+    async fn delete(&self, name: &str) -> Result<(), JournalError>;
 }
 
 /// Journal objects in a local directory (the embedded default without S3).
@@ -156,6 +218,14 @@ impl ObjectStore for DirObjects {
             }
         }
         Ok(out)
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), JournalError> {
+        match tokio::fs::remove_file(self.root.join(name)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -244,6 +314,17 @@ impl ObjectStore for S3Objects {
             }
         }
         Ok(out)
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), JournalError> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(format!("{}{name}", self.prefix))
+            .send()
+            .await
+            .map_err(s3_err)?;
+        Ok(())
     }
 }
 
@@ -344,12 +425,30 @@ pub struct CompactionRecord {
     pub archived: Vec<String>,
 }
 
-/// How to undo the compactions of one entry: `pre` is the history just before the first of
-/// them; everything from `post_len` on in the entry's result was added after the last.
+/// How to undo the compactions of one change: `pre` is the history just before the first of
+/// them; everything from `post_len` on in the change's result was added after the last.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Undo {
     pub pre: Vec<Message>,
     pub post_len: usize,
+}
+
+/// An [`Undo`] as an entry stores it: the pre-compaction history as a splice of the entry's
+/// own history up to `post_len` — its first `keep` messages, then `pre`, then its messages
+/// `tail[0]..tail[1]`. (Entries written before splicing was introduced hold `pre` whole.)
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct StoredUndo {
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub keep: usize,
+    #[serde(default)]
+    pub pre: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<[usize; 2]>,
+    pub post_len: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// One journal object.
@@ -358,18 +457,139 @@ pub struct Entry {
     pub epoch: u64,
     pub seq: u64,
     pub holder: String,
-    /// Messages kept from the previous history.
+    /// The entry whose history this one splices. `None` with `at = 0` and no `tail`: a
+    /// checkpoint; `None` otherwise: an entry of the first format, which splices the entry
+    /// before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<u64>,
+    /// Messages kept from the start of the base's history.
     pub at: usize,
     pub messages: Vec<Message>,
+    /// The base's messages `tail[0]..tail[1]`, after `messages`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<[usize; 2]>,
     #[serde(default)]
     pub state: PersistedState,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub compactions: Vec<CompactionRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub undo: Option<Undo>,
+    pub undo: Option<StoredUndo>,
     /// This entry undoes the compactions of entry `rewinds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewinds: Option<u64>,
+}
+
+impl Entry {
+    fn is_checkpoint(&self) -> bool {
+        self.base.is_none() && self.at == 0 && self.tail.is_none()
+    }
+}
+
+/// [`Entry`] as written, borrowing the history instead of copying it.
+#[derive(Serialize)]
+struct EntryOut<'a> {
+    epoch: u64,
+    seq: u64,
+    holder: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    base: Option<u64>,
+    at: usize,
+    messages: &'a [Message],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tail: Option<[usize; 2]>,
+    state: &'a PersistedState,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    compactions: &'a [CompactionRecord],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    undo: Option<StoredUndo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rewinds: Option<u64>,
+}
+
+/// `base[..at] ++ messages ++ base[tail[0]..tail[1]]`.
+fn splice(
+    base: &[Message],
+    at: usize,
+    messages: &[Message],
+    tail: Option<[usize; 2]>,
+) -> Result<Vec<Message>, String> {
+    if at > base.len() {
+        return Err(format!(
+            "keeps {at} messages of a {}-message history",
+            base.len()
+        ));
+    }
+    let tail = match tail {
+        None => &[][..],
+        Some([a, b]) if a <= b && b <= base.len() => &base[a..b],
+        Some([a, b]) => {
+            return Err(format!(
+                "keeps messages {a}..{b} of a {}-message history",
+                base.len()
+            ));
+        }
+    };
+    let mut out = Vec::with_capacity(at + messages.len() + tail.len());
+    out.extend_from_slice(&base[..at]);
+    out.extend_from_slice(messages);
+    out.extend_from_slice(tail);
+    Ok(out)
+}
+
+/// The splice that turns `old` into `new`: messages kept from the start, the range of `new`
+/// to store, and the range of `old` kept at the end.
+fn diff(old: &[Message], new: &[Message]) -> (usize, std::ops::Range<usize>, Option<[usize; 2]>) {
+    let p = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+    let room = old.len().min(new.len()) - p;
+    let s = old
+        .iter()
+        .rev()
+        .zip(new.iter().rev())
+        .take(room)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let tail = (s > 0).then(|| [old.len() - s, old.len()]);
+    (p, p..new.len() - s, tail)
+}
+
+fn encode_undo(undo: &Undo, post: &[Message]) -> StoredUndo {
+    let base = &post[..undo.post_len.min(post.len())];
+    let (keep, range, tail) = diff(base, &undo.pre);
+    StoredUndo {
+        keep,
+        pre: undo.pre[range].to_vec(),
+        tail,
+        post_len: undo.post_len,
+    }
+}
+
+fn decode_undo(stored: StoredUndo, post: &[Message]) -> Result<Undo, String> {
+    let base = &post[..stored.post_len.min(post.len())];
+    Ok(Undo {
+        pre: splice(base, stored.keep, &stored.pre, stored.tail)?,
+        post_len: stored.post_len,
+    })
+}
+
+/// Serialized size of a message, for the size rule.
+fn json_len(m: &Message) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, m);
+    c.0
+}
+
+fn undo_bytes(stored: &StoredUndo) -> u64 {
+    stored.pre.iter().map(json_len).sum()
 }
 
 /// An epoch claim.
@@ -424,12 +644,50 @@ fn parse_entry_name(name: &str) -> Option<(Token, u64, bool)> {
     Some((Token::parse(t)?, s.parse().ok()?, full))
 }
 
+/// The claim as first written (no `start_seq`).
 fn claim_name(token: Token) -> String {
     format!("claims/{}.json", token.name())
 }
 
+/// The completed claim: a second name, so that a late copy of the first write can never
+/// overwrite the completion.
+fn start_claim_name(token: Token) -> String {
+    format!("claims/{}-start.json", token.name())
+}
+
 fn parse_claim(name: &str) -> Option<Token> {
-    Token::parse(name.strip_prefix("claims/")?.strip_suffix(".json")?)
+    let rest = name.strip_prefix("claims/")?.strip_suffix(".json")?;
+    Token::parse(rest.strip_suffix("-start").unwrap_or(rest))
+}
+
+/// Where the chain of a rebuilt (or written) history stands.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Chain {
+    /// Seq of the newest entry on the chain: the base of the next.
+    head: Option<u64>,
+    /// Seq and size of the chain's checkpoint.
+    checkpoint: Option<(u64, u64)>,
+    /// Entries and bytes on the chain after the checkpoint.
+    deltas: u64,
+    delta_bytes: u64,
+}
+
+impl Chain {
+    fn live_bytes(&self) -> u64 {
+        self.checkpoint.map_or(0, |(_, b)| b) + self.delta_bytes
+    }
+
+    fn add(&mut self, seq: u64, bytes: u64, checkpoint: bool) {
+        self.head = Some(seq);
+        if checkpoint {
+            self.checkpoint = Some((seq, bytes));
+            self.deltas = 0;
+            self.delta_bytes = 0;
+        } else {
+            self.deltas += 1;
+            self.delta_bytes += bytes;
+        }
+    }
 }
 
 /// What a rebuild found.
@@ -437,13 +695,96 @@ fn parse_claim(name: &str) -> Option<Token> {
 pub struct Rebuilt {
     pub history: Vec<Message>,
     pub state: PersistedState,
-    /// Valid entries replayed (from the last checkpoint on).
+    /// Entries replayed (the chain from its checkpoint on).
     pub entries: u64,
-    /// Seq of the last valid entry.
+    /// Seq of the newest valid entry.
     pub last_seq: Option<u64>,
     /// The last entry with compactions, when they have not been undone: its seq and undo
     /// record.
     pub rewindable: Option<(u64, Undo)>,
+    chain: Chain,
+    /// Entries older than the chain's checkpoint are still there.
+    garbage_below: Option<u64>,
+}
+
+/// What the journal holds, as far as its writer knows.
+#[derive(Clone, Debug, Default)]
+struct View {
+    history: Vec<Message>,
+    /// Serialized size of each message of `history`.
+    sizes: Vec<u64>,
+    state: PersistedState,
+    rewindable: Option<(u64, Undo)>,
+    /// Serialized size of the part of the rewind target a checkpoint has to carry.
+    rewind_bytes: u64,
+    chain: Chain,
+}
+
+/// How a landed entry changes the [`View`]: the splice of the history (which moves the kept
+/// messages rather than copying them) and the rest.
+struct Next {
+    at: usize,
+    messages: Vec<Message>,
+    tail: Option<[usize; 2]>,
+    sizes: Vec<u64>,
+    state: PersistedState,
+    rewindable: RewindUpdate,
+    rewind_bytes: u64,
+    chain: Chain,
+}
+
+enum RewindUpdate {
+    Keep,
+    Set((u64, Undo)),
+    Clear,
+}
+
+impl View {
+    fn apply(&mut self, next: Next) {
+        let kept: Vec<Message> = match next.tail {
+            Some([a, b]) => self.history.drain(a..b).collect(),
+            None => Vec::new(),
+        };
+        self.history.truncate(next.at);
+        self.history.extend(next.messages);
+        self.history.extend(kept);
+        self.sizes = next.sizes;
+        self.state = next.state;
+        match next.rewindable {
+            RewindUpdate::Keep => {}
+            RewindUpdate::Set(r) => self.rewindable = Some(r),
+            RewindUpdate::Clear => self.rewindable = None,
+        }
+        self.rewind_bytes = next.rewind_bytes;
+        self.chain = next.chain;
+    }
+}
+
+/// A write whose outcome is not settled.
+enum Pending {
+    /// The entry was sent; whether it landed is unknown. `next` is what it changes if it did.
+    Sent {
+        seq: u64,
+        name: String,
+        body: Vec<u8>,
+        next: Box<Next>,
+    },
+    /// The entry landed; the claims check that makes it count has not completed.
+    Unconfirmed,
+}
+
+/// One change of the history, as the session hands it to [`Journal::write`].
+#[derive(Clone, Debug, Default)]
+pub struct Change {
+    pub state: PersistedState,
+    pub compactions: Vec<CompactionRecord>,
+    /// This change compacted: how to undo it.
+    pub undo: Option<Undo>,
+    /// This change undoes the compaction that [`Journal::rewindable`] names.
+    pub rewinds: bool,
+    /// The session state changed without the history (a reset learned cap): written even
+    /// when nothing else changed.
+    pub persist_state: bool,
 }
 
 /// The journal of one session, owned by its single writer.
@@ -452,8 +793,12 @@ pub struct Journal {
     holder: String,
     token: Token,
     next_seq: u64,
-    since_checkpoint: u64,
+    view: View,
+    pending: Option<Pending>,
     fenced: Option<JournalError>,
+    /// Entries below this seq are superseded by a checkpoint and are deleted once this
+    /// writer's ownership is confirmed.
+    collect_below: Option<u64>,
 }
 
 impl Journal {
@@ -494,7 +839,7 @@ impl Journal {
         };
         objects
             .put(
-                &claim_name(token),
+                &start_claim_name(token),
                 serde_json::to_vec(&done).unwrap_or_default(),
             )
             .await?;
@@ -504,14 +849,28 @@ impl Journal {
             entries = rebuilt.entries,
             "journal: epoch claimed"
         );
+        let rewind_bytes = rebuilt
+            .rewindable
+            .as_ref()
+            .map_or(0, |(_, u)| undo_bytes(&encode_undo(u, &rebuilt.history)));
+        let view = View {
+            sizes: rebuilt.history.iter().map(json_len).collect(),
+            history: rebuilt.history.clone(),
+            state: rebuilt.state.clone(),
+            rewindable: rebuilt.rewindable.clone(),
+            rewind_bytes,
+            chain: rebuilt.chain.clone(),
+        };
         Ok((
             Self {
                 objects,
                 holder,
                 token,
                 next_seq,
-                since_checkpoint: rebuilt.entries,
+                view,
+                pending: None,
                 fenced: None,
+                collect_below: rebuilt.garbage_below,
             },
             rebuilt,
         ))
@@ -534,34 +893,338 @@ impl Journal {
         &self.objects
     }
 
-    /// True when the next entry should be a full checkpoint.
-    pub fn checkpoint_due(&self) -> bool {
-        self.since_checkpoint >= CHECKPOINT_EVERY
+    /// The history the journal holds, as far as this writer knows: what a restart rebuilds
+    /// once [`Journal::settled`].
+    pub fn history(&self) -> &[Message] {
+        &self.view.history
     }
 
-    /// Writes one entry and confirms this agent still owns the session. `entry.epoch`,
-    /// `seq` and `holder` are filled in here.
-    pub async fn append(&mut self, mut entry: Entry) -> Result<u64, JournalError> {
+    /// The session state of the last entry the journal holds.
+    pub fn state(&self) -> &PersistedState {
+        &self.view.state
+    }
+
+    /// The last compaction that a rewind would undo: the seq of its entry and how.
+    pub fn rewindable(&self) -> Option<&(u64, Undo)> {
+        self.view.rewindable.as_ref()
+    }
+
+    /// False while the outcome of a write is unknown or unconfirmed.
+    pub fn settled(&self) -> bool {
+        self.pending.is_none()
+    }
+
+    /// Settles an unsettled write: reads a sent entry back (found: it landed and
+    /// [`Journal::history`] is its history; not found: it was not written), then confirms a
+    /// landed one with a claims check. On an error the outcome stays unsettled (but
+    /// [`Journal::history`] reflects whatever was learnt).
+    pub async fn resolve(&mut self) -> Result<(), JournalError> {
         if let Some(f) = &self.fenced {
             return Err(clone_fenced(f));
         }
-        entry.epoch = self.token.epoch;
-        entry.seq = self.next_seq;
-        entry.holder.clone_from(&self.holder);
-        let full = entry.at == 0;
-        let body = serde_json::to_vec(&entry).map_err(|e| JournalError::Corrupt {
+        if let Some(Pending::Sent { seq, .. }) = &self.pending {
+            let seq = *seq;
+            match self.read_back().await {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                Err(e @ (JournalError::Corrupt { .. } | JournalError::Fenced { .. })) => {
+                    return Err(e);
+                }
+                Err(e) => {
+                    return Err(JournalError::Unsettled(format!(
+                        "whether entry {seq} was written is unknown: {e}"
+                    )));
+                }
+            }
+        }
+        if matches!(self.pending, Some(Pending::Unconfirmed)) {
+            self.confirm().await.map_err(|e| match e {
+                JournalError::Unconfirmed(cause) => JournalError::Unsettled(format!(
+                    "the last entry is written but not confirmed: {cause}"
+                )),
+                other => other,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Writes the change that turns [`Journal::history`] into `history`, and confirms that
+    /// this agent still owns the session. Returns the entry's seq, or `None` when there was
+    /// nothing to write. On an error, [`Journal::history`] is what the journal holds
+    /// ([`JournalError::outcome_unknown`]: as far as is known) and nothing more is written
+    /// until [`Journal::resolve`] has settled it.
+    pub async fn write(
+        &mut self,
+        history: &[Message],
+        change: Change,
+    ) -> Result<Option<u64>, JournalError> {
+        if let Some(f) = &self.fenced {
+            return Err(clone_fenced(f));
+        }
+        match &self.pending {
+            Some(Pending::Sent { seq, .. }) => {
+                return Err(JournalError::Unsettled(format!(
+                    "whether entry {seq} was written is unknown"
+                )));
+            }
+            Some(Pending::Unconfirmed) => self.resolve().await?,
+            None => {}
+        }
+        // A seq spent past the chain's head (a write read back as not written) could still
+        // land late and become the newest entry; any entry written after it leaves it off
+        // the chain, so one is written even when nothing changed.
+        let spent = self.next_seq > self.view.chain.head.map_or(0, |h| h + 1);
+        if history == self.view.history.as_slice()
+            && change.undo.is_none()
+            && !change.rewinds
+            && !change.persist_state
+            && !spent
+        {
+            return Ok(None);
+        }
+        let seq = self.next_seq;
+        let (body, full, next) = self.prepare(seq, history, change)?;
+        let name = entry_name(self.token, seq, full);
+        // Spent whatever happens next: a sequence number is never sent twice.
+        self.next_seq += 1;
+        self.pending = Some(Pending::Sent {
+            seq,
+            name: name.clone(),
+            body: body.clone(),
+            next: Box::new(next),
+        });
+        match self.objects.put(&name, body).await {
+            Ok(()) => self.land(),
+            Err(e) => {
+                tracing::warn!(seq, error = %e, "journal: write failed; reading it back");
+                match self.read_back().await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Err(JournalError::Unavailable(format!(
+                            "{e} (read back: not written, and sealed off)"
+                        )));
+                    }
+                    Err(c @ (JournalError::Corrupt { .. } | JournalError::Fenced { .. })) => {
+                        return Err(c);
+                    }
+                    Err(g) => {
+                        return Err(JournalError::Unknown(format!("{e}; reading it back: {g}")));
+                    }
+                }
+            }
+        }
+        self.confirm().await?;
+        Ok(Some(seq))
+    }
+
+    /// The entry for `history` (a delta on the chain's head, or a checkpoint when the size
+    /// rule asks for one), its body and what it changes once it has landed.
+    fn prepare(
+        &self,
+        seq: u64,
+        history: &[Message],
+        change: Change,
+    ) -> Result<(Vec<u8>, bool, Next), JournalError> {
+        let old = &self.view;
+        let (at, range, tail) = diff(&old.history, history);
+        let delta = &history[range];
+        let delta_sizes: Vec<u64> = delta.iter().map(json_len).collect();
+        let mut sizes = Vec::with_capacity(history.len());
+        sizes.extend_from_slice(&old.sizes[..at]);
+        sizes.extend_from_slice(&delta_sizes);
+        if let Some([a, b]) = tail {
+            sizes.extend_from_slice(&old.sizes[a..b]);
+        }
+        let new_undo = change.undo.as_ref().map(|u| encode_undo(u, history));
+        let rewinds = change
+            .rewinds
+            .then(|| old.rewindable.as_ref().map_or(0, |(s, _)| *s));
+        // What a rewind restores once this entry has landed.
+        let rewind_target = match (&change.undo, change.rewinds) {
+            (Some(u), _) => Some(u),
+            (None, true) => None,
+            (None, false) => old.rewindable.as_ref().map(|(_, u)| u),
+        };
+        let rewind_bytes = match (&new_undo, change.rewinds) {
+            (Some(stored), _) => undo_bytes(stored),
+            (None, true) => 0,
+            (None, false) => old.rewind_bytes,
+        };
+        let checkpoint_size = sizes.iter().sum::<u64>() + rewind_bytes + ENTRY_OVERHEAD;
+        let delta_size = delta_sizes.iter().sum::<u64>()
+            + new_undo.as_ref().map_or(0, undo_bytes)
+            + ENTRY_OVERHEAD;
+        let full = old.chain.head.is_none()
+            || (at == 0 && tail.is_none())
+            || old.chain.deltas + 1 >= CHECKPOINT_EVERY
+            || old.chain.live_bytes() + delta_size > checkpoint_size * 3 / 2 + CHECKPOINT_SLACK;
+        let out = if full {
+            EntryOut {
+                epoch: self.token.epoch,
+                seq,
+                holder: &self.holder,
+                base: None,
+                at: 0,
+                messages: history,
+                tail: None,
+                state: &change.state,
+                compactions: &change.compactions,
+                undo: rewind_target.map(|u| encode_undo(u, history)),
+                rewinds,
+            }
+        } else {
+            EntryOut {
+                epoch: self.token.epoch,
+                seq,
+                holder: &self.holder,
+                base: old.chain.head,
+                at,
+                messages: delta,
+                tail,
+                state: &change.state,
+                compactions: &change.compactions,
+                undo: new_undo,
+                rewinds,
+            }
+        };
+        let body = serde_json::to_vec(&out).map_err(|e| JournalError::Corrupt {
             name: "new entry".into(),
             reason: e.to_string(),
         })?;
-        self.objects
-            .put(&entry_name(self.token, entry.seq, full), body)
-            .await?;
-        // The entry may already be visible to the next claimant; it is kept only if it came
-        // before that claim, which is exactly when no newer claim is visible yet.
-        self.check_fence().await?;
+        let mut chain = old.chain.clone();
+        chain.add(seq, body.len() as u64, full);
+        let rewindable = match (change.undo, change.rewinds) {
+            (Some(u), _) => RewindUpdate::Set((seq, u)),
+            (None, true) => RewindUpdate::Clear,
+            (None, false) => RewindUpdate::Keep,
+        };
+        let next = Next {
+            at,
+            messages: delta.to_vec(),
+            tail,
+            sizes,
+            state: change.state,
+            rewindable,
+            rewind_bytes,
+            chain,
+        };
+        Ok((body, full, next))
+    }
+
+    /// The sent entry landed: the journal holds its history.
+    fn land(&mut self) {
+        if let Some(Pending::Sent { seq, next, .. }) = self.pending.take() {
+            if next.chain.checkpoint.is_some_and(|(s, _)| s == seq) {
+                self.collect_below = Some(seq);
+            }
+            self.view.apply(*next);
+            self.pending = Some(Pending::Unconfirmed);
+        }
+    }
+
+    /// Whether the sent entry is in the store: `true` (it landed) or `false` (it is not, and
+    /// never will count: see [`Journal::seal`]). On an error it stays unknown.
+    async fn read_back(&mut self) -> Result<bool, JournalError> {
+        let Some(Pending::Sent { name, body, .. }) = &self.pending else {
+            return Ok(true);
+        };
+        match self.objects.get(name).await? {
+            Some(found) if found == *body => {
+                self.land();
+                Ok(true)
+            }
+            Some(_) => Err(JournalError::Corrupt {
+                name: name.clone(),
+                reason: "holds another entry than the one written under its name".into(),
+            }),
+            None => {
+                self.seal().await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// After a read-back found nothing: a request still in flight may land later, so
+    /// "not written" holds only once an entry after it is in the journal and confirmed. The
+    /// seal holds the head's history and builds on the head, which leaves the missing entry
+    /// off the chain whenever it lands. On success nothing is pending; if the seal landed
+    /// but is not confirmed, it is what is pending; otherwise the sent entry still is.
+    async fn seal(&mut self) -> Result<(), JournalError> {
+        let seq = self.next_seq;
+        let change = Change {
+            state: self.view.state.clone(),
+            ..Change::default()
+        };
+        let (body, full, next) = self.prepare(seq, &self.view.history, change)?;
+        let name = entry_name(self.token, seq, full);
         self.next_seq += 1;
-        self.since_checkpoint = if full { 0 } else { self.since_checkpoint + 1 };
-        Ok(entry.seq)
+        if let Err(e) = self.objects.put(&name, body.clone()).await {
+            // A seal that lands late only repeats the head: harmless either way.
+            match self.objects.get(&name).await {
+                Ok(Some(found)) if found == body => {}
+                Ok(_) => return Err(JournalError::Unavailable(format!("sealing: {e}"))),
+                Err(g) => {
+                    return Err(JournalError::Unavailable(format!(
+                        "sealing: {e}; reading it back: {g}"
+                    )));
+                }
+            }
+        }
+        if full {
+            self.collect_below = Some(seq);
+        }
+        self.view.apply(next);
+        self.pending = Some(Pending::Unconfirmed);
+        self.confirm().await
+    }
+
+    /// The claims check after a landed entry; superseded entries are collected once it passed.
+    async fn confirm(&mut self) -> Result<(), JournalError> {
+        match self.check_fence().await {
+            Ok(()) => {
+                self.pending = None;
+                self.collect().await;
+                Ok(())
+            }
+            Err(f @ JournalError::Fenced { .. }) => Err(f),
+            Err(e) => Err(JournalError::Unconfirmed(e.to_string())),
+        }
+    }
+
+    /// Deletes the entries a confirmed checkpoint superseded. Best effort: what cannot be
+    /// deleted now is deleted after the next confirmed write.
+    async fn collect(&mut self) {
+        let Some(below) = self.collect_below else {
+            return;
+        };
+        let names = match self.objects.list("e").await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "journal: listing superseded entries");
+                return;
+            }
+        };
+        let old: Vec<String> = names
+            .into_iter()
+            .filter(|n| parse_entry_name(n).is_some_and(|(_, seq, _)| seq < below))
+            .collect();
+        let mut failed = Vec::new();
+        for batch in old.chunks(8) {
+            let results =
+                futures::future::join_all(batch.iter().map(|n| self.objects.delete(n))).await;
+            failed.extend(results.into_iter().filter_map(Result::err));
+        }
+        match failed.first() {
+            None => {
+                tracing::debug!(
+                    below,
+                    deleted = old.len(),
+                    "journal: superseded entries deleted"
+                );
+                self.collect_below = None;
+            }
+            Some(e) => tracing::warn!(error = %e, "journal: deleting superseded entries"),
+        }
     }
 
     /// Fails (and stays failed) when a newer epoch has been claimed.
@@ -614,7 +1277,8 @@ fn clone_fenced(e: &JournalError) -> JournalError {
     }
 }
 
-/// Replays the valid entries of a journal.
+/// Replays the valid entries of a journal: the chain of bases from the newest valid entry
+/// back to a checkpoint.
 pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError> {
     let mut bounds: BTreeMap<Token, u64> = BTreeMap::new();
     for name in objects.list("claims/").await? {
@@ -625,7 +1289,8 @@ pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError>
             && let Ok(c) = serde_json::from_slice::<Claim>(&body)
             && let Some(start) = c.start_seq
         {
-            bounds.insert(token, start);
+            let bound = bounds.entry(token).or_insert(start);
+            *bound = (*bound).min(start);
         }
     }
     // An entry of token t is valid below the smallest start_seq of any later completed claim.
@@ -637,28 +1302,35 @@ pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError>
             .unwrap_or(u64::MAX)
     };
     let mut valid: BTreeMap<u64, (Token, bool, String)> = BTreeMap::new();
+    let mut lowest: Option<u64> = None;
     for name in objects.list("e").await? {
         let Some((token, seq, full)) = parse_entry_name(&name) else {
             continue;
         };
+        lowest = Some(lowest.map_or(seq, |l| l.min(seq)));
         if seq >= limit_for(token) {
             continue;
         }
-        match valid.get(&seq) {
-            Some((t, _, _)) if *t >= token => {}
-            _ => {
-                valid.insert(seq, (token, full, name));
-            }
+        // One writer never sends a seq twice; two names for one (token, seq) exist only in
+        // journals of the first format, where the delta was the write that counted.
+        let better = match valid.get(&seq) {
+            None => true,
+            Some((t, f, _)) => token > *t || (token == *t && *f && !full),
+        };
+        if better {
+            valid.insert(seq, (token, full, name));
         }
     }
-    let start = valid
-        .iter()
-        .rev()
-        .find(|(_, (_, full, _))| *full)
-        .map_or(0, |(s, _)| *s);
-    let mut out = Rebuilt::default();
-    let mut rewindable: Option<(u64, Undo)> = None;
-    for (seq, (_, _, name)) in valid.range(start..) {
+    let mut chain: Vec<(u64, String, Entry, u64)> = Vec::new();
+    let mut next = valid.keys().next_back().copied();
+    while let Some(seq) = next {
+        let Some((_, _, name)) = valid.get(&seq) else {
+            let from = chain.last().map(|c| c.1.clone()).unwrap_or_default();
+            return Err(JournalError::Corrupt {
+                name: from,
+                reason: format!("builds on entry {seq}, which the journal does not hold"),
+            });
+        };
         let body = objects
             .get(name)
             .await?
@@ -670,32 +1342,45 @@ pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError>
             name: name.clone(),
             reason: e.to_string(),
         })?;
-        if entry.at > out.history.len() {
-            return Err(JournalError::Corrupt {
-                name: name.clone(),
-                reason: format!(
-                    "keeps {} messages of a {}-message history",
-                    entry.at,
-                    out.history.len()
-                ),
-            });
-        }
-        out.history.truncate(entry.at);
-        out.history.extend(entry.messages);
+        next = match entry.base {
+            Some(b) if b < seq => Some(b),
+            Some(b) => {
+                return Err(JournalError::Corrupt {
+                    name: name.clone(),
+                    reason: format!("builds on entry {b}, which is not older"),
+                });
+            }
+            None if entry.is_checkpoint() => None,
+            None => valid.range(..seq).next_back().map(|(s, _)| *s),
+        };
+        chain.push((seq, name.clone(), entry, body.len() as u64));
+    }
+    chain.reverse();
+    let mut out = Rebuilt::default();
+    let mut rewindable: Option<(u64, Undo)> = None;
+    for (seq, name, entry, bytes) in chain {
+        let corrupt = |reason: String| JournalError::Corrupt {
+            name: name.clone(),
+            reason,
+        };
+        out.history =
+            splice(&out.history, entry.at, &entry.messages, entry.tail).map_err(corrupt)?;
+        out.chain.add(seq, bytes, entry.is_checkpoint());
         if let Some(u) = entry.undo {
-            rewindable = Some((*seq, u));
+            rewindable = Some((seq, decode_undo(u, &out.history).map_err(corrupt)?));
         }
         if entry.rewinds.is_some() {
             rewindable = None;
         }
         out.state = entry.state;
         out.entries += 1;
-        out.last_seq = Some(*seq);
+        out.last_seq = Some(seq);
     }
     out.rewindable = rewindable;
-    // Entries older than the checkpoint are not replayed; their seq still counts.
-    if let Some((last, _)) = valid.iter().next_back() {
-        out.last_seq = Some(*last);
+    if let (Some(low), Some((start, _))) = (lowest, out.chain.checkpoint)
+        && low < start
+    {
+        out.garbage_below = Some(start);
     }
     Ok(out)
 }
@@ -703,19 +1388,113 @@ pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
 
-    fn entry(at: usize, msgs: &[&str]) -> Entry {
-        Entry {
-            epoch: 0,
-            seq: 0,
-            holder: String::new(),
-            at,
-            messages: msgs.iter().map(|m| Message::user(*m)).collect(),
-            state: PersistedState::default(),
-            compactions: vec![],
-            undo: None,
-            rewinds: None,
+    /// What the next calls of a kind do.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Fault {
+        /// Fails without acting.
+        Refuse,
+        /// Acts, then fails.
+        Lose,
+    }
+
+    /// Objects in memory, with faults queued per call kind.
+    #[derive(Default)]
+    struct Mem {
+        objects: Mutex<BTreeMap<String, Vec<u8>>>,
+        faults: Mutex<BTreeMap<&'static str, VecDeque<Fault>>>,
+    }
+
+    impl Mem {
+        fn fail(&self, kind: &'static str, fault: Fault) {
+            self.faults
+                .lock()
+                .unwrap()
+                .entry(kind)
+                .or_default()
+                .push_back(fault);
         }
+
+        fn next(&self, kind: &'static str) -> Option<Fault> {
+            self.faults.lock().unwrap().get_mut(kind)?.pop_front()
+        }
+
+        fn names(&self) -> Vec<String> {
+            self.objects.lock().unwrap().keys().cloned().collect()
+        }
+
+        fn raw_put(&self, name: &str, body: Vec<u8>) {
+            self.objects.lock().unwrap().insert(name.to_owned(), body);
+        }
+    }
+
+    fn down() -> JournalError {
+        JournalError::Unavailable("injected".into())
+    }
+
+    #[async_trait]
+    impl ObjectStore for Mem {
+        async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
+            match self.next("put") {
+                Some(Fault::Refuse) => return Err(down()),
+                Some(Fault::Lose) => {
+                    self.raw_put(name, body);
+                    return Err(down());
+                }
+                None => self.raw_put(name, body),
+            }
+            Ok(())
+        }
+        async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
+            if self.next("get").is_some() {
+                return Err(down());
+            }
+            Ok(self.objects.lock().unwrap().get(name).cloned())
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
+            let fault = self.next(if prefix.starts_with("claims") {
+                "list-claims"
+            } else {
+                "list"
+            });
+            if fault.is_some() {
+                return Err(down());
+            }
+            // Newest first: a reader must not depend on the order of a listing.
+            let mut names: Vec<String> = self
+                .names()
+                .into_iter()
+                .filter(|n| n.starts_with(prefix))
+                .collect();
+            names.reverse();
+            Ok(names)
+        }
+        async fn delete(&self, name: &str) -> Result<(), JournalError> {
+            if self.next("delete").is_some() {
+                return Err(down());
+            }
+            self.objects.lock().unwrap().remove(name);
+            Ok(())
+        }
+    }
+
+    fn users(msgs: &[&str]) -> Vec<Message> {
+        msgs.iter().map(|m| Message::user(*m)).collect()
+    }
+
+    fn change() -> Change {
+        Change::default()
+    }
+
+    async fn open(objects: &Arc<Mem>, holder: &str) -> (Journal, Rebuilt) {
+        let o: Arc<dyn ObjectStore> = objects.clone();
+        Journal::open(o, holder).await.unwrap()
+    }
+
+    async fn rebuilt(objects: &Arc<Mem>) -> Vec<Message> {
+        rebuild(objects.as_ref()).await.unwrap().history
     }
 
     #[test]
@@ -733,37 +1512,61 @@ mod tests {
             Some((t, 0, false))
         );
         assert_eq!(parse_claim(&claim_name(t)), Some(t));
+        assert_eq!(parse_claim(&start_claim_name(t)), Some(t));
         assert_eq!(parse_entry_name(&claim_name(t)), None);
         assert_eq!(parse_claim("claims/e1.json"), None);
     }
 
+    #[test]
+    fn a_diff_splices_back_into_the_new_history() {
+        let cases: &[(&[&str], &[&str])] = &[
+            (&[], &["a"]),
+            (&["a", "b"], &["a", "b", "c"]),
+            (&["a", "b", "c", "d"], &["s", "c", "d"]),
+            (&["a", "b", "c", "d"], &["a", "s", "d"]),
+            (&["a", "b"], &[]),
+            (&["a", "a", "a"], &["a", "a"]),
+            (&["x", "a"], &["a"]),
+        ];
+        for (old, new) in cases {
+            let (old, new) = (users(old), users(new));
+            let (at, range, tail) = diff(&old, &new);
+            assert_eq!(
+                splice(&old, at, &new[range], tail).unwrap(),
+                new,
+                "{old:?} -> {new:?}"
+            );
+        }
+        // An undo keeps only what the compacted history does not already hold.
+        let pre = users(&["a", "b", "c", "d", "e"]);
+        let post = users(&["a", "summary", "d", "e", "new"]);
+        let undo = Undo { pre, post_len: 4 };
+        let stored = encode_undo(&undo, &post);
+        assert_eq!(stored.pre, users(&["b", "c"]));
+        assert_eq!(decode_undo(stored, &post).unwrap(), undo);
+    }
+
     #[tokio::test]
     async fn splices_replay_and_stale_epochs_are_ignored() {
-        let dir = tempfile::tempdir().unwrap();
-        let objects: Arc<dyn ObjectStore> = Arc::new(DirObjects::open(dir.path()).unwrap());
-        let (mut a, r) = Journal::open(objects.clone(), "a").await.unwrap();
+        let objects = Arc::new(Mem::default());
+        let (mut a, r) = open(&objects, "a").await;
         assert!(r.history.is_empty());
-        a.append(entry(0, &["1", "2"])).await.unwrap();
-        a.append(entry(1, &["x"])).await.unwrap();
-        let (mut b, r) = Journal::open(objects.clone(), "b").await.unwrap();
-        assert_eq!(r.history, vec![Message::user("1"), Message::user("x")]);
+        a.write(&users(&["1", "2"]), change()).await.unwrap();
+        a.write(&users(&["1", "x"]), change()).await.unwrap();
+        let (mut b, r) = open(&objects, "b").await;
+        assert_eq!(r.history, users(&["1", "x"]));
         // The replaced writer's next write is refused and ignored by readers.
-        let err = a.append(entry(2, &["late"])).await.unwrap_err();
-        assert_eq!(err.label(), "fenced");
-        assert!(a.append(entry(2, &["later"])).await.is_err());
-        b.append(entry(2, &["y"])).await.unwrap();
-        let r = rebuild(objects.as_ref()).await.unwrap();
-        assert_eq!(
-            r.history,
-            vec![Message::user("1"), Message::user("x"), Message::user("y")]
-        );
+        let err = a.write(&users(&["1", "x", "late"]), change()).await;
+        assert_eq!(err.unwrap_err().label(), "fenced");
+        assert!(a.write(&users(&["later"]), change()).await.is_err());
+        b.write(&users(&["1", "x", "y"]), change()).await.unwrap();
+        assert_eq!(rebuilt(&objects).await, users(&["1", "x", "y"]));
     }
 
     #[tokio::test]
     async fn two_claims_of_the_same_epoch_leave_one_writer() {
-        let dir = tempfile::tempdir().unwrap();
-        let objects: Arc<dyn ObjectStore> = Arc::new(DirObjects::open(dir.path()).unwrap());
-        let (mut a, _) = Journal::open(objects.clone(), "a").await.unwrap();
+        let objects = Arc::new(Mem::default());
+        let (mut a, _) = open(&objects, "a").await;
         // Another agent that started at the same moment picked the same epoch.
         let rival = Token {
             epoch: a.epoch(),
@@ -778,14 +1581,190 @@ mod tests {
             holder: "b".into(),
             start_seq: Some(0),
         };
-        objects
-            .put(&claim_name(rival), serde_json::to_vec(&claim).unwrap())
+        objects.raw_put(
+            &start_claim_name(rival),
+            serde_json::to_vec(&claim).unwrap(),
+        );
+        let a_loses = rival > a.token;
+        let r = a.write(&users(&["from a"]), change()).await;
+        assert_eq!(r.is_err(), a_loses, "{r:?}");
+        assert_eq!(rebuilt(&objects).await.is_empty(), a_loses);
+    }
+
+    #[tokio::test]
+    async fn a_lost_answer_is_read_back_and_counts() {
+        let objects = Arc::new(Mem::default());
+        let (mut a, _) = open(&objects, "a").await;
+        a.write(&users(&["1"]), change()).await.unwrap();
+        objects.fail("put", Fault::Lose);
+        a.write(&users(&["1", "2"]), change()).await.unwrap();
+        assert_eq!(a.history(), users(&["1", "2"]).as_slice());
+        assert_eq!(rebuilt(&objects).await, users(&["1", "2"]));
+    }
+
+    #[tokio::test]
+    async fn a_refused_write_is_not_written_and_its_seq_is_not_reused() {
+        let objects = Arc::new(Mem::default());
+        let (mut a, _) = open(&objects, "a").await;
+        a.write(&users(&["1"]), change()).await.unwrap();
+        objects.fail("put", Fault::Refuse);
+        let e = a.write(&users(&["s"]), change()).await.unwrap_err();
+        assert_eq!(e.label(), "unavailable", "{e}");
+        assert!(a.settled());
+        assert_eq!(a.history(), users(&["1"]).as_slice());
+        let seq = a.write(&users(&["1", "2"]), change()).await.unwrap();
+        assert_eq!(
+            seq,
+            Some(3),
+            "seq 1 went to the refused write, 2 to its seal"
+        );
+        assert_eq!(rebuilt(&objects).await, users(&["1", "2"]));
+    }
+
+    #[tokio::test]
+    async fn an_unknown_outcome_is_settled_before_the_next_write() {
+        // The compaction lands, its answer and the read-back fail: unknown.
+        let objects = Arc::new(Mem::default());
+        let (mut a, _) = open(&objects, "a").await;
+        a.write(&users(&["1", "2", "3"]), change()).await.unwrap();
+        objects.fail("put", Fault::Lose);
+        objects.fail("get", Fault::Refuse);
+        let e = a.write(&users(&["s"]), change()).await.unwrap_err();
+        assert!(e.outcome_unknown(), "{e}");
+        assert!(!a.settled());
+        let e = a.write(&users(&["1", "2", "3", "4"]), change()).await;
+        assert_eq!(e.unwrap_err().label(), "unsettled");
+        a.resolve().await.unwrap();
+        assert!(a.settled());
+        assert_eq!(a.history(), users(&["s"]).as_slice());
+        a.write(&users(&["s", "4"]), change()).await.unwrap();
+        assert_eq!(rebuilt(&objects).await, users(&["s", "4"]));
+    }
+
+    #[tokio::test]
+    async fn a_landed_entry_with_a_failed_claims_check_is_unconfirmed_then_confirmed() {
+        let objects = Arc::new(Mem::default());
+        let (mut a, _) = open(&objects, "a").await;
+        a.write(&users(&["1", "2"]), change()).await.unwrap();
+        objects.fail("list-claims", Fault::Refuse);
+        let e = a.write(&users(&["s"]), change()).await.unwrap_err();
+        assert_eq!(e.label(), "unconfirmed", "{e}");
+        assert_eq!(
+            a.history(),
+            users(&["s"]).as_slice(),
+            "it is in the journal"
+        );
+        a.write(&users(&["s", "3"]), change()).await.unwrap();
+        assert_eq!(rebuilt(&objects).await, users(&["s", "3"]));
+    }
+
+    #[tokio::test]
+    async fn an_entry_that_lands_late_is_off_the_chain() {
+        let objects = Arc::new(Mem::default());
+        let (mut a, _) = open(&objects, "a").await;
+        a.write(&users(&["1", "2", "3"]), change()).await.unwrap();
+        // Refused as far as the writer can tell: read back, not there.
+        objects.fail("put", Fault::Refuse);
+        a.write(&users(&["s"]), change()).await.unwrap_err();
+        let late = Entry {
+            epoch: a.epoch(),
+            seq: 1,
+            holder: "a".into(),
+            base: Some(0),
+            at: 0,
+            messages: users(&["s"]),
+            tail: None,
+            state: PersistedState::default(),
+            compactions: vec![],
+            undo: None,
+            rewinds: None,
+        };
+        a.write(&users(&["1", "2", "3", "4"]), change())
             .await
             .unwrap();
-        let a_loses = rival > a.token;
-        let r = a.append(entry(0, &["from a"])).await;
-        assert_eq!(r.is_err(), a_loses, "{r:?}");
-        let rebuilt = rebuild(objects.as_ref()).await.unwrap();
-        assert_eq!(rebuilt.history.is_empty(), a_loses);
+        // ...and then it lands after all.
+        objects.raw_put(
+            &entry_name(a.token, 1, false),
+            serde_json::to_vec(&late).unwrap(),
+        );
+        assert_eq!(rebuilt(&objects).await, users(&["1", "2", "3", "4"]));
+    }
+
+    #[tokio::test]
+    async fn a_journal_of_the_first_format_with_a_reused_seq_opens() {
+        // The first format reused a seq after a failed claims check: a checkpoint that did
+        // not count and the delta that did, under two names.
+        let objects = Arc::new(Mem::default());
+        let t = Token { epoch: 1, nonce: 7 };
+        let legacy = |seq: u64, at: usize, msgs: &[&str]| {
+            serde_json::json!({"epoch": 1, "seq": seq, "holder": "old", "at": at,
+                "messages": users(msgs), "state": {}})
+        };
+        let put = |name: String, v: serde_json::Value| {
+            objects.raw_put(&name, serde_json::to_vec(&v).unwrap());
+        };
+        put(entry_name(t, 0, true), legacy(0, 0, &["1", "2"]));
+        put(entry_name(t, 1, true), legacy(1, 0, &["s"]));
+        put(entry_name(t, 1, false), legacy(1, 2, &["3"]));
+        put(entry_name(t, 2, false), legacy(2, 3, &["4"]));
+        assert_eq!(rebuilt(&objects).await, users(&["1", "2", "3", "4"]));
+        let (_, r) = open(&objects, "new").await;
+        assert_eq!(r.history, users(&["1", "2", "3", "4"]));
+    }
+
+    #[tokio::test]
+    async fn checkpoints_collect_superseded_entries_and_keep_the_rewind() {
+        let objects = Arc::new(Mem::default());
+        let (mut a, _) = open(&objects, "a").await;
+        let big = "x".repeat(40_000);
+        let mut h: Vec<Message> = Vec::new();
+        for i in 0..12 {
+            h.push(Message::user(format!("{i}{big}")));
+            a.write(&h, change()).await.unwrap();
+        }
+        let pre = h.clone();
+        let post = vec![Message::user("summary"), h[11].clone()];
+        let compact = || Change {
+            undo: Some(Undo {
+                pre: pre.clone(),
+                post_len: 2,
+            }),
+            ..change()
+        };
+        let stored = || -> u64 {
+            objects
+                .objects
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(n, _)| n.starts_with('e'))
+                .map(|(_, b)| b.len() as u64)
+                .sum()
+        };
+        let history_bytes = pre.iter().map(json_len).sum::<u64>();
+        for _ in 0..30 {
+            a.write(&post, compact()).await.unwrap();
+            let rewind = Change {
+                rewinds: true,
+                ..change()
+            };
+            a.write(&pre, rewind).await.unwrap();
+            assert!(
+                stored() <= 3 * history_bytes + CHECKPOINT_SLACK + 8 * ENTRY_OVERHEAD,
+                "{} bytes for a {history_bytes}-byte history",
+                stored()
+            );
+        }
+        a.write(&post, compact()).await.unwrap();
+        let entries = objects
+            .names()
+            .iter()
+            .filter(|n| n.starts_with('e'))
+            .count();
+        assert!(entries < 8, "superseded entries are deleted: {entries}");
+        let (b, r) = open(&objects, "b").await;
+        assert_eq!(r.history, post);
+        let (_, undo) = b.rewindable().expect("rewind survives the checkpoints");
+        assert_eq!(undo.pre, pre);
     }
 }

@@ -347,8 +347,20 @@ async fn s3_down_fails_the_turn_clearly_and_leaves_the_history_unchanged() {
         .turn(vec![Message::user("are you there?")])
         .await
         .expect_err("S3 is down");
-    assert_eq!(err.label(), "journal", "{err}");
-    assert!(err.to_string().contains("not persisted"), "{err}");
+    // Nothing answers, not even the read-back of the write: its outcome is unknown, and the
+    // history stays what the journal is known to hold.
+    assert_eq!(err.label(), "journal_unknown", "{err}");
+    assert!(err.to_string().contains("unknown"), "{err}");
+    assert_eq!(built.session.history(), before.as_slice());
+    let again = built
+        .session
+        .turn(vec![Message::user("still there?")])
+        .await
+        .expect_err("S3 is still down");
+    assert!(
+        again.to_string().contains("not settled"),
+        "nothing is written before the unknown outcome is settled: {again}"
+    );
     assert_eq!(built.session.history(), before.as_slice());
 }
 

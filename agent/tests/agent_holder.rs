@@ -16,7 +16,11 @@ fn holders(journal: &Path) -> Vec<String> {
     let mut out: Vec<String> = std::fs::read_dir(journal.join("claims"))
         .expect("claims directory")
         .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        // One claim per incarnation; its completion (`-start.json`) names the same holder.
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                && !p.to_string_lossy().ends_with("-start.json")
+        })
         .map(|p| {
             let v: Value =
                 serde_json::from_slice(&std::fs::read(&p).expect("claim")).expect("claim JSON");

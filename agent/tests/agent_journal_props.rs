@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cairn_agent::history::{Message, to_jsonl};
-use cairn_agent::journal::{DirObjects, Entry, Journal, ObjectStore, PersistedState, rebuild};
+use cairn_agent::journal::{Change, DirObjects, Journal, ObjectStore, Undo, rebuild};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -59,16 +59,14 @@ proptest! {
                         let wr = &mut writers[i];
                         let at = keep % (wr.view.len() + 1);
                         let messages: Vec<Message> = (0..add).map(|_| { counter += 1; Message::user(format!("m{counter}")) }).collect();
-                        let entry = Entry {
-                            epoch: 0, seq: 0, holder: String::new(), at,
-                            messages: messages.clone(), state: PersistedState::default(),
-                            compactions: vec![], undo: None, rewinds: None,
-                        };
-                        match wr.journal.append(entry).await {
-                            Ok(_) => {
+                        let mut next = wr.view[..at].to_vec();
+                        next.extend(messages);
+                        match wr.journal.write(&next, Change::default()).await {
+                            // Nothing changed, nothing written.
+                            Ok(None) => prop_assert_eq!(to_jsonl(&next), to_jsonl(&wr.view)),
+                            Ok(Some(_)) => {
                                 prop_assert!(i == newest && !wr.fenced, "only the newest writer is acknowledged");
-                                wr.view.truncate(at);
-                                wr.view.extend(messages);
+                                wr.view = next;
                                 acknowledged = wr.view.clone();
                             }
                             Err(e) => {
@@ -82,6 +80,102 @@ proptest! {
             }
             let r = rebuild(objects.as_ref()).await.unwrap();
             prop_assert_eq!(to_jsonl(&r.history), to_jsonl(&acknowledged));
+            Ok(())
+        })?;
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Edit {
+    /// A turn: messages of these sizes are added.
+    Turn(Vec<usize>),
+    /// A compaction: everything but the first message and the last `keep` becomes one summary.
+    Compact { keep: usize },
+    /// Undoes the last compaction, keeping what came after it.
+    Rewind,
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        5 => proptest::collection::vec(1usize..6_000, 1..4).prop_map(Edit::Turn),
+        2 => (0usize..4).prop_map(|keep| Edit::Compact { keep }),
+        2 => Just(Edit::Rewind),
+    ]
+}
+
+fn stored_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with('e'))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Issue 13, defect 4: whatever the turns, compactions and rewinds, the journal stays
+    /// within 3 × the history (or the history a rewind would restore, when that is larger)
+    /// plus a constant, and a restart rebuilds the history and its rewind.
+    #[test]
+    fn journal_size_stays_bounded(edits in proptest::collection::vec(edit(), 1..60)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let objects: Arc<dyn ObjectStore> = Arc::new(DirObjects::open(dir.path()).unwrap());
+            let (mut journal, _) = Journal::open(objects.clone(), "w").await.unwrap();
+            let mut history: Vec<Message> = Vec::new();
+            let mut rewind: Option<Undo> = None;
+            let mut n = 0;
+            for e in edits {
+                let change = match e {
+                    Edit::Turn(sizes) => {
+                        for size in sizes {
+                            n += 1;
+                            history.push(Message::user(format!("{n} {}", "y".repeat(size))));
+                        }
+                        Change::default()
+                    }
+                    Edit::Compact { keep } => {
+                        if history.len() < keep + 3 {
+                            continue;
+                        }
+                        let pre = history.clone();
+                        let tail = history.split_off(history.len() - keep);
+                        history.truncate(1);
+                        n += 1;
+                        history.push(Message::assistant(format!("summary {n}")));
+                        history.extend(tail);
+                        let undo = Undo { pre, post_len: history.len() };
+                        rewind = Some(undo.clone());
+                        Change { undo: Some(undo), ..Change::default() }
+                    }
+                    Edit::Rewind => {
+                        let Some(undo) = rewind.take() else { continue };
+                        let after = history.split_off(undo.post_len.min(history.len()));
+                        history = undo.pre;
+                        history.extend(after);
+                        Change { rewinds: true, ..Change::default() }
+                    }
+                };
+                journal.write(&history, change).await.unwrap();
+                let history_bytes = to_jsonl(&history).len() as u64;
+                let rewind_bytes = rewind.as_ref().map_or(0, |u| to_jsonl(&u.pre).len() as u64);
+                let bound = 3 * history_bytes.max(rewind_bytes) + 128 * 1024;
+                let stored = stored_bytes(dir.path());
+                prop_assert!(
+                    stored <= bound,
+                    "{} journal bytes for a {}-byte history ({}-byte rewind target)",
+                    stored, history_bytes, rewind_bytes
+                );
+            }
+            let (reopened, rebuilt) = Journal::open(objects, "r").await.unwrap();
+            prop_assert_eq!(to_jsonl(&rebuilt.history), to_jsonl(&history));
+            prop_assert_eq!(
+                reopened.rewindable().map(|(_, u)| to_jsonl(&u.pre)),
+                rewind.map(|u| to_jsonl(&u.pre))
+            );
             Ok(())
         })?;
     }

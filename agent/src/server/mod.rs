@@ -200,7 +200,7 @@ impl From<TurnError> for ApiError {
             TurnError::BadInput(_) => StatusCode::BAD_REQUEST,
             TurnError::Provider { .. } => StatusCode::BAD_GATEWAY,
             TurnError::Floor(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            TurnError::Journal(_) => StatusCode::SERVICE_UNAVAILABLE,
+            TurnError::Journal(_) | TurnError::Unsettled(_) => StatusCode::SERVICE_UNAVAILABLE,
             TurnError::Fenced(_) => StatusCode::CONFLICT,
             TurnError::NothingToRewind => StatusCode::CONFLICT,
             TurnError::Deadline(_) => StatusCode::GATEWAY_TIMEOUT,

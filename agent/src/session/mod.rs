@@ -3,7 +3,9 @@
 //!
 //! The in-memory history only ever moves forward from what the journal holds: every change
 //! is persisted as one journal entry before the turn (or compaction, or rewind) that made it
-//! is acknowledged, and a failure rolls the in-memory history back to the journal's.
+//! is acknowledged, and a failure takes the in-memory history back to the journal's. A write
+//! whose outcome stayed unknown is settled before the next operation starts, and the history
+//! then becomes whatever the journal turned out to hold: what a restart would rebuild.
 
 mod summarizer;
 pub mod tools;
@@ -24,7 +26,7 @@ use crate::compact::{BudgetInputs, CompactionOutcome, SessionState, Trigger, com
 use crate::config::Live;
 use crate::history::{self, Message};
 use crate::journal::{
-    CompactionRecord, Entry, Journal, JournalError, ObjectStore, PersistedState, Undo,
+    Change, CompactionRecord, Journal, JournalError, ObjectStore, PersistedState, Undo,
 };
 use crate::metrics::Metrics;
 use crate::provider::deadline::Deadlined;
@@ -47,6 +49,10 @@ pub enum TurnError {
     Floor(String),
     #[error("the turn was not persisted, history unchanged: {0}")]
     Journal(JournalError),
+    /// The journal may hold the change: see the message (the outcome is settled before the
+    /// next write, and the history then follows the journal).
+    #[error("{0}")]
+    Unsettled(JournalError),
     #[error("{0}")]
     Fenced(JournalError),
     #[error("nothing to rewind: no compaction since the last rewind or restart checkpoint")]
@@ -71,6 +77,7 @@ impl TurnError {
             Self::Provider { .. } => "provider",
             Self::Floor(_) => "floor",
             Self::Journal(_) => "journal",
+            Self::Unsettled(_) => "journal_unknown",
             Self::Fenced(_) => "fenced",
             Self::NothingToRewind => "nothing_to_rewind",
             Self::Deadline(_) => "deadline",
@@ -84,6 +91,7 @@ impl From<JournalError> for TurnError {
     fn from(e: JournalError) -> Self {
         match e {
             JournalError::Fenced { .. } => Self::Fenced(e),
+            e if e.outcome_unknown() => Self::Unsettled(e),
             e => Self::Journal(e),
         }
     }
@@ -108,8 +116,6 @@ pub struct Session {
     pub namespace: String,
     pub name: String,
     history: Vec<Message>,
-    /// What the journal holds.
-    committed: Vec<Message>,
     state: SessionState,
     live: Arc<Live>,
     live_rx: watch::Receiver<Arc<Live>>,
@@ -122,8 +128,10 @@ pub struct Session {
     turns: u64,
     tokens: Usage,
     last_reply_at: Option<SystemTime>,
-    rewindable: Option<(u64, Undo)>,
     last_recovery: Option<LastRecovery>,
+    /// History length before the input of the turn that failed last, until the write it
+    /// left unsettled is settled (see [`Session::follow_journal`]).
+    failed_turn: Option<usize>,
     /// Fired at shutdown: a turn in flight stops (see [`Session::abort_handle`]).
     abort: CancellationToken,
     /// The session state changed without a history change (a reset learned cap): the next
@@ -162,7 +170,6 @@ impl Session {
         let s = Self {
             namespace: parts.namespace,
             name: parts.name,
-            committed: rebuilt.history.clone(),
             history: rebuilt.history,
             state,
             live,
@@ -180,8 +187,8 @@ impl Session {
                 cache_read_tokens: rebuilt.state.cache_read_tokens,
             },
             last_reply_at: None,
-            rewindable: rebuilt.rewindable,
             last_recovery: None,
+            failed_turn: None,
             abort: CancellationToken::new(),
             state_dirty: false,
             pending_notices: Vec::new(),
@@ -217,6 +224,12 @@ impl Session {
 
     pub fn journal_epoch(&self) -> u64 {
         self.journal.epoch()
+    }
+
+    /// False while a journal write's outcome is unknown or unconfirmed: the history is then
+    /// what the journal is known to hold, and the next operation settles it first.
+    pub fn journal_settled(&self) -> bool {
+        self.journal.settled()
     }
 
     /// Set once another agent took this session over: it must not run turns any more.
@@ -276,9 +289,10 @@ impl Session {
         if let Some(f) = self.journal.fenced() {
             return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
         }
+        self.settle().await?;
         let before = self.state.clone();
         let old = self.forget_payload_cap();
-        if let Err(e) = self.commit(Vec::new(), None, None).await {
+        if let Err(e) = self.commit(Vec::new(), None, false).await {
             self.state = before;
             return Err(e);
         }
@@ -291,48 +305,61 @@ impl Session {
         if messages.is_empty() {
             return Ok(());
         }
+        self.settle().await?;
         self.history.extend(messages);
-        self.commit(Vec::new(), None, None).await
+        self.commit(Vec::new(), None, false).await
     }
 
     /// Replaces the whole history (`run --history`), persisted at once.
     pub async fn replace_history(&mut self, messages: Vec<Message>) -> Result<(), TurnError> {
+        self.settle().await?;
         self.history = messages;
-        self.commit(Vec::new(), None, None).await
+        self.commit(Vec::new(), None, false).await
+    }
+
+    /// Settles a journal write whose outcome is not known yet (nothing else is written
+    /// before), and takes the history the journal turned out to hold. Called before every
+    /// operation that changes the history.
+    async fn settle(&mut self) -> Result<(), TurnError> {
+        if self.journal.settled() {
+            // Whatever a failed turn left is settled: its input, if written, stays out of
+            // memory until the next entry rewrites it away.
+            self.failed_turn = None;
+            return Ok(());
+        }
+        let result = self.journal.resolve().await;
+        self.follow_journal();
+        if self.journal.settled() {
+            self.failed_turn = None;
+        }
+        result.map_err(TurnError::from)
+    }
+
+    /// The history (and the turn count) become what the journal holds. The input of a
+    /// failed turn that the journal turned out to hold stays out of memory, as it does when
+    /// a turn fails after journaling its input: the next entry rewrites it away.
+    fn follow_journal(&mut self) {
+        self.history = self.journal.history().to_vec();
+        self.turns = self.journal.state().turns;
+        if let Some(n) = self.failed_turn
+            && self.history.len() > n
+            && self.history[n..]
+                .iter()
+                .all(|m| matches!(m.role, history::Role::User | history::Role::System))
+        {
+            self.history.truncate(n);
+        }
     }
 
     /// Persists the difference between the journal and the history as one entry. On failure
-    /// the history returns to what the journal holds.
+    /// the history is what the journal holds (for an unknown outcome: as far as is known).
     async fn commit(
         &mut self,
         compactions: Vec<CompactionRecord>,
         undo: Option<Undo>,
-        rewinds: Option<u64>,
+        rewinds: bool,
     ) -> Result<(), TurnError> {
-        let mut at = self
-            .committed
-            .iter()
-            .zip(&self.history)
-            .take_while(|(a, b)| a == b)
-            .count();
-        if at == self.committed.len()
-            && at == self.history.len()
-            && compactions.is_empty()
-            && undo.is_none()
-            && rewinds.is_none()
-            && !self.state_dirty
-        {
-            return Ok(());
-        }
-        if self.journal.checkpoint_due() {
-            at = 0;
-        }
-        let entry = Entry {
-            epoch: 0,
-            seq: 0,
-            holder: String::new(),
-            at,
-            messages: self.history[at..].to_vec(),
+        let change = Change {
             state: PersistedState::capture(
                 &self.state,
                 self.turns,
@@ -343,24 +370,20 @@ impl Session {
                 ],
             ),
             compactions,
-            undo: undo.clone(),
+            undo,
             rewinds,
+            persist_state: self.state_dirty,
         };
-        match self.journal.append(entry).await {
-            Ok(seq) => {
+        match self.journal.write(&self.history, change).await {
+            Ok(written) => {
                 self.state_dirty = false;
-                self.metrics.inc(
-                    "cairn_agent_journal_writes_total",
-                    &[("outcome", "ok")],
-                    1.0,
-                );
-                // The first `at` messages are equal already.
-                self.committed.truncate(at);
-                self.committed.extend_from_slice(&self.history[at..]);
-                if let Some(u) = undo {
-                    self.rewindable = Some((seq, u));
-                } else if rewinds.is_some() {
-                    self.rewindable = None;
+                if written.is_some() {
+                    self.failed_turn = None;
+                    self.metrics.inc(
+                        "cairn_agent_journal_writes_total",
+                        &[("outcome", "ok")],
+                        1.0,
+                    );
                 }
                 Ok(())
             }
@@ -370,7 +393,8 @@ impl Session {
                     &[("outcome", e.label())],
                     1.0,
                 );
-                self.history.clone_from(&self.committed);
+                self.history = self.journal.history().to_vec();
+                self.turns = self.journal.state().turns;
                 Err(e.into())
             }
         }
@@ -495,6 +519,7 @@ impl Session {
         if let Some(f) = self.journal.fenced() {
             return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
         }
+        self.settle().await?;
         self.refresh_live();
         let pre = self.history.clone();
         let abort = self.abort.clone();
@@ -506,13 +531,14 @@ impl Session {
                 return Err(TurnError::ShuttingDown);
             }
         };
-        let changed = self.history != pre;
-        let records = vec![record(&out)];
-        let undo = changed.then_some(Undo {
-            pre,
-            post_len: self.history.len(),
-        });
-        self.commit(records, undo, None).await?;
+        // A compaction that changed nothing writes nothing.
+        if self.history != pre {
+            let undo = Undo {
+                pre,
+                post_len: self.history.len(),
+            };
+            self.commit(vec![record(&out)], Some(undo), false).await?;
+        }
         self.publish_gauges();
         Ok(out)
     }
@@ -520,7 +546,8 @@ impl Session {
     /// `POST /v1/session/rewind`: undoes the last compaction — the history before it, plus
     /// every message added since.
     pub async fn rewind(&mut self) -> Result<usize, TurnError> {
-        let Some((seq, undo)) = self.rewindable.clone() else {
+        self.settle().await?;
+        let Some((_, undo)) = self.journal.rewindable().cloned() else {
             return Err(TurnError::NothingToRewind);
         };
         let tail = self
@@ -530,7 +557,7 @@ impl Session {
             .to_vec();
         self.history = undo.pre;
         self.history.extend(tail);
-        self.commit(Vec::new(), None, Some(seq)).await?;
+        self.commit(Vec::new(), None, true).await?;
         self.publish_gauges();
         Ok(self.history.len())
     }
@@ -540,7 +567,8 @@ impl Session {
         if self.journal.fenced().is_some() {
             return Ok(());
         }
-        self.commit(Vec::new(), None, None).await
+        self.settle().await?;
+        self.commit(Vec::new(), None, false).await
     }
 
     /// Counters for `status.session` and `GET /v1/session`.

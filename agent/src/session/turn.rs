@@ -16,7 +16,7 @@ use crate::compact::microcompact::microcompact;
 use crate::compact::pairing;
 use crate::compact::{Budget, BudgetInputs, Headroom, PassReport, SessionState, Trigger, budget};
 use crate::history::{self, Message, Role};
-use crate::journal::{CompactionRecord, Undo};
+use crate::journal::{CompactionRecord, JournalError, Undo};
 use crate::provider::{ChatRequest, ChatResponse, Delta, StopReason, Usage};
 use crate::recovery::{RecoveryContext, RecoveryError, escalate_output, recover};
 
@@ -187,9 +187,7 @@ impl Session {
     ) -> Result<TurnOutcome, TurnError> {
         validate(&input)?;
         if let Some(f) = self.journal.fenced() {
-            return Err(TurnError::Fenced(
-                crate::journal::JournalError::Unavailable(f.to_string()),
-            ));
+            return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
         }
         self.refresh_live();
         let span = tracing::info_span!("turn", namespace = %self.namespace, session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
@@ -238,12 +236,26 @@ impl Session {
         events: Option<TurnEvents>,
         provider_time: &mut Duration,
     ) -> Result<TurnOutcome, TurnError> {
+        // An earlier write whose outcome is unknown is settled first: the turn starts from
+        // what the journal holds.
+        self.settle().await?;
         self.state.begin_turn();
         // 1. The input is journaled before anything else happens to it.
         self.ensure_system_prompt();
         let pre_turn_len = self.history.len();
         self.history.extend(input);
-        self.commit(Vec::new(), None, None).await?;
+        match self.commit(Vec::new(), None, false).await {
+            Ok(()) => {}
+            // The input is in the journal; the claims check that confirms it is repeated
+            // before the reply is written, so the turn can go on.
+            Err(TurnError::Unsettled(JournalError::Unconfirmed(e))) => {
+                tracing::warn!(error = %e, "journal: the input is written but not confirmed yet");
+            }
+            Err(e) => {
+                self.fail_turn(pre_turn_len, &e);
+                return Err(e);
+            }
+        }
 
         let mut notices = Notices {
             list: Vec::new(),
@@ -275,12 +287,12 @@ impl Session {
                 let undo = changes.undo();
                 // 6. The reply and the compactions are journaled before the turn is answered.
                 match self
-                    .commit(std::mem::take(&mut changes.records), undo, None)
+                    .commit(std::mem::take(&mut changes.records), undo, false)
                     .await
                 {
                     Ok(()) => Ok(out),
                     Err(e) => {
-                        self.turns -= 1;
+                        // The turn count follows the journal (see `commit`).
                         self.state.tool_budget_halvings = halvings;
                         Err(e)
                     }
@@ -290,6 +302,7 @@ impl Session {
         };
         match result {
             Ok(mut out) => {
+                self.failed_turn = None;
                 self.last_reply_at = Some(SystemTime::now());
                 for n in &notices.list {
                     self.metrics
@@ -299,19 +312,38 @@ impl Session {
                 Ok(out)
             }
             Err(e) => {
-                // Back to the history before the input, in the journal too: a restart
-                // before the next entry would otherwise find a question without its answer
-                // (and the next turn would send two user messages in a row). When the
-                // journal itself failed, the next entry rewrites the input away.
-                self.history.clone_from(&self.committed);
-                self.history.truncate(pre_turn_len);
-                if !matches!(e, TurnError::Journal(_) | TurnError::Fenced(_))
-                    && self.commit(Vec::new(), None, None).await.is_err()
+                self.fail_turn(pre_turn_len, &e);
+                // Back to the history before the input in the journal too: a restart before
+                // the next entry would otherwise find a question without its answer (and the
+                // next turn would send two user messages in a row). When the journal itself
+                // failed, the next entry rewrites the input away.
+                if !matches!(
+                    e,
+                    TurnError::Journal(_) | TurnError::Unsettled(_) | TurnError::Fenced(_)
+                ) && self.commit(Vec::new(), None, false).await.is_err()
                 {
                     self.history.truncate(pre_turn_len);
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// Back to the history before the input; the journal may still hold the input, which the
+    /// next entry rewrites away. A reply the journal may hold stays: the history is then what
+    /// the journal holds, as far as is known, and is settled before the next turn.
+    fn fail_turn(&mut self, pre_turn_len: usize, e: &TurnError) {
+        self.history = self.journal.history().to_vec();
+        self.turns = self.journal.state().turns;
+        self.failed_turn = Some(pre_turn_len);
+        let reply_in_journal = matches!(e, TurnError::Unsettled(_))
+            && self.history.len() > pre_turn_len
+            && self
+                .history
+                .last()
+                .is_some_and(|m| m.role == Role::Assistant || m.role == Role::Tool);
+        if !reply_in_journal {
+            self.history.truncate(pre_turn_len);
         }
     }
 
