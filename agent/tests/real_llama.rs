@@ -373,7 +373,7 @@ async fn a_reply_cut_by_a_full_context_is_reported() {
     let agent = AgentProcess::start(&cfg, &storage_env(&data, None), &data.join("agent.log"));
     let api = patient(&agent);
     let mut seen = false;
-    for attempt in 0..4 {
+    for attempt in 0..6 {
         let (status, body) = api
             .post(
                 "/v1/responses",
