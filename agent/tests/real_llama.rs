@@ -127,7 +127,9 @@ async fn drive(server: &LlamaServer, dir: &Path, run: &Run) {
         config_with(run.kind, &base, run.window, run.summaries),
     )
     .expect("config");
-    let env = storage_env(&data, None);
+    let mut env = storage_env(&data, None);
+    // llama-server wants no key; cairn's Anthropic client insists on one.
+    env.push(("ANTHROPIC_API_KEY".into(), "sk-none".into()));
     let agent = AgentProcess::start(&cfg, &env, &data.join("agent.log"));
     let api = patient(&agent);
     let mut first_overflow = None;
@@ -237,6 +239,10 @@ fn matrix(ctx: u64) -> Vec<(&'static str, Option<u64>)> {
         } else {
             runs.extend([(kind, None), (kind, Some(ctx))]);
         }
+    }
+    // `CAIRN_LLAMA_KINDS=anthropic,openai-responses` narrows a local rerun.
+    if let Ok(only) = std::env::var("CAIRN_LLAMA_KINDS") {
+        runs.retain(|(k, _)| only.split(',').any(|o| o.trim() == *k));
     }
     runs
 }
