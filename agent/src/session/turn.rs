@@ -1,4 +1,4 @@
-//! One turn (DESIGN.md §3 "One turn"): journal the input → cheap passes → pre-flight →
+//! One turn (docs/architecture.md §3 "One turn"): journal the input → cheap passes → pre-flight →
 //! compaction ladder → send → classify → recovery ladder / output-token escalation → run
 //! built-in tool calls and send again (bounded, with a stagnation guard) → journal.
 
