@@ -2,14 +2,13 @@
 //! kube-controller-manager, kube-scheduler and kwok (fake nodes whose pods kwok marks
 //! Running), built from Go modules by `tests/harness/build-control-plane.sh` and cached.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use super::pki::Pki;
 use super::proc::{Proc, free_port, wait_until};
-use super::{HarnessError, repo_root};
+use super::{HarnessError, built_paths};
 
 /// Paths of the control-plane binaries.
 #[derive(Debug, Clone)]
@@ -27,27 +26,8 @@ pub struct Binaries {
 impl Binaries {
     /// Builds what is missing (first run: minutes) and returns the cached paths.
     pub fn ensure() -> Result<Self, HarnessError> {
-        let script = repo_root().join("tests/harness/build-control-plane.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .map_err(|e| HarnessError::io(format!("running {}", script.display()), e))?;
-        if !out.status.success() {
-            return Err(HarnessError::Setup(format!(
-                "building the control plane failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )));
-        }
-        let paths: BTreeMap<String, PathBuf> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), PathBuf::from(v)))
-            .collect();
-        let get = |k: &str| {
-            paths.get(k).cloned().ok_or_else(|| {
-                HarnessError::Setup(format!("build-control-plane.sh did not report {k}"))
-            })
-        };
+        let built = built_paths("build-control-plane.sh")?;
+        let get = |k: &str| built.get(k);
         Ok(Self {
             etcd: get("etcd")?,
             kwok_stages: get("kwok-stages")?,

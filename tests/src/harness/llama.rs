@@ -6,7 +6,6 @@
 //! [`RecordingProxy`] sits in front of it and keeps the SHA-256 of every request body, so a
 //! test can prove that no request was ever resent unchanged.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -19,8 +18,8 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
 use super::HarnessError;
+use super::built_paths;
 use super::proc::{Proc, free_port, wait_until};
-use super::repo_root;
 
 /// The built server and the model file.
 #[derive(Clone, Debug)]
@@ -32,27 +31,8 @@ pub struct LlamaBinaries {
 impl LlamaBinaries {
     /// Builds what is missing (first run: about 5 minutes of cmake) and returns the paths.
     pub fn ensure() -> Result<Self, HarnessError> {
-        let script = repo_root().join("tests/harness/build-llama-server.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .map_err(|e| HarnessError::io(format!("running {}", script.display()), e))?;
-        if !out.status.success() {
-            return Err(HarnessError::Setup(format!(
-                "building llama-server failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )));
-        }
-        let paths: BTreeMap<String, PathBuf> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), PathBuf::from(v)))
-            .collect();
-        let get = |k: &str| {
-            paths.get(k).cloned().ok_or_else(|| {
-                HarnessError::Setup(format!("build-llama-server.sh did not report {k}"))
-            })
-        };
+        let built = built_paths("build-llama-server.sh")?;
+        let get = |k: &str| built.get(k);
         Ok(Self {
             server: get("llama-server")?,
             model: get("model")?,

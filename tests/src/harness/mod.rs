@@ -55,6 +55,46 @@ impl HarnessError {
 }
 
 /// The repository root.
+/// Runs one of the `tests/harness/build-*.sh` scripts (they build what is missing and cache
+/// it) and returns the `name=path` lines it prints.
+pub fn built_paths(script: &str) -> Result<BuiltPaths, HarnessError> {
+    let path = repo_root().join("tests/harness").join(script);
+    let out = std::process::Command::new("bash")
+        .arg(&path)
+        .output()
+        .map_err(|e| HarnessError::io(format!("running {}", path.display()), e))?;
+    if !out.status.success() {
+        return Err(HarnessError::Setup(format!(
+            "{script} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let paths = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), PathBuf::from(v)))
+        .collect();
+    Ok(BuiltPaths {
+        script: script.to_string(),
+        paths,
+    })
+}
+
+/// What a build script reported.
+pub struct BuiltPaths {
+    script: String,
+    paths: std::collections::BTreeMap<String, PathBuf>,
+}
+
+impl BuiltPaths {
+    pub fn get(&self, name: &str) -> Result<PathBuf, HarnessError> {
+        self.paths
+            .get(name)
+            .cloned()
+            .ok_or_else(|| HarnessError::Setup(format!("{} did not report {name}", self.script)))
+    }
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
