@@ -217,9 +217,12 @@ fn tail(log: &str) -> String {
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
-fn logs_dir(name: &str) -> tempfile::TempDir {
-    let _ = name;
+fn logs_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
+}
+
+fn full_matrix() -> bool {
+    std::env::var("CAIRN_LLAMA_FULL_MATRIX").is_ok_and(|v| v == "1")
 }
 
 const TURNS: usize = 30;
@@ -229,7 +232,7 @@ const TURNS: usize = 30;
 /// 32,768 tokens: too high) and set right. `CAIRN_LLAMA_FULL_MATRIX=1` adds the explicit
 /// 32,768 for them too.
 fn matrix(ctx: u64) -> Vec<(&'static str, Option<u64>)> {
-    let full = std::env::var("CAIRN_LLAMA_FULL_MATRIX").is_ok_and(|v| v == "1");
+    let full = full_matrix();
     let windows = [None, Some(32_768), Some(ctx)];
     let mut runs: Vec<(&'static str, Option<u64>)> =
         windows.iter().map(|w| ("openai-compatible", *w)).collect();
@@ -247,48 +250,34 @@ fn matrix(ctx: u64) -> Vec<(&'static str, Option<u64>)> {
     runs
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn served_sessions_converge_on_a_2048_token_server() {
+/// Every run of `runs` against one server of `ctx` tokens; the first one with summaries.
+async fn converge_on(ctx: u32, runs: Vec<(&'static str, Option<u64>)>) {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let dir = logs_dir("2048");
-    let server = LlamaServer::start(dir.path(), 2_048).expect("llama-server");
-    for (i, (kind, window)) in matrix(2_048).into_iter().enumerate() {
-        drive(
-            &server,
-            dir.path(),
-            &Run {
-                kind,
-                window,
-                turns: TURNS,
-                summaries: i == 0,
-            },
-        )
-        .await;
+    let dir = logs_dir();
+    let server = LlamaServer::start(dir.path(), ctx).expect("llama-server");
+    for (i, (kind, window)) in runs.into_iter().enumerate() {
+        let run = Run {
+            kind,
+            window,
+            turns: TURNS,
+            summaries: i == 0,
+        };
+        drive(&server, dir.path(), &run).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_sessions_converge_on_a_2048_token_server() {
+    converge_on(2_048, matrix(2_048)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_sessions_converge_on_a_1024_token_server() {
-    let _turn = ONE_AT_A_TIME.lock().await;
-    let dir = logs_dir("1024");
-    let server = LlamaServer::start(dir.path(), 1_024).expect("llama-server");
-    let full = std::env::var("CAIRN_LLAMA_FULL_MATRIX").is_ok_and(|v| v == "1");
-    let runs = matrix(1_024)
-        .into_iter()
-        .filter(|(k, _)| *k == "openai-compatible" || full);
-    for (i, (kind, window)) in runs.enumerate() {
-        drive(
-            &server,
-            dir.path(),
-            &Run {
-                kind,
-                window,
-                turns: TURNS,
-                summaries: i == 0,
-            },
-        )
-        .await;
+    let mut runs = matrix(1_024);
+    if !full_matrix() {
+        runs.retain(|(k, _)| *k == "openai-compatible");
     }
+    converge_on(1_024, runs).await;
 }
 
 /// `cairn-agent run` with a 41 KB history of logs and tool round trips: one overflow, then
@@ -296,7 +285,7 @@ async fn served_sessions_converge_on_a_1024_token_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_recovers_a_41kb_history_at_the_first_attempt() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let dir = logs_dir("run");
+    let dir = logs_dir();
     let server = LlamaServer::start(dir.path(), 2_048).expect("llama-server");
     let proxy = RecordingProxy::start(&server.url).await.expect("proxy");
     let data = dir.path().join("run");
@@ -365,7 +354,7 @@ async fn run_recovers_a_41kb_history_at_the_first_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_cut_by_a_full_context_is_reported() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let dir = logs_dir("full");
+    let dir = logs_dir();
     // A small context fills within a few hundred generated tokens.
     let server = LlamaServer::start(dir.path(), 512).expect("llama-server");
     let proxy = RecordingProxy::start(&server.url).await.expect("proxy");
