@@ -33,7 +33,8 @@ pub struct SessionState {
     pub consecutive_failures: u32,
     /// Upcoming compactions that go straight from level 1 to level 3.
     pub skip_level2: u32,
-    /// How often recovery halved the tool-result budgets.
+    /// Tool-result budget halvings restored from a journal of an older agent (recovery aims
+    /// at a target now and halves nothing); cleared by the next successful turn.
     pub tool_budget_halvings: u32,
     /// The payload-limit guidance is in the history already (never stacked).
     pub payload_notice_injected: bool,

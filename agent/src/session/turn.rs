@@ -281,8 +281,8 @@ impl Session {
         let result = match rounds {
             Ok(out) => {
                 self.turns += 1;
-                // Recovery halves the tool-result budgets for the retry; once a turn went
-                // through they are whole again (they would otherwise ratchet down to 1/8).
+                // Recovery no longer halves the tool-result budgets, but a journal written by
+                // an older agent may carry halvings: once a turn went through they are whole.
                 let halvings = std::mem::take(&mut self.state.tool_budget_halvings);
                 let undo = changes.undo();
                 // 6. The reply and the compactions are journaled before the turn is answered.
