@@ -333,6 +333,9 @@ impl ObjectStore for S3Objects {
 pub struct PersistedState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learned_payload_cap: Option<u64>,
+    /// The configured `spec.payloadCap` (`none` or bytes) the learned cap belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_cap_basis: Option<String>,
     #[serde(default)]
     pub payload_notice_injected: bool,
     #[serde(default)]
@@ -371,6 +374,7 @@ impl PersistedState {
     pub fn capture(state: &SessionState, turns: u64, tokens: [u64; 3]) -> Self {
         Self {
             learned_payload_cap: state.learned_payload_cap,
+            payload_cap_basis: state.payload_cap_basis.clone(),
             payload_notice_injected: state.payload_notice_injected,
             large_history_warned: state.large_history_warned,
             consecutive_failures: state.consecutive_failures,
@@ -392,6 +396,7 @@ impl PersistedState {
 
     pub fn restore_into(&self, state: &mut SessionState) {
         state.learned_payload_cap = self.learned_payload_cap;
+        state.payload_cap_basis = self.payload_cap_basis.clone();
         state.payload_notice_injected = self.payload_notice_injected;
         state.large_history_warned = self.large_history_warned;
         state.consecutive_failures = self.consecutive_failures;

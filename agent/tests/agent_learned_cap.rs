@@ -127,6 +127,51 @@ async fn recovery_budgets_come_back_and_a_changed_spec_cap_resets_the_learned_on
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_cap_changed_while_the_agent_was_down_resets_the_learned_one() {
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = storage_env(dir.path(), None);
+    let base_url = format!("{}/v1", sim.url());
+    let mut s = build_session(&config_yaml("down", &base_url, 100_000, ""), &env, "a")
+        .await
+        .session;
+    sim.push_fault(rejected());
+    sim.push_reply(ScriptedReply::text("recovered"));
+    s.turn(vec![Message::user(big_question("t1"))])
+        .await
+        .expect("recovered turn");
+    let learned = s.stats().learned_payload_cap.expect("a cap was learned");
+    drop(s);
+
+    // The same setting at the restart: the learned cap stays.
+    let s = build_session(&config_yaml("down", &base_url, 100_000, ""), &env, "b")
+        .await
+        .session;
+    assert_eq!(s.stats().learned_payload_cap, Some(learned));
+    drop(s);
+
+    // The platform team set spec.payloadCap while no agent ran.
+    let yaml = config_yaml("down", &base_url, 100_000, "payloadCap: 1MB\n");
+    let mut s = build_session(&yaml, &env, "c").await.session;
+    assert_eq!(
+        s.stats().learned_payload_cap,
+        None,
+        "the cap of {learned} bytes learned under the old setting survived the restart"
+    );
+    sim.push_reply(ScriptedReply::text("next"));
+    let out = s.turn(vec![Message::user("next")]).await.expect("turn");
+    assert!(
+        out.notices
+            .iter()
+            .any(|n| n.kind == "learned_cap" && n.message.contains("reset")),
+        "the reset is told with the next turn: {out:?}"
+    );
+    drop(s);
+    let s = build_session(&yaml, &env, "d").await.session;
+    assert_eq!(s.stats().learned_payload_cap, None, "the reset is journaled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_learned_cap_is_reset_through_the_api_and_the_cli() {
     let sim = Sim::start().await.expect("sim");
     let dir = tempfile::tempdir().expect("tempdir");

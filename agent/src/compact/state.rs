@@ -17,8 +17,11 @@ pub const MAX_TOOL_BUDGET_HALVINGS: u32 = 3;
 pub struct SessionState {
     /// Calibrated characters per token.
     pub chars_per_token: CharsPerToken,
-    /// Byte cap learned from a payload rejection; only ever tightens.
+    /// Byte cap learned from a payload rejection; only ever tightens, and is forgotten when
+    /// `spec.payloadCap` changes.
     pub learned_payload_cap: Option<u64>,
+    /// The configured payload cap (`none` or bytes) the learned cap was learned under.
+    pub payload_cap_basis: Option<String>,
     /// Context window a server named in an overflow error (or filled during generation);
     /// only ever tightens, and is forgotten when the configured window or the model changes.
     pub learned_window: Option<u64>,
@@ -97,6 +100,24 @@ impl SessionState {
         had
     }
 
+    /// Forgets a learned payload cap that was learned under another configured cap (the
+    /// platform team's new number is the evidence now). Returns the cap forgotten.
+    pub fn rebase_payload_cap(&mut self, configured: Option<u64>) -> Option<u64> {
+        let basis = payload_cap_basis(configured);
+        if self.payload_cap_basis.as_deref() == Some(basis.as_str()) {
+            return None;
+        }
+        // A journal of an older agent names no basis: its cap is kept under the current one.
+        let known = self.payload_cap_basis.is_some();
+        self.payload_cap_basis = Some(basis);
+        if known {
+            self.payload_notice_injected = false;
+            self.learned_payload_cap.take()
+        } else {
+            None
+        }
+    }
+
     /// The window requests must fit: the configured one, or the tighter one a server named.
     pub fn effective_window(&self, configured: u64) -> u64 {
         self.learned_window
@@ -129,6 +150,11 @@ impl SessionState {
     }
 }
 
+/// What a learned payload cap belongs to: the configured cap, or `none`.
+fn payload_cap_basis(configured: Option<u64>) -> String {
+    configured.map_or_else(|| "none".to_owned(), |c| c.to_string())
+}
+
 /// Per-request tool-result limits, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ToolResultLimits {
@@ -159,5 +185,29 @@ mod tests {
         s.learn_window(2_048);
         assert!(s.rebase_window("other@65536"), "the model changed");
         assert_eq!(s.effective_window(65_536), 65_536);
+    }
+
+    #[test]
+    fn a_learned_cap_is_forgotten_when_the_configured_cap_changes() {
+        let mut s = SessionState::new();
+        assert_eq!(s.rebase_payload_cap(None), None, "first basis: nothing to forget");
+        s.learn_payload_cap(1_000);
+        s.payload_notice_injected = true;
+        assert_eq!(s.rebase_payload_cap(None), None, "same basis: kept");
+        assert_eq!(s.learned_payload_cap, Some(1_000));
+        assert_eq!(s.rebase_payload_cap(Some(2_000_000)), Some(1_000));
+        assert_eq!(s.learned_payload_cap, None);
+        assert!(!s.payload_notice_injected, "the guidance may be given again");
+        s.learn_payload_cap(900);
+        assert_eq!(s.rebase_payload_cap(None), Some(900), "unset is a change too");
+    }
+
+    #[test]
+    fn a_cap_restored_without_a_basis_is_kept() {
+        let mut s = SessionState::new();
+        s.learn_payload_cap(1_000);
+        assert_eq!(s.rebase_payload_cap(Some(5_000)), None);
+        assert_eq!(s.learned_payload_cap, Some(1_000));
+        assert_eq!(s.rebase_payload_cap(Some(6_000)), Some(1_000));
     }
 }

@@ -157,6 +157,12 @@ impl Session {
                 "the learned context window belonged to another model or configured window; forgotten"
             );
         }
+        let mut pending_notices = Vec::new();
+        if let Some(old) = state.rebase_payload_cap(live.payload_cap) {
+            tracing::info!(learned = old, "spec.payloadCap changed while the agent was down; learned payload cap reset");
+            pending_notices.push(cap_reset_notice(old));
+        }
+        let state_dirty = !pending_notices.is_empty();
         // Every provider call of the session (replies and summaries) has a total deadline.
         let policy_rx = live_rx.clone();
         let provider: Arc<dyn Provider> = Arc::new(Deadlined::new(
@@ -190,8 +196,8 @@ impl Session {
             last_recovery: None,
             failed_turn: None,
             abort: CancellationToken::new(),
-            state_dirty: false,
-            pending_notices: Vec::new(),
+            state_dirty,
+            pending_notices,
             archive_check: Arc::default(),
         };
         s.publish_gauges();
@@ -260,15 +266,12 @@ impl Session {
                     "the model or the configured context window changed; the learned window is forgotten"
                 );
             }
-            if next.payload_cap != self.live.payload_cap
-                && let Some(old) = self.forget_payload_cap()
-            {
-                // A cap learned under the old setting may have been an artefact of the old
-                // network path; the platform team's new number is the evidence now.
-                self.pending_notices.push((
-                    "learned_cap",
-                    format!("spec.payloadCap changed: the learned cap of {old} bytes was reset"),
-                ));
+            // A cap learned under the old setting may have been an artefact of the old
+            // network path; the platform team's new number is the evidence now.
+            if let Some(old) = self.state.rebase_payload_cap(next.payload_cap) {
+                self.state_dirty = true;
+                tracing::info!(learned = old, "learned payload cap reset");
+                self.pending_notices.push(cap_reset_notice(old));
             }
             self.live = next;
         }
@@ -623,6 +626,13 @@ impl Session {
         self.metrics
             .set("cairn_agent_bytes_per_token", &[], s.bytes_per_token);
     }
+}
+
+fn cap_reset_notice(old: u64) -> (&'static str, String) {
+    (
+        "learned_cap",
+        format!("spec.payloadCap changed: the learned cap of {old} bytes was reset"),
+    )
 }
 
 /// What a learned window belongs to: the model and the configured window. A change of
