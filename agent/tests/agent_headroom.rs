@@ -1,7 +1,8 @@
 //! The headroom tiers do what the CRD says: at or below `blockingBufferTokens` a request is
 //! never sent (compact first, no matter what — circuit breaker open or not — and refuse when
 //! that cannot make room); at or below `warningBufferTokens` a turn carries a `warning`
-//! notice and `cairn_agent_headroom_warnings_total` counts it.
+//! notice and `cairn_agent_headroom_warnings_total` counts it, and `status.session.headroom`
+//! reports the tier for the operator's condition and Event.
 
 mod agent_support;
 
@@ -85,4 +86,24 @@ async fn the_warning_tier_gives_a_notice_and_counts_it() {
             .any(|l| l.starts_with("cairn_agent_headroom_warnings_total") && l.ends_with(" 1")),
         "{metrics}"
     );
+    // status.session carries the tier; the operator's ContextHeadroom condition and its
+    // Warning Event follow it.
+    let h = s.stats().headroom.expect("headroom reported");
+    assert_eq!(h.tier, "Warning", "{h:?}");
+    assert!(h.tokens_left > 2_000 && h.tokens_left <= 4_000, "{h:?}");
+    assert_eq!(h.warning_buffer_tokens, 4_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plenty_of_headroom_is_reported_as_ok() {
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = session(&sim, dir.path(), 1_000).await;
+    sim.push_reply(ScriptedReply::text("fine"));
+    s.turn(vec![Message::user("a question")])
+        .await
+        .expect("turn");
+    let h = s.stats().headroom.expect("headroom reported");
+    assert_eq!(h.tier, "Ok", "{h:?}");
+    assert!(h.tokens_left > 4_000, "{h:?}");
 }

@@ -168,7 +168,11 @@ async fn a_spec_cap_changed_while_the_agent_was_down_resets_the_learned_one() {
     );
     drop(s);
     let s = build_session(&yaml, &env, "d").await.session;
-    assert_eq!(s.stats().learned_payload_cap, None, "the reset is journaled");
+    assert_eq!(
+        s.stats().learned_payload_cap,
+        None,
+        "the reset is journaled"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -423,6 +423,24 @@ pub struct SessionStats {
     /// Token usage reported by the provider.
     #[serde(default)]
     pub tokens: TokenStats,
+    /// Where the context headroom of the next request stands against the policy's buffers
+    /// (the operator's ContextHeadroom condition and its Events follow it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headroom: Option<HeadroomReport>,
+}
+
+/// The headroom the next request would leave in the context window.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeadroomReport {
+    /// Ok, Warning (at or below autoCompact.warningBufferTokens), AutoCompact (at or below
+    /// bufferTokens: the next turn compacts first) or Blocking (at or below
+    /// blockingBufferTokens: nothing is sent before compacting).
+    pub tier: String,
+    /// Estimated tokens left in the effective context window.
+    pub tokens_left: i64,
+    /// The policy's warning buffer, in tokens (after scaling to small windows).
+    pub warning_buffer_tokens: u64,
 }
 
 /// A check that the archive answers: a probe object written, read back and deleted with

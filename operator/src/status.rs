@@ -9,6 +9,7 @@ use cairn_crds::{AgentSessionStatus, Phase};
 pub const READY: &str = "Ready";
 pub const POLICY_RESOLVED: &str = "PolicyResolved";
 pub const ARCHIVE_READY: &str = "ArchiveReady";
+pub const CONTEXT_HEADROOM: &str = "ContextHeadroom";
 
 /// A reason (CamelCase, stable) and a human message, for a condition or an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,6 +110,12 @@ pub fn desired(
         Err(p) => (FALSE, p.clone()),
     };
 
+    // The agent's report of the next request's headroom; absent until an agent reported.
+    let headroom_cond = prev
+        .and_then(|s| s.session.as_ref())
+        .and_then(|s| s.headroom.as_ref())
+        .map(|h| (CONTEXT_HEADROOM, headroom_status(h)));
+
     let prev_conditions = prev.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let conditions = [
         (READY, bool_status(ready_cond.0), ready_cond.1),
@@ -116,6 +123,7 @@ pub fn desired(
         (ARCHIVE_READY, archive_cond.0, archive_cond.1),
     ]
     .into_iter()
+    .chain(headroom_cond.map(|(kind, (status, p))| (kind, status, p)))
     .map(|(kind, status, p)| condition(prev_conditions, kind, status, p, obs.generation, now))
     .collect();
 
@@ -186,6 +194,34 @@ fn archive_answered(
             ),
         ),
     }
+}
+
+/// The message names no token count, so a turn that moves the figure rewrites nothing.
+/// ContextHeadroom: True while the next request leaves more than the policy's warning
+/// buffer; False (a Warning Event when it turns) at or below it, the CRD's `warning` tier.
+fn headroom_status(h: &cairn_crds::session::HeadroomReport) -> (&'static str, Problem) {
+    if h.tier == "Ok" {
+        return (
+            TRUE,
+            Problem::new(
+                "HeadroomSufficient",
+                format!(
+                    "the next request leaves more than autoCompact.warningBufferTokens ({}) tokens of context headroom",
+                    h.warning_buffer_tokens
+                ),
+            ),
+        );
+    }
+    (
+        FALSE,
+        Problem::new(
+            "HeadroomLow",
+            format!(
+                "the next request leaves no more than autoCompact.warningBufferTokens ({}) tokens of context headroom (tier {}; status.session.headroom has the figure): the history will be compacted soon",
+                h.warning_buffer_tokens, h.tier
+            ),
+        ),
+    )
 }
 
 fn condition(

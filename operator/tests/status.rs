@@ -421,3 +421,82 @@ fn secret_changes_map_to_the_sessions_that_read_them() {
         "every session of the namespace reads the OTLP headers"
     );
 }
+
+/// The status after the agent reported the next request's headroom tier.
+fn with_headroom(prev: &AgentSessionStatus, tier: &str, left: i64) -> AgentSessionStatus {
+    let mut s = prev.clone();
+    s.session = Some(
+        serde_json::from_value(serde_json::json!({
+            "turns": 3,
+            "headroom": {"tier": tier, "tokensLeft": left, "warningBufferTokens": 20000}
+        }))
+        .expect("session stats"),
+    );
+    s
+}
+
+#[test]
+fn the_warning_headroom_tier_is_a_condition_and_a_warning_event_on_the_way_down() {
+    let start = status::desired(None, &observed(), &at(0));
+    assert!(
+        start
+            .conditions
+            .iter()
+            .all(|c| c.type_ != status::CONTEXT_HEADROOM),
+        "no condition before the agent reported"
+    );
+    let ok = status::desired(
+        Some(&with_headroom(&start, "Ok", 90_000)),
+        &observed(),
+        &at(1),
+    );
+    let c = condition(&ok, status::CONTEXT_HEADROOM);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "HeadroomSufficient")
+    );
+    assert!(
+        status::transitions(Some(&start), &ok).is_empty(),
+        "headroom that starts out fine is not news"
+    );
+
+    let low_seen = with_headroom(&ok, "Warning", 15_000);
+    let low = status::desired(Some(&low_seen), &observed(), &at(2));
+    let c = condition(&low, status::CONTEXT_HEADROOM);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "HeadroomLow")
+    );
+    assert!(
+        c.message.contains("warningBufferTokens (20000)"),
+        "{}",
+        c.message
+    );
+    let t = status::transitions(Some(&ok), &low);
+    assert!(
+        t.iter().any(|t| t.reason == "HeadroomLow" && t.warning),
+        "dropping into the warning tier is a Warning Event: {t:?}"
+    );
+
+    // A turn that moves the figure but not the tier changes nothing the operator writes.
+    let lower = status::desired(
+        Some(&with_headroom(&low, "Warning", 14_000)),
+        &observed(),
+        &at(3),
+    );
+    assert_eq!(status::operator_part(&lower), status::operator_part(&low));
+    assert!(status::transitions(Some(&low), &lower).is_empty());
+
+    // Compacted: the condition turns back, said once, as a Normal Event.
+    let back = status::desired(
+        Some(&with_headroom(&lower, "Ok", 80_000)),
+        &observed(),
+        &at(4),
+    );
+    let t = status::transitions(Some(&lower), &back);
+    assert!(
+        t.iter()
+            .any(|t| t.reason == "HeadroomSufficient" && !t.warning),
+        "{t:?}"
+    );
+}

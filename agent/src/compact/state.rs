@@ -190,16 +190,27 @@ mod tests {
     #[test]
     fn a_learned_cap_is_forgotten_when_the_configured_cap_changes() {
         let mut s = SessionState::new();
-        assert_eq!(s.rebase_payload_cap(None), None, "first basis: nothing to forget");
+        assert_eq!(
+            s.rebase_payload_cap(None),
+            None,
+            "first basis: nothing to forget"
+        );
         s.learn_payload_cap(1_000);
         s.payload_notice_injected = true;
         assert_eq!(s.rebase_payload_cap(None), None, "same basis: kept");
         assert_eq!(s.learned_payload_cap, Some(1_000));
         assert_eq!(s.rebase_payload_cap(Some(2_000_000)), Some(1_000));
         assert_eq!(s.learned_payload_cap, None);
-        assert!(!s.payload_notice_injected, "the guidance may be given again");
+        assert!(
+            !s.payload_notice_injected,
+            "the guidance may be given again"
+        );
         s.learn_payload_cap(900);
-        assert_eq!(s.rebase_payload_cap(None), Some(900), "unset is a change too");
+        assert_eq!(
+            s.rebase_payload_cap(None),
+            Some(900),
+            "unset is a change too"
+        );
     }
 
     #[test]

@@ -89,6 +89,16 @@ impl Headroom {
         (level, left)
     }
 
+    /// The tier's name in `status.session.headroom`.
+    pub fn status_name(self) -> &'static str {
+        match self {
+            Self::Ok => "Ok",
+            Self::Warning => "Warning",
+            Self::AutoCompact => "AutoCompact",
+            Self::Blocking => "Blocking",
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Self::Ok => "ok",

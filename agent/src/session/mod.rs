@@ -14,7 +14,7 @@ mod turn;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use cairn_crds::session::{ArchiveCheck, LastRecovery, SessionStats, TokenStats};
+use cairn_crds::session::{ArchiveCheck, HeadroomReport, LastRecovery, SessionStats, TokenStats};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -22,6 +22,7 @@ use tracing::Instrument;
 use crate::ccr::Store;
 use crate::ccr::stats::{ArchiveCounters, CompressionCounters};
 use crate::compact::ladder::LadderContext;
+use crate::compact::window::{Buffers, Headroom};
 use crate::compact::{BudgetInputs, CompactionOutcome, SessionState, Trigger, compact};
 use crate::config::Live;
 use crate::history::{self, Message};
@@ -159,7 +160,10 @@ impl Session {
         }
         let mut pending_notices = Vec::new();
         if let Some(old) = state.rebase_payload_cap(live.payload_cap) {
-            tracing::info!(learned = old, "spec.payloadCap changed while the agent was down; learned payload cap reset");
+            tracing::info!(
+                learned = old,
+                "spec.payloadCap changed while the agent was down; learned payload cap reset"
+            );
             pending_notices.push(cap_reset_notice(old));
         }
         let state_dirty = !pending_notices.is_empty();
@@ -604,6 +608,20 @@ impl Session {
                 output: self.tokens.output_tokens,
                 cache_read: self.tokens.cache_read_tokens,
             },
+            headroom: Some(self.headroom()),
+        }
+    }
+
+    /// The headroom the next request would leave, by the policy's tiers.
+    fn headroom(&self) -> HeadroomReport {
+        let inputs = self.budget_inputs();
+        let request_bytes = history::weight(&self.history) + inputs.reserve_bytes;
+        let policy = &self.live.policy;
+        let (tier, left) = Headroom::of(request_bytes, &inputs, policy, &self.state);
+        HeadroomReport {
+            tier: tier.status_name().to_owned(),
+            tokens_left: left,
+            warning_buffer_tokens: Buffers::of(inputs.context_window, policy).warning,
         }
     }
 
