@@ -53,8 +53,11 @@
 //! The next entry is a checkpoint when the live journal (the chain's checkpoint and the
 //! deltas since) would otherwise exceed 1.5 checkpoints plus [`CHECKPOINT_SLACK`]; once a
 //! checkpoint is confirmed, every entry before it is deleted. A checkpoint carries the undo
-//! record of the last compaction, so rewind survives the collection. The journal therefore
-//! stays within 1.5 × (history + what a rewind would bring back) + a constant.
+//! record of the last compaction, so rewind survives the collection. With the session's
+//! archive ([`Journal::open_archiving`]) an undo record names an archived segment of the
+//! messages the compaction replaced instead of holding them, so the journal stays within
+//! 1.5 × the history + a constant; without one, within 1.5 × (history + what a rewind would
+//! bring back) + a constant.
 
 use std::collections::BTreeMap;
 use std::ops::Bound::{Excluded, Unbounded};
@@ -67,7 +70,9 @@ use aws_sdk_s3::error::DisplayErrorContext;
 use aws_sdk_s3::primitives::ByteStream;
 use serde::{Deserialize, Serialize};
 
+use crate::ccr::{Key, Store};
 use crate::compact::SessionState;
+use crate::compact::archive::{parse_segment, segment_text};
 use crate::history::Message;
 
 /// Entries on a chain after which the next one is a checkpoint whatever the sizes, so a
@@ -441,6 +446,8 @@ pub struct Undo {
 /// An [`Undo`] as an entry stores it: the pre-compaction history as a splice of the entry's
 /// own history up to `post_len` — its first `keep` messages, then `pre`, then its messages
 /// `tail[0]..tail[1]`. (Entries written before splicing was introduced hold `pre` whole.)
+/// When the journal has an archive, the messages of `pre` are archived as a segment and the
+/// entry names its key instead ([`ArchivedUndo`]).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct StoredUndo {
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -448,9 +455,26 @@ pub struct StoredUndo {
     #[serde(default)]
     pub pre: Vec<Message>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archived: Option<ArchivedUndo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tail: Option<[usize; 2]>,
     pub post_len: usize,
 }
+
+/// The replaced messages of an undo, archived as one segment (see `compact::archive`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct ArchivedUndo {
+    /// Archive key of the segment.
+    pub key: String,
+    /// Messages in the segment.
+    pub messages: usize,
+    /// Serialized size of those messages.
+    pub bytes: u64,
+}
+
+/// Replaced messages of an undo weighing at least this much are archived rather than kept in
+/// the journal's entries (smaller ones cost less inline than a key and a round trip).
+pub const UNDO_ARCHIVE_MIN_BYTES: u64 = 4 * 1024;
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
@@ -563,17 +587,100 @@ fn encode_undo(undo: &Undo, post: &[Message]) -> StoredUndo {
     StoredUndo {
         keep,
         pre: undo.pre[range].to_vec(),
+        archived: None,
         tail,
         post_len: undo.post_len,
     }
 }
 
 fn decode_undo(stored: StoredUndo, post: &[Message]) -> Result<Undo, String> {
+    if stored.archived.is_some() {
+        return Err("the replaced messages are archived, not inline".into());
+    }
     let base = &post[..stored.post_len.min(post.len())];
     Ok(Undo {
         pre: splice(base, stored.keep, &stored.pre, stored.tail)?,
         post_len: stored.post_len,
     })
+}
+
+/// [`encode_undo`] for a checkpoint that carries the rewind target on: the archived segment
+/// of `known` when the splice is still the same one (the history up to `post_len` did not
+/// change), else the messages inline.
+fn carry_undo(undo: &Undo, post: &[Message], known: Option<&StoredUndo>) -> StoredUndo {
+    let inline = encode_undo(undo, post);
+    match known {
+        Some(
+            k @ StoredUndo {
+                archived: Some(a), ..
+            },
+        ) if k.keep == inline.keep
+            && k.tail == inline.tail
+            && k.post_len == inline.post_len
+            && a.messages == inline.pre.len() =>
+        {
+            k.clone()
+        }
+        _ => inline,
+    }
+}
+
+/// Reads an undo back: inline, or its segment from the archive. `Ok(None)`: the archive no
+/// longer has the segment (or none is configured), so there is nothing to rewind to.
+async fn load_undo(
+    stored: StoredUndo,
+    post: &[Message],
+    segments: Option<&dyn Store>,
+    name: &str,
+) -> Result<Option<Undo>, JournalError> {
+    let corrupt = |reason: String| JournalError::Corrupt {
+        name: name.to_owned(),
+        reason,
+    };
+    let Some(archived) = stored.archived.clone() else {
+        return decode_undo(stored, post).map(Some).map_err(corrupt);
+    };
+    let Some(store) = segments else {
+        tracing::warn!(key = %archived.key, "journal: the rewind target is archived and no archive is configured; rewind is unavailable");
+        return Ok(None);
+    };
+    let Some(key) = Key::parse(&archived.key) else {
+        return Err(corrupt(format!(
+            "undo names an invalid archive key {:?}",
+            archived.key
+        )));
+    };
+    let bytes = match store.fetch(&key).await {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            tracing::warn!(key = %archived.key, "journal: the archive no longer holds the rewind target; rewind is unavailable");
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(JournalError::Unavailable(format!(
+                "reading the rewind target {} from the archive: {e}",
+                archived.key
+            )));
+        }
+    };
+    let messages = std::str::from_utf8(&bytes)
+        .map_err(|e| e.to_string())
+        .and_then(|t| parse_segment(t).map_err(|e| e.to_string()))
+        .map_err(|e| corrupt(format!("archived rewind target {}: {e}", archived.key)))?;
+    if messages.len() != archived.messages {
+        return Err(corrupt(format!(
+            "archived rewind target {} holds {} messages, the entry says {}",
+            archived.key,
+            messages.len(),
+            archived.messages
+        )));
+    }
+    let inline = StoredUndo {
+        pre: messages,
+        archived: None,
+        ..stored
+    };
+    decode_undo(inline, post).map(Some).map_err(corrupt)
 }
 
 /// Serialized size of a message, for the size rule.
@@ -707,6 +814,8 @@ pub struct Rebuilt {
     /// The last entry with compactions, when they have not been undone: its seq and undo
     /// record.
     pub rewindable: Option<(u64, Undo)>,
+    /// How the rewind target is stored.
+    rewind_stored: Option<StoredUndo>,
     chain: Chain,
     /// Entries older than the chain's checkpoint are still there.
     garbage_below: Option<u64>,
@@ -720,6 +829,8 @@ struct View {
     sizes: Vec<u64>,
     state: PersistedState,
     rewindable: Option<(u64, Undo)>,
+    /// How the rewind target is stored (inline, or archived).
+    rewind_stored: Option<StoredUndo>,
     /// Serialized size of the part of the rewind target a checkpoint has to carry.
     rewind_bytes: u64,
     chain: Chain,
@@ -740,7 +851,7 @@ struct Next {
 
 enum RewindUpdate {
     Keep,
-    Set((u64, Undo)),
+    Set((u64, Undo), StoredUndo),
     Clear,
 }
 
@@ -757,8 +868,14 @@ impl View {
         self.state = next.state;
         match next.rewindable {
             RewindUpdate::Keep => {}
-            RewindUpdate::Set(r) => self.rewindable = Some(r),
-            RewindUpdate::Clear => self.rewindable = None,
+            RewindUpdate::Set(r, stored) => {
+                self.rewindable = Some(r);
+                self.rewind_stored = Some(stored);
+            }
+            RewindUpdate::Clear => {
+                self.rewindable = None;
+                self.rewind_stored = None;
+            }
         }
         self.rewind_bytes = next.rewind_bytes;
         self.chain = next.chain;
@@ -804,13 +921,37 @@ pub struct Journal {
     /// Entries below this seq are superseded by a checkpoint and are deleted once this
     /// writer's ownership is confirmed.
     collect_below: Option<u64>,
+    /// Where the replaced messages of a compaction are archived, so entries name a key
+    /// instead of carrying them (`None`: inline).
+    segments: Option<Arc<dyn Store>>,
 }
 
 impl Journal {
     /// Takes a new epoch and rebuilds the history. Any earlier writer is fenced from here on.
+    /// Undo records stay inline in the entries.
     pub async fn open(
         objects: Arc<dyn ObjectStore>,
         holder: impl Into<String>,
+    ) -> Result<(Self, Rebuilt), JournalError> {
+        Self::open_with(objects, holder, None).await
+    }
+
+    /// [`Journal::open`] with the session's archive: the messages a compaction replaced (its
+    /// rewind target) are archived as a segment and entries carry only its key, so the
+    /// journal stays within a small multiple of the history however much a rewind would
+    /// bring back.
+    pub async fn open_archiving(
+        objects: Arc<dyn ObjectStore>,
+        holder: impl Into<String>,
+        archive: Arc<dyn Store>,
+    ) -> Result<(Self, Rebuilt), JournalError> {
+        Self::open_with(objects, holder, Some(archive)).await
+    }
+
+    async fn open_with(
+        objects: Arc<dyn ObjectStore>,
+        holder: impl Into<String>,
+        segments: Option<Arc<dyn Store>>,
     ) -> Result<(Self, Rebuilt), JournalError> {
         let holder = holder.into();
         let claims = objects.list("claims/").await?;
@@ -836,7 +977,7 @@ impl Journal {
                 serde_json::to_vec(&pending).unwrap_or_default(),
             )
             .await?;
-        let rebuilt = rebuild(objects.as_ref()).await?;
+        let rebuilt = rebuild_with(objects.as_ref(), segments.as_deref()).await?;
         let next_seq = rebuilt.last_seq.map_or(0, |s| s + 1);
         let done = Claim {
             start_seq: Some(next_seq),
@@ -854,15 +995,13 @@ impl Journal {
             entries = rebuilt.entries,
             "journal: epoch claimed"
         );
-        let rewind_bytes = rebuilt
-            .rewindable
-            .as_ref()
-            .map_or(0, |(_, u)| undo_bytes(&encode_undo(u, &rebuilt.history)));
+        let rewind_bytes = rebuilt.rewind_stored.as_ref().map_or(0, undo_bytes);
         let view = View {
             sizes: rebuilt.history.iter().map(json_len).collect(),
             history: rebuilt.history.clone(),
             state: rebuilt.state.clone(),
             rewindable: rebuilt.rewindable.clone(),
+            rewind_stored: rebuilt.rewind_stored.clone(),
             rewind_bytes,
             chain: rebuilt.chain.clone(),
         };
@@ -876,6 +1015,7 @@ impl Journal {
                 pending: None,
                 fenced: None,
                 collect_below: rebuilt.garbage_below,
+                segments,
             },
             rebuilt,
         ))
@@ -987,8 +1127,13 @@ impl Journal {
         {
             return Ok(None);
         }
+        // The replaced messages are archived before any entry names them.
+        let new_undo = match &change.undo {
+            Some(u) => Some(self.store_undo(u, history).await),
+            None => None,
+        };
         let seq = self.next_seq;
-        let (body, full, next) = self.prepare(seq, history, change)?;
+        let (body, full, next) = self.prepare(seq, history, change, new_undo)?;
         let name = entry_name(self.token, seq, full);
         // Spent whatever happens next: a sequence number is never sent twice.
         self.next_seq += 1;
@@ -1022,6 +1167,36 @@ impl Journal {
         Ok(Some(seq))
     }
 
+    /// The undo record of a compaction as the entry will store it: with an archive, the
+    /// replaced messages go there first and the record names the key; if that write fails
+    /// they stay inline (larger, never lost).
+    async fn store_undo(&self, undo: &Undo, history: &[Message]) -> StoredUndo {
+        let inline = encode_undo(undo, history);
+        let bytes = undo_bytes(&inline);
+        let Some(store) = &self.segments else {
+            return inline;
+        };
+        if bytes < UNDO_ARCHIVE_MIN_BYTES {
+            return inline;
+        }
+        let text = segment_text(&inline.pre);
+        match store.archive(text.as_bytes()).await {
+            Ok(key) => StoredUndo {
+                archived: Some(ArchivedUndo {
+                    key: key.to_string(),
+                    messages: inline.pre.len(),
+                    bytes,
+                }),
+                pre: Vec::new(),
+                ..inline
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, bytes, "journal: archiving the rewind target failed; the entry carries it inline");
+                inline
+            }
+        }
+    }
+
     /// The entry for `history` (a delta on the chain's head, or a checkpoint when the size
     /// rule asks for one), its body and what it changes once it has landed.
     fn prepare(
@@ -1029,6 +1204,7 @@ impl Journal {
         seq: u64,
         history: &[Message],
         change: Change,
+        new_undo: Option<StoredUndo>,
     ) -> Result<(Vec<u8>, bool, Next), JournalError> {
         let old = &self.view;
         let (at, range, tail) = diff(&old.history, history);
@@ -1040,7 +1216,6 @@ impl Journal {
         if let Some([a, b]) = tail {
             sizes.extend_from_slice(&old.sizes[a..b]);
         }
-        let new_undo = change.undo.as_ref().map(|u| encode_undo(u, history));
         let rewinds = change
             .rewinds
             .then(|| old.rewindable.as_ref().map_or(0, |(s, _)| *s));
@@ -1050,11 +1225,13 @@ impl Journal {
             (None, true) => None,
             (None, false) => old.rewindable.as_ref().map(|(_, u)| u),
         };
-        let rewind_bytes = match (&new_undo, change.rewinds) {
-            (Some(stored), _) => undo_bytes(stored),
-            (None, true) => 0,
-            (None, false) => old.rewind_bytes,
+        // How the checkpoint stores the rewind target.
+        let carried = match (&new_undo, rewind_target) {
+            (Some(stored), _) => Some(stored.clone()),
+            (None, Some(u)) => Some(carry_undo(u, history, old.rewind_stored.as_ref())),
+            (None, None) => None,
         };
+        let rewind_bytes = carried.as_ref().map_or(0, undo_bytes);
         let checkpoint_size = sizes.iter().sum::<u64>() + rewind_bytes + ENTRY_OVERHEAD;
         let delta_size = delta_sizes.iter().sum::<u64>()
             + new_undo.as_ref().map_or(0, undo_bytes)
@@ -1074,7 +1251,7 @@ impl Journal {
                 tail: None,
                 state: &change.state,
                 compactions: &change.compactions,
-                undo: rewind_target.map(|u| encode_undo(u, history)),
+                undo: carried.clone(),
                 rewinds,
             }
         } else {
@@ -1088,7 +1265,7 @@ impl Journal {
                 tail,
                 state: &change.state,
                 compactions: &change.compactions,
-                undo: new_undo,
+                undo: new_undo.clone(),
                 rewinds,
             }
         };
@@ -1098,10 +1275,17 @@ impl Journal {
         })?;
         let mut chain = old.chain.clone();
         chain.add(seq, body.len() as u64, full);
-        let rewindable = match (change.undo, change.rewinds) {
-            (Some(u), _) => RewindUpdate::Set((seq, u)),
-            (None, true) => RewindUpdate::Clear,
-            (None, false) => RewindUpdate::Keep,
+        let rewindable = match (change.undo, change.rewinds, new_undo) {
+            (Some(u), _, Some(stored)) => RewindUpdate::Set((seq, u), stored),
+            (Some(_), _, None) | (None, true, _) => RewindUpdate::Clear,
+            (None, false, _) => match (full, carried) {
+                // A checkpoint may have moved the target inline.
+                (true, Some(stored)) => match &old.rewindable {
+                    Some(r) => RewindUpdate::Set(r.clone(), stored),
+                    None => RewindUpdate::Keep,
+                },
+                _ => RewindUpdate::Keep,
+            },
         };
         let next = Next {
             at,
@@ -1160,7 +1344,7 @@ impl Journal {
             state: self.view.state.clone(),
             ..Change::default()
         };
-        let (body, full, next) = self.prepare(seq, &self.view.history, change)?;
+        let (body, full, next) = self.prepare(seq, &self.view.history, change, None)?;
         let name = entry_name(self.token, seq, full);
         self.next_seq += 1;
         if let Err(e) = self.objects.put(&name, body.clone()).await {
@@ -1283,8 +1467,16 @@ fn clone_fenced(e: &JournalError) -> JournalError {
 }
 
 /// Replays the valid entries of a journal: the chain of bases from the newest valid entry
-/// back to a checkpoint.
+/// back to a checkpoint. A rewind target that was archived is not read (no archive given).
 pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError> {
+    rebuild_with(objects, None).await
+}
+
+/// [`rebuild`], reading an archived rewind target from `segments`.
+pub async fn rebuild_with(
+    objects: &dyn ObjectStore,
+    segments: Option<&dyn Store>,
+) -> Result<Rebuilt, JournalError> {
     let mut bounds: BTreeMap<Token, u64> = BTreeMap::new();
     for name in objects.list("claims/").await? {
         let Some(token) = parse_claim(&name) else {
@@ -1362,7 +1554,9 @@ pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError>
     }
     chain.reverse();
     let mut out = Rebuilt::default();
-    let mut rewindable: Option<(u64, Undo)> = None;
+    // The last undo record, with the entry's name and its history up to the record's
+    // `post_len` (what the record splices).
+    let mut last_undo: Option<(u64, String, StoredUndo, Vec<Message>)> = None;
     for (seq, name, entry, bytes) in chain {
         let corrupt = |reason: String| JournalError::Corrupt {
             name: name.clone(),
@@ -1372,16 +1566,22 @@ pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError>
             splice(&out.history, entry.at, &entry.messages, entry.tail).map_err(corrupt)?;
         out.chain.add(seq, bytes, entry.is_checkpoint());
         if let Some(u) = entry.undo {
-            rewindable = Some((seq, decode_undo(u, &out.history).map_err(corrupt)?));
+            let post = &out.history[..u.post_len.min(out.history.len())];
+            last_undo = Some((seq, name.clone(), u, post.to_vec()));
         }
         if entry.rewinds.is_some() {
-            rewindable = None;
+            last_undo = None;
         }
         out.state = entry.state;
         out.entries += 1;
         out.last_seq = Some(seq);
     }
-    out.rewindable = rewindable;
+    if let Some((seq, name, stored, post)) = last_undo
+        && let Some(undo) = load_undo(stored.clone(), &post, segments, &name).await?
+    {
+        out.rewindable = Some((seq, undo));
+        out.rewind_stored = Some(stored);
+    }
     if let (Some(low), Some((start, _))) = (lowest, out.chain.checkpoint)
         && low < start
     {

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use cairn_agent::ccr::{MemoryStore, Store};
 use cairn_agent::history::{Message, to_jsonl};
 use cairn_agent::journal::{Change, DirObjects, Journal, ObjectStore, Undo, rebuild};
 use proptest::prelude::*;
@@ -116,15 +117,17 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// Issue 13, defect 4: whatever the turns, compactions and rewinds, the journal stays
-    /// within 3 × the history (or the history a rewind would restore, when that is larger)
-    /// plus a constant, and a restart rebuilds the history and its rewind.
+    /// within 3 × the history plus a constant (the messages a rewind would restore are in
+    /// the archive, named by key), and a restart rebuilds the history and its rewind.
     #[test]
     fn journal_size_stays_bounded(edits in proptest::collection::vec(edit(), 1..60)) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let dir = tempfile::tempdir().unwrap();
             let objects: Arc<dyn ObjectStore> = Arc::new(DirObjects::open(dir.path()).unwrap());
-            let (mut journal, _) = Journal::open(objects.clone(), "w").await.unwrap();
+            let archive: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            let (mut journal, _) =
+                Journal::open_archiving(objects.clone(), "w", archive.clone()).await.unwrap();
             let mut history: Vec<Message> = Vec::new();
             let mut rewind: Option<Undo> = None;
             let mut n = 0;
@@ -162,7 +165,7 @@ proptest! {
                 journal.write(&history, change).await.unwrap();
                 let history_bytes = to_jsonl(&history).len() as u64;
                 let rewind_bytes = rewind.as_ref().map_or(0, |u| to_jsonl(&u.pre).len() as u64);
-                let bound = 3 * history_bytes.max(rewind_bytes) + 128 * 1024;
+                let bound = 3 * history_bytes + 128 * 1024;
                 let stored = stored_bytes(dir.path());
                 prop_assert!(
                     stored <= bound,
@@ -170,7 +173,7 @@ proptest! {
                     stored, history_bytes, rewind_bytes
                 );
             }
-            let (reopened, rebuilt) = Journal::open(objects, "r").await.unwrap();
+            let (reopened, rebuilt) = Journal::open_archiving(objects, "r", archive).await.unwrap();
             prop_assert_eq!(to_jsonl(&rebuilt.history), to_jsonl(&history));
             prop_assert_eq!(
                 reopened.rewindable().map(|(_, u)| to_jsonl(&u.pre)),
@@ -179,4 +182,68 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// The rewind target of a compaction lives in the archive; an archive that lost it (a
+/// retention rule, a wiped cache-only store) costs the rewind, never the journal.
+#[tokio::test]
+async fn an_archived_rewind_target_survives_a_restart_and_its_loss_only_costs_the_rewind() {
+    let dir = tempfile::tempdir().unwrap();
+    let objects: Arc<dyn ObjectStore> = Arc::new(DirObjects::open(dir.path()).unwrap());
+    let archive: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (mut journal, _) = Journal::open_archiving(objects.clone(), "w", archive.clone())
+        .await
+        .unwrap();
+    let pre: Vec<Message> = (0..40)
+        .map(|i| Message::user(format!("{i} {}", "z".repeat(20_000))))
+        .collect();
+    journal.write(&pre, Change::default()).await.unwrap();
+    let post = vec![
+        pre[0].clone(),
+        Message::assistant("summary"),
+        pre[39].clone(),
+    ];
+    let undo = Undo {
+        pre: pre.clone(),
+        post_len: post.len(),
+    };
+    journal
+        .write(
+            &post,
+            Change {
+                undo: Some(undo.clone()),
+                ..Change::default()
+            },
+        )
+        .await
+        .unwrap();
+    // A few more turns, so a checkpoint carries the target on.
+    let mut history = post.clone();
+    for i in 0..70 {
+        history.push(Message::user(format!("turn {i}")));
+        journal.write(&history, Change::default()).await.unwrap();
+    }
+    let stored = stored_bytes(dir.path());
+    let h = to_jsonl(&history).len() as u64;
+    assert!(
+        stored <= 3 * h + 128 * 1024,
+        "{stored} journal bytes for a {h}-byte history"
+    );
+    drop(journal);
+
+    let (reopened, rebuilt) = Journal::open_archiving(objects.clone(), "r", archive)
+        .await
+        .unwrap();
+    assert_eq!(to_jsonl(&rebuilt.history), to_jsonl(&history));
+    let (_, back) = reopened
+        .rewindable()
+        .expect("the rewind target is read from the archive");
+    assert_eq!(to_jsonl(&back.pre), to_jsonl(&pre));
+    drop(reopened);
+
+    // The archive lost it: the journal still opens, with nothing to rewind.
+    let empty: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (lost, rebuilt) = Journal::open_archiving(objects, "s", empty).await.unwrap();
+    assert_eq!(to_jsonl(&rebuilt.history), to_jsonl(&history));
+    assert!(lost.rewindable().is_none());
 }

@@ -148,7 +148,8 @@ pub struct Session {
 impl Session {
     /// Claims the journal (fencing any earlier writer) and rebuilds the history from it.
     pub async fn open(parts: SessionParts) -> Result<Self, JournalError> {
-        let (journal, rebuilt) = Journal::open(parts.journal, parts.holder).await?;
+        let (journal, rebuilt) =
+            Journal::open_archiving(parts.journal, parts.holder, Arc::clone(&parts.store)).await?;
         let mut state = SessionState::new();
         rebuilt.state.restore_into(&mut state);
         let mut live_rx = parts.live;
