@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_crds::policy::Engine;
+use cairn_crds::session::UnsupportedSetting;
 use cairn_crds::{AgentSessionSpec, CompactionPolicySpec, EffectivePolicy};
 use serde::Deserialize;
 
@@ -160,6 +162,43 @@ impl Live {
             spec: spec.clone(),
         })
     }
+}
+
+/// The settings of `live` this agent does not honour, with what it does instead. Reported in
+/// `status.session.unsupported` (the operator's `PolicySupported` condition and its Event),
+/// logged when they change: a setting is never silently ignored.
+pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
+    let mut out = Vec::new();
+    match live.policy.engine {
+        Engine::Local => {}
+        Engine::Provider => out.push(UnsupportedSetting {
+            field: "engine".into(),
+            reason: "engine: provider (server-side context management) is not implemented by this agent; the built-in summarizer writes level-2 summaries".into(),
+        }),
+        Engine::Mcp => out.push(UnsupportedSetting {
+            field: "engine".into(),
+            reason: "engine: mcp is not implemented by this agent; the built-in summarizer writes level-2 summaries".into(),
+        }),
+    }
+    if let Some(kind) = live.policy.summarizer.provider
+        && kind != live.spec.provider.kind
+    {
+        out.push(UnsupportedSetting {
+            field: "summarizer.provider".into(),
+            reason: format!(
+                "a summarizer on its own provider ({}) is not implemented by this agent; summaries go through the session's own {} client{}",
+                kind.as_str(),
+                live.spec.provider.kind.as_str(),
+                live.policy
+                    .summarizer
+                    .model
+                    .as_deref()
+                    .map(|m| format!(" with model {m}"))
+                    .unwrap_or_default()
+            ),
+        });
+    }
+    out
 }
 
 /// Where the archive and the journal live.
@@ -361,6 +400,43 @@ impl Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn live(extra: &str) -> Live {
+        let c = ConfigFile::parse(
+            &format!("name: demo\nprovider:\n  kind: openai-compatible\n  model: m\n  baseUrl: http://x/v1\ncontextWindow: 1000\n{extra}"),
+            "t",
+        )
+        .unwrap();
+        Live::resolve(&c.spec, c.policy.as_ref(), None).unwrap()
+    }
+
+    #[test]
+    fn settings_the_agent_cannot_honour_are_named() {
+        assert!(
+            unsupported(&live("")).is_empty(),
+            "the defaults are all honoured"
+        );
+        let u = unsupported(&live("compaction:\n  engine: mcp\n"));
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].field, "engine");
+        assert!(u[0].reason.contains("built-in summarizer"), "{u:?}");
+        assert_eq!(
+            unsupported(&live("compaction:\n  engine: provider\n"))[0].field,
+            "engine"
+        );
+        let u = unsupported(&live(
+            "compaction:\n  summarizer: {provider: anthropic, model: claude-haiku-4-5}\n",
+        ));
+        assert_eq!(u[0].field, "summarizer.provider");
+        assert!(u[0].reason.contains("openai-compatible"), "{u:?}");
+        assert!(
+            unsupported(&live(
+                "compaction:\n  summarizer: {provider: openai-compatible, model: small}\n"
+            ))
+            .is_empty(),
+            "a summarizer model on the session's own provider is honoured"
+        );
+    }
 
     #[test]
     fn config_file_is_the_spec_plus_name() {

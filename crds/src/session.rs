@@ -427,6 +427,20 @@ pub struct SessionStats {
     /// (the operator's ContextHeadroom condition and its Events follow it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headroom: Option<HeadroomReport>,
+    /// Settings of the spec or its effective policy that this agent does not honour, each
+    /// with what it does instead (the operator's PolicySupported condition follows it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unsupported: Vec<UnsupportedSetting>,
+}
+
+/// A setting the running agent cannot honour.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UnsupportedSetting {
+    /// The field, as a path in the effective policy or the spec (e.g. `engine`).
+    pub field: String,
+    /// Why it is not honoured and what the agent does instead.
+    pub reason: String,
 }
 
 /// The headroom the next request would leave in the context window.

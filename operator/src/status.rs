@@ -10,6 +10,7 @@ pub const READY: &str = "Ready";
 pub const POLICY_RESOLVED: &str = "PolicyResolved";
 pub const ARCHIVE_READY: &str = "ArchiveReady";
 pub const CONTEXT_HEADROOM: &str = "ContextHeadroom";
+pub const POLICY_SUPPORTED: &str = "PolicySupported";
 
 /// A reason (CamelCase, stable) and a human message, for a condition or an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,10 +112,12 @@ pub fn desired(
     };
 
     // The agent's report of the next request's headroom; absent until an agent reported.
-    let headroom_cond = prev
-        .and_then(|s| s.session.as_ref())
+    let agent = prev.and_then(|s| s.session.as_ref());
+    let headroom_cond = agent
         .and_then(|s| s.headroom.as_ref())
         .map(|h| (CONTEXT_HEADROOM, headroom_status(h)));
+    // What the running agent said it cannot honour; absent until an agent reported.
+    let supported_cond = agent.map(|s| (POLICY_SUPPORTED, supported_status(&s.unsupported)));
 
     let prev_conditions = prev.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let conditions = [
@@ -123,7 +126,12 @@ pub fn desired(
         (ARCHIVE_READY, archive_cond.0, archive_cond.1),
     ]
     .into_iter()
-    .chain(headroom_cond.map(|(kind, (status, p))| (kind, status, p)))
+    .chain(
+        [headroom_cond, supported_cond]
+            .into_iter()
+            .flatten()
+            .map(|(kind, (status, p))| (kind, status, p)),
+    )
     .map(|(kind, status, p)| condition(prev_conditions, kind, status, p, obs.generation, now))
     .collect();
 
@@ -194,6 +202,35 @@ fn archive_answered(
             ),
         ),
     }
+}
+
+/// PolicySupported: False with the fields and what the agent does instead when the running
+/// agent cannot honour a setting (a Warning Event when it turns), never a silent drop.
+fn supported_status(
+    unsupported: &[cairn_crds::session::UnsupportedSetting],
+) -> (&'static str, Problem) {
+    if unsupported.is_empty() {
+        return (
+            TRUE,
+            Problem::new(
+                "AllSupported",
+                "the agent honours every setting of the session",
+            ),
+        );
+    }
+    let fields: Vec<&str> = unsupported.iter().map(|u| u.field.as_str()).collect();
+    let reasons: Vec<&str> = unsupported.iter().map(|u| u.reason.as_str()).collect();
+    (
+        FALSE,
+        Problem::new(
+            "SettingUnsupported",
+            format!(
+                "not honoured by the running agent: {} ({})",
+                fields.join(", "),
+                reasons.join("; ")
+            ),
+        ),
+    )
 }
 
 /// The message names no token count, so a turn that moves the figure rewrites nothing.

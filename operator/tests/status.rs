@@ -500,3 +500,53 @@ fn the_warning_headroom_tier_is_a_condition_and_a_warning_event_on_the_way_down(
         "{t:?}"
     );
 }
+
+#[test]
+fn a_setting_the_agent_cannot_honour_is_a_condition_and_a_warning_event() {
+    let start = status::desired(None, &observed(), &at(0));
+    assert!(
+        start
+            .conditions
+            .iter()
+            .all(|c| c.type_ != status::POLICY_SUPPORTED),
+        "no condition before the agent reported"
+    );
+    let mut reported = start.clone();
+    reported.session = Some(cairn_crds::SessionStats {
+        turns: 1,
+        ..Default::default()
+    });
+    let fine = status::desired(Some(&reported), &observed(), &at(1));
+    let c = condition(&fine, status::POLICY_SUPPORTED);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "AllSupported")
+    );
+    assert!(status::transitions(Some(&start), &fine).is_empty());
+
+    let mut unsupported = fine.clone();
+    unsupported.session = Some(
+        serde_json::from_value(serde_json::json!({
+            "turns": 2,
+            "unsupported": [{"field": "engine", "reason": "engine: mcp is not implemented"}]
+        }))
+        .expect("session stats"),
+    );
+    let next = status::desired(Some(&unsupported), &observed(), &at(2));
+    let c = condition(&next, status::POLICY_SUPPORTED);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "SettingUnsupported")
+    );
+    assert!(
+        c.message.contains("engine") && c.message.contains("not implemented"),
+        "{}",
+        c.message
+    );
+    let t = status::transitions(Some(&fine), &next);
+    assert!(
+        t.iter()
+            .any(|t| t.reason == "SettingUnsupported" && t.warning),
+        "{t:?}"
+    );
+}

@@ -168,6 +168,7 @@ impl Session {
             pending_notices.push(cap_reset_notice(old));
         }
         let state_dirty = !pending_notices.is_empty();
+        warn_unsupported(&live, None);
         // Every provider call of the session (replies and summaries) has a total deadline.
         let policy_rx = live_rx.clone();
         let provider: Arc<dyn Provider> = Arc::new(Deadlined::new(
@@ -273,6 +274,7 @@ impl Session {
             }
             // A cap learned under the old setting may have been an artefact of the old
             // network path; the platform team's new number is the evidence now.
+            warn_unsupported(&next, Some(&self.live));
             if let Some(old) = self.state.rebase_payload_cap(next.payload_cap) {
                 self.state_dirty = true;
                 tracing::info!(learned = old, "learned payload cap reset");
@@ -610,6 +612,7 @@ impl Session {
                 cache_read: self.tokens.cache_read_tokens,
             },
             headroom: Some(self.headroom()),
+            unsupported: crate::config::unsupported(&self.live),
         }
     }
 
@@ -644,6 +647,17 @@ impl Session {
         );
         self.metrics
             .set("cairn_agent_bytes_per_token", &[], s.bytes_per_token);
+    }
+}
+
+/// Logs the settings the agent does not honour, when they differ from `before`'s.
+fn warn_unsupported(live: &Live, before: Option<&Live>) {
+    let now = crate::config::unsupported(live);
+    if before.is_some_and(|b| crate::config::unsupported(b) == now) {
+        return;
+    }
+    for u in &now {
+        tracing::warn!(field = %u.field, "setting not honoured: {}", u.reason);
     }
 }
 
