@@ -211,7 +211,8 @@ pub struct PolicyRef {
 }
 
 /// S3-compatible storage of the session's archive and journal. Objects live under
-/// `<prefix>/<namespace>/<session>/ccr/` and `.../journal/`.
+/// `<prefix>/<namespace>/<session>/ccr/` and `.../journal/`; in a cluster `<prefix>` is the
+/// operator's root, the same for every session, so no session can reach into another's.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ArchiveSpec {
@@ -219,9 +220,12 @@ pub struct ArchiveSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$')").message("archive.bucket must be a valid S3 bucket name"))]
     pub bucket: Option<String>,
-    /// Key prefix inside the bucket. Default: the operator's configured prefix (`cairn`).
+    /// Key prefix inside the bucket, for standalone agents (`cairn-agent --config`). Not
+    /// settable on an AgentSession: there the operator's configured prefix (`cairn`) is the
+    /// root of every session, so one session's prefix can never alias another's objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("size(self) <= 512 && !self.startsWith('/') && !self.contains('..')").message("archive.prefix must be at most 512 characters, relative, without '..'"))]
+    #[x_kube(validation = Rule::new("false").message("archive.prefix cannot be set on an AgentSession: every session's objects live under the operator's archive prefix as <prefix>/<namespace>/<session>/ (the field is for standalone agent config files)"))]
     pub prefix: Option<String>,
     /// S3 endpoint URL (MinIO, Garage, Ceph, ...). Default: the operator's configured
     /// endpoint, else AWS.

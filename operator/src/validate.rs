@@ -42,6 +42,10 @@ pub enum ValidationError {
     Policy(#[from] PolicyError),
     #[error("spec.archive.prefix {0:?} must be relative and must not contain '..'")]
     ArchivePrefix(String),
+    #[error(
+        "spec.archive.prefix {given:?} cannot be set on an AgentSession: every session's objects live under the operator's archive prefix {root:?} as {root}/<namespace>/<session>/, so a session's prefix could alias another's"
+    )]
+    ArchivePrefixNotSettable { given: String, root: String },
     #[error("spec.maxOutputTokens must be smaller than spec.contextWindow")]
     OutputExceedsWindow,
 }
@@ -57,7 +61,9 @@ impl ValidationError {
             Self::MissingBaseUrl => "MissingBaseUrl",
             Self::PayloadCap(_) => "InvalidPayloadCap",
             Self::Policy(_) => "InvalidPolicy",
-            Self::ArchivePrefix(_) => "InvalidArchivePrefix",
+            Self::ArchivePrefix(_) | Self::ArchivePrefixNotSettable { .. } => {
+                "InvalidArchivePrefix"
+            }
             Self::OutputExceedsWindow => "OutputExceedsWindow",
         }
     }
@@ -175,7 +181,19 @@ pub fn archive_plan(
     let empty = ArchiveSpec::default();
     let spec = spec.unwrap_or(&empty);
     let d = &defaults.archive;
-    let prefix = spec.prefix.clone().unwrap_or_else(|| d.prefix.clone());
+    // The root is the operator's: a session naming another (`cairn/Y` for a session `ccr`
+    // in namespace `X` is the `ccr/` of session `X` in namespace `Y`) would read, write and
+    // purge that session's objects. Sessions stored before the API server refused the
+    // field are refused here (and never purged on a guess).
+    let prefix = d.prefix.clone();
+    if let Some(given) = &spec.prefix
+        && given.trim_end_matches('/') != prefix.trim_end_matches('/')
+    {
+        return Err(ValidationError::ArchivePrefixNotSettable {
+            given: given.clone(),
+            root: prefix,
+        });
+    }
     if prefix.starts_with('/') || prefix.split('/').any(|part| part == "..") {
         return Err(ValidationError::ArchivePrefix(prefix));
     }

@@ -66,7 +66,6 @@ policyRef: {name: frugal}
 compaction: {budgetRatio: 0.5}
 archive:
   bucket: cairn-archive
-  prefix: sessions
   endpoint: http://s3.cairn-test.svc:9000
   region: eu-west-1
   credentials: {secretName: s3-creds}
@@ -355,7 +354,7 @@ fn full_session_wires_policy_credentials_archive_and_template() {
     assert_eq!(env["ANTHROPIC_API_KEY"], "secret:anthropic-key/api-key");
     assert_eq!(env["CAIRN_S3_ENDPOINT"], "http://s3.cairn-test.svc:9000");
     assert_eq!(env["CAIRN_S3_BUCKET"], "cairn-archive");
-    assert_eq!(env["CAIRN_S3_PREFIX"], "sessions");
+    assert_eq!(env["CAIRN_S3_PREFIX"], "cairn");
     assert_eq!(env["CAIRN_S3_REGION"], "eu-west-1");
     assert_eq!(env["CAIRN_S3_FORCE_PATH_STYLE"], "true");
     assert_eq!(
@@ -419,7 +418,7 @@ fn full_session_wires_policy_credentials_archive_and_template() {
     assert_eq!(plan.policy.microcompact.summarize_after_turns, 3);
     assert_eq!(
         plan.archive.session_prefix("team-a", "research"),
-        "sessions/team-a/research/"
+        "cairn/team-a/research/"
     );
     assert!(!plan.archive.retain_on_delete);
     assert_eq!(plan.payload_cap.map(|p| p.bytes()), Some(5 * 1024 * 1024));
@@ -901,14 +900,35 @@ fn validate_refuses_missing_required_bits() {
         ),
         ValidationError::OutputExceedsWindow
     );
-    assert!(matches!(
-        invalid(
-            "chat",
-            &format!("{MINIMAL}\narchive: {{prefix: 'a/../b'}}"),
-            None
+    // A session named `ccr` in namespace X with `prefix: cairn/Y` would be the `ccr/` of
+    // session X in namespace Y: refused, whatever the prefix (sessions stored before the
+    // API server refused the field); the operator's own root is accepted as a no-op.
+    for prefix in ["a/../b", "cairn/Y", "other", "/cairn"] {
+        let err = invalid(
+            "ccr",
+            &format!("{MINIMAL}\narchive: {{prefix: '{prefix}'}}"),
+            None,
+        );
+        assert!(
+            matches!(err, ValidationError::ArchivePrefixNotSettable { .. }),
+            "{prefix}: {err:?}"
+        );
+        assert_eq!(err.label(), "InvalidArchivePrefix");
+        assert!(err.to_string().contains("alias"), "{err}");
+    }
+    let own_root = validate(
+        &session(
+            "ccr",
+            &format!("{MINIMAL}\narchive: {{prefix: cairn, retainOnDelete: false}}"),
         ),
-        ValidationError::ArchivePrefix(_)
-    ));
+        None,
+        &Defaults::default(),
+    )
+    .expect("the operator's own root");
+    assert_eq!(
+        own_root.archive.session_prefix("team-a", "ccr"),
+        "cairn/team-a/ccr/"
+    );
 
     let mut unstored = session("chat", MINIMAL);
     unstored.metadata.uid = None;
