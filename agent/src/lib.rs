@@ -16,6 +16,7 @@ pub mod classify;
 pub mod compact;
 pub mod overflow;
 pub mod recovery;
+pub mod replay;
 pub mod tokens;
 
 // The running agent: settings, journal, session loop, HTTP API, cluster integration.

@@ -60,8 +60,46 @@ impl ToolSpec {
     }
 }
 
+/// Which tools the model may or must call (`tool_choice` of the OpenAI APIs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides (every provider's default; not sent).
+    #[default]
+    Auto,
+    /// No tool call.
+    None,
+    /// At least one tool call.
+    Required,
+    /// A call of this tool.
+    Function(String),
+}
+
+/// How the model is asked to answer, beyond the messages and tools. The defaults send
+/// nothing: the provider's own defaults apply.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Controls {
+    pub tool_choice: ToolChoice,
+    /// `Some(false)`: at most one tool call per reply (sent where the wire format has the
+    /// setting; the session enforces it for the others).
+    pub parallel_tool_calls: Option<bool>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+}
+
+impl Controls {
+    /// The tool choice to send: only with tools, and only when it is not the default.
+    pub fn choice(&self, has_tools: bool) -> Option<&ToolChoice> {
+        (has_tools && self.tool_choice != ToolChoice::Auto).then_some(&self.tool_choice)
+    }
+
+    /// `parallel_tool_calls` to send: only with tools.
+    pub fn parallel(&self, has_tools: bool) -> Option<bool> {
+        self.parallel_tool_calls.filter(|_| has_tools)
+    }
+}
+
 /// One request to a provider: everything needed to build the wire body.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChatRequest {
     pub model: String,
     /// The conversation; system messages are lifted into the provider's system field where it
@@ -70,6 +108,7 @@ pub struct ChatRequest {
     pub tools: Vec<ToolSpec>,
     pub max_output_tokens: u64,
     pub stream: bool,
+    pub controls: Controls,
 }
 
 /// Why the model stopped, normalised across providers.

@@ -31,9 +31,10 @@ use crate::journal::{
 use crate::metrics::Metrics;
 use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
+use crate::replay::Ledger;
 
 pub use summarizer::ProviderSummarizer;
-pub use turn::{Notice, TurnEvent, TurnEvents, TurnOutcome};
+pub use turn::{LedgerTurn, Notice, TurnEvent, TurnEvents, TurnOptions, TurnOutcome};
 
 /// Why a turn (or a compaction, or a rewind) failed. The history is as before it.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +133,8 @@ pub struct Session {
     /// History length before the input of the turn that failed last, until the write it
     /// left unsettled is settled (see [`Session::follow_journal`]).
     failed_turn: Option<usize>,
+    /// The ledger before the input of that turn.
+    failed_ledger: Ledger,
     /// Fired at shutdown: a turn in flight stops (see [`Session::abort_handle`]).
     abort: CancellationToken,
     /// The session state changed without a history change (a reset learned cap): the next
@@ -142,6 +145,10 @@ pub struct Session {
     /// The latest archive check, for `status.session` (written by whoever runs the checks,
     /// also while a turn holds the session).
     archive_check: Arc<std::sync::RwLock<Option<ArchiveCheck>>>,
+    /// The items the API clients see, journaled with the state (`crate::replay`).
+    ledger: Ledger,
+    /// The client's part of the turn in progress (its tools, instructions, controls).
+    options: TurnOptions,
 }
 
 impl Session {
@@ -189,13 +196,21 @@ impl Session {
             last_reply_at: None,
             last_recovery: None,
             failed_turn: None,
+            failed_ledger: Ledger::default(),
             abort: CancellationToken::new(),
             state_dirty: false,
             pending_notices: Vec::new(),
             archive_check: Arc::default(),
+            ledger: rebuilt.state.replay.clone(),
+            options: TurnOptions::default(),
         };
         s.publish_gauges();
         Ok(s)
+    }
+
+    /// The conversation as the API clients see it (what a replayed input is matched with).
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
     }
 
     pub fn history(&self) -> &[Message] {
@@ -341,6 +356,7 @@ impl Session {
     fn follow_journal(&mut self) {
         self.history = self.journal.history().to_vec();
         self.turns = self.journal.state().turns;
+        self.ledger = self.journal.state().replay.clone();
         if let Some(n) = self.failed_turn
             && self.history.len() > n
             && self.history[n..]
@@ -348,6 +364,7 @@ impl Session {
                 .all(|m| matches!(m.role, history::Role::User | history::Role::System))
         {
             self.history.truncate(n);
+            self.ledger = self.failed_ledger.clone();
         }
     }
 
@@ -359,16 +376,18 @@ impl Session {
         undo: Option<Undo>,
         rewinds: bool,
     ) -> Result<(), TurnError> {
+        let mut state = PersistedState::capture(
+            &self.state,
+            self.turns,
+            [
+                self.tokens.input_tokens,
+                self.tokens.output_tokens,
+                self.tokens.cache_read_tokens,
+            ],
+        );
+        state.replay = self.ledger.clone();
         let change = Change {
-            state: PersistedState::capture(
-                &self.state,
-                self.turns,
-                [
-                    self.tokens.input_tokens,
-                    self.tokens.output_tokens,
-                    self.tokens.cache_read_tokens,
-                ],
-            ),
+            state,
             compactions,
             undo,
             rewinds,
@@ -395,6 +414,7 @@ impl Session {
                 );
                 self.history = self.journal.history().to_vec();
                 self.turns = self.journal.state().turns;
+                self.ledger = self.journal.state().replay.clone();
                 Err(e.into())
             }
         }
@@ -412,7 +432,8 @@ impl Session {
         BudgetInputs {
             context_window: self.window(),
             payload_cap: self.live.payload_cap,
-            reserve_bytes: tools::catalog().iter().map(|t| t.weight()).sum(),
+            reserve_bytes: tools::catalog().iter().map(|t| t.weight()).sum::<usize>()
+                + self.options.reserve_bytes(),
         }
     }
 
