@@ -311,8 +311,9 @@ impl Refusal {
 ///   with (by the id it issued or by fingerprint) is a replay of the whole conversation; any
 ///   other input is new items only. On Chat Completions every input is a replay.
 /// - A replay must start with every held item, in order; an assistant message the client
-///   left out (some frameworks keep only the tool calls of a reply) is allowed. The first
-///   item that differs, or an input that ends before the held items do, is a divergence.
+///   left out (some frameworks keep only the tool calls of a reply; a streamed reply the
+///   client could not assemble) is allowed. The first item that differs, or an input that
+///   ends before the held items do, is a divergence.
 pub fn reconcile(
     ledger: &Ledger,
     api: Api,
@@ -340,6 +341,9 @@ pub fn reconcile(
     let (mut i, mut j) = (0, 0);
     while j < held.len() {
         let Some(incoming) = input.get(i) else {
+            if held[j..].iter().all(|h| h.kind == Kind::Assistant) {
+                break;
+            }
             return Err(Refusal::Diverged {
                 index: i,
                 message: format!(
@@ -352,11 +356,8 @@ pub fn reconcile(
         if held[j].matches(incoming, fingerprints[i]) {
             i += 1;
             j += 1;
-        } else if held[j].kind == Kind::Assistant
-            && held
-                .get(j + 1)
-                .is_some_and(|h| h.matches(incoming, fingerprints[i]))
-        {
+        } else if held[j].kind == Kind::Assistant {
+            // The text of a reply the client did not keep.
             j += 1;
         } else {
             return Err(Refusal::Diverged {

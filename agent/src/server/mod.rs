@@ -1,5 +1,6 @@
-//! The HTTP API of a session (axum): an OpenAI Responses API subset, session endpoints,
-//! recall, health and metrics.
+//! The HTTP API of a session (axum): the OpenAI Responses and Chat Completions APIs
+//! (`responses`, `chat`; request items and tools in `items`, replay reconciliation in
+//! `crate::replay`), session endpoints, recall, health and metrics.
 //!
 //! Every route but `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer
 //! $CAIRN_API_TOKEN`. `/metrics` carries counters only (no message bodies, no secrets) so a
@@ -7,6 +8,7 @@
 //! the session while another holds it gets 409. Bodies over the limit get 413; malformed
 //! ones 400; every error is a JSON `{"error": {"message", "type", "code"}}`.
 
+mod chat;
 mod items;
 mod listen;
 mod responses;
@@ -153,6 +155,7 @@ fn view_of(session: &Session, status: &str) -> Value {
         "payloadCap": live.payload_cap,
         "journalEpoch": session.journal_epoch(),
         "stats": session.stats(),
+        "passes": session.passes(),
         // The shape of the newest messages (roles and sizes, never their text): what a
         // person checks first after a compaction.
         "recent": session
@@ -194,7 +197,7 @@ impl ApiError {
         }
     }
 
-    fn body(&self) -> Value {
+    pub(crate) fn body(&self) -> Value {
         json!({"error": {"message": self.message, "type": self.kind(), "code": self.code}})
     }
 }
@@ -317,6 +320,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
     let protected = Router::new()
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::get))
+        .route("/v1/chat/completions", post(chat::create))
         .route("/v1/session", get(get_session))
         .route("/v1/session/compact", post(compact))
         .route("/v1/session/rewind", post(rewind))

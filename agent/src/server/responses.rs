@@ -37,7 +37,7 @@ use super::{ApiError, AppState, busy, parse_json};
 /// Text of one `response.output_text.delta` event.
 const DELTA_CHARS: usize = 256;
 
-fn new_id(prefix: &str) -> String {
+pub(super) fn new_id(prefix: &str) -> String {
     format!(
         "{prefix}_{:016x}{:016x}",
         fastrand::u64(..),
@@ -326,7 +326,7 @@ fn call_item(c: &ToolCall, status: &str, with_arguments: bool) -> Value {
     })
 }
 
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -682,18 +682,18 @@ impl Writer {
     }
 }
 
-fn notice_json(n: &Notice) -> Value {
+pub(super) fn notice_json(n: &Notice) -> Value {
     json!({"kind": n.kind, "message": n.message})
 }
 
-fn tokio_stream_from<T: Send + 'static>(
+pub(super) fn tokio_stream_from<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::Receiver<T>,
 ) -> impl futures::Stream<Item = T> + Send {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
 /// Splits on char boundaries into pieces of about `n` bytes.
-fn chunks(s: &str, n: usize) -> Vec<&str> {
+pub(super) fn chunks(s: &str, n: usize) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < s.len() {

@@ -149,6 +149,20 @@ pub struct Session {
     ledger: Ledger,
     /// The client's part of the turn in progress (its tools, instructions, controls).
     options: TurnOptions,
+    /// What the cheap passes did since the agent started.
+    passes: PassCounters,
+}
+
+/// Messages the cheap passes changed since the agent started (`GET /v1/session` `passes`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PassCounters {
+    /// Old tool results truncated or summarized by microcompact.
+    pub microcompacted: u64,
+    /// Repeated reads replaced by a reference to the newer one.
+    pub deduplicated: u64,
+    /// Tool results cut to the per-result or per-turn budget in a request.
+    pub tool_results_cut: u64,
 }
 
 impl Session {
@@ -203,6 +217,7 @@ impl Session {
             archive_check: Arc::default(),
             ledger: rebuilt.state.replay.clone(),
             options: TurnOptions::default(),
+            passes: PassCounters::default(),
         };
         s.publish_gauges();
         Ok(s)
@@ -211,6 +226,11 @@ impl Session {
     /// The conversation as the API clients see it (what a replayed input is matched with).
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// What the cheap passes did since the agent started.
+    pub fn passes(&self) -> PassCounters {
+        self.passes
     }
 
     pub fn history(&self) -> &[Message] {

@@ -454,6 +454,8 @@ impl Session {
         let mut reports: Vec<PassReport> = Vec::new();
         reports.push(microcompact(&mut self.history, policy, idle_for, store.as_ref()).await);
         reports.push(dedup_reads(&mut self.history, store.as_ref()).await);
+        self.passes.microcompacted += (reports[0].changed + reports[0].removed) as u64;
+        self.passes.deduplicated += (reports[1].changed + reports[1].removed) as u64;
         reports.push(
             pairing::repair_archived(&mut self.history, store.as_ref(), Trigger::Turn)
                 .await
@@ -746,7 +748,8 @@ impl Session {
         let store = Arc::clone(&self.store);
         loop {
             let limits = self.state.tool_result_limits(policy);
-            let (cuts, _) = budget::cut(&mut self.history, limits, store.as_ref()).await;
+            let (cuts, cut_report) = budget::cut(&mut self.history, limits, store.as_ref()).await;
+            self.passes.tool_results_cut += cut_report.changed as u64;
             // What this request weighs as cairn measures it: the basis every token count of
             // the server is converted with.
             let sent_weight = history::weight(&self.history) + tools_bytes;
