@@ -212,3 +212,225 @@ async fn the_openai_sdk_and_langchain_drive_a_session_through_chat_completions_i
     assert_eq!(last.matches(&"CONTENTS-OF-A ".repeat(20)).count(), 1);
     assert!(!last.contains("another story"));
 }
+
+const AGENT: &str = r#"
+import asyncio, json, os
+import httpx
+from agents import Agent, Runner, function_tool, set_tracing_disabled
+from agents.models.openai_responses import OpenAIResponsesModel
+from openai import AsyncOpenAI
+
+set_tracing_disabled(True)
+OUT = os.environ["OUT"]
+state = {"n": 0}
+
+def record(text):
+    state["n"] += 1
+    text = f"OUT-{state['n']:03}\n" + text
+    with open(os.path.join(OUT, f"{state['n']:03}.txt"), "w") as f:
+        f.write(text)
+    return text
+
+LINES = [f"{i:05} fn item_{i}() {{ let value = {i} * 7; println!(\"{{}}\", value); }}" for i in range(4000)]
+
+@function_tool
+def read_file(path: str, start: int, end: int) -> str:
+    """Read lines start..end (inclusive) of a file."""
+    return record(f"{path} lines {start}-{end}\n" + "\n".join(LINES[start:end + 1]))
+
+@function_tool
+def run_command(command: str) -> str:
+    """Run a shell command and return its output."""
+    log = "\n".join(f"[{i:05}] {command}: compiling crate-{i % 37} v0.{i % 5}.0 ... ok" for i in range(500))
+    return record(f"$ {command}\n{log}\nerror: test failed at step 499")
+
+@function_tool
+def search(query: str) -> str:
+    """Search the code base for a pattern."""
+    return record("\n".join(f"src/lib.rs:{i}: {LINES[i]}" for i in range(0, 4000, 97) if query in LINES[i] or i % 3 == 0))
+
+async def main():
+    sent = {"previous": 0, "items": 0}
+    async def count(request):
+        body = json.loads(request.content or b"{}")
+        sent["previous"] += 1 if body.get("previous_response_id") else 0
+        sent["items"] += len(body.get("input") or [])
+    client = AsyncOpenAI(base_url=os.environ["BASE"] + "/v1", api_key=os.environ["TOKEN"], max_retries=0,
+                         http_client=httpx.AsyncClient(event_hooks={"request": [count]}, timeout=120))
+    agent = Agent(name="coder", instructions="You are a careful coding agent.",
+                  model=OpenAIResponsesModel(model="m-1", openai_client=client),
+                  tools=[read_file, run_command, search])
+    question = "Find out why the tests fail (MISSION-START)."
+    if os.environ["MODE"] == "replay":
+        result = await Runner.run(agent, question, max_turns=100)
+    else:
+        result = Runner.run_streamed(agent, question, max_turns=100, auto_previous_response_id=True)
+        async for _ in result.stream_events():
+            pass
+    print("FINAL=" + str(result.final_output))
+    print("CALLS=" + str(state["n"]))
+    print("PREVIOUS=" + str(sent["previous"]))
+    print("ITEMS=" + str(sent["items"]))
+
+asyncio.run(main())
+"#;
+
+/// The model calls of the agent run: reads (some of them re-reading a range), long command
+/// logs and searches, then the answer.
+fn script_agent(sim: &Sim) -> usize {
+    let mut calls = 0;
+    for i in 0..33u64 {
+        let reply = match i % 4 {
+            0 => ScriptedReply::tool_call(
+                "read_file",
+                json!({"path": "src/lib.rs", "start": i * 60, "end": i * 60 + 199}),
+            ),
+            // The same lines again: the earlier read is superseded.
+            1 => ScriptedReply::tool_call(
+                "read_file",
+                json!({"path": "src/lib.rs", "start": (i - 1) * 60, "end": (i - 1) * 60 + 199}),
+            ),
+            2 => ScriptedReply::tool_call(
+                "run_command",
+                json!({"command": format!("cargo test -p crate{i}")}),
+            ),
+            _ => ScriptedReply::tool_call("search", json!({"query": format!("item_{i}")})),
+        };
+        sim.push_reply(reply);
+        calls += 1;
+    }
+    sim.push_reply(ScriptedReply::text(
+        "The tests fail at step 499 (MISSION-DONE).",
+    ));
+    calls
+}
+
+async fn agent_run(mode: &str) {
+    let sim = Sim::start().await.expect("sim");
+    let window = 40_000;
+    sim.set_window(MODEL, window);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out_dir = dir.path().join("outputs");
+    std::fs::create_dir_all(&out_dir).expect("outputs dir");
+    let env = storage_env(dir.path(), None);
+    let built = build_session(
+        &config_yaml(
+            &format!("agents-{mode}"),
+            &format!("{}/v1", sim.url()),
+            window,
+            "compaction: {summarizer: {enabled: false}, toolResults: {perResultChars: 12000}}\n",
+        ),
+        &env,
+        "t",
+    )
+    .await;
+    let state = AppState::new(built.session, TOKEN);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = cairn_agent::server::router(state, 16 * 1024 * 1024);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let calls = script_agent(&sim);
+
+    let out = run_python(
+        AGENT,
+        base.clone(),
+        vec![
+            ("OUT".into(), out_dir.display().to_string()),
+            ("MODE".into(), mode.into()),
+        ],
+    )
+    .await;
+    assert_eq!(
+        line(&out, "FINAL"),
+        "The tests fail at step 499 (MISSION-DONE)."
+    );
+    assert_eq!(line(&out, "CALLS"), calls.to_string());
+
+    // Replay mode resends the whole conversation every call; the other mode names the
+    // previous response and sends only the new items.
+    let previous: usize = line(&out, "PREVIOUS").parse().expect("count");
+    let items: usize = line(&out, "ITEMS").parse().expect("count");
+    if mode == "replay" {
+        assert_eq!(previous, 0);
+        assert!(items > calls * calls, "{items} items sent");
+    } else {
+        assert_eq!(
+            previous, calls,
+            "every call but the first names its predecessor"
+        );
+        assert!(items <= 3 * (calls + 1), "{items} items sent");
+    }
+    let api = Api::new(base);
+    let session = api.session().await;
+    eprintln!(
+        "{mode}: {} model calls, {items} items sent, passes {}, {} compactions, {} bytes of history",
+        calls + 1,
+        session["passes"],
+        session["stats"]["compactions"],
+        session["stats"]["historyBytes"]
+    );
+    let passes = &session["passes"];
+    for pass in ["microcompacted", "deduplicated", "toolResultsCut"] {
+        assert!(passes[pass].as_u64().unwrap_or(0) > 0, "{pass}: {session}");
+    }
+    let reqs = sim.requests();
+    assert_eq!(reqs.len(), calls + 1, "one model call per agent turn");
+    // Well past the window: the tool outputs add up to several windows, every request stayed
+    // within it.
+    let outputs: Vec<String> = (1..=calls)
+        .map(|n| std::fs::read_to_string(out_dir.join(format!("{n:03}.txt"))).expect("output"))
+        .collect();
+    let total: usize = outputs.iter().map(String::len).sum();
+    assert!(
+        total as u64 > 3 * window * 4,
+        "{total} bytes of tool output"
+    );
+    assert!(
+        reqs.iter().all(|r| r.outcome == "ok"),
+        "a request overflowed"
+    );
+    // No item twice in any request, the question once in each.
+    for r in &reqs {
+        assert_eq!(r.body.matches("MISSION-START").count(), 1, "seq {}", r.seq);
+        for n in 1..=calls {
+            let tag = format!("OUT-{n:03}");
+            assert!(
+                r.body.matches(&tag).count() <= 1,
+                "{tag} twice in request {}",
+                r.seq
+            );
+        }
+    }
+    // A tool output archived along the way comes back byte for byte.
+    let last = &reqs.last().expect("requests").body;
+    let mut recalled = 0;
+    for m in last.match_indices("<<ccr:") {
+        let key = &last[m.0 + 6..(m.0 + 22).min(last.len())];
+        if key.len() < 16 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue; // the recall tool's own description names the marker form
+        }
+        let (s, body) = api.get(&format!("/v1/recall/{key}")).await;
+        assert_eq!(s, 200);
+        if outputs.iter().any(|o| o.as_bytes() == body.as_slice()) {
+            recalled += 1;
+        }
+    }
+    assert!(
+        recalled > 0,
+        "no archived tool output among the markers of the last request"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_agents_sdk_runs_a_tool_agent_past_the_window_in_replay_mode() {
+    agent_run("replay").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_agents_sdk_runs_a_tool_agent_past_the_window_with_previous_response_id() {
+    agent_run("previous").await;
+}
