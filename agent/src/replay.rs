@@ -356,8 +356,9 @@ pub fn reconcile(
         if held[j].matches(incoming, fingerprints[i]) {
             i += 1;
             j += 1;
-        } else if held[j].kind == Kind::Assistant {
-            // The text of a reply the client did not keep.
+        } else if held[j].kind == Kind::Assistant && incoming.item.kind() != Kind::Assistant {
+            // The text of a reply the client did not keep (a different text in its place is
+            // a contradiction).
             j += 1;
         } else {
             return Err(Refusal::Diverged {

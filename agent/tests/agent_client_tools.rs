@@ -74,8 +74,7 @@ async fn respond(api: &Api, body: Value, stream: bool) -> Value {
     }
     let mut body = body;
     body["stream"] = json!(true);
-    let ev = events_checked(&post_stream(api, body).await);
-    ev
+    events_checked(&post_stream(api, body).await)
 }
 
 /// Checks the function-call events the OpenAI SDKs parse and returns the final Response.

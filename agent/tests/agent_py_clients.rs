@@ -13,7 +13,7 @@ use std::process::Command;
 use agent_support::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{ScriptedReply, Sim};
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// The venv's python, installed by the harness script when missing.
 fn python() -> PathBuf {
