@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod ccr;
 pub mod compress;
 pub mod history;
+pub mod images;
 pub mod provider;
 
 // Classification, compaction and recovery.

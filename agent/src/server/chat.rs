@@ -161,11 +161,11 @@ fn usage(o: &TurnOutcome) -> Value {
     })
 }
 
-fn cairn(o: &TurnOutcome) -> Value {
-    json!({"notices": o.notices, "rounds": o.rounds, "stopped": o.stopped, "truncated": o.truncated})
+fn cairn(o: &TurnOutcome, images: &[Value]) -> Value {
+    json!({"notices": o.notices, "rounds": o.rounds, "stopped": o.stopped, "truncated": o.truncated, "images": images})
 }
 
-fn completion(ids: &Ids, o: &TurnOutcome) -> Value {
+fn completion(ids: &Ids, o: &TurnOutcome, images: &[Value]) -> Value {
     let mut message = json!({
         "role": "assistant",
         "content": if o.text.is_empty() && !o.calls.is_empty() { Value::Null } else { json!(o.text) },
@@ -181,7 +181,7 @@ fn completion(ids: &Ids, o: &TurnOutcome) -> Value {
         "model": ids.model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(o), "logprobs": null}],
         "usage": usage(o),
-        "cairn": cairn(o),
+        "cairn": cairn(o, images),
     })
 }
 
@@ -203,7 +203,8 @@ pub async fn create(
     let request = parse_request(&body)?;
     state.check_owned()?;
     let session = state.session.clone().try_lock_owned().map_err(|_| busy())?;
-    let (input, held) = reconciled(session.ledger(), Api::Chat, &request.input, None)?;
+    let (mut input, held) = reconciled(session.ledger(), Api::Chat, &request.input, None)?;
+    let images = items::prepare_images(&mut input, state.store.as_ref()).await?;
     let ids = Ids {
         id: new_id("chatcmpl"),
         created: now_secs(),
@@ -232,7 +233,7 @@ pub async fn create(
                 format!("the turn task failed: {e}"),
             )
         })??;
-        return Ok(axum::Json(completion(&ids, &outcome)).into_response());
+        return Ok(axum::Json(completion(&ids, &outcome, &images)).into_response());
     }
 
     let include_usage = request.include_usage;

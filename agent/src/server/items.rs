@@ -505,6 +505,62 @@ pub fn tool_choice(
     Ok(choice)
 }
 
+/// Shrinks the images of new messages before they enter the session
+/// (`crate::images`): each shrunk image's original is archived first, its key kept in the
+/// message's `meta.archived`. Returns what was done, for the response's `cairn.images`.
+pub async fn prepare_images(
+    messages: &mut [crate::history::Message],
+    store: &dyn crate::ccr::Store,
+) -> Result<Vec<Value>, ApiError> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut report = Vec::new();
+    for m in messages.iter_mut().filter(|m| !m.images.is_empty()) {
+        for image in m.images.iter_mut() {
+            let original = b64.decode(image.data.trim()).map_err(|e| {
+                bad(
+                    "invalid_image",
+                    format!("an image's base64 data does not decode: {e}"),
+                )
+            })?;
+            let claimed = image.media_type.clone();
+            let bytes = original.clone();
+            let prepared =
+                tokio::task::spawn_blocking(move || crate::images::prepare(&bytes, &claimed))
+                    .await
+                    .map_err(|e| {
+                        ApiError::new(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "image_failed",
+                            format!("the image task failed: {e}"),
+                        )
+                    })?
+                    .map_err(|e| bad("invalid_image", e.to_string()))?;
+            let Some((ow, oh)) = prepared.original else {
+                continue;
+            };
+            let key = store.archive(&original).await.map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "archive_unavailable",
+                    format!("the original image could not be archived, so it was not shrunk: {e}"),
+                )
+            })?;
+            report.push(serde_json::json!({
+                "key": key.as_str(),
+                "original": {"width": ow, "height": oh, "bytes": original.len(), "mediaType": image.media_type},
+                "sent": {"width": prepared.width, "height": prepared.height, "bytes": prepared.bytes.len(), "mediaType": prepared.media_type},
+            }));
+            image.media_type = prepared.media_type.to_owned();
+            image.data = b64.encode(&prepared.bytes);
+            if !m.meta.archived.iter().any(|k| k == key.as_str()) {
+                m.meta.archived.push(key.as_str().to_owned());
+            }
+        }
+    }
+    Ok(report)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

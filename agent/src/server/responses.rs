@@ -96,6 +96,8 @@ pub struct Echo {
     store: bool,
     previous_response_id: Value,
     truncation: Value,
+    /// Images shrunk before they entered the session (`cairn.images`).
+    images: Vec<Value>,
 }
 
 /// Parses and checks a request body.
@@ -184,6 +186,7 @@ pub fn parse_request(body: &Value) -> Result<Request, ApiError> {
         store,
         previous_response_id: json!(previous_response_id),
         truncation: json!(items::opt_str(obj, "truncation")?.unwrap_or("disabled")),
+        images: Vec::new(),
     };
     Ok(Request {
         input,
@@ -297,6 +300,7 @@ fn response_object(
             "notices": outcome.map(|o| o.notices.clone()).unwrap_or_default(),
             "rounds": outcome.map(|o| o.rounds),
             "stopped": outcome.and_then(|o| o.stopped),
+            "images": e.images,
         },
     })
 }
@@ -340,12 +344,14 @@ pub async fn create(
     let request = parse_request(&body)?;
     state.check_owned()?;
     let session = state.session.clone().try_lock_owned().map_err(|_| busy())?;
-    let (input, held) = reconciled(
+    let (mut input, held) = reconciled(
         session.ledger(),
         Api::Responses,
         &request.input,
         request.previous_response_id.as_deref(),
     )?;
+    let mut request = request;
+    request.echo.images = items::prepare_images(&mut input, state.store.as_ref()).await?;
     let ids = Ids {
         response: new_id("resp"),
         message: new_id("msg"),
