@@ -16,7 +16,7 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::history::{Image, Message, ToolCall};
 
@@ -98,13 +98,25 @@ impl Item {
         }
     }
 
-    /// The item's fingerprint: the first 8 bytes of a SHA-256 over a canonical encoding.
-    /// Function-call arguments are compared as JSON (key order and spacing do not matter:
-    /// frameworks re-serialize the arguments they parsed), everything else byte for byte.
+    /// The item's fingerprint: XXH3-64 (a fixed, specified hash: fingerprints are journaled)
+    /// over a canonical encoding. Function-call arguments are compared as JSON (key order
+    /// and spacing do not matter: frameworks re-serialize the arguments they parsed),
+    /// everything else byte for byte.
     pub fn fingerprint(&self) -> u64 {
-        let mut h = Sha256::new();
+        self.hash(true)
+    }
+
+    /// The fingerprint of the item as sent: function-call arguments byte for byte. Equal to
+    /// [`Item::fingerprint`] for every other item; checked first, so that a replay resending
+    /// the arguments as they were given parses no JSON.
+    pub fn raw_fingerprint(&self) -> u64 {
+        self.hash(false)
+    }
+
+    fn hash(&self, canonical: bool) -> u64 {
+        let mut h = Xxh3::new();
         let mut field = |b: &[u8]| {
-            h.update((b.len() as u64).to_le_bytes());
+            h.update(&(b.len() as u64).to_le_bytes());
             h.update(b);
         };
         match self {
@@ -128,7 +140,11 @@ impl Item {
                 field(b"function_call");
                 field(call_id.as_bytes());
                 field(name.as_bytes());
-                field(canonical_json(arguments).as_bytes());
+                if canonical {
+                    field(canonical_json(arguments).as_bytes());
+                } else {
+                    field(arguments.as_bytes());
+                }
             }
             Self::FunctionCallOutput { call_id, output } => {
                 field(b"function_call_output");
@@ -136,10 +152,7 @@ impl Item {
                 field(output.as_bytes());
             }
         }
-        let d = h.finalize();
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&d[..8]);
-        u64::from_be_bytes(b)
+        h.digest()
     }
 }
 
@@ -199,6 +212,9 @@ pub struct Held {
     pub fingerprint: u64,
     #[serde(rename = "k")]
     pub kind: Kind,
+    /// [`Item::raw_fingerprint`], when it differs from the canonical one.
+    #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<u64>,
     /// Issued by this session (an output item), so a replay that carries it is recognised.
     #[serde(rename = "o", default, skip_serializing_if = "is_false")]
     pub output: bool,
@@ -213,9 +229,12 @@ fn is_false(b: &bool) -> bool {
 impl Held {
     /// An item the client sent.
     pub fn input(item: &Item) -> Self {
+        let fingerprint = item.fingerprint();
+        let raw = item.raw_fingerprint();
         Self {
-            fingerprint: item.fingerprint(),
+            fingerprint,
             kind: item.kind(),
+            raw: (raw != fingerprint).then_some(raw),
             output: false,
             id: None,
         }
@@ -224,16 +243,20 @@ impl Held {
     /// An item the session answered with, under the id it issued.
     pub fn output(item: &Item, id: Option<String>) -> Self {
         Self {
-            fingerprint: item.fingerprint(),
-            kind: item.kind(),
             output: true,
             id,
+            ..Self::input(item)
         }
     }
 
-    fn matches(&self, incoming: &Incoming, fingerprint: u64) -> bool {
-        self.fingerprint == fingerprint
-            || (self.id.is_some() && incoming.id.is_some() && self.id == incoming.id)
+    /// Whether `incoming` (whose raw fingerprint is `raw`) is this item: the id cairn
+    /// issued, the same bytes, or — for a function call — the same arguments as JSON.
+    fn matches(&self, incoming: &Incoming, raw: u64) -> bool {
+        (self.id.is_some() && incoming.id.is_some() && self.id == incoming.id)
+            || self.raw == Some(raw)
+            || self.fingerprint == raw
+            || (matches!(incoming.item, Item::FunctionCall { .. })
+                && incoming.item.fingerprint() == self.fingerprint)
     }
 }
 
@@ -334,7 +357,7 @@ pub fn reconcile(
     if held.is_empty() {
         return Ok(0);
     }
-    let fingerprints: Vec<u64> = input.iter().map(|i| i.item.fingerprint()).collect();
+    let fingerprints: Vec<u64> = input.iter().map(|i| i.item.raw_fingerprint()).collect();
     if api == Api::Responses && !carries_an_output(held, input, &fingerprints) {
         return Ok(0);
     }
@@ -377,20 +400,23 @@ pub fn reconcile(
     Ok(i)
 }
 
-/// Whether an input resends an item the session answered with.
+/// Whether an input resends an item the session answered with (by id, or by its bytes).
 fn carries_an_output(held: &[Held], input: &[Incoming], fingerprints: &[u64]) -> bool {
     let mut ids: HashSet<&str> = HashSet::new();
     let mut fps: HashSet<u64> = HashSet::new();
     for h in held.iter().filter(|h| h.output) {
         fps.insert(h.fingerprint);
+        fps.extend(h.raw);
         if let Some(id) = &h.id {
             ids.insert(id);
         }
     }
-    input
-        .iter()
-        .zip(fingerprints)
-        .any(|(inc, fp)| fps.contains(fp) || inc.id.as_deref().is_some_and(|id| ids.contains(id)))
+    input.iter().zip(fingerprints).any(|(inc, fp)| {
+        fps.contains(fp)
+            || inc.id.as_deref().is_some_and(|id| ids.contains(id))
+            || (matches!(inc.item, Item::FunctionCall { .. })
+                && fps.contains(&inc.item.fingerprint()))
+    })
 }
 
 /// The id of the function-call item that hands the client call `call_id`.

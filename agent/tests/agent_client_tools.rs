@@ -272,3 +272,87 @@ async fn built_in_tools_run_inside_the_turn_and_a_mixed_reply_hands_over_the_cli
             .contains("background")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_reply_mixing_built_in_and_client_calls_runs_the_built_in_and_hands_over_the_rest() {
+    let sim = Sim::start().await.expect("sim");
+    for kind in ProviderKind::ALL {
+        sim.reset();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = storage_env(dir.path(), None);
+        let name = format!("parallel-{}", kind.as_str());
+        let built = build_session(&yaml(kind, &sim, &name), &env, "t").await;
+        let api = Api::new(serve(AppState::new(built.session, TOKEN)).await);
+        let what = format!("{kind:?}");
+
+        sim.push_reply(ScriptedReply::tool_calls(vec![
+            ("recall".into(), json!({"key": "0123456789abcdef"})),
+            ("read_file".into(), json!({"path": "a"})),
+            ("read_file".into(), json!({"path": "b"})),
+        ]));
+        let (s, v) = api
+            .post(
+                "/v1/responses",
+                json!({"model": MODEL, "input": "read a and b", "tools": read_tool()}),
+            )
+            .await;
+        assert_eq!(s, 200, "{what}: {v}");
+        assert_eq!(v["cairn"]["rounds"], 1, "{what}");
+        let calls: Vec<Value> = v["output"].as_array().unwrap().clone();
+        assert_eq!(calls.len(), 2, "{what}: {v}");
+        let paths: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                serde_json::from_str::<Value>(c["arguments"].as_str().unwrap()).unwrap()["path"]
+                    .clone()
+            })
+            .collect();
+        assert_eq!(paths, [json!("a"), json!("b")], "{what}");
+        assert_ne!(calls[0]["call_id"], calls[1]["call_id"]);
+
+        // The outputs of both, and the built-in's result, reach the provider with the next
+        // request, each bound to its call.
+        sim.push_reply(ScriptedReply::tool_calls(vec![
+            ("read_file".into(), json!({"path": "c"})),
+            ("read_file".into(), json!({"path": "d"})),
+        ]));
+        let outputs: Vec<Value> = calls
+            .iter()
+            .map(|c| json!({"type": "function_call_output", "call_id": c["call_id"], "output": format!("OUTPUT-{}", c["call_id"].as_str().unwrap())}))
+            .collect();
+        let (s, v2) = api
+            .post(
+                "/v1/responses",
+                json!({"model": MODEL, "input": outputs, "previous_response_id": v["id"],
+                       "tools": read_tool(), "parallel_tool_calls": false}),
+            )
+            .await;
+        assert_eq!(s, 200, "{what}: {v2}");
+        let body = &sim.requests()[1].body;
+        for c in &calls {
+            assert!(
+                body.contains(&format!("OUTPUT-{}", c["call_id"].as_str().unwrap())),
+                "{what}"
+            );
+        }
+        // parallel_tool_calls: false holds even where the provider has no such setting.
+        let out = v2["output"].as_array().unwrap();
+        assert_eq!(out.len(), 1, "{what}: {v2}");
+        assert!(
+            out[0]["arguments"].as_str().unwrap().contains("\"c\""),
+            "{what}"
+        );
+        if matches!(
+            kind,
+            ProviderKind::Openai | ProviderKind::OpenaiResponses | ProviderKind::OpenaiCompatible
+        ) {
+            assert!(body.contains("\"parallel_tool_calls\":false"), "{what}");
+        }
+        if kind == ProviderKind::Anthropic {
+            assert!(
+                body.contains("\"disable_parallel_tool_use\":true"),
+                "{what}"
+            );
+        }
+    }
+}

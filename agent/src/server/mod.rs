@@ -156,6 +156,10 @@ fn view_of(session: &Session, status: &str) -> Value {
         "journalEpoch": session.journal_epoch(),
         "stats": session.stats(),
         "passes": session.passes(),
+        "replay": {
+            "items": session.ledger().items.len(),
+            "latestResponse": session.ledger().latest_response(),
+        },
         // The shape of the newest messages (roles and sizes, never their text): what a
         // person checks first after a compaction.
         "recent": session

@@ -349,6 +349,8 @@ impl Session {
     pub async fn replace_history(&mut self, messages: Vec<Message>) -> Result<(), TurnError> {
         self.settle().await?;
         self.history = messages;
+        // The API clients' conversation is gone with the history it was part of.
+        self.ledger = Ledger::default();
         self.commit(Vec::new(), None, false).await
     }
 
