@@ -307,3 +307,137 @@ fn emit_whole(r: &ChatResponse, on_delta: DeltaSink<'_>) {
 
 /// A sink that drops everything.
 fn no_deltas(_: Delta<'_>) {}
+
+#[cfg(test)]
+mod controls_tests {
+    use serde_json::{Value, json};
+
+    use super::wire::fixture;
+    use super::*;
+
+    /// The body of every wire format for the fixture request with `controls`.
+    fn bodies(controls: Controls) -> Vec<(&'static str, Value)> {
+        let mut request = fixture::request(false);
+        request.controls = controls;
+        let chat = OpenAiChat::new(
+            "openai",
+            "http://x/v1",
+            None,
+            false,
+            ClientOptions::default(),
+        )
+        .expect("client");
+        let v = |b: Vec<u8>| serde_json::from_slice::<Value>(&b).expect("json");
+        vec![
+            (
+                "chat",
+                v(serde_json::to_vec(&chat.body(&request)).unwrap_or_default()),
+            ),
+            (
+                "responses",
+                v(serde_json::to_vec(&OpenAiResponses::body(&request)).unwrap_or_default()),
+            ),
+            (
+                "anthropic",
+                v(serde_json::to_vec(&Anthropic::body(&request)).unwrap_or_default()),
+            ),
+            (
+                "gemini",
+                v(serde_json::to_vec(&Gemini::body(&request)).unwrap_or_default()),
+            ),
+            (
+                "bedrock",
+                v(serde_json::to_vec(&Bedrock::body(&request)).unwrap_or_default()),
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_default_controls_send_nothing() {
+        for (name, b) in bodies(Controls::default()) {
+            let text = b.to_string();
+            for field in [
+                "tool_choice",
+                "toolChoice",
+                "functionCallingConfig",
+                "temperature",
+                "top_p",
+                "topP",
+                "parallel",
+            ] {
+                assert!(!text.contains(field), "{name}: {field} in {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_named_tool_choice_and_sampling_reach_every_format() {
+        let controls = Controls {
+            tool_choice: ToolChoice::Function("read_file".into()),
+            parallel_tool_calls: Some(false),
+            temperature: Some(0.5),
+            top_p: Some(0.25),
+        };
+        let b: std::collections::HashMap<_, _> = bodies(controls).into_iter().collect();
+        assert_eq!(
+            b["chat"]["tool_choice"],
+            json!({"type": "function", "function": {"name": "read_file"}})
+        );
+        assert_eq!(b["chat"]["parallel_tool_calls"], json!(false));
+        assert_eq!(
+            (&b["chat"]["temperature"], &b["chat"]["top_p"]),
+            (&json!(0.5), &json!(0.25))
+        );
+        assert_eq!(
+            b["responses"]["tool_choice"],
+            json!({"type": "function", "name": "read_file"})
+        );
+        assert_eq!(b["responses"]["parallel_tool_calls"], json!(false));
+        assert_eq!(
+            b["anthropic"]["tool_choice"],
+            json!({"type": "tool", "name": "read_file", "disable_parallel_tool_use": true})
+        );
+        assert_eq!(b["anthropic"]["top_p"], json!(0.25));
+        assert_eq!(
+            b["gemini"]["toolConfig"],
+            json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["read_file"]}})
+        );
+        assert_eq!(b["gemini"]["generationConfig"]["topP"], json!(0.25));
+        assert_eq!(
+            b["bedrock"]["toolConfig"]["toolChoice"],
+            json!({"tool": {"name": "read_file"}})
+        );
+        assert_eq!(b["bedrock"]["inferenceConfig"]["temperature"], json!(0.5));
+    }
+
+    #[test]
+    fn none_and_required_in_each_format() {
+        let with = |c| {
+            bodies(Controls {
+                tool_choice: c,
+                ..Controls::default()
+            })
+            .into_iter()
+            .collect::<std::collections::HashMap<_, _>>()
+        };
+        let none = with(ToolChoice::None);
+        assert_eq!(none["chat"]["tool_choice"], json!("none"));
+        assert_eq!(none["responses"]["tool_choice"], json!("none"));
+        assert_eq!(none["anthropic"]["tool_choice"], json!({"type": "none"}));
+        assert_eq!(
+            none["gemini"]["toolConfig"]["functionCallingConfig"]["mode"],
+            json!("NONE")
+        );
+        let required = with(ToolChoice::Required);
+        assert_eq!(required["chat"]["tool_choice"], json!("required"));
+        assert_eq!(required["anthropic"]["tool_choice"], json!({"type": "any"}));
+        assert_eq!(
+            required["gemini"]["toolConfig"]["functionCallingConfig"]["mode"],
+            json!("ANY")
+        );
+        assert_eq!(
+            required["bedrock"]["toolConfig"]["toolChoice"],
+            json!({"any": {}})
+        );
+    }
+}
