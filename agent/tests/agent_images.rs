@@ -160,10 +160,52 @@ async fn large_images_are_shrunk_before_sending_and_their_originals_recalled() {
     assert_eq!(s, 200);
     assert!(original == png, "the original PNG comes back byte for byte");
 
+    // And the other way round: the PNG on the Responses API (only the new item, after the
+    // latest response), the photo on Chat Completions (the whole conversation resent).
+    sim.push_reply(ScriptedReply::text("the checkerboard again"));
+    let (s, r3) = api
+        .post(
+            "/v1/responses",
+            json!({"model": MODEL, "previous_response_id": r["id"], "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "once more"},
+                {"type": "input_image", "image_url": data_url("image/png", &png)}
+            ]}]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{r3}");
+    assert_eq!(r3["cairn"]["images"][0]["sent"]["mediaType"], "image/png");
+    let sent = sent_images(&sim.requests()[2].body);
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[2], (ImageFormat::Png, 1568, 1176));
+    sim.push_reply(ScriptedReply::text("the gradient again"));
+    let mut all = messages.as_array().unwrap().clone();
+    all.push(json!({"role": "assistant", "content": "a checkerboard"}));
+    all.push(json!({"role": "user", "content": [
+        {"type": "text", "text": "once more"},
+        {"type": "image_url", "image_url": {"url": data_url("image/png", &png)}}
+    ]}));
+    all.push(json!({"role": "assistant", "content": "the checkerboard again"}));
+    all.push(json!({"role": "user", "content": [
+        {"type": "text", "text": "and the photo?"},
+        {"type": "image_url", "image_url": {"url": data_url("image/jpeg", &jpeg)}}
+    ]}));
+    let (s, r4) = api
+        .post(
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": all}),
+        )
+        .await;
+    assert_eq!(s, 200, "{r4}");
+    assert_eq!(r4["cairn"]["images"].as_array().unwrap().len(), 1);
+    assert_eq!(r4["cairn"]["images"][0]["sent"]["mediaType"], "image/jpeg");
+    let sent = sent_images(&sim.requests()[3].body);
+    assert_eq!(sent.len(), 4);
+    assert_eq!(sent[3], (ImageFormat::Jpeg, 1568, 1176));
+
     // What the history weighs is what was sent, not the originals.
     let session = api.session().await;
     assert!(
-        session["stats"]["historyBytes"].as_u64().unwrap() < (jpeg.len() + png.len()) as u64 / 2,
+        session["stats"]["historyBytes"].as_u64().unwrap() < (jpeg.len() + png.len()) as u64,
         "{session}"
     );
 
@@ -183,5 +225,5 @@ async fn large_images_are_shrunk_before_sending_and_their_originals_recalled() {
             .await;
         assert_eq!(s, 400, "{bad}: {e}");
     }
-    assert_eq!(sim.requests().len(), 2);
+    assert_eq!(sim.requests().len(), 4);
 }
