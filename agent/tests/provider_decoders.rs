@@ -48,24 +48,32 @@ fn turns() -> impl Strategy<Value = Turn> {
     (
         "[a-zA-Z0-9 éß😀\"\\\\\n]{0,60}",
         proptest::option::of("[a-z ]{1,20}"),
-        proptest::option::of(("[a-z_]{1,10}", "[a-z0-9]{0,8}")),
+        proptest::collection::vec(("[a-z_]{1,10}", "[a-z0-9]{0,8}"), 0..3),
         prop_oneof![Just(Stop::End), Just(Stop::MaxTokens)],
         0u64..10_000,
         0u64..500,
     )
-        .prop_map(|(text, reasoning, call, stop, input, output)| {
-            let text = if text.is_empty() && call.is_none() {
+        .prop_map(|(text, reasoning, calls, stop, input, output)| {
+            let text = if text.is_empty() && calls.is_empty() {
                 "x".to_string()
             } else {
                 text
             };
-            let stop = if call.is_some() { Stop::ToolUse } else { stop };
+            let stop = if calls.is_empty() {
+                stop
+            } else {
+                Stop::ToolUse
+            };
             Turn {
                 seq: 1,
                 model: "m".into(),
                 text,
                 reasoning,
-                call: call.map(|(name, v)| ("call_1".into(), name, json!({"v": v, "n": [1, 2]}))),
+                calls: calls
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, (name, v))| (format!("call_{k}"), name, json!({"v": v, "n": [1, k]})))
+                    .collect(),
                 stop,
                 input_tokens: input,
                 output_tokens: output,
@@ -115,14 +123,15 @@ proptest! {
             prop_assert_eq!(r.stop, expected_stop(turn.stop));
             prop_assert_eq!(r.usage.input_tokens, turn.input_tokens);
             prop_assert_eq!(r.usage.output_tokens, turn.output_tokens);
-            match &turn.call {
-                Some((_, name, args)) => {
-                    prop_assert_eq!(&r.tool_calls()[0].name, name);
-                    let got: serde_json::Value =
-                        serde_json::from_str(&r.tool_calls()[0].arguments).unwrap();
-                    prop_assert_eq!(&got, args);
+            // Every call of the reply, in order (parallel tool calls).
+            prop_assert_eq!(r.tool_calls().len(), turn.calls.len(), "{:?}", wire);
+            for (got, (id, name, args)) in r.tool_calls().iter().zip(&turn.calls) {
+                prop_assert_eq!(&got.name, name);
+                if wire != Wire::Gemini {
+                    prop_assert_eq!(&got.id, id);
                 }
-                None => prop_assert!(r.tool_calls().is_empty()),
+                let parsed: serde_json::Value = serde_json::from_str(&got.arguments).unwrap();
+                prop_assert_eq!(&parsed, args);
             }
         }
     }

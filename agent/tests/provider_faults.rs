@@ -51,6 +51,7 @@ fn request(stream: bool) -> ChatRequest {
         tools: vec![],
         max_output_tokens: 100,
         stream,
+        controls: Default::default(),
     }
 }
 

@@ -89,6 +89,7 @@ async fn no_secret_in_traces_errors_or_debug() {
                 tools: vec![],
                 max_output_tokens: 10,
                 stream,
+                controls: Default::default(),
             };
             sim.push_reply(ScriptedReply::text("fine"));
             assert!(p.send(&req).await.is_ok());

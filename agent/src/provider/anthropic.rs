@@ -10,7 +10,9 @@ use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
 use super::wire::{Arguments, SystemText, Turn, is_false, merge_turns};
-use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
+use super::{
+    ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, ToolChoice, Usage,
+};
 use crate::history::{Message, Role, ToolCall};
 
 const API_VERSION: &str = "2023-06-01";
@@ -57,8 +59,32 @@ impl Anthropic {
                 })
                 .collect(),
             stream: request.stream,
+            tool_choice: anthropic_tool_choice(request),
+            temperature: request.controls.temperature,
+            top_p: request.controls.top_p,
         }
     }
+}
+
+/// Anthropic's `tool_choice`: `auto`, `any` (required), `tool` (named) or `none`, with
+/// `disable_parallel_tool_use` for `parallel_tool_calls: false`.
+fn anthropic_tool_choice(request: &ChatRequest) -> Option<Value> {
+    let has_tools = !request.tools.is_empty();
+    let choice = request.controls.choice(has_tools);
+    let single = request.controls.parallel(has_tools) == Some(false);
+    if choice.is_none() && !single {
+        return None;
+    }
+    let mut v = match choice.unwrap_or(&ToolChoice::Auto) {
+        ToolChoice::Auto => serde_json::json!({"type": "auto"}),
+        ToolChoice::None => return Some(serde_json::json!({"type": "none"})),
+        ToolChoice::Required => serde_json::json!({"type": "any"}),
+        ToolChoice::Function(name) => serde_json::json!({"type": "tool", "name": name}),
+    };
+    if single {
+        v["disable_parallel_tool_use"] = Value::Bool(true);
+    }
+    Some(v)
 }
 
 #[derive(Serialize)]
@@ -72,6 +98,12 @@ struct Body<'a> {
     tools: Vec<Tool<'a>>,
     #[serde(skip_serializing_if = "is_false")]
     stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
 }
 
 #[derive(Serialize)]

@@ -13,7 +13,9 @@ use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secre
 use super::sigv4::{PATH_SEGMENT, SigningInput, sign};
 use super::sse::SseEvent;
 use super::wire::{Arguments, Turn, merge_turns, system_prompts};
-use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
+use super::{
+    ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, ToolChoice, Usage,
+};
 use crate::history::{Message, Role, ToolCall};
 
 /// AWS access keys.
@@ -99,6 +101,8 @@ impl Bedrock {
             messages: wire_messages(&request.messages),
             inference_config: InferenceConfig {
                 max_tokens: request.max_output_tokens,
+                temperature: request.controls.temperature,
+                top_p: request.controls.top_p,
             },
             system: system_prompts(&request.messages)
                 .map(|text| Text { text })
@@ -117,8 +121,19 @@ impl Bedrock {
                         },
                     })
                     .collect(),
+                tool_choice: request.controls.choice(true).and_then(bedrock_tool_choice),
             }),
         }
+    }
+}
+
+/// Converse's `toolChoice`: `any` (required) or `tool` (named). Converse has no choice that
+/// forbids tool calls; the session refuses `none` for this provider before any call.
+fn bedrock_tool_choice(c: &ToolChoice) -> Option<Value> {
+    match c {
+        ToolChoice::Auto | ToolChoice::None => None,
+        ToolChoice::Required => Some(serde_json::json!({"any": {}})),
+        ToolChoice::Function(name) => Some(serde_json::json!({"tool": {"name": name}})),
     }
 }
 
@@ -137,6 +152,10 @@ struct Body<'a> {
 #[serde(rename_all = "camelCase")]
 struct InferenceConfig {
     max_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -147,6 +166,8 @@ struct Text<'a> {
 #[derive(Serialize)]
 struct ToolConfig<'a> {
     tools: Vec<Tool<'a>>,
+    #[serde(rename = "toolChoice", skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
 }
 
 #[derive(Serialize)]

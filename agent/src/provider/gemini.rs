@@ -12,7 +12,9 @@ use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
 use super::wire::{Arguments, merge_turns, system_prompts};
-use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
+use super::{
+    ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, ToolChoice, Usage,
+};
 use crate::history::{Message, Role, ToolCall};
 
 /// `Debug` shows the key as redacted ([`Secret`]).
@@ -63,7 +65,13 @@ impl Gemini {
             contents: wire_contents(&request.messages),
             generation_config: GenerationConfig {
                 max_output_tokens: request.max_output_tokens,
+                temperature: request.controls.temperature,
+                top_p: request.controls.top_p,
             },
+            tool_config: request
+                .controls
+                .choice(!request.tools.is_empty())
+                .map(gemini_tool_config),
             system_instruction: (!system.is_empty()).then_some(SystemInstruction { parts: system }),
             tools: if request.tools.is_empty() {
                 Vec::new()
@@ -93,12 +101,31 @@ struct Body<'a> {
     system_instruction: Option<SystemInstruction<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Tools<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_config: Option<Value>,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct GenerationConfig {
     max_output_tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+}
+
+/// Gemini's `toolConfig.functionCallingConfig`: `NONE`, `ANY`, or `ANY` limited to one name.
+fn gemini_tool_config(c: &ToolChoice) -> Value {
+    let config = match c {
+        ToolChoice::Auto => serde_json::json!({"mode": "AUTO"}),
+        ToolChoice::None => serde_json::json!({"mode": "NONE"}),
+        ToolChoice::Required => serde_json::json!({"mode": "ANY"}),
+        ToolChoice::Function(name) => {
+            serde_json::json!({"mode": "ANY", "allowedFunctionNames": [name]})
+        }
+    };
+    serde_json::json!({ "functionCallingConfig": config })
 }
 
 #[derive(Serialize)]
@@ -454,6 +481,7 @@ mod tests {
             tools: vec![],
             max_output_tokens: 10,
             stream: false,
+            controls: Default::default(),
         };
         let body = serde_json::to_value(Gemini::body(&req)).unwrap();
         assert_eq!(

@@ -60,8 +60,46 @@ impl ToolSpec {
     }
 }
 
+/// Which tools the model may or must call (`tool_choice` of the OpenAI APIs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides (every provider's default; not sent).
+    #[default]
+    Auto,
+    /// No tool call.
+    None,
+    /// At least one tool call.
+    Required,
+    /// A call of this tool.
+    Function(String),
+}
+
+/// How the model is asked to answer, beyond the messages and tools. The defaults send
+/// nothing: the provider's own defaults apply.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Controls {
+    pub tool_choice: ToolChoice,
+    /// `Some(false)`: at most one tool call per reply (sent where the wire format has the
+    /// setting; the session enforces it for the others).
+    pub parallel_tool_calls: Option<bool>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+}
+
+impl Controls {
+    /// The tool choice to send: only with tools, and only when it is not the default.
+    pub fn choice(&self, has_tools: bool) -> Option<&ToolChoice> {
+        (has_tools && self.tool_choice != ToolChoice::Auto).then_some(&self.tool_choice)
+    }
+
+    /// `parallel_tool_calls` to send: only with tools.
+    pub fn parallel(&self, has_tools: bool) -> Option<bool> {
+        self.parallel_tool_calls.filter(|_| has_tools)
+    }
+}
+
 /// One request to a provider: everything needed to build the wire body.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChatRequest {
     pub model: String,
     /// The conversation; system messages are lifted into the provider's system field where it
@@ -70,6 +108,7 @@ pub struct ChatRequest {
     pub tools: Vec<ToolSpec>,
     pub max_output_tokens: u64,
     pub stream: bool,
+    pub controls: Controls,
 }
 
 /// Why the model stopped, normalised across providers.
@@ -268,3 +307,137 @@ fn emit_whole(r: &ChatResponse, on_delta: DeltaSink<'_>) {
 
 /// A sink that drops everything.
 fn no_deltas(_: Delta<'_>) {}
+
+#[cfg(test)]
+mod controls_tests {
+    use serde_json::{Value, json};
+
+    use super::wire::fixture;
+    use super::*;
+
+    /// The body of every wire format for the fixture request with `controls`.
+    fn bodies(controls: Controls) -> Vec<(&'static str, Value)> {
+        let mut request = fixture::request(false);
+        request.controls = controls;
+        let chat = OpenAiChat::new(
+            "openai",
+            "http://x/v1",
+            None,
+            false,
+            ClientOptions::default(),
+        )
+        .expect("client");
+        let v = |b: Vec<u8>| serde_json::from_slice::<Value>(&b).expect("json");
+        vec![
+            (
+                "chat",
+                v(serde_json::to_vec(&chat.body(&request)).unwrap_or_default()),
+            ),
+            (
+                "responses",
+                v(serde_json::to_vec(&OpenAiResponses::body(&request)).unwrap_or_default()),
+            ),
+            (
+                "anthropic",
+                v(serde_json::to_vec(&Anthropic::body(&request)).unwrap_or_default()),
+            ),
+            (
+                "gemini",
+                v(serde_json::to_vec(&Gemini::body(&request)).unwrap_or_default()),
+            ),
+            (
+                "bedrock",
+                v(serde_json::to_vec(&Bedrock::body(&request)).unwrap_or_default()),
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_default_controls_send_nothing() {
+        for (name, b) in bodies(Controls::default()) {
+            let text = b.to_string();
+            for field in [
+                "tool_choice",
+                "toolChoice",
+                "functionCallingConfig",
+                "temperature",
+                "top_p",
+                "topP",
+                "parallel",
+            ] {
+                assert!(!text.contains(field), "{name}: {field} in {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_named_tool_choice_and_sampling_reach_every_format() {
+        let controls = Controls {
+            tool_choice: ToolChoice::Function("read_file".into()),
+            parallel_tool_calls: Some(false),
+            temperature: Some(0.5),
+            top_p: Some(0.25),
+        };
+        let b: std::collections::HashMap<_, _> = bodies(controls).into_iter().collect();
+        assert_eq!(
+            b["chat"]["tool_choice"],
+            json!({"type": "function", "function": {"name": "read_file"}})
+        );
+        assert_eq!(b["chat"]["parallel_tool_calls"], json!(false));
+        assert_eq!(
+            (&b["chat"]["temperature"], &b["chat"]["top_p"]),
+            (&json!(0.5), &json!(0.25))
+        );
+        assert_eq!(
+            b["responses"]["tool_choice"],
+            json!({"type": "function", "name": "read_file"})
+        );
+        assert_eq!(b["responses"]["parallel_tool_calls"], json!(false));
+        assert_eq!(
+            b["anthropic"]["tool_choice"],
+            json!({"type": "tool", "name": "read_file", "disable_parallel_tool_use": true})
+        );
+        assert_eq!(b["anthropic"]["top_p"], json!(0.25));
+        assert_eq!(
+            b["gemini"]["toolConfig"],
+            json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["read_file"]}})
+        );
+        assert_eq!(b["gemini"]["generationConfig"]["topP"], json!(0.25));
+        assert_eq!(
+            b["bedrock"]["toolConfig"]["toolChoice"],
+            json!({"tool": {"name": "read_file"}})
+        );
+        assert_eq!(b["bedrock"]["inferenceConfig"]["temperature"], json!(0.5));
+    }
+
+    #[test]
+    fn none_and_required_in_each_format() {
+        let with = |c| {
+            bodies(Controls {
+                tool_choice: c,
+                ..Controls::default()
+            })
+            .into_iter()
+            .collect::<std::collections::HashMap<_, _>>()
+        };
+        let none = with(ToolChoice::None);
+        assert_eq!(none["chat"]["tool_choice"], json!("none"));
+        assert_eq!(none["responses"]["tool_choice"], json!("none"));
+        assert_eq!(none["anthropic"]["tool_choice"], json!({"type": "none"}));
+        assert_eq!(
+            none["gemini"]["toolConfig"]["functionCallingConfig"]["mode"],
+            json!("NONE")
+        );
+        let required = with(ToolChoice::Required);
+        assert_eq!(required["chat"]["tool_choice"], json!("required"));
+        assert_eq!(required["anthropic"]["tool_choice"], json!({"type": "any"}));
+        assert_eq!(
+            required["gemini"]["toolConfig"]["functionCallingConfig"]["mode"],
+            json!("ANY")
+        );
+        assert_eq!(
+            required["bedrock"]["toolConfig"]["toolChoice"],
+            json!({"any": {}})
+        );
+    }
+}

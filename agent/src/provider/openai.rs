@@ -10,7 +10,9 @@ use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
 use super::wire::{DataUrl, is_false};
-use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
+use super::{
+    ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, ToolChoice, Usage,
+};
 use crate::history::{Message, Role, ToolCall};
 
 /// Chat Completions client. `base` ends before `/chat/completions` (e.g.
@@ -73,6 +75,13 @@ impl OpenAiChat {
             stream_options: request.stream.then_some(StreamOptions {
                 include_usage: true,
             }),
+            tool_choice: request
+                .controls
+                .choice(!request.tools.is_empty())
+                .map(chat_tool_choice),
+            parallel_tool_calls: request.controls.parallel(!request.tools.is_empty()),
+            temperature: request.controls.temperature,
+            top_p: request.controls.top_p,
         }
     }
 }
@@ -91,6 +100,26 @@ struct Body<'a> {
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+}
+
+/// `tool_choice` of Chat Completions.
+fn chat_tool_choice(c: &ToolChoice) -> Value {
+    match c {
+        ToolChoice::Auto => Value::from("auto"),
+        ToolChoice::None => Value::from("none"),
+        ToolChoice::Required => Value::from("required"),
+        ToolChoice::Function(name) => {
+            serde_json::json!({"type": "function", "function": {"name": name}})
+        }
+    }
 }
 
 #[derive(Serialize)]

@@ -10,7 +10,9 @@ use super::config::{BuildError, ClientOptions, Secret};
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
 use super::wire::{DataUrl, SystemText, is_false};
-use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, Usage};
+use super::{
+    ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, ToolChoice, Usage,
+};
 use crate::history::{Role, ToolCall};
 
 /// `Debug` shows the key as redacted ([`Secret`]).
@@ -88,7 +90,24 @@ impl OpenAiResponses {
                 })
                 .collect(),
             stream: request.stream,
+            tool_choice: request
+                .controls
+                .choice(!request.tools.is_empty())
+                .map(responses_tool_choice),
+            parallel_tool_calls: request.controls.parallel(!request.tools.is_empty()),
+            temperature: request.controls.temperature,
+            top_p: request.controls.top_p,
         }
+    }
+}
+
+/// `tool_choice` of the Responses API.
+fn responses_tool_choice(c: &ToolChoice) -> Value {
+    match c {
+        ToolChoice::Auto => Value::from("auto"),
+        ToolChoice::None => Value::from("none"),
+        ToolChoice::Required => Value::from("required"),
+        ToolChoice::Function(name) => serde_json::json!({"type": "function", "name": name}),
     }
 }
 
@@ -104,6 +123,14 @@ struct Body<'a> {
     tools: Vec<Tool<'a>>,
     #[serde(skip_serializing_if = "is_false")]
     stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
 }
 
 #[derive(Serialize)]

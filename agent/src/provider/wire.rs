@@ -195,6 +195,7 @@ pub(crate) mod fixture {
             }],
             max_output_tokens: 1234,
             stream,
+            controls: Default::default(),
         }
     }
 

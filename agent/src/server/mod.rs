@@ -1,5 +1,6 @@
-//! The HTTP API of a session (axum): an OpenAI Responses API subset, session endpoints,
-//! recall, health and metrics.
+//! The HTTP API of a session (axum): the OpenAI Responses and Chat Completions APIs
+//! (`responses`, `chat`; request items and tools in `items`, replay reconciliation in
+//! `crate::replay`), session endpoints, recall, health and metrics.
 //!
 //! Every route but `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer
 //! $CAIRN_API_TOKEN`. `/metrics` carries counters only (no message bodies, no secrets) so a
@@ -7,6 +8,8 @@
 //! the session while another holds it gets 409. Bodies over the limit get 413; malformed
 //! ones 400; every error is a JSON `{"error": {"message", "type", "code"}}`.
 
+mod chat;
+mod items;
 mod listen;
 mod responses;
 
@@ -47,7 +50,12 @@ pub struct AppState {
     view: Arc<RwLock<Value>>,
     lost: Arc<RwLock<Option<String>>>,
     stats_tx: Arc<watch::Sender<Option<SessionStats>>>,
+    /// The newest stored Response objects, for `GET /v1/responses/{id}`.
+    recent: Arc<RwLock<std::collections::VecDeque<(String, Value)>>>,
 }
+
+/// Response objects `GET /v1/responses/{id}` finds (in memory, newest kept).
+pub const RECENT_RESPONSES: usize = 32;
 
 impl AppState {
     pub fn new(session: Session, token: impl Into<Arc<str>>) -> Self {
@@ -66,7 +74,26 @@ impl AppState {
             view,
             lost: Arc::new(RwLock::new(None)),
             stats_tx: Arc::new(stats_tx),
+            recent: Arc::default(),
         }
+    }
+
+    /// Keeps a Response object for `GET /v1/responses/{id}`.
+    fn remember(&self, id: &str, response: &Value) {
+        if let Ok(mut r) = self.recent.write() {
+            r.push_back((id.to_owned(), response.clone()));
+            while r.len() > RECENT_RESPONSES {
+                r.pop_front();
+            }
+        }
+    }
+
+    fn recalled(&self, id: &str) -> Option<Value> {
+        let r = self.recent.read().ok()?;
+        r.iter()
+            .rev()
+            .find(|(k, _)| k == id)
+            .map(|(_, v)| v.clone())
     }
 
     /// Session counters after every turn (the status writer follows this).
@@ -128,6 +155,11 @@ fn view_of(session: &Session, status: &str) -> Value {
         "payloadCap": live.payload_cap,
         "journalEpoch": session.journal_epoch(),
         "stats": session.stats(),
+        "passes": session.passes(),
+        "replay": {
+            "items": session.ledger().items.len(),
+            "latestResponse": session.ledger().latest_response(),
+        },
         // The shape of the newest messages (roles and sizes, never their text): what a
         // person checks first after a compaction.
         "recent": session
@@ -144,6 +176,7 @@ fn view_of(session: &Session, status: &str) -> Value {
 }
 
 /// An error answer.
+#[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
     code: &'static str,
@@ -168,7 +201,7 @@ impl ApiError {
         }
     }
 
-    fn body(&self) -> Value {
+    pub(crate) fn body(&self) -> Value {
         json!({"error": {"message": self.message, "type": self.kind(), "code": self.code}})
     }
 }
@@ -290,6 +323,8 @@ impl Gate {
 pub fn router(state: AppState, max_body: usize) -> Router {
     let protected = Router::new()
         .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::get))
+        .route("/v1/chat/completions", post(chat::create))
         .route("/v1/session", get(get_session))
         .route("/v1/session/compact", post(compact))
         .route("/v1/session/rewind", post(rewind))

@@ -17,24 +17,27 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::history::Message;
+use crate::history::{Message, ToolCall};
 use crate::metrics::Metrics;
-use crate::session::{Notice, TurnEvent, TurnOutcome};
+use crate::provider::Controls;
+use crate::replay::{self, Api, Held, Incoming, Ledger, Refusal};
+use crate::session::{LedgerTurn, Notice, TurnEvent, TurnOptions, TurnOutcome};
 
+use super::items::{self, bad, field, refuse_unknown};
 use super::{ApiError, AppState, busy, parse_json};
 
 /// Text of one `response.output_text.delta` event.
 const DELTA_CHARS: usize = 256;
 
-fn new_id(prefix: &str) -> String {
+pub(super) fn new_id(prefix: &str) -> String {
     format!(
         "{prefix}_{:016x}{:016x}",
         fastrand::u64(..),
@@ -42,94 +45,191 @@ fn new_id(prefix: &str) -> String {
     )
 }
 
-fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, code, message)
+/// The fields of a Responses request this session understands; any other field that is
+/// set gets a 400.
+const KNOWN_FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "stream",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "metadata",
+    "store",
+    "previous_response_id",
+    "text",
+    "include",
+    "truncation",
+    "reasoning",
+    "user",
+    "safety_identifier",
+    "prompt_cache_key",
+];
+
+/// A parsed request.
+pub struct Request {
+    pub input: Vec<Incoming>,
+    pub stream: bool,
+    pub store: bool,
+    pub previous_response_id: Option<String>,
+    pub options: TurnOptions,
+    /// What the Response object echoes of the request.
+    pub echo: Echo,
 }
 
-/// The input messages of a request.
-pub fn parse_input(body: &Value) -> Result<Vec<Message>, ApiError> {
+/// The request's settings as the Response object repeats them.
+#[derive(Clone, Debug, Default)]
+pub struct Echo {
+    model: Option<String>,
+    instructions: Value,
+    tools: Value,
+    tool_choice: Value,
+    parallel_tool_calls: Value,
+    max_output_tokens: Value,
+    temperature: Value,
+    top_p: Value,
+    metadata: Value,
+    store: bool,
+    previous_response_id: Value,
+    truncation: Value,
+    /// Images shrunk before they entered the session (`cairn.images`).
+    images: Vec<Value>,
+}
+
+/// Parses and checks a request body.
+pub fn parse_request(body: &Value) -> Result<Request, ApiError> {
     let Some(obj) = body.as_object() else {
         return Err(bad(
             "invalid_body",
             "the body must be a JSON object with an `input`",
         ));
     };
-    match obj.get("input") {
-        Some(Value::String(s)) if !s.trim().is_empty() => Ok(vec![Message::user(s.clone())]),
-        Some(Value::String(_)) => Err(bad("empty_input", "input is empty")),
-        Some(Value::Array(items)) if !items.is_empty() => items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| parse_item(i, item))
-            .collect(),
-        Some(Value::Array(_)) => Err(bad("empty_input", "input has no items")),
-        None => Err(bad("missing_input", "`input` is required")),
-        Some(_) => Err(bad(
-            "invalid_input",
-            "input must be a string or a list of message items",
-        )),
-    }
-}
-
-fn parse_item(i: usize, item: &Value) -> Result<Message, ApiError> {
-    let kind = item
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or("message");
-    if kind != "message" {
-        return Err(bad(
-            "unsupported_item",
-            format!("input[{i}]: item type {kind:?} is not supported (only messages)"),
-        ));
-    }
-    let text = match item.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for (j, p) in parts.iter().enumerate() {
-                match (
-                    p.get("type").and_then(Value::as_str),
-                    p.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("input_text" | "text" | "output_text"), Some(t)) => text.push_str(t),
-                    (t, _) => {
-                        return Err(bad(
-                            "unsupported_content",
-                            format!(
-                                "input[{i}].content[{j}]: part type {:?} is not supported (only text)",
-                                t.unwrap_or("none")
-                            ),
-                        ));
-                    }
-                }
-            }
-            text
-        }
-        _ => {
+    refuse_unknown(obj, KNOWN_FIELDS, "POST /v1/responses")?;
+    let input = items::responses_input(obj)?;
+    let stream = items::opt_bool(obj, "stream")?.unwrap_or(false);
+    let store = items::opt_bool(obj, "store")?.unwrap_or(true);
+    let tools = items::function_tools(obj, Api::Responses)?;
+    let tool_choice = items::tool_choice(obj, Api::Responses, &tools)?;
+    let controls = Controls {
+        tool_choice,
+        parallel_tool_calls: items::opt_bool(obj, "parallel_tool_calls")?,
+        temperature: items::opt_f64(obj, "temperature", 0.0..=2.0)?,
+        top_p: items::opt_f64(obj, "top_p", 0.0..=1.0)?,
+    };
+    let instructions = items::opt_str(obj, "instructions")?
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned);
+    let max_output_tokens = items::opt_tokens(obj, "max_output_tokens")?;
+    let metadata = items::metadata(obj)?;
+    let previous_response_id = items::opt_str(obj, "previous_response_id")?.map(str::to_owned);
+    match field(obj, "text").map(|t| (t.get("format"), t)) {
+        None => {}
+        Some((f, t))
+            if t.as_object()
+                .is_some_and(|o| o.keys().all(|k| k == "format"))
+                && f.is_none_or(|f| f.get("type").and_then(Value::as_str) == Some("text")) => {}
+        Some(_) => {
             return Err(bad(
-                "invalid_content",
-                format!("input[{i}]: content must be a string or a list of text parts"),
+                "unsupported_field",
+                "text: only the plain text format ({\"format\": {\"type\": \"text\"}}) is supported; json_schema, json_object and verbosity are not",
             ));
         }
-    };
-    match item.get("role").and_then(Value::as_str) {
-        Some("user") => Ok(Message::user(text)),
-        Some("system" | "developer") => Ok(Message::system(text)),
-        Some(r) => Err(bad(
-            "unsupported_role",
-            format!(
-                "input[{i}]: role {r:?} is not accepted; the session keeps its own assistant messages"
-            ),
-        )),
-        None => Err(bad("missing_role", format!("input[{i}]: role is required"))),
     }
+    match field(obj, "include") {
+        None => {}
+        Some(Value::Array(a)) if a.is_empty() => {}
+        Some(_) => {
+            return Err(bad(
+                "unsupported_field",
+                "include: no additional output data is supported (send an empty list or omit it)",
+            ));
+        }
+    }
+    match items::opt_str(obj, "truncation")? {
+        None | Some("disabled" | "auto") => {}
+        Some(t) => {
+            return Err(bad(
+                "invalid_field",
+                format!("truncation {t:?} is not one of disabled, auto"),
+            ));
+        }
+    }
+    match field(obj, "reasoning") {
+        None => {}
+        Some(Value::Object(o)) if o.values().all(Value::is_null) => {}
+        Some(_) => {
+            return Err(bad(
+                "unsupported_field",
+                "reasoning: reasoning settings are not supported by this session (omit the field)",
+            ));
+        }
+    }
+    for key in ["user", "safety_identifier", "prompt_cache_key"] {
+        items::opt_str(obj, key)?;
+    }
+    let echo = Echo {
+        model: items::opt_str(obj, "model")?.map(str::to_owned),
+        instructions: json!(instructions),
+        tools: field(obj, "tools").cloned().unwrap_or_else(|| json!([])),
+        tool_choice: field(obj, "tool_choice")
+            .cloned()
+            .unwrap_or_else(|| json!("auto")),
+        parallel_tool_calls: json!(controls.parallel_tool_calls.unwrap_or(true)),
+        max_output_tokens: json!(max_output_tokens),
+        temperature: json!(controls.temperature),
+        top_p: json!(controls.top_p),
+        metadata,
+        store,
+        previous_response_id: json!(previous_response_id),
+        truncation: json!(items::opt_str(obj, "truncation")?.unwrap_or("disabled")),
+        images: Vec::new(),
+    };
+    Ok(Request {
+        input,
+        stream,
+        store,
+        previous_response_id,
+        options: TurnOptions {
+            tools,
+            instructions,
+            controls,
+            max_output_tokens,
+            ledger: None,
+        },
+        echo,
+    })
 }
 
-struct Ids {
-    response: String,
-    message: String,
-    created: u64,
-    model: String,
+/// The new items of a request, as messages of the session and entries of its ledger; or why
+/// the input does not fit the conversation the session holds (nothing is changed then).
+pub fn reconciled(
+    ledger: &Ledger,
+    api: Api,
+    input: &[Incoming],
+    previous_response_id: Option<&str>,
+) -> Result<(Vec<Message>, Vec<Held>), ApiError> {
+    let from = replay::reconcile(ledger, api, input, previous_response_id).map_err(|r| {
+        let status = match r {
+            Refusal::PreviousNotFound(_) | Refusal::NothingNew(_) => StatusCode::BAD_REQUEST,
+            Refusal::Stale { .. } | Refusal::Diverged { .. } => StatusCode::CONFLICT,
+        };
+        ApiError::new(status, r.code(), r.to_string())
+    })?;
+    let new: Vec<replay::Item> = input[from..].iter().map(|i| i.item.clone()).collect();
+    let held = new.iter().map(Held::input).collect();
+    Ok((replay::to_messages(&new), held))
+}
+
+pub struct Ids {
+    pub response: String,
+    pub message: String,
+    pub created: u64,
+    pub model: String,
+    pub echo: Echo,
 }
 
 /// A Response object; its output message is `item_id` (the request's message id when
@@ -150,11 +250,18 @@ fn response_object(
         status
     };
     let output = match outcome {
-        Some(o) => json!([message_item(
-            item_id.unwrap_or(&ids.message),
-            status,
-            Some(&o.text)
-        )]),
+        Some(o) => {
+            let mut out = Vec::new();
+            if has_message(o) {
+                out.push(message_item(
+                    item_id.unwrap_or(&ids.message),
+                    status,
+                    Some(&o.text),
+                ));
+            }
+            out.extend(o.calls.iter().map(|c| call_item(c, "completed", true)));
+            Value::Array(out)
+        }
         None => json!([]),
     };
     let usage = outcome.map(|o| {
@@ -166,6 +273,7 @@ fn response_object(
             "total_tokens": o.usage.input_tokens + o.usage.output_tokens,
         })
     });
+    let e = &ids.echo;
     json!({
         "id": ids.response,
         "object": "response",
@@ -176,21 +284,30 @@ fn response_object(
         "usage": usage,
         "error": error,
         "incomplete_details": truncated.map(|reason| json!({"reason": "max_output_tokens", "cairn_reason": reason})),
-        "instructions": null,
-        "metadata": {},
-        "parallel_tool_calls": false,
-        "temperature": null,
-        "top_p": null,
-        "tool_choice": "auto",
-        "tools": [],
+        "instructions": e.instructions,
+        "metadata": e.metadata,
+        "parallel_tool_calls": e.parallel_tool_calls,
+        "max_output_tokens": e.max_output_tokens,
+        "previous_response_id": e.previous_response_id,
+        "store": e.store,
+        "temperature": e.temperature,
+        "top_p": e.top_p,
+        "tool_choice": e.tool_choice,
+        "tools": e.tools,
         "text": {"format": {"type": "text"}},
-        "truncation": "disabled",
+        "truncation": e.truncation,
         "cairn": {
             "notices": outcome.map(|o| o.notices.clone()).unwrap_or_default(),
             "rounds": outcome.map(|o| o.rounds),
             "stopped": outcome.and_then(|o| o.stopped),
+            "images": e.images,
         },
     })
+}
+
+/// A response carries a message when it has text, or when it has nothing else.
+fn has_message(o: &TurnOutcome) -> bool {
+    !o.text.is_empty() || o.calls.is_empty()
 }
 
 fn message_item(id: &str, status: &str, text: Option<&str>) -> Value {
@@ -201,39 +318,65 @@ fn message_item(id: &str, status: &str, text: Option<&str>) -> Value {
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
 
+/// A `function_call` output item (its arguments empty while it is being streamed).
+fn call_item(c: &ToolCall, status: &str, with_arguments: bool) -> Value {
+    json!({
+        "type": "function_call",
+        "id": replay::call_item_id(&c.id),
+        "call_id": c.id,
+        "name": c.name,
+        "arguments": if with_arguments { c.arguments.as_str() } else { "" },
+        "status": status,
+    })
+}
+
+pub(super) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 pub async fn create(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = parse_json(&body?)?;
-    let input = parse_input(&body)?;
-    let stream = match body.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(bad("invalid_stream", "stream must be a boolean")),
-    };
+    let request = parse_request(&body)?;
     state.check_owned()?;
     let session = state.session.clone().try_lock_owned().map_err(|_| busy())?;
+    let (mut input, held) = reconciled(
+        session.ledger(),
+        Api::Responses,
+        &request.input,
+        request.previous_response_id.as_deref(),
+    )?;
+    let mut request = request;
+    request.echo.images = items::prepare_images(&mut input, state.store.as_ref()).await?;
     let ids = Ids {
         response: new_id("resp"),
         message: new_id("msg"),
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        model: body
-            .get("model")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
+        created: now_secs(),
+        model: request
+            .echo
+            .model
+            .clone()
             .unwrap_or_else(|| session.live().spec.provider.model.clone()),
+        echo: request.echo,
     };
-    if !stream {
+    let mut options = request.options;
+    options.ledger = Some(LedgerTurn {
+        input: held,
+        response_id: ids.response.clone(),
+    });
+    let store = request.store;
+    if !request.stream {
         // The turn runs in its own task, as a streamed one does: a client that goes away
         // mid-turn (dropping this handler) does not cancel it; it runs to the end and is
         // journaled, so the next request never finds a question without its answer.
         let task_state = state.clone();
         let turn = tokio::spawn(async move {
             let mut session = session;
-            let result = session.turn(input).await;
+            let result = session.turn_with_options(input, options, None).await;
             task_state.publish(&session);
             result
         });
@@ -244,14 +387,11 @@ pub async fn create(
                 format!("the turn task failed: {e}"),
             )
         })??;
-        return Ok(axum::Json(response_object(
-            &ids,
-            None,
-            "completed",
-            Some(&outcome),
-            None,
-        ))
-        .into_response());
+        let response = response_object(&ids, None, "completed", Some(&outcome), None);
+        if store {
+            state.remember(&ids.response, &response);
+        }
+        return Ok(axum::Json(response).into_response());
     }
 
     let (tx, rx) = tokio::sync::mpsc::channel::<Sent>(64);
@@ -265,7 +405,7 @@ pub async fn create(
         out.send("response.in_progress", json!({ "response": created }))
             .await;
         let (ev_tx, mut ev_rx) = tokio::sync::mpsc::unbounded_channel();
-        let turn = session.turn_streaming(input, ev_tx);
+        let turn = session.turn_with_options(input, options, Some(ev_tx));
         let forward = async {
             while let Some(ev) = ev_rx.recv().await {
                 out.on_event(ev).await;
@@ -275,7 +415,12 @@ pub async fn create(
         task_state.publish(&session);
         drop(session);
         match result {
-            Ok(outcome) => out.complete(&outcome).await,
+            Ok(outcome) => {
+                let response = out.complete(&outcome).await;
+                if store {
+                    task_state.remember(&out.ids.response, &response);
+                }
+            }
             Err(e) => out.fail(ApiError::from(e)).await,
         }
     });
@@ -284,6 +429,27 @@ pub async fn create(
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
         .into_response())
+}
+
+/// `GET /v1/responses/{id}`: one of the session's recent responses.
+pub async fn get(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(id) = id.map_err(|e| bad("invalid_id", e.body_text()))?;
+    state
+        .recalled(&id)
+        .map(|r| axum::Json(r).into_response())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "response_not_found",
+                format!(
+                    "no recent response {id:?} in this session (the last {} stored ones are kept, in memory)",
+                    super::RECENT_RESPONSES
+                ),
+            )
+        })
 }
 
 /// An SSE event: its type and its data.
@@ -428,7 +594,59 @@ impl Writer {
         }
     }
 
-    async fn complete(&mut self, outcome: &TurnOutcome) {
+    /// Ends the stream with the answer and the client's calls; returns the Response object.
+    async fn complete(&mut self, outcome: &TurnOutcome) -> Value {
+        let mut next_index = self.item.index;
+        if has_message(outcome) {
+            self.finish_message(outcome).await;
+            next_index = self.item.index + 1;
+        } else if self.item.opened {
+            // Text was streamed but the answer has none (a void call): not part of it.
+            self.abandon().await;
+            next_index = self.item.index + 1;
+        }
+        for (i, call) in outcome.calls.iter().enumerate() {
+            let index = next_index + i;
+            let item_id = replay::call_item_id(&call.id);
+            self.send(
+                "response.output_item.added",
+                json!({"output_index": index, "item": call_item(call, "in_progress", false)}),
+            )
+            .await;
+            self.send(
+                "response.function_call_arguments.delta",
+                json!({"item_id": item_id, "output_index": index, "delta": call.arguments}),
+            )
+            .await;
+            self.send(
+                "response.function_call_arguments.done",
+                json!({"item_id": item_id, "output_index": index, "name": call.name, "arguments": call.arguments}),
+            )
+            .await;
+            self.send(
+                "response.output_item.done",
+                json!({"output_index": index, "item": call_item(call, "completed", true)}),
+            )
+            .await;
+        }
+        let response = response_object(
+            &self.ids,
+            Some(&self.item.id),
+            "completed",
+            Some(outcome),
+            None,
+        );
+        let event = if outcome.truncated.is_some() {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        self.send(event, json!({ "response": response.clone() }))
+            .await;
+        response
+    }
+
+    async fn finish_message(&mut self, outcome: &TurnOutcome) {
         self.open_item().await;
         // A provider whose stream did not add up to its reply still ends in the right text.
         if self.item.text != outcome.text {
@@ -457,19 +675,6 @@ impl Writer {
             json!({"output_index": self.item.index, "item": item}),
         )
         .await;
-        let response = response_object(
-            &self.ids,
-            Some(&self.item.id),
-            "completed",
-            Some(outcome),
-            None,
-        );
-        let event = if outcome.truncated.is_some() {
-            "response.incomplete"
-        } else {
-            "response.completed"
-        };
-        self.send(event, json!({ "response": response })).await;
     }
 
     async fn fail(&mut self, err: ApiError) {
@@ -483,18 +688,18 @@ impl Writer {
     }
 }
 
-fn notice_json(n: &Notice) -> Value {
+pub(super) fn notice_json(n: &Notice) -> Value {
     json!({"kind": n.kind, "message": n.message})
 }
 
-fn tokio_stream_from<T: Send + 'static>(
+pub(super) fn tokio_stream_from<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::Receiver<T>,
 ) -> impl futures::Stream<Item = T> + Send {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
 /// Splits on char boundaries into pieces of about `n` bytes.
-fn chunks(s: &str, n: usize) -> Vec<&str> {
+pub(super) fn chunks(s: &str, n: usize) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < s.len() {
@@ -513,30 +718,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn input_forms() {
-        assert_eq!(
-            parse_input(&json!({"input": "hi"})).ok().unwrap(),
-            vec![Message::user("hi")]
-        );
-        let items = json!({"input": [
-            {"role": "developer", "content": "be brief"},
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]}
-        ]});
-        assert_eq!(
-            parse_input(&items).ok().unwrap(),
-            vec![Message::system("be brief"), Message::user("ab")]
-        );
-        for bad in [
-            json!({}),
-            json!({"input": ""}),
-            json!({"input": []}),
-            json!({"input": 3}),
-            json!({"input": [{"role": "assistant", "content": "x"}]}),
-            json!({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
-            json!({"input": [{"type": "function_call_output"}]}),
+    fn unsupported_fields_are_refused_by_name() {
+        for (body, named) in [
+            (json!({"input": "x", "background": true}), "background"),
+            (
+                json!({"input": "x", "text": {"format": {"type": "json_schema"}}}),
+                "text",
+            ),
+            (
+                json!({"input": "x", "reasoning": {"effort": "high"}}),
+                "reasoning",
+            ),
+            (
+                json!({"input": "x", "include": ["reasoning.encrypted_content"]}),
+                "include",
+            ),
+            (
+                json!({"input": "x", "tools": [{"type": "web_search"}]}),
+                "web_search",
+            ),
         ] {
-            assert!(parse_input(&bad).is_err(), "{bad}");
+            let err = parse_request(&body).err().unwrap();
+            assert_eq!(err.status, StatusCode::BAD_REQUEST);
+            assert!(err.message.contains(named), "{}", err.message);
         }
+        let ok = parse_request(&json!({
+            "input": "x", "model": "m", "instructions": "be brief", "store": false,
+            "tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}, "strict": true}],
+            "tool_choice": "required", "parallel_tool_calls": false, "max_output_tokens": 100,
+            "temperature": 0.2, "top_p": 0.9, "metadata": {"k": "v"}, "include": [],
+            "text": {"format": {"type": "text"}}, "truncation": "disabled"
+        }))
+        .ok()
+        .unwrap();
+        assert_eq!(ok.options.instructions.as_deref(), Some("be brief"));
+        assert_eq!(ok.options.controls.parallel_tool_calls, Some(false));
+        assert_eq!(ok.options.max_output_tokens, Some(100));
+        assert!(!ok.store);
     }
 
     fn ids() -> Ids {
@@ -545,6 +763,7 @@ mod tests {
             message: "msg_1".into(),
             created: 0,
             model: "m".into(),
+            echo: Echo::default(),
         }
     }
 
@@ -556,6 +775,7 @@ mod tests {
             rounds: 1,
             stopped: None,
             truncated: None,
+            calls: Vec::new(),
         }
     }
 
@@ -566,7 +786,9 @@ mod tests {
             w.on_event(ev).await;
         }
         match end {
-            Ok(text) => w.complete(&outcome(text)).await,
+            Ok(text) => {
+                w.complete(&outcome(text)).await;
+            }
             Err(()) => {
                 w.fail(ApiError::new(StatusCode::BAD_GATEWAY, "provider", "cut"))
                     .await

@@ -32,9 +32,10 @@ use crate::journal::{
 use crate::metrics::Metrics;
 use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
+use crate::replay::Ledger;
 
 pub use summarizer::ProviderSummarizer;
-pub use turn::{Notice, TurnEvent, TurnEvents, TurnOutcome};
+pub use turn::{LedgerTurn, Notice, TurnEvent, TurnEvents, TurnOptions, TurnOutcome};
 
 /// Why a turn (or a compaction, or a rewind) failed. The history is as before it.
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +134,8 @@ pub struct Session {
     /// History length before the input of the turn that failed last, until the write it
     /// left unsettled is settled (see [`Session::follow_journal`]).
     failed_turn: Option<usize>,
+    /// The ledger before the input of that turn.
+    failed_ledger: Ledger,
     /// Fired at shutdown: a turn in flight stops (see [`Session::abort_handle`]).
     abort: CancellationToken,
     /// The session state changed without a history change (a reset learned cap): the next
@@ -143,6 +146,24 @@ pub struct Session {
     /// The latest archive check, for `status.session` (written by whoever runs the checks,
     /// also while a turn holds the session).
     archive_check: Arc<std::sync::RwLock<Option<ArchiveCheck>>>,
+    /// The items the API clients see, journaled with the state (`crate::replay`).
+    ledger: Ledger,
+    /// The client's part of the turn in progress (its tools, instructions, controls).
+    options: TurnOptions,
+    /// What the cheap passes did since the agent started.
+    passes: PassCounters,
+}
+
+/// Messages the cheap passes changed since the agent started (`GET /v1/session` `passes`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PassCounters {
+    /// Old tool results truncated or summarized by microcompact.
+    pub microcompacted: u64,
+    /// Repeated reads replaced by a reference to the newer one.
+    pub deduplicated: u64,
+    /// Tool results cut to the per-result or per-turn budget in a request.
+    pub tool_results_cut: u64,
 }
 
 impl Session {
@@ -201,13 +222,27 @@ impl Session {
             last_reply_at: None,
             last_recovery: None,
             failed_turn: None,
+            failed_ledger: Ledger::default(),
             abort: CancellationToken::new(),
             state_dirty,
             pending_notices,
             archive_check: Arc::default(),
+            ledger: rebuilt.state.replay.clone(),
+            options: TurnOptions::default(),
+            passes: PassCounters::default(),
         };
         s.publish_gauges();
         Ok(s)
+    }
+
+    /// The conversation as the API clients see it (what a replayed input is matched with).
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// What the cheap passes did since the agent started.
+    pub fn passes(&self) -> PassCounters {
+        self.passes
     }
 
     pub fn history(&self) -> &[Message] {
@@ -324,6 +359,8 @@ impl Session {
     pub async fn replace_history(&mut self, messages: Vec<Message>) -> Result<(), TurnError> {
         self.settle().await?;
         self.history = messages;
+        // The API clients' conversation is gone with the history it was part of.
+        self.ledger = Ledger::default();
         self.commit(Vec::new(), None, false).await
     }
 
@@ -351,6 +388,7 @@ impl Session {
     fn follow_journal(&mut self) {
         self.history = self.journal.history().to_vec();
         self.turns = self.journal.state().turns;
+        self.ledger = self.journal.state().replay.clone();
         if let Some(n) = self.failed_turn
             && self.history.len() > n
             && self.history[n..]
@@ -358,6 +396,7 @@ impl Session {
                 .all(|m| matches!(m.role, history::Role::User | history::Role::System))
         {
             self.history.truncate(n);
+            self.ledger = self.failed_ledger.clone();
         }
     }
 
@@ -369,16 +408,18 @@ impl Session {
         undo: Option<Undo>,
         rewinds: bool,
     ) -> Result<(), TurnError> {
+        let mut state = PersistedState::capture(
+            &self.state,
+            self.turns,
+            [
+                self.tokens.input_tokens,
+                self.tokens.output_tokens,
+                self.tokens.cache_read_tokens,
+            ],
+        );
+        state.replay = self.ledger.clone();
         let change = Change {
-            state: PersistedState::capture(
-                &self.state,
-                self.turns,
-                [
-                    self.tokens.input_tokens,
-                    self.tokens.output_tokens,
-                    self.tokens.cache_read_tokens,
-                ],
-            ),
+            state,
             compactions,
             undo,
             rewinds,
@@ -405,6 +446,7 @@ impl Session {
                 );
                 self.history = self.journal.history().to_vec();
                 self.turns = self.journal.state().turns;
+                self.ledger = self.journal.state().replay.clone();
                 Err(e.into())
             }
         }
@@ -422,7 +464,8 @@ impl Session {
         BudgetInputs {
             context_window: self.window(),
             payload_cap: self.live.payload_cap,
-            reserve_bytes: tools::catalog().iter().map(|t| t.weight()).sum(),
+            reserve_bytes: tools::catalog().iter().map(|t| t.weight()).sum::<usize>()
+                + self.options.reserve_bytes(),
         }
     }
 

@@ -90,6 +90,7 @@ impl ProviderSummarizer {
             tools: Vec::new(),
             max_output_tokens: self.max_output,
             stream: false,
+            controls: Default::default(),
         }
     }
 }

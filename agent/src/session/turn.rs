@@ -17,8 +17,9 @@ use crate::compact::pairing;
 use crate::compact::{Budget, BudgetInputs, Headroom, PassReport, SessionState, Trigger, budget};
 use crate::history::{self, Message, Role};
 use crate::journal::{CompactionRecord, JournalError, Undo};
-use crate::provider::{ChatRequest, ChatResponse, Delta, StopReason, Usage};
+use crate::provider::{ChatRequest, ChatResponse, Controls, Delta, StopReason, ToolSpec, Usage};
 use crate::recovery::{RecoveryContext, RecoveryError, escalate_output, recover};
+use crate::replay::{self, Held, Ledger};
 
 use super::tools::{self, StagnationGuard};
 use super::{Session, TurnError, record};
@@ -51,6 +52,45 @@ pub struct TurnOutcome {
     /// Set when the answer is incomplete: a reply was cut short and nothing could fix it
     /// (`context_full`, `window_bound`, `output_limit`).
     pub truncated: Option<&'static str>,
+    /// Calls of the client's tools the turn ended with: the client runs them and sends their
+    /// outputs with the next turn.
+    pub calls: Vec<crate::history::ToolCall>,
+}
+
+/// What an API client adds to one turn: its own tools (which end the turn when the model
+/// calls them), instructions for this turn only, and how the model is asked to answer.
+#[derive(Clone, Debug, Default)]
+pub struct TurnOptions {
+    /// The client's function tools, offered beside the built-in ones.
+    pub tools: Vec<ToolSpec>,
+    /// A system part of this turn's requests only: never journaled, but counted in the
+    /// uncompactable floor like the system prompt.
+    pub instructions: Option<String>,
+    pub controls: Controls,
+    /// The client's output-token ceiling for each model call of the turn.
+    pub max_output_tokens: Option<u64>,
+    /// The replay ledger's part of the turn (API turns).
+    pub ledger: Option<LedgerTurn>,
+}
+
+impl TurnOptions {
+    /// Bytes the client's tools and instructions add to every request of the turn.
+    pub fn reserve_bytes(&self) -> usize {
+        self.tools.iter().map(ToolSpec::weight).sum::<usize>()
+            + self.instructions.as_ref().map_or(0, String::len)
+    }
+
+    fn is_client_tool(&self, name: &str) -> bool {
+        self.tools.iter().any(|t| t.name == name)
+    }
+}
+
+/// The items a turn's input adds to the replay ledger, and the id of the response that will
+/// answer it.
+#[derive(Clone, Debug, Default)]
+pub struct LedgerTurn {
+    pub input: Vec<Held>,
+    pub response_id: String,
 }
 
 /// Per-turn bookkeeping of compactions (for the journal and rewind).
@@ -144,21 +184,35 @@ fn add_usage(total: &mut Usage, u: &Usage) {
     total.cache_read_tokens += u.cache_read_tokens;
 }
 
-fn validate(input: &[Message]) -> Result<(), TurnError> {
+fn validate(input: &[Message], options: &TurnOptions) -> Result<(), TurnError> {
     if input.is_empty() {
         return Err(TurnError::BadInput("no input message".into()));
     }
-    if !input.iter().any(|m| m.role == Role::User) {
-        return Err(TurnError::BadInput("the input has no user message".into()));
-    }
-    if let Some(m) = input
+    // A tool output answers a call of the client's tools; anything else needs a question.
+    if !input
         .iter()
-        .find(|m| !matches!(m.role, Role::User | Role::System))
+        .any(|m| matches!(m.role, Role::User | Role::Tool))
     {
-        return Err(TurnError::BadInput(format!(
-            "input messages must be user or system messages, not {}",
-            m.role.as_str()
-        )));
+        return Err(TurnError::BadInput(
+            "the input has no user message and no function call output".into(),
+        ));
+    }
+    if (!input
+        .iter()
+        .all(|m| matches!(m.role, Role::User | Role::System)))
+        && options.ledger.is_none()
+    {
+        return Err(TurnError::BadInput(
+            "input messages must be user or system messages".into(),
+        ));
+    }
+    for t in &options.tools {
+        if t.name == tools::RECALL || t.name == tools::COMPRESS {
+            return Err(TurnError::BadInput(format!(
+                "the tool name {:?} is reserved for a built-in tool of the session",
+                t.name
+            )));
+        }
     }
     Ok(())
 }
@@ -167,7 +221,18 @@ impl Session {
     /// Runs one turn. On `Ok`, the new messages are in the journal; on `Err`, the history is
     /// as before the turn.
     pub async fn turn(&mut self, input: Vec<Message>) -> Result<TurnOutcome, TurnError> {
-        self.turn_with(input, None).await
+        self.turn_with(input, TurnOptions::default(), None).await
+    }
+
+    /// A turn with an API client's tools, instructions and controls; streamed when `events`
+    /// is given (see [`Session::turn_streaming`]).
+    pub async fn turn_with_options(
+        &mut self,
+        input: Vec<Message>,
+        options: TurnOptions,
+        events: Option<TurnEvents>,
+    ) -> Result<TurnOutcome, TurnError> {
+        self.turn_with(input, options, events).await
     }
 
     /// Like [`Session::turn`], reporting the answer's text and the notices on `events` as
@@ -177,26 +242,37 @@ impl Session {
         input: Vec<Message>,
         events: TurnEvents,
     ) -> Result<TurnOutcome, TurnError> {
-        self.turn_with(input, Some(events)).await
+        self.turn_with(input, TurnOptions::default(), Some(events))
+            .await
     }
 
     async fn turn_with(
         &mut self,
         input: Vec<Message>,
+        options: TurnOptions,
         events: Option<TurnEvents>,
     ) -> Result<TurnOutcome, TurnError> {
-        validate(&input)?;
+        validate(&input, &options)?;
         if let Some(f) = self.journal.fenced() {
             return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
         }
         self.refresh_live();
+        if options.controls.tool_choice == crate::provider::ToolChoice::None
+            && self.live.spec.provider.kind == cairn_crds::session::ProviderKind::Bedrock
+        {
+            return Err(TurnError::BadInput(
+                "tool_choice \"none\" cannot be honoured by Bedrock Converse (it has no choice that forbids tool calls); omit tools instead".into(),
+            ));
+        }
         let span = tracing::info_span!("turn", namespace = %self.namespace, session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
         let started = Instant::now();
         let mut provider_time = Duration::ZERO;
+        self.options = options;
         let result = self
             .turn_inner(input, events, &mut provider_time)
             .instrument(span)
             .await;
+        self.options = TurnOptions::default();
         let elapsed = started.elapsed();
         let outcome = match &result {
             Ok(_) => "ok",
@@ -244,6 +320,11 @@ impl Session {
         self.ensure_system_prompt();
         let pre_turn_len = self.history.len();
         self.history.extend(input);
+        let ledger_before = self.ledger.clone();
+        let ledger_turn = self.options.ledger.take();
+        if let Some(l) = &ledger_turn {
+            self.ledger.items.extend(l.input.iter().cloned());
+        }
         match self.commit(Vec::new(), None, false).await {
             Ok(()) => {}
             // The input is in the journal; the claims check that confirms it is repeated
@@ -252,7 +333,7 @@ impl Session {
                 tracing::warn!(error = %e, "journal: the input is written but not confirmed yet");
             }
             Err(e) => {
-                self.fail_turn(pre_turn_len, &e);
+                self.fail_turn(pre_turn_len, &ledger_before, &e);
                 return Err(e);
             }
         }
@@ -285,6 +366,13 @@ impl Session {
                 // an older agent may carry halvings: once a turn went through they are whole.
                 let halvings = std::mem::take(&mut self.state.tool_budget_halvings);
                 let undo = changes.undo();
+                if let Some(l) = ledger_turn {
+                    let outputs = replay::output_items(&out.text, &out.calls)
+                        .into_iter()
+                        .map(|(item, id)| Held::output(&item, id))
+                        .collect();
+                    self.ledger.complete(outputs, l.response_id);
+                }
                 // 6. The reply and the compactions are journaled before the turn is answered.
                 match self
                     .commit(std::mem::take(&mut changes.records), undo, false)
@@ -312,7 +400,7 @@ impl Session {
                 Ok(out)
             }
             Err(e) => {
-                self.fail_turn(pre_turn_len, &e);
+                self.fail_turn(pre_turn_len, &ledger_before, &e);
                 // Back to the history before the input in the journal too: a restart before
                 // the next entry would otherwise find a question without its answer (and the
                 // next turn would send two user messages in a row). When the journal itself
@@ -323,6 +411,7 @@ impl Session {
                 ) && self.commit(Vec::new(), None, false).await.is_err()
                 {
                     self.history.truncate(pre_turn_len);
+                    self.ledger = ledger_before;
                 }
                 Err(e)
             }
@@ -332,10 +421,12 @@ impl Session {
     /// Back to the history before the input; the journal may still hold the input, which the
     /// next entry rewrites away. A reply the journal may hold stays: the history is then what
     /// the journal holds, as far as is known, and is settled before the next turn.
-    fn fail_turn(&mut self, pre_turn_len: usize, e: &TurnError) {
+    fn fail_turn(&mut self, pre_turn_len: usize, ledger_before: &Ledger, e: &TurnError) {
         self.history = self.journal.history().to_vec();
         self.turns = self.journal.state().turns;
+        self.ledger = self.journal.state().replay.clone();
         self.failed_turn = Some(pre_turn_len);
+        self.failed_ledger = ledger_before.clone();
         let reply_in_journal = matches!(e, TurnError::Unsettled(_))
             && self.history.len() > pre_turn_len
             && self
@@ -344,6 +435,7 @@ impl Session {
                 .is_some_and(|m| m.role == Role::Assistant || m.role == Role::Tool);
         if !reply_in_journal {
             self.history.truncate(pre_turn_len);
+            self.ledger = ledger_before.clone();
         }
     }
 
@@ -362,6 +454,8 @@ impl Session {
         let mut reports: Vec<PassReport> = Vec::new();
         reports.push(microcompact(&mut self.history, policy, idle_for, store.as_ref()).await);
         reports.push(dedup_reads(&mut self.history, store.as_ref()).await);
+        self.passes.microcompacted += (reports[0].changed + reports[0].removed) as u64;
+        self.passes.deduplicated += (reports[1].changed + reports[1].removed) as u64;
         reports.push(
             pairing::repair_archived(&mut self.history, store.as_ref(), Trigger::Turn)
                 .await
@@ -376,9 +470,15 @@ impl Session {
             );
         }
 
-        let tool_specs = tools::catalog();
-        let tools_bytes: usize = tool_specs.iter().map(|t| t.weight()).sum();
-        let model_max = live.limits.max_output_tokens.max(1);
+        let mut tool_specs = tools::catalog();
+        tool_specs.extend(self.options.tools.iter().cloned());
+        // The client's tools and instructions are as uncompactable as the built-in catalog.
+        let tools_bytes: usize = tool_specs.iter().map(|t| t.weight()).sum::<usize>()
+            + self.options.instructions.as_ref().map_or(0, String::len);
+        let model_max = match self.options.max_output_tokens {
+            Some(client) => live.limits.max_output_tokens.min(client).max(1),
+            None => live.limits.max_output_tokens.max(1),
+        };
         let mut max_out = model_max.min(INITIAL_OUTPUT_TOKENS);
         let mut usage = Usage::default();
         let mut guard = StagnationGuard::default();
@@ -399,6 +499,7 @@ impl Session {
                     rounds,
                     stopped: Some("max_rounds"),
                     truncated: answer.truncated,
+                    calls: Vec::new(),
                 });
             }
             // 3-4. Pre-flight and the compaction ladder.
@@ -418,6 +519,11 @@ impl Session {
                 )
                 .await?;
             rounds += 1;
+            let mut resp = resp;
+            // `parallel_tool_calls: false` holds whatever the provider did with it.
+            if self.options.controls.parallel_tool_calls == Some(false) {
+                resp.message.tool_calls.truncate(1);
+            }
             let calls = resp.message.tool_calls.clone();
             self.history.push(resp.message.clone());
             answer.push(&resp.message.content);
@@ -429,11 +535,17 @@ impl Session {
                     rounds,
                     stopped: None,
                     truncated: answer.truncated,
+                    calls: Vec::new(),
                 });
             }
             let stagnating = guard.record(&calls);
             let compression = policy.compression.clone();
-            for call in &calls {
+            // The client runs its own tools: the turn ends with their calls, once the
+            // built-in ones of the same reply have run.
+            let (client, own): (Vec<_>, Vec<_>) = calls
+                .into_iter()
+                .partition(|c| self.options.is_client_tool(&c.name));
+            for call in &own {
                 self.metrics.inc(
                     "cairn_agent_tool_calls_total",
                     &[("tool", tool_label(&call.name))],
@@ -450,6 +562,17 @@ impl Session {
                 self.history.push(r.message);
             }
             answer.after_tools = true;
+            if !client.is_empty() {
+                return Ok(TurnOutcome {
+                    text: answer.text,
+                    usage,
+                    notices: Vec::new(),
+                    rounds,
+                    stopped: None,
+                    truncated: answer.truncated,
+                    calls: client,
+                });
+            }
             if stagnating {
                 notice(
                     notices,
@@ -466,6 +589,7 @@ impl Session {
                     rounds,
                     stopped: Some("stagnation"),
                     truncated: answer.truncated,
+                    calls: Vec::new(),
                 });
             }
         }
@@ -624,20 +748,30 @@ impl Session {
         let store = Arc::clone(&self.store);
         loop {
             let limits = self.state.tool_result_limits(policy);
-            let (cuts, _) = budget::cut(&mut self.history, limits, store.as_ref()).await;
+            let (cuts, cut_report) = budget::cut(&mut self.history, limits, store.as_ref()).await;
+            self.passes.tool_results_cut += cut_report.changed as u64;
             // What this request weighs as cairn measures it: the basis every token count of
             // the server is converted with.
             let sent_weight = history::weight(&self.history) + tools_bytes;
             let limit = output_limit(*max_out, self.window(), &self.state, sent_weight);
+            let mut messages = std::mem::take(&mut self.history);
+            // The turn's instructions follow the system prompt in this request only.
+            let instructions = self.options.instructions.as_ref().map(|text| {
+                let at = messages.iter().take_while(|m| m.is_system()).count();
+                messages.insert(at, Message::system(text.clone()));
+                at
+            });
             let loan = Loan {
                 request: ChatRequest {
                     model: live.spec.provider.model.clone(),
-                    messages: std::mem::take(&mut self.history),
+                    messages,
                     tools: tool_specs.to_vec(),
                     max_output_tokens: limit,
                     stream: notices.live.is_some(),
+                    controls: self.options.controls.clone(),
                 },
                 cuts,
+                instructions,
                 home: &mut self.history,
             };
             let request = &loan.request;
@@ -1008,12 +1142,19 @@ fn tool_label(name: &str) -> &'static str {
 struct Loan<'h> {
     request: ChatRequest,
     cuts: budget::Cuts,
+    /// Where the turn's instructions were inserted (they are not part of the history).
+    instructions: Option<usize>,
     home: &'h mut Vec<Message>,
 }
 
 impl Drop for Loan<'_> {
     fn drop(&mut self) {
         let mut messages = std::mem::take(&mut self.request.messages);
+        if let Some(at) = self.instructions
+            && at < messages.len()
+        {
+            messages.remove(at);
+        }
         std::mem::take(&mut self.cuts).restore(&mut messages);
         *self.home = messages;
     }

@@ -489,30 +489,43 @@ fn turn(
     let limit = room.map_or(p.max_tokens, |r| r.min(p.max_tokens));
     let limit_chars = usize::try_from(limit.saturating_mul(4)).unwrap_or(usize::MAX);
     let mut text = reply.text;
-    let mut call = reply.tool_call.map(|c| {
-        let id = c.id.unwrap_or_else(|| format!("call_sim_{seq}"));
-        (id, c.name, c.arguments)
-    });
-    let mut stop = reply.stop.unwrap_or(if call.is_some() {
+    let mut calls: Vec<(String, String, serde_json::Value)> = reply
+        .tool_call
+        .into_iter()
+        .chain(reply.tool_calls)
+        .enumerate()
+        .map(|(k, c)| {
+            let id = c.id.unwrap_or_else(|| {
+                if k == 0 {
+                    format!("call_sim_{seq}")
+                } else {
+                    format!("call_sim_{seq}_{k}")
+                }
+            });
+            (id, c.name, c.arguments)
+        })
+        .collect();
+    let mut stop = reply.stop.unwrap_or(if !calls.is_empty() {
         Stop::ToolUse
     } else {
         Stop::End
     });
     if text.chars().count() > limit_chars {
         text = text.chars().take(limit_chars).collect();
-        call = None;
+        calls.clear();
         stop = Stop::MaxTokens;
     }
     let out_chars = text.chars().count()
-        + call
-            .as_ref()
-            .map_or(0, |(_, n, a)| n.len() + a.to_string().len());
+        + calls
+            .iter()
+            .map(|(_, n, a)| n.len() + a.to_string().len())
+            .sum::<usize>();
     Turn {
         seq,
         model: p.model.clone(),
         text,
         reasoning: reply.reasoning,
-        call,
+        calls,
         stop,
         input_tokens,
         // A real server that stops at a length limit has produced exactly that many tokens:

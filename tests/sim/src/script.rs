@@ -39,6 +39,9 @@ pub struct ScriptedReply {
     pub reasoning: Option<String>,
     #[serde(default)]
     pub tool_call: Option<ScriptedCall>,
+    /// More calls in the same reply (after `tool_call`): parallel tool calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ScriptedCall>,
     /// Default: `tool_use` with a tool call, else `end`; a reply longer than the request's
     /// output limit (chars/4 tokens) is cut and stops with `max_tokens` regardless.
     #[serde(default)]
@@ -52,6 +55,21 @@ impl ScriptedReply {
     pub fn text(text: impl Into<String>) -> Self {
         Self {
             text: text.into(),
+            ..Self::default()
+        }
+    }
+
+    /// A reply with several tool calls at once.
+    pub fn tool_calls(calls: Vec<(String, serde_json::Value)>) -> Self {
+        Self {
+            tool_calls: calls
+                .into_iter()
+                .map(|(name, arguments)| ScriptedCall {
+                    name,
+                    arguments,
+                    id: None,
+                })
+                .collect(),
             ..Self::default()
         }
     }

@@ -112,8 +112,8 @@ pub struct Turn {
     pub model: String,
     pub text: String,
     pub reasoning: Option<String>,
-    /// `(id, name, arguments object)`.
-    pub call: Option<(String, String, Value)>,
+    /// `(id, name, arguments object)` of each tool call, in order.
+    pub calls: Vec<(String, String, Value)>,
     pub stop: Stop,
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -202,12 +202,19 @@ fn chat_usage(t: &Turn) -> Value {
 
 fn chat(t: &Turn) -> Rendered {
     let mut message = json!({"role": "assistant", "content": t.text, "refusal": null});
-    if let Some((id, name, args)) = &t.call {
+    if !t.calls.is_empty() {
         if t.text.is_empty() {
             message["content"] = Value::Null;
         }
-        message["tool_calls"] = json!([{"id": id, "type": "function",
-            "function": {"name": name, "arguments": args.to_string()}}]);
+        message["tool_calls"] = Value::Array(
+            t.calls
+                .iter()
+                .map(|(id, name, args)| {
+                    json!({"id": id, "type": "function",
+                           "function": {"name": name, "arguments": args.to_string()}})
+                })
+                .collect(),
+        );
     }
     if let Some(r) = &t.reasoning {
         message["reasoning_content"] = json!(r);
@@ -245,15 +252,15 @@ fn chat_stream(t: &Turn, include_usage: bool) -> Rendered {
     for p in pieces(&t.text, 8) {
         frames.push(chunk(json!({"content": p}), Value::Null));
     }
-    if let Some((cid, name, args)) = &t.call {
+    for (k, (cid, name, args)) in t.calls.iter().enumerate() {
         frames.push(chunk(
-            json!({"tool_calls": [{"index": 0, "id": cid, "type": "function",
+            json!({"tool_calls": [{"index": k, "id": cid, "type": "function",
                                    "function": {"name": name, "arguments": ""}}]}),
             Value::Null,
         ));
         for p in pieces(&args.to_string(), 6) {
             frames.push(chunk(
-                json!({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}),
+                json!({"tool_calls": [{"index": k, "function": {"arguments": p}}]}),
                 Value::Null,
             ));
         }
@@ -282,12 +289,15 @@ fn responses_output(t: &Turn) -> Vec<Value> {
             "content": [{"type": "output_text", "text": t.text, "annotations": []}]}),
         );
     }
-    if let Some((id, name, args)) = &t.call {
-        out.push(
-            json!({"type": "function_call", "id": format!("fc_sim_{}", t.seq),
+    for (k, (id, name, args)) in t.calls.iter().enumerate() {
+        let item_id = if k == 0 {
+            format!("fc_sim_{}", t.seq)
+        } else {
+            format!("fc_sim_{}_{k}", t.seq)
+        };
+        out.push(json!({"type": "function_call", "id": item_id,
             "call_id": id, "name": name, "arguments": args.to_string(),
-            "status": "completed"}),
-        );
+            "status": "completed"}));
     }
     out
 }
@@ -385,7 +395,7 @@ fn anthropic(t: &Turn) -> Value {
     if !t.text.is_empty() {
         content.push(json!({"type": "text", "text": t.text}));
     }
-    if let Some((id, name, args)) = &t.call {
+    for (id, name, args) in &t.calls {
         content.push(json!({"type": "tool_use", "id": id, "name": name, "input": args}));
     }
     json!({
@@ -446,7 +456,7 @@ fn anthropic_stream(t: &Turn) -> Rendered {
         block(&mut frames, json!({"type": "text", "text": ""}), deltas);
     }
     frames.push(event("ping", &json!({"type": "ping"})));
-    if let Some((id, name, args)) = &t.call {
+    for (id, name, args) in &t.calls {
         let deltas = pieces(&args.to_string(), 6)
             .into_iter()
             .map(|p| json!({"type": "input_json_delta", "partial_json": p}))
@@ -495,8 +505,10 @@ fn gemini_parts(t: &Turn, text: Option<&str>, first: bool, with_call: bool) -> V
     if !text.is_empty() {
         parts.push(json!({"text": text}));
     }
-    if with_call && let Some((_, name, args)) = &t.call {
-        parts.push(json!({"functionCall": {"name": name, "args": args}}));
+    if with_call {
+        for (_, name, args) in &t.calls {
+            parts.push(json!({"functionCall": {"name": name, "args": args}}));
+        }
     }
     parts
 }
@@ -542,7 +554,7 @@ fn bedrock(t: &Turn) -> Value {
     if !t.text.is_empty() {
         content.push(json!({"text": t.text}));
     }
-    if let Some((id, name, args)) = &t.call {
+    for (id, name, args) in &t.calls {
         content.push(json!({"toolUse": {"toolUseId": id, "name": name, "input": args}}));
     }
     let mut usage = json!({"inputTokens": t.input_tokens, "outputTokens": t.output_tokens,
@@ -626,7 +638,7 @@ fn bedrock_stream(t: &Turn) -> Rendered {
         ev("contentBlockStop", json!({"contentBlockIndex": index}));
         index += 1;
     }
-    if let Some((id, name, args)) = &t.call {
+    for (id, name, args) in &t.calls {
         ev(
             "contentBlockStart",
             json!({"contentBlockIndex": index,
@@ -639,6 +651,7 @@ fn bedrock_stream(t: &Turn) -> Rendered {
             );
         }
         ev("contentBlockStop", json!({"contentBlockIndex": index}));
+        index += 1;
     }
     ev("messageStop", json!({"stopReason": anthropic_stop(t.stop)}));
     let b = bedrock(t);

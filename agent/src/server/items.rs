@@ -1,0 +1,631 @@
+//! Request bodies of both APIs as [`Incoming`] items, function tools and tool choices
+//! (docs/agent.md "HTTP API"). Every field is either understood or refused with a 400 that
+//! names it: nothing a caller relies on is dropped silently.
+
+use axum::http::StatusCode;
+use serde_json::{Map, Value};
+
+use crate::history::Image;
+use crate::provider::{ToolChoice, ToolSpec};
+use crate::replay::{Api, Incoming, Item, ItemRole};
+
+use super::ApiError;
+
+pub fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, code, message)
+}
+
+/// A field that is absent or `null`.
+pub fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).filter(|v| !v.is_null())
+}
+
+/// Refuses every field of `obj` not in `known`.
+pub fn refuse_unknown(
+    obj: &Map<String, Value>,
+    known: &[&str],
+    what: &str,
+) -> Result<(), ApiError> {
+    for (k, v) in obj {
+        if !v.is_null() && !known.contains(&k.as_str()) {
+            return Err(bad(
+                "unsupported_field",
+                format!("{what}: the field {k:?} is not supported by this session"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+    match field(obj, key) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(bad("invalid_field", format!("{key} must be a boolean"))),
+    }
+}
+
+pub fn opt_f64(
+    obj: &Map<String, Value>,
+    key: &str,
+    range: std::ops::RangeInclusive<f64>,
+) -> Result<Option<f64>, ApiError> {
+    match field(obj, key) {
+        None => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if range.contains(&x) => Ok(Some(x)),
+            _ => Err(bad(
+                "invalid_field",
+                format!(
+                    "{key} must be a number from {} to {}",
+                    range.start(),
+                    range.end()
+                ),
+            )),
+        },
+    }
+}
+
+pub fn opt_tokens(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
+    match field(obj, key) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n > 0 => Ok(Some(n)),
+            _ => Err(bad(
+                "invalid_field",
+                format!("{key} must be a positive integer"),
+            )),
+        },
+    }
+}
+
+pub fn opt_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, ApiError> {
+    match field(obj, key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(bad("invalid_field", format!("{key} must be a string"))),
+    }
+}
+
+/// `metadata`: at most 16 string values, as OpenAI defines it.
+pub fn metadata(obj: &Map<String, Value>) -> Result<Value, ApiError> {
+    match field(obj, "metadata") {
+        None => Ok(Value::Object(Map::new())),
+        Some(Value::Object(m)) if m.len() <= 16 && m.values().all(Value::is_string) => {
+            Ok(Value::Object(m.clone()))
+        }
+        Some(_) => Err(bad(
+            "invalid_field",
+            "metadata must be an object of at most 16 string values",
+        )),
+    }
+}
+
+/// An image given as a `data:` URL (the only form a session can send on without fetching).
+fn data_url_image(url: &str, at: &str) -> Result<Image, ApiError> {
+    let Some(rest) = url.strip_prefix("data:") else {
+        return Err(bad(
+            "unsupported_image",
+            format!(
+                "{at}: images must be data URLs (data:image/png;base64,...); the session fetches no URLs"
+            ),
+        ));
+    };
+    let Some((head, data)) = rest.split_once(',') else {
+        return Err(bad("invalid_image", format!("{at}: malformed data URL")));
+    };
+    let Some(media_type) = head.strip_suffix(";base64") else {
+        return Err(bad(
+            "invalid_image",
+            format!("{at}: the data URL must be base64"),
+        ));
+    };
+    if !matches!(
+        media_type,
+        "image/png" | "image/jpeg" | "image/gif" | "image/webp"
+    ) {
+        return Err(bad(
+            "unsupported_image",
+            format!("{at}: image type {media_type:?} is not supported (png, jpeg, gif, webp)"),
+        ));
+    }
+    Ok(Image {
+        media_type: media_type.to_owned(),
+        data: data.to_owned(),
+    })
+}
+
+fn role_of(role: Option<&str>, at: &str, chat: bool) -> Result<ItemRole, ApiError> {
+    match role {
+        Some("user") => Ok(ItemRole::User),
+        Some("system" | "developer") => Ok(ItemRole::System),
+        Some("assistant") => Ok(ItemRole::Assistant),
+        Some(r) if chat => Err(bad(
+            "unsupported_role",
+            format!("{at}: role {r:?} is not supported"),
+        )),
+        Some(r) => Err(bad(
+            "unsupported_role",
+            format!("{at}: role {r:?} is not supported (user, system, developer, assistant)"),
+        )),
+        None => Err(bad("missing_role", format!("{at}: role is required"))),
+    }
+}
+
+/// Text and images of a content field: a string or a list of parts.
+fn content(
+    v: Option<&Value>,
+    at: &str,
+    text_types: &[&str],
+    image_type: Option<&str>,
+) -> Result<(String, Vec<Image>), ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok((String::new(), Vec::new())),
+        Some(Value::String(s)) => Ok((s.clone(), Vec::new())),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            let mut images = Vec::new();
+            for (j, p) in parts.iter().enumerate() {
+                let ty = p.get("type").and_then(Value::as_str).unwrap_or("none");
+                let here = format!("{at}.content[{j}]");
+                if text_types.contains(&ty) {
+                    let Some(t) = p.get("text").and_then(Value::as_str) else {
+                        return Err(bad("invalid_content", format!("{here}: text is required")));
+                    };
+                    text.push_str(t);
+                } else if Some(ty) == image_type {
+                    let url = match p.get("image_url") {
+                        Some(Value::String(u)) => Some(u.as_str()),
+                        Some(Value::Object(o)) => o.get("url").and_then(Value::as_str),
+                        _ => None,
+                    };
+                    let Some(url) = url else {
+                        return Err(bad(
+                            "unsupported_image",
+                            format!(
+                                "{here}: an image needs image_url (a data URL); file ids are not supported"
+                            ),
+                        ));
+                    };
+                    images.push(data_url_image(url, &here)?);
+                } else {
+                    return Err(bad(
+                        "unsupported_content",
+                        format!("{here}: part type {ty:?} is not supported"),
+                    ));
+                }
+            }
+            Ok((text, images))
+        }
+        Some(_) => Err(bad(
+            "invalid_content",
+            format!("{at}: content must be a string or a list of parts"),
+        )),
+    }
+}
+
+fn req_str<'a>(item: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
+    item.get(key).and_then(Value::as_str).ok_or_else(|| {
+        bad(
+            "invalid_item",
+            format!("{at}: {key} (a string) is required"),
+        )
+    })
+}
+
+fn id_of(item: &Value) -> Option<String> {
+    item.get("id").and_then(Value::as_str).map(str::to_owned)
+}
+
+/// `input` of a Responses request.
+pub fn responses_input(obj: &Map<String, Value>) -> Result<Vec<Incoming>, ApiError> {
+    match field(obj, "input") {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(vec![Incoming {
+            item: Item::Message {
+                role: ItemRole::User,
+                text: s.clone(),
+                images: Vec::new(),
+            },
+            id: None,
+        }]),
+        Some(Value::String(_)) => Err(bad("empty_input", "input is empty")),
+        Some(Value::Array(items)) if !items.is_empty() => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| responses_item(i, item))
+            .collect(),
+        Some(Value::Array(_)) => Err(bad("empty_input", "input has no items")),
+        None => Err(bad("missing_input", "`input` is required")),
+        Some(_) => Err(bad(
+            "invalid_input",
+            "input must be a string or a list of items",
+        )),
+    }
+}
+
+fn responses_item(i: usize, item: &Value) -> Result<Incoming, ApiError> {
+    let at = format!("input[{i}]");
+    let kind = item
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message");
+    let parsed = match kind {
+        "message" => {
+            let role = role_of(item.get("role").and_then(Value::as_str), &at, false)?;
+            let (text, images) = content(
+                item.get("content"),
+                &at,
+                &["input_text", "output_text", "text"],
+                Some("input_image"),
+            )?;
+            if role != ItemRole::User && !images.is_empty() {
+                return Err(bad(
+                    "unsupported_content",
+                    format!("{at}: images are accepted in user messages only"),
+                ));
+            }
+            Item::Message { role, text, images }
+        }
+        "function_call" => Item::FunctionCall {
+            call_id: req_str(item, "call_id", &at)?.to_owned(),
+            name: req_str(item, "name", &at)?.to_owned(),
+            arguments: item
+                .get("arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("{}")
+                .to_owned(),
+        },
+        "function_call_output" => {
+            let call_id = req_str(item, "call_id", &at)?.to_owned();
+            let output = match item.get("output") {
+                Some(Value::String(s)) => s.clone(),
+                Some(v @ Value::Array(_)) => {
+                    let (text, images) = content(
+                        Some(v),
+                        &format!("{at}.output"),
+                        &["input_text", "output_text", "text"],
+                        None,
+                    )?;
+                    debug_assert!(images.is_empty());
+                    text
+                }
+                _ => {
+                    return Err(bad(
+                        "invalid_item",
+                        format!("{at}: output must be a string or a list of input_text parts"),
+                    ));
+                }
+            };
+            Item::FunctionCallOutput { call_id, output }
+        }
+        other => {
+            return Err(bad(
+                "unsupported_item",
+                format!(
+                    "{at}: item type {other:?} is not supported (message, function_call, function_call_output)"
+                ),
+            ));
+        }
+    };
+    Ok(Incoming {
+        item: parsed,
+        id: id_of(item),
+    })
+}
+
+/// `messages` of a Chat Completions request.
+pub fn chat_messages(obj: &Map<String, Value>) -> Result<Vec<Incoming>, ApiError> {
+    let Some(Value::Array(messages)) = field(obj, "messages") else {
+        return Err(bad("missing_messages", "`messages` (a list) is required"));
+    };
+    if messages.is_empty() {
+        return Err(bad("empty_input", "messages is empty"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let role = m.get("role").and_then(Value::as_str);
+        if role == Some("tool") {
+            let (output, _) = content(m.get("content"), &at, &["text"], None)?;
+            out.push(Incoming {
+                item: Item::FunctionCallOutput {
+                    call_id: req_str(m, "tool_call_id", &at)?.to_owned(),
+                    output,
+                },
+                id: None,
+            });
+            continue;
+        }
+        let role = role_of(role, &at, true)?;
+        let (text, images) = content(m.get("content"), &at, &["text"], Some("image_url"))?;
+        if role != ItemRole::User && !images.is_empty() {
+            return Err(bad(
+                "unsupported_content",
+                format!("{at}: images are accepted in user messages only"),
+            ));
+        }
+        let calls = match m.get("tool_calls") {
+            None | Some(Value::Null) => &[][..],
+            Some(Value::Array(c)) if role == ItemRole::Assistant => c.as_slice(),
+            Some(_) => {
+                return Err(bad(
+                    "invalid_message",
+                    format!("{at}: tool_calls must be a list, on assistant messages only"),
+                ));
+            }
+        };
+        if !text.is_empty() || calls.is_empty() {
+            out.push(Incoming {
+                item: Item::Message { role, text, images },
+                id: None,
+            });
+        }
+        for (j, c) in calls.iter().enumerate() {
+            let here = format!("{at}.tool_calls[{j}]");
+            let f = c.get("function").unwrap_or(&Value::Null);
+            out.push(Incoming {
+                item: Item::FunctionCall {
+                    call_id: req_str(c, "id", &here)?.to_owned(),
+                    name: req_str(f, "name", &format!("{here}.function"))?.to_owned(),
+                    arguments: f
+                        .get("arguments")
+                        .and_then(Value::as_str)
+                        .unwrap_or("{}")
+                        .to_owned(),
+                },
+                id: None,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The client's function tools (`tools`).
+pub fn function_tools(obj: &Map<String, Value>, api: Api) -> Result<Vec<ToolSpec>, ApiError> {
+    let tools = match field(obj, "tools") {
+        None => return Ok(Vec::new()),
+        Some(Value::Array(t)) => t,
+        Some(_) => return Err(bad("invalid_tools", "tools must be a list")),
+    };
+    let mut out: Vec<ToolSpec> = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let ty = t.get("type").and_then(Value::as_str).unwrap_or("none");
+        if ty != "function" {
+            return Err(bad(
+                "unsupported_tool",
+                format!(
+                    "{at}: tool type {ty:?} is not supported (only function tools, which the client runs)"
+                ),
+            ));
+        }
+        let def = match api {
+            Api::Responses => t,
+            Api::Chat => t.get("function").unwrap_or(&Value::Null),
+        };
+        let name = req_str(def, "name", &at)?;
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(bad(
+                "invalid_tool",
+                format!("{at}: the name must be 1-64 letters, digits, '_' or '-'"),
+            ));
+        }
+        if out.iter().any(|o| o.name == name) {
+            return Err(bad(
+                "invalid_tool",
+                format!("{at}: the tool {name:?} is defined twice"),
+            ));
+        }
+        let parameters = match def.get("parameters") {
+            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(bad(
+                    "invalid_tool",
+                    format!("{at}: parameters must be a JSON Schema object"),
+                ));
+            }
+        };
+        out.push(ToolSpec {
+            name: name.to_owned(),
+            description: def
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            parameters,
+        });
+    }
+    Ok(out)
+}
+
+/// `tool_choice`: `auto`, `none`, `required` or a named function among the client's tools.
+pub fn tool_choice(
+    obj: &Map<String, Value>,
+    api: Api,
+    tools: &[ToolSpec],
+) -> Result<ToolChoice, ApiError> {
+    let choice = match field(obj, "tool_choice") {
+        None => return Ok(ToolChoice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(bad(
+                    "invalid_tool_choice",
+                    format!("tool_choice {other:?} is not one of auto, none, required"),
+                ));
+            }
+        },
+        Some(v @ Value::Object(_)) => {
+            let name = match api {
+                Api::Responses => v.get("name"),
+                Api::Chat => v.get("function").and_then(|f| f.get("name")),
+            };
+            match (
+                v.get("type").and_then(Value::as_str),
+                name.and_then(Value::as_str),
+            ) {
+                (Some("function"), Some(n)) => ToolChoice::Function(n.to_owned()),
+                _ => {
+                    return Err(bad(
+                        "invalid_tool_choice",
+                        "tool_choice must be auto, none, required or a named function",
+                    ));
+                }
+            }
+        }
+        Some(_) => {
+            return Err(bad(
+                "invalid_tool_choice",
+                "tool_choice must be a string or an object",
+            ));
+        }
+    };
+    if let ToolChoice::Function(n) = &choice
+        && !tools.iter().any(|t| &t.name == n)
+    {
+        return Err(bad(
+            "invalid_tool_choice",
+            format!("tool_choice names {n:?}, which is not one of the request's tools"),
+        ));
+    }
+    if choice == ToolChoice::Required && tools.is_empty() {
+        return Err(bad(
+            "invalid_tool_choice",
+            "tool_choice \"required\" needs tools",
+        ));
+    }
+    Ok(choice)
+}
+
+/// Shrinks the images of new messages before they enter the session
+/// (`crate::images`): each shrunk image's original is archived first, its key kept in the
+/// message's `meta.archived`. Returns what was done, for the response's `cairn.images`.
+pub async fn prepare_images(
+    messages: &mut [crate::history::Message],
+    store: &dyn crate::ccr::Store,
+) -> Result<Vec<Value>, ApiError> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut report = Vec::new();
+    for m in messages.iter_mut().filter(|m| !m.images.is_empty()) {
+        for image in m.images.iter_mut() {
+            let original = b64.decode(image.data.trim()).map_err(|e| {
+                bad(
+                    "invalid_image",
+                    format!("an image's base64 data does not decode: {e}"),
+                )
+            })?;
+            let claimed = image.media_type.clone();
+            let bytes = original.clone();
+            let prepared =
+                tokio::task::spawn_blocking(move || crate::images::prepare(&bytes, &claimed))
+                    .await
+                    .map_err(|e| {
+                        ApiError::new(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "image_failed",
+                            format!("the image task failed: {e}"),
+                        )
+                    })?
+                    .map_err(|e| bad("invalid_image", e.to_string()))?;
+            let Some((ow, oh)) = prepared.original else {
+                continue;
+            };
+            let key = store.archive(&original).await.map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "archive_unavailable",
+                    format!("the original image could not be archived, so it was not shrunk: {e}"),
+                )
+            })?;
+            report.push(serde_json::json!({
+                "key": key.as_str(),
+                "original": {"width": ow, "height": oh, "bytes": original.len(), "mediaType": image.media_type},
+                "sent": {"width": prepared.width, "height": prepared.height, "bytes": prepared.bytes.len(), "mediaType": prepared.media_type},
+            }));
+            image.media_type = prepared.media_type.to_owned();
+            image.data = b64.encode(&prepared.bytes);
+            if !m.meta.archived.iter().any(|k| k == key.as_str()) {
+                m.meta.archived.push(key.as_str().to_owned());
+            }
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn responses_items_of_every_kind() {
+        let items = responses_input(&obj(json!({"input": [
+            {"role": "developer", "content": "be brief"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+            {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": "x", "annotations": []}]},
+            {"type": "function_call", "id": "fc_c1", "call_id": "c1", "name": "read", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "file"},
+        ]})))
+        .unwrap();
+        assert_eq!(items.len(), 5);
+        assert_eq!(items[2].id.as_deref(), Some("msg_1"));
+        assert!(
+            matches!(&items[4].item, Item::FunctionCallOutput { output, .. } if output == "file")
+        );
+        for bad in [
+            json!({}),
+            json!({"input": ""}),
+            json!({"input": []}),
+            json!({"input": [{"role": "tool", "content": "x"}]}),
+            json!({"input": [{"type": "reasoning"}]}),
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}),
+            json!({"input": [{"type": "function_call_output"}]}),
+        ] {
+            assert!(responses_input(&obj(bad.clone())).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn chat_messages_split_into_items() {
+        let items = chat_messages(&obj(json!({"messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": [{"type": "text", "text": "q"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "out"},
+        ]})))
+        .unwrap();
+        let kinds: Vec<_> = items.iter().map(|i| i.item.kind()).collect();
+        use crate::replay::Kind::*;
+        assert_eq!(kinds, [System, User, Call, Output]);
+    }
+
+    #[test]
+    fn tools_and_choices() {
+        let o = obj(
+            json!({"tools": [{"type": "function", "name": "read", "parameters": {"type": "object"}}], "tool_choice": {"type": "function", "name": "read"}}),
+        );
+        let tools = function_tools(&o, Api::Responses).unwrap();
+        assert_eq!(tools[0].name, "read");
+        assert_eq!(
+            tool_choice(&o, Api::Responses, &tools).unwrap(),
+            ToolChoice::Function("read".into())
+        );
+        let other = obj(json!({"tool_choice": {"type": "function", "name": "nope"}}));
+        assert!(tool_choice(&other, Api::Responses, &tools).is_err());
+        let web = obj(json!({"tools": [{"type": "web_search"}]}));
+        assert!(function_tools(&web, Api::Responses).is_err());
+    }
+}
