@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use super::local::{LocalLimits, LocalStore};
 use super::s3::S3Store;
 use super::stats::{ArchiveCounters, ArchiveReport, StoreUsage};
-use super::{Archivable, ArchiveError, Key, Store};
+use super::{ArchiveError, Hashed, Key, Store};
 
 #[derive(Clone)]
 pub struct LayeredStore {
@@ -83,13 +83,12 @@ impl LayeredStore {
 
 #[async_trait]
 impl Store for LayeredStore {
-    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
-        let content = content.bytes();
-        let key = Key::of(content);
+    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
+        let (key, content) = (original.key(), original.bytes());
         // Local entries are written only after S3 acknowledged them, so a local hit is durable.
         if matches!(self.local.get(key).await, Ok(Some(_))) {
             self.counters.record_dedupe();
-            return Ok(key);
+            return Ok(());
         }
         if let Err(e) = self.remote.put(&key, content).await {
             self.counters.record_failure();
@@ -98,7 +97,11 @@ impl Store for LayeredStore {
         }
         self.counters.record_put(content.len());
         self.fill_local(key, content).await;
-        Ok(key)
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.remote.in_flight()
     }
 
     async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {

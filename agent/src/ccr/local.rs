@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 use super::stats::{ArchiveCounters, ArchiveReport, StoreUsage};
-use super::{Archivable, ArchiveError, Key, Store};
+use super::{ArchiveError, DEFAULT_IN_FLIGHT, Hashed, Key, Store};
 
 /// Temp files start with this; no key does, so the sweep can never remove an entry.
 const TEMP_PREFIX: &str = ".tmp-";
@@ -102,6 +102,8 @@ impl LocalLimits {
 #[derive(Clone)]
 pub struct LocalStore {
     inner: Arc<Inner>,
+    /// Reads (and, within a batch, flushes) kept in flight at once.
+    in_flight: usize,
 }
 
 struct Inner {
@@ -169,10 +171,17 @@ impl LocalStore {
                 approx_bytes: AtomicU64::new(0),
                 writes_since_scan: AtomicU64::new(0),
             }),
+            in_flight: DEFAULT_IN_FLIGHT,
         };
         store.inner.sweep_stale_temps(SystemTime::now())?;
         store.inner.evict(None, SystemTime::now())?;
         Ok(store)
+    }
+
+    /// Reads of one pass kept in flight at once (`archive.maxInFlight`; at least 1).
+    pub fn with_in_flight(mut self, in_flight: usize) -> Self {
+        self.in_flight = in_flight.max(1);
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -228,20 +237,23 @@ impl LocalStore {
 
 #[async_trait]
 impl Store for LocalStore {
-    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
-        let content = content.bytes();
-        let key = Key::of(content);
-        match self.put(key, content.to_vec()).await? {
-            PutOutcome::Stored => self.inner.counters.record_put(content.len()),
+    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
+        let len = original.bytes().len();
+        match self.put(original.key(), original.bytes().to_vec()).await? {
+            PutOutcome::Stored => self.inner.counters.record_put(len),
             PutOutcome::Deduplicated => self.inner.counters.record_dedupe(),
         }
-        Ok(key)
+        Ok(())
     }
 
     async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
         let found = self.get(*key).await?;
         self.inner.counters.record_fetch(found.as_deref());
         Ok(found)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
     }
 }
 

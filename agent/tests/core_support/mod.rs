@@ -6,7 +6,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use cairn_agent::ccr::{Archivable, ArchiveError, Key, Store};
+use cairn_agent::ccr::{ArchiveError, Hashed, Key, Store};
 use cairn_agent::compact::archive::{parse_segment, referenced_keys};
 use cairn_agent::compact::summarize::{SECTIONS, SummaryRequest};
 use cairn_agent::compact::{SummarizeError, Summarizer};
@@ -17,7 +17,7 @@ pub struct FailingStore;
 
 #[async_trait]
 impl Store for FailingStore {
-    async fn archive_checked(&self, _content: Archivable<'_>) -> Result<Key, ArchiveError> {
+    async fn put_hashed(&self, _original: Hashed<'_>) -> Result<(), ArchiveError> {
         Err(ArchiveError::Unavailable("bucket unreachable".into()))
     }
     async fn fetch(&self, _key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
