@@ -9,7 +9,7 @@ mod core_support;
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
-use cairn_agent::ccr::MemoryStore;
+use cairn_agent::ccr::{LocalLimits, LocalStore, MemoryStore, Store};
 use cairn_agent::compact::ladder::LadderContext;
 use cairn_agent::compact::{
     BudgetInputs, SessionState, Trigger, budget, compact, dedup, emergency, microcompact, pairing,
@@ -41,7 +41,7 @@ fn window_for(history: &[Message]) -> u64 {
 async fn pipeline(
     h: &mut Vec<Message>,
     policy: &EffectivePolicy,
-    store: &MemoryStore,
+    store: &dyn Store,
     window: u64,
 ) -> usize {
     let mut state = SessionState::new();
@@ -262,10 +262,59 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     g.finish();
 }
 
+/// The first compaction of a never-compacted 4 MiB history on each store a session runs
+/// with, in one run so the ratios hold even on a busy machine: in memory, the durable local
+/// directory (the embedded default without S3: every original flushed before any marker).
+fn stores(c: &mut Criterion) {
+    let rt = runtime();
+    let policy = EffectivePolicy::default();
+    let h = core_support::session(4 * MB);
+    let window = window_for(&h);
+    let limits = LocalLimits {
+        max_bytes: u64::MAX / 2,
+        ttl: std::time::Duration::from_secs(100 * 365 * 24 * 3600),
+    };
+    {
+        let mut probe = h.clone();
+        let store = MemoryStore::new();
+        rt.block_on(pipeline(&mut probe, &policy, &store, window));
+        eprintln!("first compaction of 4MB archives {} originals", store.len());
+    }
+    let mut g = c.benchmark_group("engine_store");
+    g.sample_size(20);
+    g.throughput(Throughput::Bytes(history::weight(&h) as u64));
+    g.bench_function("first_compaction/memory/4MB", |b| {
+        b.iter_batched(
+            || (h.clone(), MemoryStore::new()),
+            |(mut h, store)| {
+                rt.block_on(pipeline(&mut h, &policy, &store, window));
+                (h, store)
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.bench_function("first_compaction/local_durable/4MB", |b| {
+        b.iter_batched(
+            || {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let store = LocalStore::open(dir.path(), limits).expect("open");
+                (h.clone(), store, dir)
+            },
+            |(mut h, store, dir)| {
+                rt.block_on(pipeline(&mut h, &policy, &store, window));
+                (h, store, dir)
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
 criterion_group!(engine, wall);
+criterion_group!(engine_store, stores);
 criterion_group! {
     name = engine_cpu;
     config = Criterion::default().with_measurement(ThreadCpuTime);
     targets = cpu
 }
-criterion_main!(engine, engine_cpu);
+criterion_main!(engine, engine_cpu, engine_store);
