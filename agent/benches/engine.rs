@@ -170,6 +170,27 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
         g.bench_with_input(BenchmarkId::new("pairing_check", &label), h, |b, h| {
             b.iter(|| pairing::is_valid(h))
         });
+        // One defect: a result whose call is gone, in the middle of the history. The repair
+        // archives it and rebuilds the history around it.
+        let mut defect = h.clone();
+        defect.insert(
+            defect.len() / 2,
+            Message::tool("gone", "an orphaned result"),
+        );
+        g.bench_with_input(
+            BenchmarkId::new("pairing_repair_one_defect", &label),
+            &defect,
+            |b, h| {
+                b.iter_batched(
+                    || (h.clone(), MemoryStore::new()),
+                    |(mut h, store)| {
+                        rt.block_on(pairing::repair_archived(&mut h, &store, Trigger::Turn));
+                        (h, store)
+                    },
+                    BatchSize::LargeInput,
+                )
+            },
+        );
         g.bench_with_input(BenchmarkId::new("microcompact", &label), h, |b, h| {
             b.iter_batched(
                 || (h.clone(), MemoryStore::new()),
