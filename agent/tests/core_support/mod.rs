@@ -25,6 +25,29 @@ impl Store for FailingStore {
     }
 }
 
+/// A memory store that writes concurrently: each write of a batch yields a random number of
+/// times first, so the writes of one batch (up to 8 in flight) finish out of order.
+#[derive(Default)]
+pub struct ConcurrentStore {
+    inner: cairn_agent::ccr::MemoryStore,
+}
+
+#[async_trait]
+impl Store for ConcurrentStore {
+    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
+        for _ in 0..fastrand::usize(..4) {
+            tokio::task::yield_now().await;
+        }
+        self.inner.put_hashed(original).await
+    }
+    async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
+        self.inner.fetch(key).await
+    }
+    fn in_flight(&self) -> usize {
+        8
+    }
+}
+
 /// Replies from a script; when the script runs out, writes a well-formed summary sized to
 /// the transcript.
 pub struct ScriptedSummarizer {
