@@ -250,7 +250,8 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
 
 /// The first compaction of a never-compacted 4 MiB history on each store a session runs
 /// with, in one run so the ratios hold even on a busy machine: in memory, the durable local
-/// directory (the embedded default without S3: every original flushed before any marker).
+/// directory (the embedded default without S3: every original flushed before any marker),
+/// with the batch's flushes concurrent and one at a time.
 fn stores(c: &mut Criterion) {
     let rt = runtime();
     let policy = EffectivePolicy::default();
@@ -284,6 +285,23 @@ fn stores(c: &mut Criterion) {
             || {
                 let dir = tempfile::tempdir().expect("tempdir");
                 let store = LocalStore::open(dir.path(), limits).expect("open");
+                (h.clone(), store, dir)
+            },
+            |(mut h, store, dir)| {
+                rt.block_on(pipeline(&mut h, &policy, &store, window));
+                (h, store, dir)
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    // The same with one flush at a time (`archive.maxInFlight: 1`).
+    g.bench_function("first_compaction/local_durable_serial/4MB", |b| {
+        b.iter_batched(
+            || {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let store = LocalStore::open(dir.path(), limits)
+                    .expect("open")
+                    .with_in_flight(1);
                 (h.clone(), store, dir)
             },
             |(mut h, store, dir)| {
