@@ -5,18 +5,19 @@
 
 #[path = "../tests/core_support/mod.rs"]
 mod core_support;
+#[path = "support/pipeline.rs"]
+mod pipeline;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
-use cairn_agent::ccr::MemoryStore;
-use cairn_agent::compact::ladder::LadderContext;
+use cairn_agent::ccr::{LocalLimits, LocalStore, MemoryStore};
 use cairn_agent::compact::{
-    BudgetInputs, SessionState, Trigger, budget, compact, dedup, emergency, microcompact, pairing,
-    trim,
+    SessionState, Trigger, budget, dedup, emergency, microcompact, pairing, trim,
 };
 use cairn_agent::history::{self, Message};
 use cairn_crds::EffectivePolicy;
+use pipeline::{pipeline, window_for};
 
 /// The allocator of the `cairn-agent` binary, so the figures are the binary's.
 #[global_allocator]
@@ -30,42 +31,6 @@ fn runtime() -> tokio::runtime::Runtime {
         Ok(rt) => rt,
         Err(e) => panic!("tokio runtime: {e}"),
     }
-}
-
-/// A window whose budget is a quarter of the history, so every level has work to do.
-fn window_for(history: &[Message]) -> u64 {
-    (history::weight(history) as f64 / 4.0 / 2.4) as u64 + 13_000
-}
-
-/// The turn's cheap passes plus the ladder without a summarizer (levels 1 and 3).
-async fn pipeline(
-    h: &mut Vec<Message>,
-    policy: &EffectivePolicy,
-    store: &MemoryStore,
-    window: u64,
-) -> usize {
-    let mut state = SessionState::new();
-    pairing::repair_archived(h, store, Trigger::Turn).await;
-    microcompact::microcompact(h, policy, None, store).await;
-    dedup::dedup_reads(h, store).await;
-    let ctx = LadderContext {
-        policy,
-        inputs: BudgetInputs {
-            context_window: window,
-            payload_cap: None,
-            reserve_bytes: 0,
-        },
-        store,
-        summarizer: None,
-        trigger: Trigger::Auto,
-        budget_ratio: None,
-        target: None,
-    };
-    let out = compact(h, &ctx, &mut state).await;
-    // As a turn sends: the request's cuts are made in place and undone after the call.
-    let (cuts, report) = budget::cut(h, state.tool_result_limits(policy), store).await;
-    cuts.restore(h);
-    out.bytes_after + report.bytes_after
 }
 
 /// CPU time of the benchmarking thread. The machine these numbers come from is shared, so
@@ -170,6 +135,27 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
         g.bench_with_input(BenchmarkId::new("pairing_check", &label), h, |b, h| {
             b.iter(|| pairing::is_valid(h))
         });
+        // One defect: a result whose call is gone, in the middle of the history. The repair
+        // archives it and rebuilds the history around it.
+        let mut defect = h.clone();
+        defect.insert(
+            defect.len() / 2,
+            Message::tool("gone", "an orphaned result"),
+        );
+        g.bench_with_input(
+            BenchmarkId::new("pairing_repair_one_defect", &label),
+            &defect,
+            |b, h| {
+                b.iter_batched(
+                    || (h.clone(), MemoryStore::new()),
+                    |(mut h, store)| {
+                        rt.block_on(pairing::repair_archived(&mut h, &store, Trigger::Turn));
+                        (h, store)
+                    },
+                    BatchSize::LargeInput,
+                )
+            },
+        );
         g.bench_with_input(BenchmarkId::new("microcompact", &label), h, |b, h| {
             b.iter_batched(
                 || (h.clone(), MemoryStore::new()),
@@ -262,10 +248,77 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     g.finish();
 }
 
+/// The first compaction of a never-compacted 4 MiB history on each store a session runs
+/// with, in one run so the ratios hold even on a busy machine: in memory, the durable local
+/// directory (the embedded default without S3: every original flushed before any marker),
+/// with the batch's flushes concurrent and one at a time.
+fn stores(c: &mut Criterion) {
+    let rt = runtime();
+    let policy = EffectivePolicy::default();
+    let h = core_support::session(4 * MB);
+    let window = window_for(&h);
+    let limits = LocalLimits {
+        max_bytes: u64::MAX / 2,
+        ttl: std::time::Duration::from_secs(100 * 365 * 24 * 3600),
+    };
+    {
+        let mut probe = h.clone();
+        let store = MemoryStore::new();
+        rt.block_on(pipeline(&mut probe, &policy, &store, window));
+        eprintln!("first compaction of 4MB archives {} originals", store.len());
+    }
+    let mut g = c.benchmark_group("engine_store");
+    g.sample_size(20);
+    g.throughput(Throughput::Bytes(history::weight(&h) as u64));
+    g.bench_function("first_compaction/memory/4MB", |b| {
+        b.iter_batched(
+            || (h.clone(), MemoryStore::new()),
+            |(mut h, store)| {
+                rt.block_on(pipeline(&mut h, &policy, &store, window));
+                (h, store)
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.bench_function("first_compaction/local_durable/4MB", |b| {
+        b.iter_batched(
+            || {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let store = LocalStore::open(dir.path(), limits).expect("open");
+                (h.clone(), store, dir)
+            },
+            |(mut h, store, dir)| {
+                rt.block_on(pipeline(&mut h, &policy, &store, window));
+                (h, store, dir)
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    // The same with one flush at a time (`archive.maxInFlight: 1`).
+    g.bench_function("first_compaction/local_durable_serial/4MB", |b| {
+        b.iter_batched(
+            || {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let store = LocalStore::open(dir.path(), limits)
+                    .expect("open")
+                    .with_in_flight(1);
+                (h.clone(), store, dir)
+            },
+            |(mut h, store, dir)| {
+                rt.block_on(pipeline(&mut h, &policy, &store, window));
+                (h, store, dir)
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
 criterion_group!(engine, wall);
+criterion_group!(engine_store, stores);
 criterion_group! {
     name = engine_cpu;
     config = Criterion::default().with_measurement(ThreadCpuTime);
     targets = cpu
 }
-criterion_main!(engine, engine_cpu);
+criterion_main!(engine, engine_cpu, engine_store);

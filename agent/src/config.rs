@@ -14,8 +14,8 @@ use serde::Deserialize;
 use crate::catalog::{self, Limits};
 use crate::ccr::stats::ArchiveCounters;
 use crate::ccr::{
-    LayeredStore, LocalLimits, LocalStore, S3Config, S3Credentials, S3Store, S3Timeouts,
-    SessionScope, Store,
+    DEFAULT_IN_FLIGHT, LayeredStore, LocalLimits, LocalStore, S3Config, S3Credentials, S3Store,
+    S3Timeouts, SessionScope, Store,
 };
 use crate::journal::{DirObjects, ObjectStore, S3Objects};
 
@@ -212,6 +212,8 @@ pub struct StorageSettings {
     /// Root of the local archive and journal (no S3).
     pub data_dir: PathBuf,
     pub cache_limits: LocalLimits,
+    /// Archive requests of one pass in flight at once (`archive.maxInFlight`).
+    pub in_flight: usize,
 }
 
 fn truthy(v: &str) -> bool {
@@ -273,12 +275,16 @@ impl StorageSettings {
                 })
             }
         };
+        let in_flight = a
+            .max_in_flight
+            .map_or(DEFAULT_IN_FLIGHT, |n| n.clamp(1, 256) as usize);
         Ok(Self {
             s3,
             prefix,
             cache_dir,
             data_dir,
             cache_limits,
+            in_flight,
         })
     }
 }
@@ -362,7 +368,8 @@ impl Storage {
                 let client = cfg
                     .client()
                     .map_err(|e| ConfigError::Archive(e.to_string()))?;
-                let remote = S3Store::with_client(client.clone(), &cfg.bucket, scope.clone());
+                let remote = S3Store::with_client(client.clone(), &cfg.bucket, scope.clone())
+                    .with_in_flight(settings.in_flight);
                 let probe = Probe::S3(remote.clone());
                 let layered =
                     LayeredStore::open(&settings.cache_dir, settings.cache_limits, remote)
@@ -383,7 +390,9 @@ impl Storage {
                     max_bytes: u64::MAX / 2,
                     ttl: Duration::from_secs(100 * 365 * 24 * 3600),
                 };
-                let local = LocalStore::open(root.join("ccr"), limits).map_err(archive_err)?;
+                let local = LocalStore::open(root.join("ccr"), limits)
+                    .map_err(archive_err)?
+                    .with_in_flight(settings.in_flight);
                 let counters = Arc::clone(local.counters());
                 Ok(Self {
                     store: Arc::new(local),
@@ -477,6 +486,14 @@ mod tests {
             .unwrap();
         assert!(s.s3.is_none());
         assert_eq!(s.data_dir, PathBuf::from("/h/.local/share/cairn"));
+        assert_eq!(s.in_flight, DEFAULT_IN_FLIGHT);
+        let serial = ConfigFile::parse(
+            "name: d\nprovider: {kind: openai-compatible, model: m}\narchive: {maxInFlight: 1}\n",
+            "t",
+        )
+        .unwrap();
+        let s = StorageSettings::from_spec(&serial.spec, |_| None).unwrap();
+        assert_eq!(s.in_flight, 1);
         assert!(parse_session_ref("ns/a").is_ok());
         assert!(parse_session_ref("a").is_err());
     }

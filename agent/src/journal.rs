@@ -68,6 +68,7 @@ use async_trait::async_trait;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::error::DisplayErrorContext;
 use aws_sdk_s3::primitives::ByteStream;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::ccr::{Key, Store};
@@ -78,6 +79,8 @@ use crate::history::Message;
 /// Entries on a chain after which the next one is a checkpoint whatever the sizes, so a
 /// rebuild fetches a bounded number of objects.
 pub const CHECKPOINT_EVERY: u64 = 64;
+/// Claim objects a rebuild reads at once.
+const CLAIM_READS_IN_FLIGHT: usize = 16;
 /// Bytes of deltas allowed past the size rule, so a small history is not checkpointed on
 /// every turn.
 pub const CHECKPOINT_SLACK: u64 = 64 * 1024;
@@ -1482,11 +1485,23 @@ pub async fn rebuild_with(
     segments: Option<&dyn Store>,
 ) -> Result<Rebuilt, JournalError> {
     let mut bounds: BTreeMap<Token, u64> = BTreeMap::new();
-    for name in objects.list("claims/").await? {
-        let Some(token) = parse_claim(&name) else {
-            continue;
-        };
-        if let Some(body) = objects.get(&name).await?
+    let claims: Vec<(Token, String)> = objects
+        .list("claims/")
+        .await?
+        .into_iter()
+        .filter_map(|name| parse_claim(&name).map(|t| (t, name)))
+        .collect();
+    // The claims are independent of each other: read concurrently, in order.
+    let mut reads = Vec::with_capacity(claims.len());
+    for (_, name) in &claims {
+        reads.push(objects.get(name));
+    }
+    let bodies: Vec<Option<Vec<u8>>> = futures::stream::iter(reads)
+        .buffered(CLAIM_READS_IN_FLIGHT)
+        .try_collect()
+        .await?;
+    for ((token, _), body) in claims.into_iter().zip(bodies) {
+        if let Some(body) = body
             && let Ok(c) = serde_json::from_slice::<Claim>(&body)
             && let Some(start) = c.start_seq
         {

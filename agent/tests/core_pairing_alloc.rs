@@ -3,6 +3,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cairn_agent::ccr::MemoryStore;
+use cairn_agent::compact::Trigger;
 use cairn_agent::compact::pairing::{self, OrphanMode};
 use cairn_agent::history::{Message, ToolCall};
 
@@ -50,6 +52,22 @@ fn valid_history_is_checked_and_repaired_without_allocating() {
     assert!(valid);
     assert!(!report.is_change());
     assert_eq!(after - before, 0, "no allocation on the happy path");
+
+    // The function a turn calls, with its store, allocates nothing either.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let store = MemoryStore::new();
+    rt.block_on(pairing::repair_archived(&mut h, &store, Trigger::Turn));
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let (pass, report) = rt.block_on(pairing::repair_archived(&mut h, &store, Trigger::Turn));
+    let after = ALLOCATIONS.load(Ordering::SeqCst);
+    assert!(!report.is_change() && pass.archived.is_empty());
+    assert_eq!(
+        after - before,
+        0,
+        "no allocation in repair_archived on a valid history"
+    );
 
     // A broken history does get repaired (the counter is not vacuous).
     h.push(Message::tool("orphan", "x"));

@@ -239,7 +239,8 @@ proptest! {
         kind in any::<u8>(),
         keep in 1u32..12,
     ) {
-        let store = MemoryStore::new();
+        // Every batch written concurrently, finishing out of order.
+        let store = ConcurrentStore::default();
         let policy = EffectivePolicy { min_keep_recent: keep, ..EffectivePolicy::default() };
         let original = build(&ops);
         let summ = summarizer(kind);

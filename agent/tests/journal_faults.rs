@@ -97,6 +97,7 @@ async fn open(
         cache_dir: cache.to_path_buf(),
         data_dir: cache.join("data"),
         cache_limits: LocalLimits::from_spec(None, None).expect("limits"),
+        in_flight: cairn_agent::ccr::DEFAULT_IN_FLIGHT,
     };
     let storage = Storage::open(&settings, &cfg.namespace, &cfg.name).expect("storage");
     let options = ClientOptions {

@@ -257,6 +257,12 @@ pub struct ArchiveSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^([0-9]+(h|m|s))+$')").message("archive.ttl must be a duration like 168h, 30m or 1h30m"))]
     pub ttl: Option<String>,
+    /// Archive writes (or reads) one compaction pass keeps in flight at once; the pass
+    /// still applies its edits only after every original is stored. 1 writes them one
+    /// after another. Default: 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 256").message("archive.maxInFlight must be between 1 and 256"))]
+    pub max_in_flight: Option<u32>,
 }
 
 /// Keys of a Secret holding S3 credentials.

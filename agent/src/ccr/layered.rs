@@ -11,11 +11,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
 
 use super::local::{LocalLimits, LocalStore};
 use super::s3::S3Store;
 use super::stats::{ArchiveCounters, ArchiveReport, StoreUsage};
-use super::{Archivable, ArchiveError, Key, Store};
+use super::{ArchiveError, Hashed, Key, Store};
 
 #[derive(Clone)]
 pub struct LayeredStore {
@@ -83,13 +84,12 @@ impl LayeredStore {
 
 #[async_trait]
 impl Store for LayeredStore {
-    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
-        let content = content.bytes();
-        let key = Key::of(content);
+    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
+        let (key, content) = (original.key(), original.bytes());
         // Local entries are written only after S3 acknowledged them, so a local hit is durable.
         if matches!(self.local.get(key).await, Ok(Some(_))) {
             self.counters.record_dedupe();
-            return Ok(key);
+            return Ok(());
         }
         if let Err(e) = self.remote.put(&key, content).await {
             self.counters.record_failure();
@@ -98,7 +98,65 @@ impl Store for LayeredStore {
         }
         self.counters.record_put(content.len());
         self.fill_local(key, content).await;
-        Ok(key)
+        Ok(())
+    }
+
+    /// One local lookup task for the batch, the S3 writes of what the cache lacks
+    /// concurrently (up to [`Store::in_flight`]), then one local write task for those.
+    async fn put_batch(&self, originals: &[Hashed<'_>]) -> Result<(), ArchiveError> {
+        if let [one] = originals {
+            return self.put_hashed(*one).await;
+        }
+        let cached = self
+            .local
+            .get_many(originals.iter().map(|o| o.key()).collect())
+            .await;
+        let missing: Vec<Hashed<'_>> = originals
+            .iter()
+            .zip(cached)
+            .filter_map(|(o, c)| match c {
+                Ok(Some(_)) => {
+                    self.counters.record_dedupe();
+                    None
+                }
+                _ => Some(*o),
+            })
+            .collect();
+        let mut writes = Vec::with_capacity(missing.len());
+        for o in &missing {
+            writes.push(async move {
+                let (key, content) = (o.key(), o.bytes());
+                match self.remote.put(&key, content).await {
+                    Ok(()) => {
+                        self.counters.record_put(content.len());
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.counters.record_failure();
+                        tracing::warn!(%key, error = %e, "ccr: durable tier refused the original; nothing archived");
+                        Err(e)
+                    }
+                }
+            });
+        }
+        futures::stream::iter(writes)
+            .buffer_unordered(self.in_flight())
+            .try_collect::<()>()
+            .await?;
+        let cap = self.local.limits().per_entry_cap();
+        let fill: Vec<(Key, Vec<u8>)> = missing
+            .iter()
+            .filter(|o| o.bytes().len() as u64 <= cap)
+            .map(|o| (o.key(), o.bytes().to_vec()))
+            .collect();
+        if let Err(e) = self.local.put_many(fill).await {
+            tracing::warn!(error = %e, label = e.label(), "ccr: local cache write failed");
+        }
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.remote.in_flight()
     }
 
     async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {

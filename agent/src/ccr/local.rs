@@ -7,18 +7,25 @@
 //! directory — sees a whole entry or none. Entries are bounded by total bytes (least recently
 //! used first) and by age; one entry may use at most a quarter of the store, so an insert can
 //! never evict itself and leave a dangling marker.
+//!
+//! The originals of one pass are written as a batch, in one blocking task: every temp file is
+//! written and flushed, then renamed into place, then the directory is flushed once, so
+//! a crash leaves whole entries and stale temp files, never a torn entry under a key. Occupancy
+//! is kept as a running tally (what this process wrote and removed); the directory is
+//! re-listed only when the tally passes the bound or is older than [`RESCAN_INTERVAL`], which
+//! also catches entries written by other processes and entries past their TTL.
 
 use std::fs::{self, File, FileTimes, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 
 use super::stats::{ArchiveCounters, ArchiveReport, StoreUsage};
-use super::{Archivable, ArchiveError, Key, Store};
+use super::{ArchiveError, DEFAULT_IN_FLIGHT, Hashed, Key, Store};
 
 /// Temp files start with this; no key does, so the sweep can never remove an entry.
 const TEMP_PREFIX: &str = ".tmp-";
@@ -27,10 +34,11 @@ const TEMP_PREFIX: &str = ".tmp-";
 const QUARANTINE_DIR: &str = ".corrupt";
 /// A temp file this old belongs to a writer that crashed (a live write takes milliseconds).
 const STALE_TEMP_AGE: Duration = Duration::from_secs(10 * 60);
-/// Writes between full scans of the directory when this process's running total stays under
-/// the bound: the scan also catches what other processes sharing the directory wrote, and
-/// entries past their TTL that nobody reads any more.
-const RESCAN_EVERY: u64 = 64;
+/// Age of the tally after which the next write or usage report re-lists the directory.
+const RESCAN_INTERVAL: Duration = Duration::from_secs(5 * 60);
+/// Flushes of one batch issued at once, at most: concurrent flushes share the file system's
+/// journal commits.
+const MAX_FLUSH_THREADS: usize = 8;
 
 /// Bounds of a local tier (from `AgentSession.spec.archive.localCacheSize` and `.ttl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +110,8 @@ impl LocalLimits {
 #[derive(Clone)]
 pub struct LocalStore {
     inner: Arc<Inner>,
+    /// Reads (and, within a batch, flushes) kept in flight at once.
+    in_flight: usize,
 }
 
 struct Inner {
@@ -111,9 +121,30 @@ struct Inner {
     /// Flush each entry before it is renamed into place (when this tier is the durable one).
     sync_writes: bool,
     temp_seq: AtomicU64,
-    /// Bytes in the directory as of the last scan plus what this process wrote since.
-    approx_bytes: AtomicU64,
-    writes_since_scan: AtomicU64,
+    /// Occupancy as of the last scan, plus what this process wrote and removed since.
+    tally: Mutex<Tally>,
+}
+
+/// The running count of the directory's entries.
+#[derive(Clone, Copy, Debug)]
+struct Tally {
+    entries: u64,
+    bytes: u64,
+    /// Least recent access seen by the last scan (writes and reads only make entries newer).
+    oldest: Option<SystemTime>,
+    scanned_at: Instant,
+}
+
+impl Tally {
+    fn add(&mut self, bytes: u64) {
+        self.entries += 1;
+        self.bytes += bytes;
+    }
+
+    fn remove(&mut self, bytes: u64) {
+        self.entries = self.entries.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
 }
 
 /// What `put` did.
@@ -166,13 +197,24 @@ impl LocalStore {
                 counters,
                 sync_writes,
                 temp_seq: AtomicU64::new(0),
-                approx_bytes: AtomicU64::new(0),
-                writes_since_scan: AtomicU64::new(0),
+                tally: Mutex::new(Tally {
+                    entries: 0,
+                    bytes: 0,
+                    oldest: None,
+                    scanned_at: Instant::now(),
+                }),
             }),
+            in_flight: DEFAULT_IN_FLIGHT,
         };
         store.inner.sweep_stale_temps(SystemTime::now())?;
-        store.inner.evict(None, SystemTime::now())?;
+        store.inner.evict(&[], SystemTime::now())?;
         Ok(store)
+    }
+
+    /// Reads of one pass kept in flight at once (`archive.maxInFlight`; at least 1).
+    pub fn with_in_flight(mut self, in_flight: usize) -> Self {
+        self.in_flight = in_flight.max(1);
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -190,14 +232,51 @@ impl LocalStore {
     /// Stores `content` under `key` (which the caller has computed with [`Key::of`]).
     /// Content over the per-entry cap is refused with `Unavailable`.
     pub async fn put(&self, key: Key, content: Vec<u8>) -> Result<PutOutcome, ArchiveError> {
+        let mut outcomes = self.put_many(vec![(key, content)]).await?;
+        Ok(outcomes.pop().unwrap_or(PutOutcome::Deduplicated))
+    }
+
+    /// Stores a batch of entries of distinct keys in one blocking task; `Ok` only when every
+    /// entry is in place (and, in durable mode, flushed along with the directory). Nothing
+    /// is written when one entry is over the per-entry cap.
+    pub async fn put_many(
+        &self,
+        entries: Vec<(Key, Vec<u8>)>,
+    ) -> Result<Vec<PutOutcome>, ArchiveError> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
         let inner = Arc::clone(&self.inner);
-        blocking(move || inner.put(key, &content)).await
+        let threads = self.in_flight.min(MAX_FLUSH_THREADS);
+        blocking(move || inner.put_batch(&entries, threads)).await
     }
 
     /// The entry's bytes, verified against the key, refreshing its recency.
     pub async fn get(&self, key: Key) -> Result<Option<Vec<u8>>, ArchiveError> {
         let inner = Arc::clone(&self.inner);
         blocking(move || inner.get(key, SystemTime::now())).await
+    }
+
+    /// [`LocalStore::get`] of several keys in one blocking task, answers in order.
+    pub async fn get_many(&self, keys: Vec<Key>) -> Vec<Result<Option<Vec<u8>>, ArchiveError>> {
+        let n = keys.len();
+        let inner = Arc::clone(&self.inner);
+        let task = tokio::task::spawn_blocking(move || {
+            let now = SystemTime::now();
+            keys.into_iter()
+                .map(|k| inner.get(k, now))
+                .collect::<Vec<_>>()
+        });
+        match task.await {
+            Ok(found) => found,
+            Err(e) => (0..n)
+                .map(|_| {
+                    Err(ArchiveError::Unavailable(format!(
+                        "local archive task failed: {e}"
+                    )))
+                })
+                .collect(),
+        }
     }
 
     /// True when an intact entry exists (refreshing its recency).
@@ -222,26 +301,48 @@ impl LocalStore {
     /// Drops expired entries, then least recently used ones until the byte bound holds.
     pub async fn evict(&self) -> Result<(), ArchiveError> {
         let inner = Arc::clone(&self.inner);
-        blocking(move || inner.evict(None, SystemTime::now())).await
+        blocking(move || inner.evict(&[], SystemTime::now())).await
     }
 }
 
 #[async_trait]
 impl Store for LocalStore {
-    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
-        let content = content.bytes();
-        let key = Key::of(content);
-        match self.put(key, content.to_vec()).await? {
-            PutOutcome::Stored => self.inner.counters.record_put(content.len()),
-            PutOutcome::Deduplicated => self.inner.counters.record_dedupe(),
+    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
+        self.put_batch(&[original]).await
+    }
+
+    /// One blocking task for the whole batch (see the module comment).
+    async fn put_batch(&self, originals: &[Hashed<'_>]) -> Result<(), ArchiveError> {
+        let entries: Vec<(Key, Vec<u8>)> = originals
+            .iter()
+            .map(|o| (o.key(), o.bytes().to_vec()))
+            .collect();
+        let outcomes = self.put_many(entries).await?;
+        for (o, outcome) in originals.iter().zip(outcomes) {
+            match outcome {
+                PutOutcome::Stored => self.inner.counters.record_put(o.bytes().len()),
+                PutOutcome::Deduplicated => self.inner.counters.record_dedupe(),
+            }
         }
-        Ok(key)
+        Ok(())
     }
 
     async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
         let found = self.get(*key).await?;
         self.inner.counters.record_fetch(found.as_deref());
         Ok(found)
+    }
+
+    async fn fetch_many(&self, keys: &[Key]) -> Vec<Result<Option<Vec<u8>>, ArchiveError>> {
+        let found = self.get_many(keys.to_vec()).await;
+        for f in found.iter().flatten() {
+            self.inner.counters.record_fetch(f.as_deref());
+        }
+        found
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
     }
 }
 
@@ -266,45 +367,131 @@ impl Inner {
         self.dir.join(key.as_str())
     }
 
-    fn put(&self, key: Key, content: &[u8]) -> Result<PutOutcome, ArchiveError> {
+    fn put_batch(
+        &self,
+        entries: &[(Key, Vec<u8>)],
+        flush_threads: usize,
+    ) -> Result<Vec<PutOutcome>, ArchiveError> {
         let cap = self.limits.per_entry_cap();
-        if content.len() as u64 > cap {
+        if let Some((_, over)) = entries.iter().find(|(_, c)| c.len() as u64 > cap) {
             return Err(ArchiveError::Unavailable(format!(
                 "entry of {} bytes exceeds the local archive's per-entry cap of {cap} bytes",
-                content.len()
+                over.len()
             )));
         }
         let now = SystemTime::now();
-        match self.get(key, now) {
-            Ok(Some(_)) => return Ok(PutOutcome::Deduplicated),
-            // Archiving the original again heals a damaged entry.
-            Ok(None) | Err(ArchiveError::Corrupt(_)) => {}
-            Err(e) => return Err(e),
+        let mut outcomes = Vec::with_capacity(entries.len());
+        let mut fresh: Vec<(Key, &[u8])> = Vec::with_capacity(entries.len());
+        for (key, content) in entries {
+            // Most keys of a batch are new: one failed lookup, no read.
+            let present = match fs::symlink_metadata(self.path_of(*key)) {
+                Ok(_) => true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+                Err(e) => return Err(e.into()),
+            };
+            let existing = if present {
+                self.get(*key, now)
+            } else {
+                Ok(None)
+            };
+            match existing {
+                Ok(Some(_)) => outcomes.push(PutOutcome::Deduplicated),
+                // Archiving the original again heals a damaged entry.
+                Ok(None) | Err(ArchiveError::Corrupt(_)) => {
+                    outcomes.push(PutOutcome::Stored);
+                    fresh.push((*key, content));
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let temp = self.dir.join(format!(
-            "{TEMP_PREFIX}{key}-{}-{}",
-            std::process::id(),
-            self.temp_seq.fetch_add(1, Ordering::Relaxed)
-        ));
-        let written = write_new(&temp, content, self.sync_writes)
-            .and_then(|()| fs::rename(&temp, self.path_of(key)));
-        if let Err(e) = written {
-            let _ = fs::remove_file(&temp);
+        if fresh.is_empty() {
+            return Ok(outcomes);
+        }
+        let temps = self.write_temps(&fresh, flush_threads)?;
+        let mut renamed = 0;
+        let placed = temps.iter().zip(&fresh).try_for_each(|(temp, (key, _))| {
+            fs::rename(temp, self.path_of(*key))?;
+            renamed += 1;
+            Ok::<_, io::Error>(())
+        });
+        if let Err(e) = placed {
+            temps[renamed..].iter().for_each(|t| {
+                let _ = fs::remove_file(t);
+            });
             return Err(e.into());
         }
         if self.sync_writes {
+            // The renames themselves are durable only once the directory is.
+            File::open(&self.dir)?.sync_all()?;
             // Healed: the intact original is back, the damaged copy has served its purpose.
-            remove_if_present(&self.quarantined(key))?;
+            if self.dir.join(QUARANTINE_DIR).exists() {
+                for (key, _) in &fresh {
+                    remove_if_present(&self.quarantined(*key))?;
+                }
+            }
         }
-        let approx = self
-            .approx_bytes
-            .fetch_add(content.len() as u64, Ordering::Relaxed)
-            + content.len() as u64;
-        let writes = self.writes_since_scan.fetch_add(1, Ordering::Relaxed) + 1;
-        if approx > self.limits.max_bytes || writes >= RESCAN_EVERY {
-            self.evict(Some(key), now)?;
+        let rescan = {
+            let mut tally = self.tally();
+            fresh.iter().for_each(|(_, c)| tally.add(c.len() as u64));
+            tally.oldest.get_or_insert(now);
+            tally.bytes > self.limits.max_bytes || tally.scanned_at.elapsed() >= RESCAN_INTERVAL
+        };
+        if rescan {
+            let keep: Vec<Key> = fresh.iter().map(|(k, _)| *k).collect();
+            self.evict(&keep, now)?;
         }
-        Ok(PutOutcome::Stored)
+        Ok(outcomes)
+    }
+
+    /// Writes each entry to its own temp file and, in durable mode, flushes them (several at
+    /// once); returns the temp paths in order. On an error every temp file is removed.
+    fn write_temps(
+        &self,
+        fresh: &[(Key, &[u8])],
+        flush_threads: usize,
+    ) -> Result<Vec<PathBuf>, ArchiveError> {
+        let mut temps: Vec<PathBuf> = Vec::with_capacity(fresh.len());
+        let mut files: Vec<File> = Vec::with_capacity(fresh.len());
+        let cleanup = |temps: &[PathBuf]| {
+            temps.iter().for_each(|t| {
+                let _ = fs::remove_file(t);
+            })
+        };
+        for (key, content) in fresh {
+            let temp = self.dir.join(format!(
+                "{TEMP_PREFIX}{key}-{}-{}",
+                std::process::id(),
+                self.temp_seq.fetch_add(1, Ordering::Relaxed)
+            ));
+            let written = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&temp)
+                .and_then(|mut f| f.write_all(content).map(|()| f));
+            match written {
+                Ok(f) => {
+                    temps.push(temp);
+                    files.push(f);
+                }
+                Err(e) => {
+                    let _ = fs::remove_file(&temp);
+                    cleanup(&temps);
+                    return Err(e.into());
+                }
+            }
+        }
+        if self.sync_writes
+            && let Err(e) = flush_all(&files, flush_threads)
+        {
+            cleanup(&temps);
+            return Err(e.into());
+        }
+        Ok(temps)
+    }
+
+    fn tally(&self) -> MutexGuard<'_, Tally> {
+        // The tally is plain counts: a panic elsewhere cannot leave it inconsistent.
+        self.tally.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn get(&self, key: Key, now: SystemTime) -> Result<Option<Vec<u8>>, ArchiveError> {
@@ -325,6 +512,7 @@ impl Inner {
         if self.expired(last_access(&meta), now) {
             drop(file);
             remove_if_present(&path)?;
+            self.tally().remove(meta.len());
             return Ok(None);
         }
         let mut content = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
@@ -342,6 +530,7 @@ impl Inner {
                 // A damaged cache entry must not shadow the intact copy of the durable tier.
                 remove_if_present(&path)?;
             }
+            self.tally().remove(meta.len());
             return Err(ArchiveError::Corrupt(key));
         }
         touch(&path, now)?;
@@ -384,47 +573,56 @@ impl Inner {
         Ok(out)
     }
 
-    fn evict(&self, keep: Option<Key>, now: SystemTime) -> Result<(), ArchiveError> {
+    /// Re-lists the directory: drops expired entries, then least recently used ones until
+    /// the byte bound holds (never one of `keep`), and resets the tally.
+    fn evict(&self, keep: &[Key], now: SystemTime) -> Result<(), ArchiveError> {
         let mut entries = self.entries()?;
         let mut kept = Vec::with_capacity(entries.len());
         for entry in entries.drain(..) {
-            if Some(entry.key) != keep && self.expired(entry.last_access, now) {
+            if !keep.contains(&entry.key) && self.expired(entry.last_access, now) {
                 remove_if_present(&entry.path)?;
             } else {
                 kept.push(entry);
             }
         }
         let mut total: u64 = kept.iter().map(|e| e.bytes).sum();
-        self.writes_since_scan.store(0, Ordering::Relaxed);
-        self.approx_bytes.store(total, Ordering::Relaxed);
-        if total <= self.limits.max_bytes {
-            return Ok(());
-        }
-        // Evicting down to 90% leaves room for the next writes without another scan each.
-        let low_water = self.limits.max_bytes - self.limits.max_bytes / 10;
-        kept.sort_by_key(|e| e.last_access);
-        for entry in kept {
-            if total <= low_water {
-                break;
+        if total > self.limits.max_bytes {
+            // Evicting down to 90% leaves room for the next writes without another scan each.
+            let low_water = self.limits.max_bytes - self.limits.max_bytes / 10;
+            kept.sort_by_key(|e| e.last_access);
+            let mut survivors = Vec::with_capacity(kept.len());
+            for entry in kept {
+                if total <= low_water || keep.contains(&entry.key) {
+                    survivors.push(entry);
+                    continue;
+                }
+                remove_if_present(&entry.path)?;
+                total = total.saturating_sub(entry.bytes);
+                self.counters.record_eviction();
             }
-            if Some(entry.key) == keep {
-                continue;
-            }
-            remove_if_present(&entry.path)?;
-            total = total.saturating_sub(entry.bytes);
-            self.counters.record_eviction();
+            kept = survivors;
         }
-        self.approx_bytes.store(total, Ordering::Relaxed);
+        *self.tally() = Tally {
+            entries: kept.len() as u64,
+            bytes: total,
+            oldest: kept.iter().map(|e| e.last_access).min(),
+            scanned_at: Instant::now(),
+        };
         Ok(())
     }
 
+    /// From the tally; the directory is re-listed when the tally is older than
+    /// [`RESCAN_INTERVAL`].
     fn usage(&self, now: SystemTime) -> Result<StoreUsage, ArchiveError> {
-        let entries = self.entries()?;
-        let oldest = entries.iter().map(|e| e.last_access).min();
+        if self.tally().scanned_at.elapsed() >= RESCAN_INTERVAL {
+            self.evict(&[], now)?;
+        }
+        let tally = *self.tally();
         Ok(StoreUsage {
-            entries: entries.len() as u64,
-            bytes: entries.iter().map(|e| e.bytes).sum(),
-            oldest_age: oldest
+            entries: tally.entries,
+            bytes: tally.bytes,
+            oldest_age: tally
+                .oldest
                 .and_then(|t| now.duration_since(t).ok())
                 .unwrap_or_default(),
         })
@@ -494,13 +692,23 @@ fn parse_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs(total))
 }
 
-fn write_new(path: &Path, content: &[u8], sync: bool) -> io::Result<()> {
-    let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
-    file.write_all(content)?;
-    if sync {
-        file.sync_all()?;
+/// Flushes every file to disk, on up to `threads` threads at once.
+fn flush_all(files: &[File], threads: usize) -> io::Result<()> {
+    let threads = threads.clamp(1, files.len().max(1));
+    if threads == 1 {
+        return files.iter().try_for_each(File::sync_all);
     }
-    Ok(())
+    let chunk = files.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let flushers: Vec<_> = files
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().try_for_each(File::sync_all)))
+            .collect();
+        flushers.into_iter().try_for_each(|f| {
+            f.join()
+                .unwrap_or_else(|_| Err(io::Error::other("flush thread panicked")))
+        })
+    })
 }
 
 fn last_access(meta: &fs::Metadata) -> SystemTime {
@@ -527,6 +735,7 @@ fn remove_if_present(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ccr::Archivable;
 
     fn limits(max_bytes: u64) -> LocalLimits {
         LocalLimits {
@@ -638,6 +847,64 @@ mod tests {
             assert!(s.contains(k).await.expect("kept"), "{k}");
         }
         assert!(s.usage().await.expect("usage").bytes <= 1000);
+    }
+
+    #[tokio::test]
+    async fn a_batch_lands_whole_and_the_tally_matches_the_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = LocalStore::open(dir.path(), limits(1 << 20)).expect("open");
+        let first = s.archive(b"already there").await.expect("first");
+        let texts: Vec<Vec<u8>> = (0..50)
+            .map(|i| format!("original {i} ").repeat(i + 1).into_bytes())
+            .chain([b"already there".to_vec()])
+            .collect();
+        let originals: Vec<Hashed<'_>> = texts
+            .iter()
+            .map(|t| Archivable::check(t).expect("no marker").hash())
+            .collect();
+        s.put_batch(&originals).await.expect("batch");
+        for (o, t) in originals.iter().zip(&texts) {
+            assert_eq!(s.fetch(&o.key()).await.expect("fetch").as_ref(), Some(t));
+        }
+        let snap = s.counters().snapshot();
+        assert_eq!((snap.puts, snap.dedupes), (51, 1));
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .expect("list")
+            .map(|d| d.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with(TEMP_PREFIX)),
+            "{names:?}"
+        );
+        assert!(names.contains(&first.to_string()));
+        let tally = s.usage().await.expect("usage");
+        let scanned = LocalStore::open(dir.path(), limits(1 << 20))
+            .expect("reopen")
+            .usage()
+            .await
+            .expect("usage");
+        assert_eq!(
+            (tally.entries, tally.bytes),
+            (scanned.entries, scanned.bytes)
+        );
+        assert_eq!(tally.entries, 51);
+    }
+
+    #[tokio::test]
+    async fn a_batch_with_one_entry_over_the_cap_writes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = LocalStore::open(dir.path(), limits(1000)).expect("open");
+        let small = [b'a'; 100];
+        let big = [b'b'; 300];
+        let batch = [
+            Archivable::check(&small).expect("ok").hash(),
+            Archivable::check(&big).expect("ok").hash(),
+        ];
+        assert!(matches!(
+            s.put_batch(&batch).await,
+            Err(ArchiveError::Unavailable(_))
+        ));
+        assert_eq!(fs::read_dir(dir.path()).expect("list").count(), 0);
     }
 
     #[tokio::test]

@@ -140,6 +140,10 @@ impl ArchiveError {
     }
 }
 
+/// Originals of one pass a store writes (or reads) at once when the session sets no
+/// `archive.maxInFlight`.
+pub const DEFAULT_IN_FLIGHT: usize = 16;
+
 /// Durable, content-addressed storage of originals, scoped to one session.
 ///
 /// `archive` returns only after the bytes are durably stored: a caller may emit the key's
@@ -154,10 +158,75 @@ pub trait Store: Send + Sync {
 
     /// [`Store::archive`] for content whose marker check is already done: a pass that had to
     /// scan a multi-megabyte original anyway hands its proof over instead of scanning twice.
-    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError>;
+    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
+        let original = content.hash();
+        self.put_hashed(original).await?;
+        Ok(original.key())
+    }
+
+    /// Stores one original under the key it was hashed to; `Ok` only once it is durable.
+    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError>;
+
+    /// Stores every original of a batch of distinct keys; `Ok` only once each is durable. On
+    /// an error some may have been stored and others not: the caller emits no marker of the
+    /// batch. The default keeps up to [`Store::in_flight`] writes in flight at once.
+    async fn put_batch(&self, originals: &[Hashed<'_>]) -> Result<(), ArchiveError> {
+        use futures::{StreamExt, TryStreamExt};
+        match originals {
+            [] => Ok(()),
+            [one] => self.put_hashed(*one).await,
+            many => {
+                let mut writes = Vec::with_capacity(many.len());
+                for o in many {
+                    writes.push(self.put_hashed(*o));
+                }
+                futures::stream::iter(writes)
+                    .buffer_unordered(self.in_flight())
+                    .try_collect::<()>()
+                    .await
+            }
+        }
+    }
 
     /// The original bytes of `key`, or `None` when this session's archive has no such key.
     async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError>;
+
+    /// [`Store::fetch`] of several keys, answers in the order of `keys`, up to
+    /// [`Store::in_flight`] reads at once.
+    async fn fetch_many(&self, keys: &[Key]) -> Vec<Result<Option<Vec<u8>>, ArchiveError>> {
+        use futures::StreamExt;
+        let mut reads = Vec::with_capacity(keys.len());
+        for k in keys {
+            reads.push(self.fetch(k));
+        }
+        futures::stream::iter(reads)
+            .buffered(self.in_flight())
+            .collect()
+            .await
+    }
+
+    /// Writes or reads of one pass this store keeps in flight at once (at least 1).
+    fn in_flight(&self) -> usize {
+        DEFAULT_IN_FLIGHT
+    }
+}
+
+/// An original together with its key: hashed once, by [`Archivable::hash`], so a batch can
+/// drop repeated content before anything is written.
+#[derive(Clone, Copy, Debug)]
+pub struct Hashed<'a> {
+    key: Key,
+    bytes: &'a [u8],
+}
+
+impl<'a> Hashed<'a> {
+    pub fn key(self) -> Key {
+        self.key
+    }
+
+    pub fn bytes(self) -> &'a [u8] {
+        self.bytes
+    }
 }
 
 /// Bytes known to carry no marker, so a store may archive them without nesting archives. The
@@ -176,6 +245,14 @@ impl<'a> Archivable<'a> {
 
     pub fn bytes(self) -> &'a [u8] {
         self.0
+    }
+
+    /// Computes the key (SHA-256 of the content).
+    pub fn hash(self) -> Hashed<'a> {
+        Hashed {
+            key: Key::of(self.0),
+            bytes: self.0,
+        }
     }
 }
 
@@ -207,15 +284,20 @@ impl MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
-    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
-        let content = content.bytes();
-        let key = Key::of(content);
+    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
+        self.put_batch(&[original]).await
+    }
+
+    /// In memory there is nothing to wait for: one lock for the whole batch.
+    async fn put_batch(&self, originals: &[Hashed<'_>]) -> Result<(), ArchiveError> {
         let mut entries = self
             .entries
             .lock()
             .map_err(|_| ArchiveError::Unavailable("memory store lock poisoned".into()))?;
-        entries.entry(key).or_insert_with(|| content.to_vec());
-        Ok(key)
+        for o in originals {
+            entries.entry(o.key).or_insert_with(|| o.bytes.to_vec());
+        }
+        Ok(())
     }
 
     async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {

@@ -245,8 +245,10 @@ pub async fn recall(store: &dyn Store, text: &str) -> Result<Recalled, RecallErr
                 found: vec![],
                 missing: vec![],
             };
-            for key in keys {
-                match store.fetch(key).await {
+            // Independent reads: fetched concurrently, reported in the order asked.
+            let fetched = store.fetch_many(keys).await;
+            for (key, answer) in keys.iter().zip(fetched) {
+                match answer {
                     Ok(Some(bytes)) => {
                         out.output.extend_from_slice(
                             format!("=== {} ({} bytes) ===\n", key.marker(), bytes.len())

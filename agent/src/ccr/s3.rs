@@ -23,7 +23,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
 use super::stats::ArchiveCounters;
-use super::{Archivable, ArchiveError, Key, Store};
+use super::{ArchiveError, DEFAULT_IN_FLIGHT, Hashed, Key, Store};
 
 /// Where one session's objects live inside a bucket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -356,6 +356,7 @@ pub struct S3Store {
     bucket: String,
     scope: SessionScope,
     counters: Arc<ArchiveCounters>,
+    in_flight: usize,
 }
 
 impl S3Store {
@@ -369,7 +370,14 @@ impl S3Store {
             bucket: bucket.to_owned(),
             scope,
             counters: Arc::new(ArchiveCounters::default()),
+            in_flight: DEFAULT_IN_FLIGHT,
         }
+    }
+
+    /// Requests of one pass kept in flight at once (`archive.maxInFlight`; at least 1).
+    pub fn with_in_flight(mut self, in_flight: usize) -> Self {
+        self.in_flight = in_flight.max(1);
+        self
     }
 
     pub fn with_counters(mut self, counters: Arc<ArchiveCounters>) -> Self {
@@ -525,21 +533,23 @@ pub async fn delete_prefix(
 
 #[async_trait]
 impl Store for S3Store {
-    async fn archive_checked(&self, content: Archivable<'_>) -> Result<Key, ArchiveError> {
-        let content = content.bytes();
-        let key = Key::of(content);
-        if let Err(e) = self.put(&key, content).await {
+    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
+        if let Err(e) = self.put(&original.key(), original.bytes()).await {
             self.counters.record_failure();
             return Err(e);
         }
-        self.counters.record_put(content.len());
-        Ok(key)
+        self.counters.record_put(original.bytes().len());
+        Ok(())
     }
 
     async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
         let found = self.get(key).await?;
         self.counters.record_fetch(found.as_deref());
         Ok(found)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
     }
 }
 

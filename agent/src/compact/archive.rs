@@ -5,17 +5,18 @@
 //! exact messages, and it carries no literal `<<ccr:` even when the messages quote markers of
 //! earlier archives, so the store's no-nesting rule never refuses a segment.
 
+use std::collections::HashSet;
 use std::io;
 
 use serde::Serialize;
 
-use crate::ccr::{Archivable, ArchiveError, Key, Store, extract_markers};
+use crate::ccr::{Archivable, ArchiveError, Hashed, Key, Store, extract_markers};
 use crate::history::Message;
 
 /// Archives every original and returns its key, one per original, in order. Either all are
 /// stored, or the first error is returned and the caller must leave its history untouched.
 /// Markers are built from the keys the store returns, after archiving, so each original is
-/// hashed once (by the store).
+/// hashed once.
 pub async fn archive_all(store: &dyn Store, originals: &[&[u8]]) -> Result<Vec<Key>, ArchiveError> {
     let checked = originals
         .iter()
@@ -24,21 +25,27 @@ pub async fn archive_all(store: &dyn Store, originals: &[&[u8]]) -> Result<Vec<K
     archive_all_checked(store, &checked).await
 }
 
-/// [`archive_all`] for originals whose marker check the pass already made.
+/// [`archive_all`] for originals whose marker check the pass already made. Each original is
+/// hashed once, repeated content is written once, and the writes of the batch run
+/// concurrently (as many in flight as the store allows).
 pub async fn archive_all_checked(
     store: &dyn Store,
     originals: &[Archivable<'_>],
 ) -> Result<Vec<Key>, ArchiveError> {
-    let mut keys: Vec<Key> = Vec::with_capacity(originals.len());
-    for original in originals {
-        keys.push(store.archive_checked(*original).await?);
-    }
+    let hashed: Vec<Hashed<'_>> = originals.iter().map(|o| o.hash()).collect();
+    let keys: Vec<Key> = hashed.iter().map(|h| h.key()).collect();
+    let mut seen = HashSet::with_capacity(hashed.len());
+    let batch: Vec<Hashed<'_>> = hashed
+        .into_iter()
+        .filter(|h| seen.insert(h.key()))
+        .collect();
+    store.put_batch(&batch).await?;
     Ok(keys)
 }
 
 /// `keys` without repetitions, in order of first appearance (for reports).
 pub fn distinct(keys: &[Key]) -> Vec<Key> {
-    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    let mut seen = HashSet::with_capacity(keys.len());
     keys.iter().copied().filter(|k| seen.insert(*k)).collect()
 }
 
@@ -114,6 +121,79 @@ pub fn note_archived(m: &mut Message, key: &Key) {
 mod tests {
     use super::*;
     use crate::ccr::MemoryStore;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// A store whose writes take a while, recording how many overlap and what was written.
+    struct SlowStore {
+        bound: usize,
+        now: AtomicUsize,
+        peak: AtomicUsize,
+        written: Mutex<Vec<Key>>,
+        fail: Option<Key>,
+    }
+
+    impl SlowStore {
+        fn new(bound: usize, fail: Option<Key>) -> Self {
+            Self {
+                bound,
+                now: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
+                written: Mutex::new(Vec::new()),
+                fail,
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Store for SlowStore {
+        async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak.fetch_max(n, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            if Some(original.key()) == self.fail {
+                return Err(ArchiveError::Unavailable("refused".into()));
+            }
+            self.written.lock().expect("lock").push(original.key());
+            Ok(())
+        }
+        async fn fetch(&self, _: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
+            Ok(None)
+        }
+        fn in_flight(&self) -> usize {
+            self.bound
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_written_concurrently_within_the_bound_and_each_key_once() {
+        let texts: Vec<String> = (0..40).map(|i| format!("original {}", i % 25)).collect();
+        let originals: Vec<&[u8]> = texts.iter().map(|t| t.as_bytes()).collect();
+        let store = SlowStore::new(6, None);
+        let keys = archive_all(&store, &originals).await.expect("stored");
+        assert_eq!(keys.len(), 40);
+        for (k, t) in keys.iter().zip(&texts) {
+            assert_eq!(*k, Key::of(t.as_bytes()));
+        }
+        let written = store.written.lock().expect("lock").clone();
+        assert_eq!(written.len(), 25, "repeated content is written once");
+        assert_eq!(distinct(&written).len(), 25);
+        let peak = store.peak.load(Ordering::SeqCst);
+        assert!(peak > 1 && peak <= 6, "peak in flight {peak}");
+    }
+
+    #[tokio::test]
+    async fn one_refused_write_fails_the_whole_batch() {
+        let texts: Vec<String> = (0..20).map(|i| format!("original {i}")).collect();
+        let originals: Vec<&[u8]> = texts.iter().map(|t| t.as_bytes()).collect();
+        let store = SlowStore::new(4, Some(Key::of(texts[13].as_bytes())));
+        assert!(matches!(
+            archive_all(&store, &originals).await,
+            Err(ArchiveError::Unavailable(_))
+        ));
+    }
 
     #[tokio::test]
     async fn segment_with_markers_archives_and_round_trips() {

@@ -98,158 +98,268 @@ pub enum OrphanMode {
 
 /// Repairs the pairing in place. Pure: the caller archives what the report lists as removed.
 pub fn repair(messages: &mut Vec<Message>, mode: OrphanMode) -> PairingReport {
-    let mut report = PairingReport::default();
     if is_valid(messages) {
-        return report;
+        return PairingReport::default();
     }
-    let old = std::mem::take(messages);
+    let plan = Plan::of(messages, mode);
+    plan.apply(messages)
+}
 
-    // Pass A: which calls survive, and which result each claims (the first with its id).
-    let mut used: HashSet<&str> = HashSet::new();
-    let mut kept_calls: Vec<Vec<bool>> = Vec::with_capacity(old.len());
-    for m in &old {
-        let keep = m
-            .tool_calls
-            .iter()
-            .map(|c| !c.id.is_empty() && used.insert(c.id.as_str()))
-            .collect::<Vec<_>>();
-        kept_calls.push(keep);
-    }
-    let mut claim: HashMap<&str, usize> = HashMap::new();
-    for (i, m) in old.iter().enumerate() {
-        if m.role == Role::Tool
-            && let Some(id) = m.tool_call_id.as_deref()
-            && used.contains(id)
-        {
-            claim.entry(id).or_insert(i);
-        }
-    }
+/// One message of the repaired history, by where it comes from.
+enum Step {
+    /// The original message, unchanged.
+    Keep(usize),
+    /// An unmatched result turned into a user message.
+    ToUser(usize),
+    /// An assistant message with its surviving calls (`keep[c]`), followed by its results.
+    Calls { at: usize, keep: Vec<bool> },
+    /// The result a call claimed, from wherever it stood.
+    Result(usize),
+    /// The injected result of a call nobody answered.
+    Synthetic { id: String, name: String },
+    /// An unmatched result with no message to carry its key: kept as a user message.
+    Loose(usize),
+}
 
-    // Pass B: rebuild.
-    let mut out: Vec<Message> = Vec::with_capacity(old.len() + 1);
-    let mut pending_removed: Vec<String> = Vec::new();
-    for (i, m) in old.iter().enumerate() {
-        if m.role == Role::Tool {
-            let id = m.tool_call_id.as_deref().unwrap_or_default();
-            if claim.get(id) == Some(&i) {
-                continue;
-            }
-            let duplicate = claim.contains_key(id);
-            if m.meta.preserve_verbatim || mode == OrphanMode::ToUser {
-                let mut u = m.clone();
-                u.role = Role::User;
-                u.tool_call_id = None;
-                u.content = format!(
-                    "[cairn: tool result {}whose call is no longer in the conversation{}]\n{}",
-                    m.name
-                        .as_deref()
-                        .map(|n| format!("of {n} "))
-                        .unwrap_or_default(),
-                    if id.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (call id {id})")
-                    },
-                    m.content
-                );
-                out.push(u);
-                report.orphans_to_user += 1;
-                continue;
-            }
-            if duplicate {
-                report.removed_duplicates += 1;
-            } else {
-                report.removed_orphans += 1;
-            }
-            let identical_kept = claim.get(id).is_some_and(|&c| old[c].content == m.content);
-            if !m.content.is_empty() && !identical_kept {
-                pending_removed.push(m.content.clone());
-            }
-            continue;
-        }
-        let mut msg = m.clone();
-        if !pending_removed.is_empty() {
-            // Keys go on the closest earlier non-system message (system messages are never
-            // altered), or on this one.
-            let anchor = out
-                .iter()
-                .rposition(|o| !o.is_system())
-                .or((!msg.is_system()).then_some(out.len()));
-            if let Some(a) = anchor {
-                report
-                    .removed
-                    .extend(pending_removed.drain(..).map(|t| (a, t)));
+/// Text leaving the history: an unmatched result, or a malformed call (as JSON).
+enum Gone {
+    Result(usize),
+    Call(String),
+}
+
+/// A repair decided on the borrowed history and applied by moving its messages: nothing is
+/// copied but the messages that change.
+struct Plan {
+    mode: OrphanMode,
+    steps: Vec<Step>,
+    /// What leaves the history, with the index (in the repaired history) of its anchor.
+    gone: Vec<(usize, Gone)>,
+    report: PairingReport,
+}
+
+impl Plan {
+    fn of(old: &[Message], mode: OrphanMode) -> Self {
+        let mut report = PairingReport::default();
+        // Which calls survive, and which result each claims (the first with its id).
+        let mut used: HashSet<&str> = HashSet::new();
+        let mut kept_calls: HashMap<usize, Vec<bool>> = HashMap::new();
+        for (i, m) in old.iter().enumerate() {
+            if !m.tool_calls.is_empty() {
+                let keep = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| !c.id.is_empty() && used.insert(c.id.as_str()))
+                    .collect::<Vec<_>>();
+                kept_calls.insert(i, keep);
             }
         }
-        if !m.tool_calls.is_empty() {
-            let keep = &kept_calls[i];
-            let mut calls = Vec::with_capacity(m.tool_calls.len());
-            for (c, k) in m.tool_calls.iter().zip(keep) {
-                if *k {
-                    calls.push(c.clone());
+        let mut claim: HashMap<&str, usize> = HashMap::new();
+        for (i, m) in old.iter().enumerate() {
+            if m.role == Role::Tool
+                && let Some(id) = m.tool_call_id.as_deref()
+                && used.contains(id)
+            {
+                claim.entry(id).or_insert(i);
+            }
+        }
+
+        let mut steps: Vec<Step> = Vec::with_capacity(old.len() + 1);
+        let mut gone: Vec<(usize, Gone)> = Vec::new();
+        let mut pending: Vec<usize> = Vec::new();
+        // The last non-system message of the repaired history so far.
+        let mut anchor: Option<usize> = None;
+        for (i, m) in old.iter().enumerate() {
+            if m.role == Role::Tool {
+                let id = m.tool_call_id.as_deref().unwrap_or_default();
+                if claim.get(id) == Some(&i) {
+                    continue;
+                }
+                if m.meta.preserve_verbatim || mode == OrphanMode::ToUser {
+                    anchor = Some(steps.len());
+                    steps.push(Step::ToUser(i));
+                    report.orphans_to_user += 1;
+                    continue;
+                }
+                if claim.contains_key(id) {
+                    report.removed_duplicates += 1;
                 } else {
+                    report.removed_orphans += 1;
+                }
+                let identical_kept = claim.get(id).is_some_and(|&c| old[c].content == m.content);
+                if !m.content.is_empty() && !identical_kept {
+                    pending.push(i);
+                }
+                continue;
+            }
+            if !pending.is_empty() {
+                // Keys go on the closest earlier non-system message (system messages are
+                // never altered), or on this one.
+                let a = anchor.or((!m.is_system()).then_some(steps.len()));
+                if let Some(a) = a {
+                    gone.extend(pending.drain(..).map(|r| (a, Gone::Result(r))));
+                }
+            }
+            let Some(keep) = kept_calls.remove(&i) else {
+                if !m.is_system() {
+                    anchor = Some(steps.len());
+                }
+                steps.push(Step::Keep(i));
+                continue;
+            };
+            let here = steps.len();
+            for (c, k) in m.tool_calls.iter().zip(&keep) {
+                if !*k {
                     report.pruned_calls += 1;
-                    let text =
-                        serde_json::json!({"id": c.id, "name": c.name, "arguments": c.arguments})
-                            .to_string();
-                    if mode == OrphanMode::ToUser {
-                        msg.content
-                            .push_str(&format!("\n[cairn: malformed tool call dropped: {text}]"));
-                    } else {
-                        report.removed.push((out.len(), text));
+                    if mode == OrphanMode::Remove {
+                        gone.push((here, Gone::Call(call_text(c))));
                     }
                 }
             }
-            msg.tool_calls = calls;
-            let block_start = i + 1;
-            let ids: Vec<String> = msg.tool_calls.iter().map(|c| c.id.clone()).collect();
-            out.push(msg);
-            for (n, id) in ids.iter().enumerate() {
-                match claim.get(id.as_str()) {
+            let surviving: Vec<&crate::history::ToolCall> = m
+                .tool_calls
+                .iter()
+                .zip(&keep)
+                .filter_map(|(c, k)| k.then_some(c))
+                .collect();
+            steps.push(Step::Calls { at: i, keep });
+            for (n, c) in surviving.into_iter().enumerate() {
+                match claim.get(c.id.as_str()) {
                     Some(&r) => {
-                        if r != block_start + n {
+                        if r != i + 1 + n {
                             report.relocated += 1;
                         }
-                        out.push(old[r].clone());
+                        steps.push(Step::Result(r));
                     }
                     None => {
-                        let mut synthetic = Message::tool(id.clone(), SYNTHETIC_RESULT);
-                        synthetic.name = m
-                            .tool_calls
-                            .iter()
-                            .find(|c| &c.id == id)
-                            .map(|c| c.name.clone());
-                        out.push(synthetic);
+                        steps.push(Step::Synthetic {
+                            id: c.id.clone(),
+                            name: c.name.clone(),
+                        });
                         report.injected += 1;
                     }
                 }
             }
-            continue;
+            anchor = Some(steps.len() - 1);
         }
-        out.push(msg);
-    }
-    if !pending_removed.is_empty() {
-        if let Some(anchor) = out.iter().rposition(|o| !o.is_system()) {
-            report
-                .removed
-                .extend(pending_removed.drain(..).map(|t| (anchor, t)));
-        } else {
-            // Nothing to hang a key on: keep the text as a user message instead.
-            for text in pending_removed.drain(..) {
-                out.push(Message::user(format!(
-                    "[cairn: tool result whose call is no longer in the conversation]\n{text}"
-                )));
-                report.orphans_to_user += 1;
+        if !pending.is_empty() {
+            match anchor {
+                Some(a) => gone.extend(pending.drain(..).map(|r| (a, Gone::Result(r)))),
+                // Nothing to hang a key on: keep the text as a user message instead.
+                None => {
+                    for r in pending.drain(..) {
+                        steps.push(Step::Loose(r));
+                        report.orphans_to_user += 1;
+                    }
+                }
             }
         }
+        Self {
+            mode,
+            steps,
+            gone,
+            report,
+        }
     }
-    *messages = out;
-    report
+
+    /// The text of each thing that leaves the history, in [`PairingReport::removed`] order.
+    fn gone_texts<'a>(&'a self, old: &'a [Message]) -> Vec<&'a [u8]> {
+        self.gone
+            .iter()
+            .map(|(_, g)| match g {
+                Gone::Result(r) => old[*r].content.as_bytes(),
+                Gone::Call(text) => text.as_bytes(),
+            })
+            .collect()
+    }
+
+    /// Rebuilds `messages` by moving each original to its place.
+    fn apply(self, messages: &mut Vec<Message>) -> PairingReport {
+        let Self {
+            mode,
+            steps,
+            gone,
+            mut report,
+        } = self;
+        let mut old: Vec<Option<Message>> =
+            std::mem::take(messages).into_iter().map(Some).collect();
+        let mut out: Vec<Message> = Vec::with_capacity(steps.len());
+        for step in steps {
+            let msg = match step {
+                Step::Keep(i) | Step::Result(i) => old[i].take(),
+                Step::ToUser(i) => old[i].take().map(orphan_to_user),
+                Step::Calls { at, keep } => old[at].take().map(|mut m| {
+                    let calls = std::mem::take(&mut m.tool_calls);
+                    for (c, k) in calls.into_iter().zip(keep) {
+                        if k {
+                            m.tool_calls.push(c);
+                        } else if mode == OrphanMode::ToUser {
+                            m.content.push_str(&format!(
+                                "\n[cairn: malformed tool call dropped: {}]",
+                                call_text(&c)
+                            ));
+                        }
+                    }
+                    m
+                }),
+                Step::Synthetic { id, name } => {
+                    let mut synthetic = Message::tool(id, SYNTHETIC_RESULT);
+                    synthetic.name = Some(name);
+                    Some(synthetic)
+                }
+                Step::Loose(i) => old[i].as_ref().map(|m| {
+                    Message::user(format!(
+                        "[cairn: tool result whose call is no longer in the conversation]\n{}",
+                        m.content
+                    ))
+                }),
+            };
+            out.extend(msg);
+        }
+        report.removed = gone
+            .into_iter()
+            .map(|(a, g)| match g {
+                Gone::Result(r) => (
+                    a,
+                    old[r]
+                        .as_mut()
+                        .map(|m| std::mem::take(&mut m.content))
+                        .unwrap_or_default(),
+                ),
+                Gone::Call(text) => (a, text),
+            })
+            .collect();
+        *messages = out;
+        report
+    }
+}
+
+fn call_text(c: &crate::history::ToolCall) -> String {
+    serde_json::json!({"id": c.id, "name": c.name, "arguments": c.arguments}).to_string()
+}
+
+fn orphan_to_user(mut u: Message) -> Message {
+    let id = u.tool_call_id.take().unwrap_or_default();
+    u.role = Role::User;
+    u.content = format!(
+        "[cairn: tool result {}whose call is no longer in the conversation{}]\n{}",
+        u.name
+            .as_deref()
+            .map(|n| format!("of {n} "))
+            .unwrap_or_default(),
+        if id.is_empty() {
+            String::new()
+        } else {
+            format!(" (call id {id})")
+        },
+        u.content
+    );
+    u
 }
 
 /// Repairs the pairing of `history`, archiving every removed text first. When the archive
 /// fails, unmatched results become user-role messages instead, so nothing is lost and the
-/// request is still valid.
+/// request is still valid. The repair is decided on the history as it stands and applied by
+/// moving messages; only the messages that change are rebuilt.
 pub async fn repair_archived(
     history: &mut Vec<Message>,
     store: &dyn Store,
@@ -260,30 +370,31 @@ pub async fn repair_archived(
     if is_valid(history) {
         return (report, PairingReport::default());
     }
-    let mut staged = history.clone();
-    let mut pr = repair(&mut staged, OrphanMode::Remove);
-    if !pr.removed.is_empty() {
-        let originals: Vec<&[u8]> = pr.removed.iter().map(|(_, t)| t.as_bytes()).collect();
-        match archive_all(store, &originals).await {
-            Ok(keys) => {
-                for ((anchor, _), key) in pr.removed.iter().zip(&keys) {
-                    if let Some(m) = staged.get_mut(*anchor) {
-                        note_archived(m, key);
-                    }
+    let plan = Plan::of(history, OrphanMode::Remove);
+    let archived = if plan.gone.is_empty() {
+        Ok(Vec::new())
+    } else {
+        archive_all(store, &plan.gone_texts(history)).await
+    };
+    let pr = match archived {
+        Ok(keys) => {
+            let pr = plan.apply(history);
+            for ((anchor, _), key) in pr.removed.iter().zip(&keys) {
+                if let Some(m) = history.get_mut(*anchor) {
+                    note_archived(m, key);
                 }
-                report.archived = distinct(&keys);
             }
-            Err(e) => {
-                report.archive_error = Some(e.label());
-                staged = history.clone();
-                pr = repair(&mut staged, OrphanMode::ToUser);
-            }
+            report.archived = distinct(&keys);
+            pr
         }
-    }
+        Err(e) => {
+            report.archive_error = Some(e.label());
+            Plan::of(history, OrphanMode::ToUser).apply(history)
+        }
+    };
     report.changed = pr.relocated + pr.orphans_to_user + usize::from(pr.pruned_calls > 0);
     report.removed = pr.removed_orphans + pr.removed_duplicates;
     report.added = pr.injected;
-    *history = staged;
     report.bytes_after = history::weight(history);
     (report, pr)
 }

@@ -185,7 +185,7 @@ pub async fn compress(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ccr::{Archivable, ArchiveError, MemoryStore, recall};
+    use crate::ccr::{ArchiveError, Hashed, MemoryStore, recall};
 
     fn policy(mode: CompressionMode, threshold_bytes: u32) -> Compression {
         Compression {
@@ -276,7 +276,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Store for DownStore {
-        async fn archive_checked(&self, _: Archivable<'_>) -> Result<Key, ArchiveError> {
+        async fn put_hashed(&self, _: Hashed<'_>) -> Result<(), ArchiveError> {
             Err(ArchiveError::Unavailable("down".into()))
         }
         async fn fetch(&self, _: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {

@@ -6,7 +6,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use cairn_agent::ccr::{Archivable, ArchiveError, Key, Store};
+use cairn_agent::ccr::{ArchiveError, Hashed, Key, Store};
 use cairn_agent::compact::archive::{parse_segment, referenced_keys};
 use cairn_agent::compact::summarize::{SECTIONS, SummaryRequest};
 use cairn_agent::compact::{SummarizeError, Summarizer};
@@ -17,11 +17,34 @@ pub struct FailingStore;
 
 #[async_trait]
 impl Store for FailingStore {
-    async fn archive_checked(&self, _content: Archivable<'_>) -> Result<Key, ArchiveError> {
+    async fn put_hashed(&self, _original: Hashed<'_>) -> Result<(), ArchiveError> {
         Err(ArchiveError::Unavailable("bucket unreachable".into()))
     }
     async fn fetch(&self, _key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
         Err(ArchiveError::Unavailable("bucket unreachable".into()))
+    }
+}
+
+/// A memory store that writes concurrently: each write of a batch yields a random number of
+/// times first, so the writes of one batch (up to 8 in flight) finish out of order.
+#[derive(Default)]
+pub struct ConcurrentStore {
+    inner: cairn_agent::ccr::MemoryStore,
+}
+
+#[async_trait]
+impl Store for ConcurrentStore {
+    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
+        for _ in 0..fastrand::usize(..4) {
+            tokio::task::yield_now().await;
+        }
+        self.inner.put_hashed(original).await
+    }
+    async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
+        self.inner.fetch(key).await
+    }
+    fn in_flight(&self) -> usize {
+        8
     }
 }
 

@@ -8,6 +8,7 @@
 //! answered, held and forwarded only after the client gave up, or (a listing) answered with
 //! its entries reordered. Each request uses its own upstream connection and the client's
 //! connection is closed after every answer, so a fault never leaks into the next request.
+//! A fixed latency can be added to every request, for benchmarks of a distant store.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -77,6 +78,8 @@ struct Plan {
     always: Vec<(Op, String, Fault)>,
     seen: Vec<Seen>,
     count: u64,
+    /// Added to every request before it is forwarded (a distant store).
+    latency: Duration,
 }
 
 /// A running proxy; dropping it stops accepting connections.
@@ -162,6 +165,12 @@ impl FaultProxy {
     /// [`FaultProxy::clear`].
     pub fn always(&self, op: Op, needle: &str, fault: Fault) {
         lock(&self.plan).always.push((op, needle.to_owned(), fault));
+    }
+
+    /// Delays every request by `latency` before it is forwarded, as a store across a
+    /// network would answer; faults still apply.
+    pub fn set_latency(&self, latency: Duration) {
+        lock(&self.plan).latency = latency;
     }
 
     /// No more faults.
@@ -389,6 +398,10 @@ async fn handle(
     let method = parts.next().unwrap_or("").to_owned();
     let target = parts.next().unwrap_or("").to_owned();
     let op = classify(&method, &target);
+    let latency = lock(&plan).latency;
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
     match decide(&plan, op, &target) {
         None => {
             let resp = forward(upstream, &head, &body).await?;
