@@ -11,6 +11,7 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 # Rust binaries.
 [ -e /usr/include/seccomp.h ] || need_apt+=(libseccomp-dev)
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need_apt+=(iptables)
+command -v ipset >/dev/null 2>&1 || [ -x /usr/sbin/ipset ] || need_apt+=(ipset)
 command -v umoci >/dev/null 2>&1 || need_apt+=(umoci)
 command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
 [ -x /bin/busybox ] || need_apt+=(busybox-static)

@@ -1,0 +1,454 @@
+//! The real-node tier: a kubelet with containerd and runc registers against the harness's
+//! control plane and runs hardened pods from images built locally, and stopping it (or
+//! killing the process that started it) leaves nothing behind on the machine.
+//!
+//! Skips (with the reason) only on a machine that cannot run a node at all: not root, or
+//! without the tools `.ci/install.sh` installs.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cairn_tests::harness::node::{self, RealNode};
+use cairn_tests::harness::{ControlPlane, built_paths, run_dir, shared_cluster};
+
+fn skip() -> bool {
+    match node::unsupported() {
+        Some(why) => {
+            eprintln!("skipping: this machine cannot run a real node: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+/// One node per test binary, with the images imported.
+fn shared_node() -> &'static RealNode {
+    static NODE: std::sync::OnceLock<RealNode> = std::sync::OnceLock::new();
+    NODE.get_or_init(|| {
+        let cp = shared_cluster();
+        let dir = run_dir("node").expect("run dir");
+        let started = Instant::now();
+        let node = RealNode::start(cp, "real-node-0", &dir).expect("the real node comes up");
+        eprintln!("real node Ready in {:?}", started.elapsed());
+        let images = built_paths("build-images.sh").expect("images build");
+        for name in ["busybox", "cairn-agent"] {
+            node.import_image(&images.get(name).expect("image reported"))
+                .expect("image imported");
+        }
+        node
+    })
+}
+
+fn kubectl(cp: &ControlPlane, args: &[&str]) -> String {
+    cp.kubectl_ok(args)
+        .unwrap_or_else(|e| panic!("kubectl {}: {e}", args.join(" ")))
+}
+
+fn wait_for(what: &str, timeout: Duration, mut probe: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !probe() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn pod_ready(cp: &ControlPlane, ns: &str, pod: &str) -> bool {
+    cp.kubectl_ok(&[
+        "get",
+        "pod",
+        pod,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+    ])
+    .is_ok_and(|s| s.trim() == "True")
+}
+
+/// The agent's session, standalone (`serve --config`), archive and journal on the emptyDir.
+fn agent_manifest(ns: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata: {{name: session, namespace: {ns}}}
+data:
+  session.yaml: |
+    name: hardened
+    namespace: {ns}
+    provider:
+      kind: openai-compatible
+      model: sim
+      baseUrl: http://127.0.0.1:9/v1
+    contextWindow: 100000
+    maxOutputTokens: 1000
+    systemPrompt: You are a test agent.
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: api-token, namespace: {ns}}}
+stringData: {{token: test-token}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: agent
+  namespace: {ns}
+  labels: {{app: agent}}
+spec:
+  enableServiceLinks: false
+  nodeSelector: {{kubernetes.io/hostname: real-node-0}}
+  # The security context the operator gives every agent pod (operator/src/objects/workload.rs).
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    runAsGroup: 65532
+    fsGroup: 65532
+    seccompProfile: {{type: RuntimeDefault}}
+  containers:
+  - name: agent
+    image: ghcr.io/cairn-dev/cairn-agent:0.1.0
+    imagePullPolicy: IfNotPresent
+    command: [cairn-agent]
+    args: [serve, --config, /etc/cairn/session.yaml, --listen, "0.0.0.0:8080"]
+    ports: [{{name: http, containerPort: 8080, protocol: TCP}}]
+    env:
+    - {{name: CAIRN_CACHE_DIR, value: /var/cache/cairn}}
+    - {{name: XDG_DATA_HOME, value: /var/cache/cairn}}
+    - {{name: HOME, value: /tmp}}
+    - name: CAIRN_API_TOKEN
+      valueFrom: {{secretKeyRef: {{name: api-token, key: token}}}}
+    readinessProbe: {{httpGet: {{path: /readyz, port: http}}, periodSeconds: 1, timeoutSeconds: 2, failureThreshold: 3}}
+    livenessProbe: {{httpGet: {{path: /healthz, port: http}}, periodSeconds: 10, timeoutSeconds: 2, failureThreshold: 3}}
+    resources: {{limits: {{memory: 256Mi}}, requests: {{cpu: 50m, memory: 64Mi}}}}
+    securityContext:
+      runAsNonRoot: true
+      runAsUser: 65532
+      runAsGroup: 65532
+      readOnlyRootFilesystem: true
+      allowPrivilegeEscalation: false
+      privileged: false
+      capabilities: {{drop: [ALL]}}
+      seccompProfile: {{type: RuntimeDefault}}
+    volumeMounts:
+    - {{name: scratch, mountPath: /tmp, subPath: tmp}}
+    - {{name: scratch, mountPath: /var/cache/cairn, subPath: archive}}
+    - {{name: session, mountPath: /etc/cairn, readOnly: true}}
+  volumes:
+  - {{name: scratch, emptyDir: {{sizeLimit: 64Mi}}}}
+  - {{name: session, configMap: {{name: session}}}}
+"#
+    )
+}
+
+/// What a process inside the agent's PID namespace sees of the agent (an ephemeral
+/// container sharing it: the agent's image has no shell, like its distroless base).
+const INSPECT: &str = r#"
+for p in /proc/[0-9]*; do
+  if tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^cairn-agent serve'; then agent=$p; fi
+done
+echo "pid=${agent#/proc/}"
+grep -E '^(Uid|Gid|CapPrm|CapEff|CapBnd|NoNewPrivs|Seccomp):' $agent/status
+if touch $agent/root/usr/local/bin/probe 2>/tmp/err; then echo rootfs=writable; else echo "rootfs=$(cat /tmp/err)"; fi
+if touch $agent/root/tmp/probe && touch $agent/root/var/cache/cairn/probe; then echo scratch=writable; else echo scratch=refused; fi
+ls $agent/root/var/cache/cairn/cairn | tr '\n' ' '; echo
+echo done
+"#;
+
+#[test]
+fn a_hardened_agent_pod_runs_on_the_real_node() {
+    if skip() {
+        return;
+    }
+    let node = shared_node();
+    let cp = shared_cluster();
+    let ns = "hardened";
+    let _ = cp.kubectl(&["create", "namespace", ns]);
+    let started = Instant::now();
+    cp.apply_yaml(&agent_manifest(ns)).expect("applied");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !pod_ready(cp, ns, "agent") {
+        if Instant::now() > deadline {
+            let describe = cp.kubectl(&["describe", "pod", "agent", "-n", ns]);
+            let logs = cp.kubectl(&["logs", "agent", "-n", ns]);
+            let text = |o: Result<std::process::Output, _>| {
+                o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default()
+            };
+            panic!(
+                "the agent pod is not Ready after 90 s:\n{}\n{}",
+                text(describe),
+                text(logs)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    eprintln!("agent pod Ready in {:?}", started.elapsed());
+    assert_eq!(
+        kubectl(
+            cp,
+            &[
+                "get",
+                "pod",
+                "agent",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.spec.nodeName}"
+            ]
+        ),
+        node.name
+    );
+    // Logs come from the kubelet, through the node's InternalIP.
+    kubectl(cp, &["logs", "agent", "-n", ns]);
+
+    kubectl(
+        cp,
+        &[
+            "debug",
+            "agent",
+            "-n",
+            ns,
+            "--image=harness.local/busybox:cairn",
+            "--image-pull-policy=Never",
+            "--target=agent",
+            "--profile=restricted",
+            "--container=inspect",
+            "--",
+            "sh",
+            "-c",
+            INSPECT,
+        ],
+    );
+    let mut out = String::new();
+    wait_for("the inspection to finish", Duration::from_secs(60), || {
+        out = cp
+            .kubectl_ok(&["logs", "agent", "-n", ns, "-c", "inspect"])
+            .unwrap_or_default();
+        out.contains("done")
+    });
+    eprintln!("{out}");
+    let line = |key: &str| {
+        out.lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} in:\n{out}"))
+            .to_string()
+    };
+    let ids =
+        |l: String| -> Vec<String> { l.split_whitespace().skip(1).map(str::to_string).collect() };
+    assert!(
+        ids(line("Uid:")).iter().all(|u| u == "65532"),
+        "runs as 65532, never root: {out}"
+    );
+    assert!(ids(line("Gid:")).iter().all(|g| g == "65532"), "{out}");
+    for caps in ["CapPrm:", "CapEff:", "CapBnd:"] {
+        assert_eq!(
+            ids(line(caps)),
+            ["0000000000000000"],
+            "no capabilities: {out}"
+        );
+    }
+    assert_eq!(ids(line("NoNewPrivs:")), ["1"], "{out}");
+    assert_eq!(ids(line("Seccomp:")), ["2"], "seccomp filter mode: {out}");
+    assert!(
+        line("rootfs=").contains("Read-only file system"),
+        "the root filesystem refuses a write: {out}"
+    );
+    assert_eq!(line("scratch="), "scratch=writable", "{out}");
+    let _ = node;
+    let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// Facts about the machine that a node must not change, and the node's own traces.
+struct Traces {
+    mounts: String,
+    host_iptables: String,
+    links: String,
+}
+
+fn traces() -> Traces {
+    let run = |p: &str, a: &[&str]| {
+        Command::new(p)
+            .args(a)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    Traces {
+        mounts: std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+        // Rules only: chain counters move with any traffic.
+        host_iptables: run("iptables-save", &[])
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split(" [").next().unwrap_or(l).to_string())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        links: run("ip", &["-o", "link"]),
+    }
+}
+
+/// Processes whose network or PID namespace is one of `ns`.
+fn processes_in(ns: &(String, String)) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let p = e.path();
+        if !e
+            .file_name()
+            .to_string_lossy()
+            .chars()
+            .all(|c| c.is_ascii_digit())
+        {
+            continue;
+        }
+        let link = |n: &str| {
+            std::fs::read_link(p.join("ns").join(n))
+                .map(|l| l.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        if link("net") == ns.0 || link("pid") == ns.1 {
+            found.push(format!(
+                "{} {}",
+                e.file_name().to_string_lossy(),
+                std::fs::read_to_string(p.join("comm"))
+                    .unwrap_or_default()
+                    .trim()
+            ));
+        }
+    }
+    found
+}
+
+fn assert_nothing_left(
+    node_dir: &Path,
+    ns: &(String, String),
+    cgroup_root: &str,
+    veth: &str,
+    before: &Traces,
+    how: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let procs = processes_in(ns);
+        let cgroups: Vec<_> = node::cgroup_hierarchies()
+            .into_iter()
+            .map(|h| h.join(cgroup_root))
+            .filter(|p| p.exists())
+            .collect();
+        let now = traces();
+        let dir = node_dir.to_string_lossy();
+        let mounts: Vec<&str> = now
+            .mounts
+            .lines()
+            .filter(|l| l.contains(dir.as_ref()) || l.contains("/var/lib/cni"))
+            .collect();
+        let veth_left = now.links.contains(&format!("{veth}@"));
+        let clean = procs.is_empty()
+            && cgroups.is_empty()
+            && mounts.is_empty()
+            && !veth_left
+            && now.host_iptables == before.host_iptables;
+        if clean {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {how}: processes {procs:?}, cgroups {cgroups:?}, mounts {mounts:?}, veth left {veth_left}, host iptables changed {}",
+            now.host_iptables != before.host_iptables
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Set in the child that the SIGKILL half of the lifecycle test starts and kills.
+const CHILD: &str = "CAIRN_REAL_NODE_CHILD";
+
+#[test]
+fn stopping_the_node_or_killing_the_harness_leaves_nothing_behind() {
+    if std::env::var_os(CHILD).is_some() {
+        return child_holds_a_node();
+    }
+    if skip() {
+        return;
+    }
+    let cp = shared_cluster();
+    let before = traces();
+
+    // Orderly stop.
+    let dir = run_dir("node-stop").expect("run dir");
+    let mut node = RealNode::start(cp, "real-node-stop", &dir).expect("the node comes up");
+    let ns = node.namespaces().expect("the node runs");
+    assert!(
+        !processes_in(&ns).is_empty(),
+        "the node's processes are found"
+    );
+    let (cg, veth) = (node.cgroup_root.clone(), node.host_veth.clone());
+    assert!(
+        node::cgroup_hierarchies()
+            .iter()
+            .any(|h| h.join(&cg).exists()),
+        "the node's cgroups exist while it runs"
+    );
+    let started = Instant::now();
+    node.stop();
+    eprintln!("node stopped in {:?}", started.elapsed());
+    assert_nothing_left(&dir, &ns, &cg, &veth, &before, "stop");
+    let _ = cp.kubectl(&["delete", "node", "real-node-stop"]);
+
+    // Killed outright: the process that started the node is gone in an instant.
+    let report = run_dir("node-kill").expect("run dir").join("child.txt");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "stopping_the_node_or_killing_the_harness_leaves_nothing_behind",
+            "--nocapture",
+        ])
+        .env(CHILD, &report)
+        .spawn()
+        .expect("child starts");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let fields = loop {
+        if let Ok(text) = std::fs::read_to_string(&report)
+            && text.ends_with('\n')
+        {
+            break text.lines().map(str::to_string).collect::<Vec<_>>();
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the child exited before its node was up: {status}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child's node was not up within 240 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let [dir, net, pid, cg, veth] = &fields[..] else {
+        panic!("child report: {fields:?}");
+    };
+    let ns = (net.clone(), pid.clone());
+    assert!(!processes_in(&ns).is_empty(), "the child's node runs");
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    assert_nothing_left(Path::new(dir), &ns, cg, veth, &before, "SIGKILL");
+}
+
+/// Starts a control plane and a node, reports where they are, then waits to be killed.
+fn child_holds_a_node() {
+    let report = std::env::var(CHILD).expect("report path");
+    let cp = shared_cluster();
+    let dir = run_dir("node-child").expect("run dir");
+    let node = RealNode::start(cp, "real-node-kill", &dir).expect("the node comes up");
+    let (net, pid) = node.namespaces().expect("the node runs");
+    std::fs::write(
+        &report,
+        format!(
+            "{}\n{net}\n{pid}\n{}\n{}\n",
+            dir.display(),
+            node.cgroup_root,
+            node.host_veth
+        ),
+    )
+    .expect("report written");
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
