@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cairn_tests::harness::node::{self, RealNode};
-use cairn_tests::harness::{ControlPlane, built_paths, run_dir, shared_cluster};
+use cairn_tests::harness::{ControlPlane, built_paths, built_paths_with, run_dir, shared_cluster};
 
 fn skip() -> bool {
     match node::unsupported() {
@@ -359,6 +359,45 @@ fn assert_nothing_left(
     }
 }
 
+/// A pod on `node` (container processes, their cgroups, mounts, a pod network namespace and
+/// kube-proxy's rules for a Service), Running.
+fn run_a_pod(cp: &ControlPlane, node: &RealNode) {
+    let busybox = built_paths_with("build-images.sh", &["busybox"])
+        .and_then(|b| b.get("busybox"))
+        .expect("busybox image");
+    node.import_image(&busybox).expect("imported");
+    let ns = format!("on-{}", node.name);
+    let _ = cp.kubectl(&["create", "namespace", &ns]);
+    cp.apply_yaml(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: sleeper, namespace: {ns}, labels: {{app: sleeper}}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: sleeper
+    image: harness.local/busybox:cairn
+    imagePullPolicy: Never
+    command: [sh, -c, "nc -lk -p 8080 -e echo hi"]
+    volumeMounts: [{{name: data, mountPath: /data}}]
+  volumes: [{{name: data, emptyDir: {{}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: sleeper, namespace: {ns}}}
+spec:
+  selector: {{app: sleeper}}
+  ports: [{{port: 80, targetPort: 8080}}]
+"#,
+        node = node.name
+    ))
+    .expect("applied");
+    wait_for("the pod to be Ready", Duration::from_secs(60), || {
+        pod_ready(cp, &ns, "sleeper")
+    });
+}
+
 /// Set in the child that the SIGKILL half of the lifecycle test starts and kills.
 const CHILD: &str = "CAIRN_REAL_NODE_CHILD";
 
@@ -437,6 +476,7 @@ fn child_holds_a_node() {
     let cp = shared_cluster();
     let dir = run_dir("node-child").expect("run dir");
     let node = RealNode::start(cp, "real-node-kill", &dir).expect("the node comes up");
+    run_a_pod(cp, &node);
     let (net, pid) = node.namespaces().expect("the node runs");
     std::fs::write(
         &report,
