@@ -259,6 +259,155 @@ fn a_hardened_agent_pod_runs_on_the_real_node() {
     let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
 
+fn client_pod(ns: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: client, namespace: {ns}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: real-node-0}}
+  terminationGracePeriodSeconds: 1
+  securityContext: {{runAsNonRoot: true, runAsUser: 65532, seccompProfile: {{type: RuntimeDefault}}}}
+  containers:
+  - name: client
+    image: harness.local/busybox:cairn
+    imagePullPolicy: Never
+    command: [sleep, "3600"]
+    securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+"#
+    )
+}
+
+/// `GET path` from the client pod of `ns` to `addr`; the status line, or what went wrong.
+fn http_from(cp: &ControlPlane, ns: &str, addr: &str, path: &str) -> String {
+    let script = format!(
+        "printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {} {} | head -1",
+        addr.split(':').next().unwrap_or(addr),
+        addr.split(':').nth(1).unwrap_or("80")
+    );
+    match cp.kubectl(&["exec", "client", "-n", ns, "--", "sh", "-c", &script]) {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The session's Service and the NetworkPolicy the operator builds for it
+/// (operator/src/objects/network.rs): port 8080 from the session's namespace and the
+/// operator's, nothing else. The policy admits every pod of the session's namespace: the
+/// namespace is the session's trust boundary (its Secrets and Role live there too), so that
+/// is what the test holds it to.
+#[test]
+fn the_service_routes_and_the_network_policy_refuses_other_namespaces() {
+    if skip() {
+        return;
+    }
+    let _node = shared_node();
+    let cp = shared_cluster();
+    let (ns, op, other) = ("policy", "policy-operator", "policy-other");
+    for n in [ns, op, other] {
+        let _ = cp.kubectl(&["create", "namespace", n]);
+    }
+    cp.apply_yaml(&agent_manifest(ns)).expect("agent applied");
+    cp.apply_yaml(&format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: agent, namespace: {ns}}}
+spec:
+  selector: {{app: agent}}
+  ports: [{{name: http, port: 8080, targetPort: http, protocol: TCP}}]
+"#
+    ))
+    .expect("service applied");
+    for n in [ns, op, other] {
+        cp.apply_yaml(&client_pod(n)).expect("client applied");
+    }
+    wait_for("the agent to be Ready", Duration::from_secs(90), || {
+        pod_ready(cp, ns, "agent")
+    });
+    for n in [ns, op, other] {
+        wait_for("the client pods", Duration::from_secs(60), || {
+            pod_ready(cp, n, "client")
+        });
+    }
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "service",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+    );
+    let addr = format!("{}:8080", ip.trim());
+
+    let started = Instant::now();
+    let mut same = String::new();
+    wait_for("the Service to route", Duration::from_secs(30), || {
+        same = http_from(cp, ns, &addr, "/healthz");
+        same.contains(" 200")
+    });
+    eprintln!(
+        "Service routable {:?} after the pods were Ready",
+        started.elapsed()
+    );
+    // Without a policy every namespace gets through.
+    let mut before = String::new();
+    wait_for(
+        "the other namespace to get through",
+        Duration::from_secs(30),
+        || {
+            before = http_from(cp, other, &addr, "/healthz");
+            before.contains(" 200")
+        },
+    );
+    cp.apply_yaml(&format!(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: agent, namespace: {ns}}}
+spec:
+  podSelector: {{matchLabels: {{app: agent}}}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - podSelector: {{}}
+    - namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {op}}}}}
+    ports: [{{port: 8080, protocol: TCP}}]
+"#
+    ))
+    .expect("policy applied");
+    let applied = Instant::now();
+    let mut refused = String::new();
+    wait_for(
+        "the policy to refuse the other namespace",
+        Duration::from_secs(30),
+        || {
+            refused = http_from(cp, other, &addr, "/healthz");
+            !refused.contains("HTTP/")
+        },
+    );
+    eprintln!("NetworkPolicy in effect after {:?}", applied.elapsed());
+    // Once in effect, it holds: the same namespace and the operator's get through, the
+    // other namespace does not.
+    for _ in 0..3 {
+        assert!(
+            http_from(cp, ns, &addr, "/healthz").contains(" 200"),
+            "the session's namespace is admitted"
+        );
+        assert!(
+            http_from(cp, op, &addr, "/readyz").contains(" 200"),
+            "the operator's namespace is admitted"
+        );
+        let r = http_from(cp, other, &addr, "/healthz");
+        assert!(!r.contains("HTTP/"), "another namespace is refused: {r}");
+    }
+    for n in [ns, op, other] {
+        let _ = cp.kubectl(&["delete", "namespace", n, "--wait=false"]);
+    }
+}
+
 /// Facts about the machine that a node must not change, and the node's own traces.
 struct Traces {
     mounts: String,
