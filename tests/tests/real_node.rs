@@ -68,6 +68,10 @@ fn pod_ready(cp: &ControlPlane, ns: &str, pod: &str) -> bool {
 
 /// The agent's session, standalone (`serve --config`), archive and journal on the emptyDir.
 fn agent_manifest(ns: &str) -> String {
+    agent_manifest_with(ns, "http://127.0.0.1:9/v1")
+}
+
+fn agent_manifest_with(ns: &str, provider_url: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: ConfigMap
@@ -79,7 +83,7 @@ data:
     provider:
       kind: openai-compatible
       model: sim
-      baseUrl: http://127.0.0.1:9/v1
+      baseUrl: {provider_url}
     contextWindow: 100000
     maxOutputTokens: 1000
     systemPrompt: You are a test agent.
@@ -116,6 +120,7 @@ spec:
     - {{name: CAIRN_CACHE_DIR, value: /var/cache/cairn}}
     - {{name: XDG_DATA_HOME, value: /var/cache/cairn}}
     - {{name: HOME, value: /tmp}}
+    - {{name: OPENAI_API_KEY, value: sk-sim}}
     - name: CAIRN_API_TOKEN
       valueFrom: {{secretKeyRef: {{name: api-token, key: token}}}}
     readinessProbe: {{httpGet: {{path: /readyz, port: http}}, periodSeconds: 1, timeoutSeconds: 2, failureThreshold: 3}}
@@ -406,6 +411,129 @@ spec:
     for n in [ns, op, other] {
         let _ = cp.kubectl(&["delete", "namespace", n, "--wait=false"]);
     }
+}
+
+/// A turn through the agent's API from the client pod of `ns`; the response's status line.
+fn turn_from(cp: &ControlPlane, ns: &str, addr: &str, input: &str) -> String {
+    let body = format!(r#"{{"model":"sim","input":"{input}"}}"#);
+    let (host, port) = addr.split_once(':').unwrap_or((addr, "80"));
+    let script = format!(
+        // stdin stays open until the agent answers: busybox nc stops reading at its EOF.
+        "{{ printf 'POST /v1/responses HTTP/1.0\\r\\nAuthorization: Bearer test-token\\r\\nContent-Type: application/json\\r\\nContent-Length: {}\\r\\n\\r\\n%s' '{body}'; sleep 20; }} | nc -w 20 {host} {port} | head -c 700",
+        body.len()
+    );
+    match cp.kubectl(&["exec", "client", "-n", ns, "--", "sh", "-c", &script]) {
+        Ok(o) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Host PID of the container process of pod `uid` (its cgroup path names the pod).
+fn container_pid(uid: &str, comm: &str) -> Option<i32> {
+    let needle = format!("pod{uid}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
+        let c = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        let cg = std::fs::read_to_string(e.path().join("cgroup")).ok()?;
+        (c.trim() == comm && cg.contains(&needle)).then_some(pid)
+    })
+}
+
+#[test]
+fn an_agent_killed_in_its_container_is_restarted_by_the_kubelet_and_keeps_its_history() {
+    if skip() {
+        return;
+    }
+    let node = shared_node();
+    let cp = shared_cluster();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let sim = rt.block_on(cairn_sim::Sim::start()).expect("cairn-sim");
+    let provider = node.forward_to_host(sim.addr()).expect("forwarder");
+    let ns = "restart";
+    let _ = cp.kubectl(&["create", "namespace", ns]);
+    cp.apply_yaml(&agent_manifest_with(ns, &format!("http://{provider}/v1")))
+        .expect("agent applied");
+    cp.apply_yaml(&client_pod(ns)).expect("client applied");
+    for pod in ["agent", "client"] {
+        wait_for("the pods to be Ready", Duration::from_secs(90), || {
+            pod_ready(cp, ns, pod)
+        });
+    }
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "pod",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.podIP}",
+        ],
+    );
+    let addr = format!("{}:8080", ip.trim());
+
+    sim.push_reply(cairn_sim::ScriptedReply::text("noted: PELICAN-1"));
+    let first = turn_from(cp, ns, &addr, "remember PELICAN-1");
+    assert!(
+        first.contains(" 200"),
+        "first turn: {first}; provider saw {} requests; agent log:\n{}",
+        sim.requests().len(),
+        cp.kubectl_ok(&["logs", "agent", "-n", ns])
+            .unwrap_or_default()
+    );
+
+    let uid = kubectl(
+        cp,
+        &[
+            "get",
+            "pod",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
+    );
+    let pid = container_pid(uid.trim(), "cairn-agent").expect("the agent's process on the node");
+    // SAFETY: SIGKILL to the agent's process, from the host's PID namespace.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let restarts = || {
+        cp.kubectl_ok(&[
+            "get",
+            "pod",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ])
+        .unwrap_or_default()
+    };
+    wait_for(
+        "the kubelet to restart the agent",
+        Duration::from_secs(60),
+        || restarts().trim() == "1" && pod_ready(cp, ns, "agent"),
+    );
+    let again = container_pid(uid.trim(), "cairn-agent").expect("the restarted agent");
+    assert_ne!(again, pid, "a new process in the same pod");
+
+    sim.push_reply(cairn_sim::ScriptedReply::text("it was PELICAN-1"));
+    let second = turn_from(cp, ns, &addr, "what did I ask you to remember?");
+    assert!(second.contains(" 200"), "second turn: {second}");
+    let last = sim
+        .requests()
+        .pop()
+        .expect("the second turn reached the provider");
+    assert!(
+        last.contains("remember PELICAN-1") && last.contains("noted: PELICAN-1"),
+        "the restarted agent sent the history it had before the kill"
+    );
+    let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
 
 /// Facts about the machine that a node must not change, and the node's own traces.

@@ -23,8 +23,8 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -114,7 +114,7 @@ pub struct RealNode {
     /// Host PID of the PID namespace's first process (`node.sh`).
     init_pid: Option<i32>,
     unshare: Option<Proc>,
-    forwarders: Vec<Forwarder>,
+    forwarders: Mutex<Vec<Forwarder>>,
     kubectl: PathBuf,
     kubeconfig: PathBuf,
 }
@@ -240,7 +240,7 @@ impl RealNode {
             netns: PathBuf::from(format!("/proc/{upid}/ns/net")),
             init_pid: None,
             unshare: Some(unshare),
-            forwarders: Vec::new(),
+            forwarders: Mutex::new(Vec::new()),
             kubectl: cp.kubectl.clone(),
             kubeconfig: cp.kubeconfig.clone(),
         };
@@ -295,11 +295,12 @@ impl RealNode {
             .trim_start_matches("https://")
             .parse()
             .map_err(|e| HarnessError::Setup(format!("API server address {}: {e}", cp.server)))?;
-        node.forwarders.push(Forwarder::start(
+        let api = Forwarder::start(
             &node.netns,
             SocketAddr::from(([0, 0, 0, 0], API_PORT)),
             api_target,
-        )?);
+        )?;
+        node.forwarders.get_mut().map_err(|_| poisoned())?.push(api);
         write(&dir.join("net-ready"), "")?;
 
         // Pods reach the API server through the `kubernetes` Service.
@@ -382,6 +383,18 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
         })
     }
 
+    /// Makes `target` on the host's loopback (a test's S3 server, provider simulator)
+    /// reachable from pods at the returned address: the node's IP and a free port on it.
+    pub fn forward_to_host(&self, target: SocketAddr) -> Result<SocketAddr, HarnessError> {
+        let f = Forwarder::start(&self.netns, SocketAddr::from((self.node_ip, 0)), target)?;
+        let addr = f
+            .listener
+            .local_addr()
+            .map_err(|e| HarnessError::io("reading the forwarder's address", e))?;
+        self.forwarders.lock().map_err(|_| poisoned())?.push(f);
+        Ok(addr)
+    }
+
     /// Imports a docker-archive tarball into the node's containerd (`k8s.io` namespace).
     pub fn import_image(&self, archive: &Path) -> Result<(), HarnessError> {
         let sock = self.dir.join("containerd/containerd.sock");
@@ -430,8 +443,10 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
             p.stop(Duration::from_secs(5));
         }
         // Sockets hold the network namespace alive: close the forwarders last.
-        for f in self.forwarders.drain(..) {
-            f.stop();
+        if let Ok(mut forwarders) = self.forwarders.lock() {
+            for f in forwarders.drain(..) {
+                f.stop();
+            }
         }
         // In case the node's own cleanup could not finish.
         for h in cgroup_hierarchies() {
@@ -462,6 +477,10 @@ pub fn cgroup_hierarchies() -> Vec<PathBuf> {
         .map(|e| e.path())
         .filter(|p| !p.is_symlink() && p.join("cgroup.procs").exists())
         .collect()
+}
+
+fn poisoned() -> HarnessError {
+    HarnessError::Setup("the node's forwarder list lock is poisoned".into())
 }
 
 fn process_alive(pid: i32) -> bool {
