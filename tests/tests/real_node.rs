@@ -286,7 +286,7 @@ spec:
 /// `GET path` from the client pod of `ns` to `addr`; the status line, or what went wrong.
 fn http_from(cp: &ControlPlane, ns: &str, addr: &str, path: &str) -> String {
     let script = format!(
-        "printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {} {} | head -1",
+        "printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {} {} | head -1",
         addr.split(':').next().unwrap_or(addr),
         addr.split(':').nth(1).unwrap_or("80")
     );
@@ -393,17 +393,26 @@ spec:
             !refused.contains("HTTP/")
         },
     );
+    // kube-router fills the ipsets of admitted sources a moment after it installs the
+    // chains: wait for the admitted side too before holding the policy to both.
+    wait_for(
+        "the policy to admit the session's namespace",
+        Duration::from_secs(30),
+        || http_from(cp, ns, &addr, "/healthz").contains(" 200"),
+    );
     eprintln!("NetworkPolicy in effect after {:?}", applied.elapsed());
     // Once in effect, it holds: the same namespace and the operator's get through, the
     // other namespace does not.
     for _ in 0..3 {
+        let r = http_from(cp, ns, &addr, "/healthz");
         assert!(
-            http_from(cp, ns, &addr, "/healthz").contains(" 200"),
-            "the session's namespace is admitted"
+            r.contains(" 200"),
+            "the session's namespace is admitted: {r}"
         );
+        let r = http_from(cp, op, &addr, "/readyz");
         assert!(
-            http_from(cp, op, &addr, "/readyz").contains(" 200"),
-            "the operator's namespace is admitted"
+            r.contains(" 200"),
+            "the operator's namespace is admitted: {r}"
         );
         let r = http_from(cp, other, &addr, "/healthz");
         assert!(!r.contains("HTTP/"), "another namespace is refused: {r}");
