@@ -5,12 +5,15 @@
 //! Skips (with the reason) only on a machine that cannot run a node at all: not root, or
 //! without the tools `.ci/install.sh` installs.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cairn_tests::harness::node::{self, RealNode};
-use cairn_tests::harness::{ControlPlane, built_paths, built_paths_with, run_dir, shared_cluster};
+use cairn_tests::harness::{
+    ControlPlane, S3Server, built_paths, built_paths_with, run_dir, shared_cluster,
+};
 
 fn skip() -> bool {
     match node::unsupported() {
@@ -541,6 +544,153 @@ fn an_agent_killed_in_its_container_is_restarted_by_the_kubelet_and_keeps_its_hi
     assert!(
         last.contains("remember PELICAN-1") && last.contains("noted: PELICAN-1"),
         "the restarted agent sent the history it had before the kill"
+    );
+    let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// The agent of [`agent_manifest_with`] as a StatefulSet (pod `agent-0`) behind a ClusterIP
+/// Service, its archive and journal in S3 at `s3`.
+fn agent_stateful_set(ns: &str, provider_url: &str, s3: &str) -> String {
+    let manifest = agent_manifest_with(ns, provider_url);
+    let (others, pod) = manifest
+        .rsplit_once("---\n")
+        .expect("the manifest ends with the pod");
+    let s3_env = [
+        ("CAIRN_S3_ENDPOINT", format!("http://{s3}")),
+        ("CAIRN_S3_BUCKET", "cairn-test".into()),
+        ("CAIRN_S3_PREFIX", "cairn".into()),
+        ("CAIRN_S3_REGION", "us-east-1".into()),
+        ("CAIRN_S3_FORCE_PATH_STYLE", "true".into()),
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+    ]
+    .iter()
+    .map(|(k, v)| format!("    - {{name: {k}, value: \"{v}\"}}\n"))
+    .collect::<String>();
+    let spec = pod
+        .split_once("spec:\n")
+        .map(|(_, spec)| spec)
+        .expect("the pod has a spec")
+        .replacen("    env:\n", &format!("    env:\n{s3_env}"), 1);
+    let spec: String = spec.lines().map(|l| format!("    {l}\n")).collect();
+    format!(
+        r#"{others}---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{name: agent, namespace: {ns}}}
+spec:
+  serviceName: agent
+  replicas: 1
+  selector: {{matchLabels: {{app: agent}}}}
+  template:
+    metadata: {{labels: {{app: agent}}}}
+    spec:
+{spec}---
+apiVersion: v1
+kind: Service
+metadata: {{name: agent, namespace: {ns}}}
+spec:
+  selector: {{app: agent}}
+  ports: [{{name: http, port: 8080, targetPort: http, protocol: TCP}}]
+"#
+    )
+}
+
+#[test]
+fn a_deleted_pod_comes_back_from_its_stateful_set_with_the_same_history() {
+    if skip() {
+        return;
+    }
+    let node = shared_node();
+    let cp = shared_cluster();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let sim = rt.block_on(cairn_sim::Sim::start()).expect("cairn-sim");
+    let provider = node.forward_to_host(sim.addr()).expect("forwarder");
+    let s3 = S3Server::start(&run_dir("node-s3").expect("run dir"), &["cairn-test"]).expect("moto");
+    let s3_addr = node
+        .forward_to_host(SocketAddr::from(([127, 0, 0, 1], s3.port)))
+        .expect("forwarder");
+    let ns = "stateful";
+    let _ = cp.kubectl(&["create", "namespace", ns]);
+    cp.apply_yaml(&agent_stateful_set(
+        ns,
+        &format!("http://{provider}/v1"),
+        &s3_addr.to_string(),
+    ))
+    .expect("agent applied");
+    cp.apply_yaml(&client_pod(ns)).expect("client applied");
+    for pod in ["agent-0", "client"] {
+        wait_for("the pods to be Ready", Duration::from_secs(90), || {
+            pod_ready(cp, ns, pod)
+        });
+    }
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "service",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+    );
+    let addr = format!("{}:8080", ip.trim());
+
+    sim.push_reply(cairn_sim::ScriptedReply::text("noted: HERON-7"));
+    let first = turn_from(cp, ns, &addr, "remember HERON-7");
+    assert!(
+        first.contains(" 200"),
+        "first turn through the ClusterIP: {first}"
+    );
+    let journal = s3.list("cairn-test", "cairn").expect("listing S3");
+    assert!(!journal.is_empty(), "the journal reached S3");
+
+    let uid = || {
+        kubectl(
+            cp,
+            &[
+                "get",
+                "pod",
+                "agent-0",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ],
+        )
+    };
+    let old = uid();
+    kubectl(cp, &["delete", "pod", "agent-0", "-n", ns, "--wait=false"]);
+    wait_for(
+        "the StatefulSet to bring the pod back",
+        Duration::from_secs(120),
+        || {
+            cp.kubectl_ok(&[
+                "get",
+                "pod",
+                "agent-0",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ])
+            .is_ok_and(|u| !u.is_empty() && u != old)
+                && pod_ready(cp, ns, "agent-0")
+        },
+    );
+
+    sim.push_reply(cairn_sim::ScriptedReply::text("it was HERON-7"));
+    let second = turn_from(cp, ns, &addr, "what did I ask you to remember?");
+    assert!(second.contains(" 200"), "second turn: {second}");
+    let last = sim
+        .requests()
+        .pop()
+        .expect("the second turn reached the provider");
+    assert!(
+        last.contains("remember HERON-7") && last.contains("noted: HERON-7"),
+        "the new pod rebuilt the history from the journal in S3"
     );
     let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }

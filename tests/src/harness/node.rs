@@ -429,6 +429,7 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
 
     /// Stops every process of the node and waits until its cgroups are gone.
     pub fn stop(&mut self) {
+        let mut gone = true;
         if let Some(pid) = self.init_pid.take() {
             // SAFETY: signalling the PID namespace's first process, which we started.
             unsafe {
@@ -438,6 +439,7 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
             while process_alive(pid) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
             }
+            gone = !process_alive(pid);
         }
         if let Some(mut p) = self.unshare.take() {
             p.stop(Duration::from_secs(5));
@@ -446,6 +448,13 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
         if let Ok(mut forwarders) = self.forwarders.lock() {
             for f in forwarders.drain(..) {
                 f.stop();
+            }
+        }
+        // Unpacked images and pod volumes are large; the logs stay for the curious. (Only
+        // now: while the node ran they were mounted inside its mount namespace.)
+        if gone {
+            for sub in ["containerd/root", "containerd/state", "kubelet/root"] {
+                let _ = std::fs::remove_dir_all(self.dir.join(sub));
             }
         }
         // In case the node's own cleanup could not finish.
@@ -632,8 +641,9 @@ podLogsDir: {logs}
 failSwapOn: false
 syncFrequency: 5s
 serializeImagePulls: false
-# The disk is shared: no evictions or image GC because of other people's files.
-evictionHard: {{"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}}
+# The disk is shared and may be nearly full of other people's files: evict only when it
+# really is full, never garbage-collect images.
+evictionHard: {{"memory.available": "100Mi", "nodefs.available": "100Mi", "imagefs.available": "100Mi", "nodefs.inodesFree": "1%"}}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 "#,
