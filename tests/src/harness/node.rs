@@ -9,7 +9,8 @@
 //!   (`10.250.N.0/24`: host `.1`, node `.2`); pods get `10.251.N.0/24` on a bridge inside
 //!   it. The node has no default route: pods reach only the node, each other and Services.
 //!   The API server stays on the host's loopback; a forwarder listens on `:6443` inside the
-//!   node's namespace (the kubelet uses `127.0.0.1:6443`, pods the `kubernetes` Service).
+//!   node's namespace (the kubelet uses `127.0.0.1:6443`, pods the `kubernetes` Service,
+//!   whose endpoint is `API_ENDPOINT_IP`, an address on every node's loopback).
 //! - a mount namespace (propagation slave: nothing mounted inside leaks out) with a private
 //!   `/run`, this namespace's `/sys`, and the three sysctls the kubelet would otherwise set
 //!   machine-wide bound to files holding the values it wants.
@@ -36,6 +37,10 @@ use super::{HarnessError, built_paths, built_paths_with, repo_root};
 pub const PAUSE_IMAGE: &str = "harness.local/pause:cairn";
 /// The port of the API server forwarder inside the node's network namespace.
 pub const API_PORT: u16 = 6443;
+/// Where pods reach the API server: an address on every node's own loopback (each node has
+/// its own network namespace), so the `kubernetes` Service has one endpoint that is local
+/// wherever the pod runs, whichever nodes come and go.
+pub const API_ENDPOINT_IP: Ipv4Addr = Ipv4Addr::new(10, 249, 0, 1);
 /// The Service range of the harness's API server.
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 
@@ -287,6 +292,7 @@ impl RealNode {
             run("nsenter", &a)
         };
         in_node(&["link", "set", "lo", "up"])?;
+        in_node(&["addr", "add", &format!("{API_ENDPOINT_IP}/32"), "dev", "lo"])?;
         in_node(&["addr", "add", &node_cidr, "dev", "eth0"])?;
         in_node(&["link", "set", "eth0", "up"])?;
 
@@ -312,7 +318,7 @@ metadata:
   namespace: default
   labels: {{kubernetes.io/service-name: kubernetes, endpointslice.kubernetes.io/managed-by: cairn-harness}}
 addressType: IPv4
-endpoints: [{{addresses: ["{node_ip}"], conditions: {{ready: true}}}}]
+endpoints: [{{addresses: ["{API_ENDPOINT_IP}"], conditions: {{ready: true}}}}]
 ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
 "#
         ))?;
