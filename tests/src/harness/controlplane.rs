@@ -110,6 +110,8 @@ impl ControlPlane {
             "--service-cluster-ip-range=10.96.0.0/16",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
+            // A real node's name does not resolve: logs and exec go to its InternalIP.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             "--v=1",

@@ -4,6 +4,7 @@
 
 pub mod controlplane;
 pub mod llama;
+pub mod node;
 pub mod pki;
 pub mod proc;
 pub mod runtime;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 pub use controlplane::ControlPlane;
 pub use llama::{LlamaServer, RecordingProxy};
+pub use node::RealNode;
 pub use runtime::PodRuntime;
 pub use s3::S3Server;
 
@@ -58,9 +60,15 @@ impl HarnessError {
 /// Runs one of the `tests/harness/build-*.sh` scripts (they build what is missing and cache
 /// it) and returns the `name=path` lines it prints.
 pub fn built_paths(script: &str) -> Result<BuiltPaths, HarnessError> {
+    built_paths_with(script, &[])
+}
+
+/// [`built_paths`] with arguments for the script (e.g. which images to build).
+pub fn built_paths_with(script: &str, args: &[&str]) -> Result<BuiltPaths, HarnessError> {
     let path = repo_root().join("tests/harness").join(script);
     let out = std::process::Command::new("bash")
         .arg(&path)
+        .args(args)
         .output()
         .map_err(|e| HarnessError::io(format!("running {}", path.display()), e))?;
     if !out.status.success() {

@@ -1,0 +1,1090 @@
+//! The real-node tier: a kubelet with containerd and runc registers against the harness's
+//! control plane and runs hardened pods from images built locally, and stopping it (or
+//! killing the process that started it) leaves nothing behind on the machine.
+//!
+//! Skips (with the reason) only on a machine that cannot run a node at all: not root, or
+//! without the tools `.ci/install.sh` installs.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cairn_tests::harness::node::{self, RealNode};
+use cairn_tests::harness::{
+    ControlPlane, S3Server, built_paths, built_paths_with, run_dir, shared_cluster,
+};
+
+fn skip() -> bool {
+    match node::unsupported() {
+        Some(why) => {
+            eprintln!("skipping: this machine cannot run a real node: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+/// One node per test binary, with the images imported.
+fn shared_node() -> &'static RealNode {
+    static NODE: std::sync::OnceLock<RealNode> = std::sync::OnceLock::new();
+    NODE.get_or_init(|| {
+        let cp = shared_cluster();
+        let dir = run_dir("node").expect("run dir");
+        let started = Instant::now();
+        let node = RealNode::start(cp, "real-node-0", &dir).expect("the real node comes up");
+        eprintln!("real node Ready in {:?}", started.elapsed());
+        let images = built_paths("build-images.sh").expect("images build");
+        for name in ["busybox", "cairn-agent"] {
+            node.import_image(&images.get(name).expect("image reported"))
+                .expect("image imported");
+        }
+        node
+    })
+}
+
+fn kubectl(cp: &ControlPlane, args: &[&str]) -> String {
+    cp.kubectl_ok(args)
+        .unwrap_or_else(|e| panic!("kubectl {}: {e}", args.join(" ")))
+}
+
+fn wait_for(what: &str, timeout: Duration, mut probe: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !probe() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn pod_ready(cp: &ControlPlane, ns: &str, pod: &str) -> bool {
+    cp.kubectl_ok(&[
+        "get",
+        "pod",
+        pod,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+    ])
+    .is_ok_and(|s| s.trim() == "True")
+}
+
+/// The agent's session, standalone (`serve --config`), archive and journal on the emptyDir.
+fn agent_manifest(ns: &str) -> String {
+    agent_manifest_with(ns, "http://127.0.0.1:9/v1")
+}
+
+fn agent_manifest_with(ns: &str, provider_url: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata: {{name: session, namespace: {ns}}}
+data:
+  session.yaml: |
+    name: hardened
+    namespace: {ns}
+    provider:
+      kind: openai-compatible
+      model: sim
+      baseUrl: {provider_url}
+    contextWindow: 100000
+    maxOutputTokens: 1000
+    systemPrompt: You are a test agent.
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: api-token, namespace: {ns}}}
+stringData: {{token: test-token}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: agent
+  namespace: {ns}
+  labels: {{app: agent}}
+spec:
+  enableServiceLinks: false
+  nodeSelector: {{kubernetes.io/hostname: real-node-0}}
+  # The security context the operator gives every agent pod (operator/src/objects/workload.rs).
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    runAsGroup: 65532
+    fsGroup: 65532
+    seccompProfile: {{type: RuntimeDefault}}
+  containers:
+  - name: agent
+    image: ghcr.io/cairn-dev/cairn-agent:0.1.0
+    imagePullPolicy: IfNotPresent
+    command: [cairn-agent]
+    args: [serve, --config, /etc/cairn/session.yaml, --listen, "0.0.0.0:8080"]
+    ports: [{{name: http, containerPort: 8080, protocol: TCP}}]
+    env:
+    - {{name: CAIRN_CACHE_DIR, value: /var/cache/cairn}}
+    - {{name: XDG_DATA_HOME, value: /var/cache/cairn}}
+    - {{name: HOME, value: /tmp}}
+    - {{name: OPENAI_API_KEY, value: sk-sim}}
+    - name: CAIRN_API_TOKEN
+      valueFrom: {{secretKeyRef: {{name: api-token, key: token}}}}
+    readinessProbe: {{httpGet: {{path: /readyz, port: http}}, periodSeconds: 1, timeoutSeconds: 2, failureThreshold: 3}}
+    livenessProbe: {{httpGet: {{path: /healthz, port: http}}, periodSeconds: 10, timeoutSeconds: 2, failureThreshold: 3}}
+    resources: {{limits: {{memory: 256Mi}}, requests: {{cpu: 50m, memory: 64Mi}}}}
+    securityContext:
+      runAsNonRoot: true
+      runAsUser: 65532
+      runAsGroup: 65532
+      readOnlyRootFilesystem: true
+      allowPrivilegeEscalation: false
+      privileged: false
+      capabilities: {{drop: [ALL]}}
+      seccompProfile: {{type: RuntimeDefault}}
+    volumeMounts:
+    - {{name: scratch, mountPath: /tmp, subPath: tmp}}
+    - {{name: scratch, mountPath: /var/cache/cairn, subPath: archive}}
+    - {{name: session, mountPath: /etc/cairn, readOnly: true}}
+  volumes:
+  - {{name: scratch, emptyDir: {{sizeLimit: 64Mi}}}}
+  - {{name: session, configMap: {{name: session}}}}
+"#
+    )
+}
+
+/// What a process inside the agent's PID namespace sees of the agent (an ephemeral
+/// container sharing it: the agent's image has no shell, like its distroless base).
+const INSPECT: &str = r#"
+for p in /proc/[0-9]*; do
+  if tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^cairn-agent serve'; then agent=$p; fi
+done
+echo "pid=${agent#/proc/}"
+grep -E '^(Uid|Gid|CapPrm|CapEff|CapBnd|NoNewPrivs|Seccomp):' $agent/status
+if touch $agent/root/usr/local/bin/probe 2>/tmp/err; then echo rootfs=writable; else echo "rootfs=$(cat /tmp/err)"; fi
+if touch $agent/root/tmp/probe && touch $agent/root/var/cache/cairn/probe; then echo scratch=writable; else echo scratch=refused; fi
+ls $agent/root/var/cache/cairn/cairn | tr '\n' ' '; echo
+echo done
+"#;
+
+#[test]
+fn a_hardened_agent_pod_runs_on_the_real_node() {
+    if skip() {
+        return;
+    }
+    let node = shared_node();
+    let cp = shared_cluster();
+    let ns = "hardened";
+    let _ = cp.kubectl(&["create", "namespace", ns]);
+    let started = Instant::now();
+    cp.apply_yaml(&agent_manifest(ns)).expect("applied");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !pod_ready(cp, ns, "agent") {
+        if Instant::now() > deadline {
+            let describe = cp.kubectl(&["describe", "pod", "agent", "-n", ns]);
+            let logs = cp.kubectl(&["logs", "agent", "-n", ns]);
+            let text = |o: Result<std::process::Output, _>| {
+                o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default()
+            };
+            panic!(
+                "the agent pod is not Ready after 90 s:\n{}\n{}",
+                text(describe),
+                text(logs)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    eprintln!("agent pod Ready in {:?}", started.elapsed());
+    assert_eq!(
+        kubectl(
+            cp,
+            &[
+                "get",
+                "pod",
+                "agent",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.spec.nodeName}"
+            ]
+        ),
+        node.name
+    );
+    // Logs come from the kubelet, through the node's InternalIP.
+    kubectl(cp, &["logs", "agent", "-n", ns]);
+
+    kubectl(
+        cp,
+        &[
+            "debug",
+            "agent",
+            "-n",
+            ns,
+            "--image=harness.local/busybox:cairn",
+            "--image-pull-policy=Never",
+            "--target=agent",
+            "--profile=restricted",
+            "--container=inspect",
+            "--",
+            "sh",
+            "-c",
+            INSPECT,
+        ],
+    );
+    let mut out = String::new();
+    wait_for("the inspection to finish", Duration::from_secs(60), || {
+        out = cp
+            .kubectl_ok(&["logs", "agent", "-n", ns, "-c", "inspect"])
+            .unwrap_or_default();
+        out.contains("done")
+    });
+    eprintln!("{out}");
+    let line = |key: &str| {
+        out.lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} in:\n{out}"))
+            .to_string()
+    };
+    let ids =
+        |l: String| -> Vec<String> { l.split_whitespace().skip(1).map(str::to_string).collect() };
+    assert!(
+        ids(line("Uid:")).iter().all(|u| u == "65532"),
+        "runs as 65532, never root: {out}"
+    );
+    assert!(ids(line("Gid:")).iter().all(|g| g == "65532"), "{out}");
+    for caps in ["CapPrm:", "CapEff:", "CapBnd:"] {
+        assert_eq!(
+            ids(line(caps)),
+            ["0000000000000000"],
+            "no capabilities: {out}"
+        );
+    }
+    assert_eq!(ids(line("NoNewPrivs:")), ["1"], "{out}");
+    assert_eq!(ids(line("Seccomp:")), ["2"], "seccomp filter mode: {out}");
+    assert!(
+        line("rootfs=").contains("Read-only file system"),
+        "the root filesystem refuses a write: {out}"
+    );
+    assert_eq!(line("scratch="), "scratch=writable", "{out}");
+    let _ = node;
+    let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+fn client_pod(ns: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: client, namespace: {ns}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: real-node-0}}
+  terminationGracePeriodSeconds: 1
+  securityContext: {{runAsNonRoot: true, runAsUser: 65532, seccompProfile: {{type: RuntimeDefault}}}}
+  containers:
+  - name: client
+    image: harness.local/busybox:cairn
+    imagePullPolicy: Never
+    command: [sleep, "3600"]
+    securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+"#
+    )
+}
+
+/// `GET path` from the client pod of `ns` to `addr`; the status line, or what went wrong.
+fn http_from(cp: &ControlPlane, ns: &str, addr: &str, path: &str) -> String {
+    let script = format!(
+        "printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {} {} | head -1",
+        addr.split(':').next().unwrap_or(addr),
+        addr.split(':').nth(1).unwrap_or("80")
+    );
+    match cp.kubectl(&["exec", "client", "-n", ns, "--", "sh", "-c", &script]) {
+        Ok(o) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The session's Service and the NetworkPolicy the operator builds for it
+/// (operator/src/objects/network.rs): port 8080 from the session's namespace and the
+/// operator's, nothing else. The policy admits every pod of the session's namespace: the
+/// namespace is the session's trust boundary (its Secrets and Role live there too), so that
+/// is what the test holds it to.
+#[test]
+fn the_service_routes_and_the_network_policy_refuses_other_namespaces() {
+    if skip() {
+        return;
+    }
+    let _node = shared_node();
+    let cp = shared_cluster();
+    let (ns, op, other) = ("policy", "policy-operator", "policy-other");
+    for n in [ns, op, other] {
+        let _ = cp.kubectl(&["create", "namespace", n]);
+    }
+    cp.apply_yaml(&agent_manifest(ns)).expect("agent applied");
+    cp.apply_yaml(&format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: agent, namespace: {ns}}}
+spec:
+  selector: {{app: agent}}
+  ports: [{{name: http, port: 8080, targetPort: http, protocol: TCP}}]
+"#
+    ))
+    .expect("service applied");
+    for n in [ns, op, other] {
+        cp.apply_yaml(&client_pod(n)).expect("client applied");
+    }
+    wait_for("the agent to be Ready", Duration::from_secs(90), || {
+        pod_ready(cp, ns, "agent")
+    });
+    for n in [ns, op, other] {
+        wait_for("the client pods", Duration::from_secs(60), || {
+            pod_ready(cp, n, "client")
+        });
+    }
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "service",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+    );
+    let addr = format!("{}:8080", ip.trim());
+
+    let started = Instant::now();
+    let mut same = String::new();
+    wait_for("the Service to route", Duration::from_secs(30), || {
+        same = http_from(cp, ns, &addr, "/healthz");
+        same.contains(" 200")
+    });
+    eprintln!(
+        "Service routable {:?} after the pods were Ready",
+        started.elapsed()
+    );
+    // Without a policy every namespace gets through.
+    let mut before = String::new();
+    wait_for(
+        "the other namespace to get through",
+        Duration::from_secs(30),
+        || {
+            before = http_from(cp, other, &addr, "/healthz");
+            before.contains(" 200")
+        },
+    );
+    cp.apply_yaml(&format!(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: agent, namespace: {ns}}}
+spec:
+  podSelector: {{matchLabels: {{app: agent}}}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - podSelector: {{}}
+    - namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {op}}}}}
+    ports: [{{port: 8080, protocol: TCP}}]
+"#
+    ))
+    .expect("policy applied");
+    let applied = Instant::now();
+    let mut refused = String::new();
+    wait_for(
+        "the policy to refuse the other namespace",
+        Duration::from_secs(30),
+        || {
+            refused = http_from(cp, other, &addr, "/healthz");
+            !refused.contains("HTTP/")
+        },
+    );
+    // kube-router fills the ipsets of admitted sources a moment after it installs the
+    // chains: wait for the admitted side too before holding the policy to both.
+    wait_for(
+        "the policy to admit the session's namespace",
+        Duration::from_secs(30),
+        || http_from(cp, ns, &addr, "/healthz").contains(" 200"),
+    );
+    eprintln!("NetworkPolicy in effect after {:?}", applied.elapsed());
+    // Once in effect, it holds: the same namespace and the operator's get through, the
+    // other namespace does not.
+    // An admitted request may be retried once: with every test of the binary creating pods,
+    // an exec or a connection can be slow; a refused one must never get through.
+    let admitted = |from: &str, path: &str| {
+        let mut last = String::new();
+        for _ in 0..2 {
+            last = http_from(cp, from, &addr, path);
+            if last.contains(" 200") {
+                return Ok(());
+            }
+        }
+        Err(last)
+    };
+    for _ in 0..3 {
+        if let Err(r) = admitted(ns, "/healthz") {
+            panic!("the session's namespace is admitted: {r}");
+        }
+        if let Err(r) = admitted(op, "/readyz") {
+            panic!("the operator's namespace is admitted: {r}");
+        }
+        let r = http_from(cp, other, &addr, "/healthz");
+        assert!(!r.contains("HTTP/"), "another namespace is refused: {r}");
+    }
+    for n in [ns, op, other] {
+        let _ = cp.kubectl(&["delete", "namespace", n, "--wait=false"]);
+    }
+}
+
+/// A turn through the agent's API from the client pod of `ns`; the response's status line.
+fn turn_from(cp: &ControlPlane, ns: &str, addr: &str, input: &str) -> String {
+    let body = format!(r#"{{"model":"sim","input":"{input}"}}"#);
+    let (host, port) = addr.split_once(':').unwrap_or((addr, "80"));
+    let script = format!(
+        // stdin stays open until the agent answers: busybox nc stops reading at its EOF.
+        "{{ printf 'POST /v1/responses HTTP/1.0\\r\\nAuthorization: Bearer test-token\\r\\nContent-Type: application/json\\r\\nContent-Length: {}\\r\\n\\r\\n%s' '{body}'; sleep 20; }} | nc -w 20 {host} {port} | head -c 700",
+        body.len()
+    );
+    match cp.kubectl(&["exec", "client", "-n", ns, "--", "sh", "-c", &script]) {
+        Ok(o) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Host PID of the container process of pod `uid` (its cgroup path names the pod).
+fn container_pid(uid: &str, comm: &str) -> Option<i32> {
+    let needle = format!("pod{uid}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
+        let c = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        let cg = std::fs::read_to_string(e.path().join("cgroup")).ok()?;
+        (c.trim() == comm && cg.contains(&needle)).then_some(pid)
+    })
+}
+
+#[test]
+fn an_agent_killed_in_its_container_is_restarted_by_the_kubelet_and_keeps_its_history() {
+    if skip() {
+        return;
+    }
+    let node = shared_node();
+    let cp = shared_cluster();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let sim = rt.block_on(cairn_sim::Sim::start()).expect("cairn-sim");
+    let provider = node.forward_to_host(sim.addr()).expect("forwarder");
+    let ns = "restart";
+    let _ = cp.kubectl(&["create", "namespace", ns]);
+    cp.apply_yaml(&agent_manifest_with(ns, &format!("http://{provider}/v1")))
+        .expect("agent applied");
+    cp.apply_yaml(&client_pod(ns)).expect("client applied");
+    for pod in ["agent", "client"] {
+        wait_for("the pods to be Ready", Duration::from_secs(90), || {
+            pod_ready(cp, ns, pod)
+        });
+    }
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "pod",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.podIP}",
+        ],
+    );
+    let addr = format!("{}:8080", ip.trim());
+
+    sim.push_reply(cairn_sim::ScriptedReply::text("noted: PELICAN-1"));
+    let first = turn_from(cp, ns, &addr, "remember PELICAN-1");
+    assert!(
+        first.contains(" 200"),
+        "first turn: {first}; provider saw {} requests; agent log:\n{}",
+        sim.requests().len(),
+        cp.kubectl_ok(&["logs", "agent", "-n", ns])
+            .unwrap_or_default()
+    );
+
+    let uid = kubectl(
+        cp,
+        &[
+            "get",
+            "pod",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
+    );
+    let pid = container_pid(uid.trim(), "cairn-agent").expect("the agent's process on the node");
+    // SAFETY: SIGKILL to the agent's process, from the host's PID namespace.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let restarts = || {
+        cp.kubectl_ok(&[
+            "get",
+            "pod",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ])
+        .unwrap_or_default()
+    };
+    wait_for(
+        "the kubelet to restart the agent",
+        Duration::from_secs(60),
+        || restarts().trim() == "1" && pod_ready(cp, ns, "agent"),
+    );
+    let again = container_pid(uid.trim(), "cairn-agent").expect("the restarted agent");
+    assert_ne!(again, pid, "a new process in the same pod");
+
+    sim.push_reply(cairn_sim::ScriptedReply::text("it was PELICAN-1"));
+    let second = turn_from(cp, ns, &addr, "what did I ask you to remember?");
+    assert!(second.contains(" 200"), "second turn: {second}");
+    let last = sim
+        .requests()
+        .pop()
+        .expect("the second turn reached the provider");
+    assert!(
+        last.contains("remember PELICAN-1") && last.contains("noted: PELICAN-1"),
+        "the restarted agent sent the history it had before the kill"
+    );
+    let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// The agent of [`agent_manifest_with`] as a StatefulSet (pod `agent-0`) behind a ClusterIP
+/// Service, its archive and journal in S3 at `s3`.
+fn agent_stateful_set(ns: &str, provider_url: &str, s3: &str) -> String {
+    let manifest = agent_manifest_with(ns, provider_url);
+    let (others, pod) = manifest
+        .rsplit_once("---\n")
+        .expect("the manifest ends with the pod");
+    let s3_env = [
+        ("CAIRN_S3_ENDPOINT", format!("http://{s3}")),
+        ("CAIRN_S3_BUCKET", "cairn-test".into()),
+        ("CAIRN_S3_PREFIX", "cairn".into()),
+        ("CAIRN_S3_REGION", "us-east-1".into()),
+        ("CAIRN_S3_FORCE_PATH_STYLE", "true".into()),
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+    ]
+    .iter()
+    .map(|(k, v)| format!("    - {{name: {k}, value: \"{v}\"}}\n"))
+    .collect::<String>();
+    let spec = pod
+        .split_once("spec:\n")
+        .map(|(_, spec)| spec)
+        .expect("the pod has a spec")
+        .replacen("    env:\n", &format!("    env:\n{s3_env}"), 1);
+    let spec: String = spec.lines().map(|l| format!("    {l}\n")).collect();
+    format!(
+        r#"{others}---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{name: agent, namespace: {ns}}}
+spec:
+  serviceName: agent
+  replicas: 1
+  selector: {{matchLabels: {{app: agent}}}}
+  template:
+    metadata: {{labels: {{app: agent}}}}
+    spec:
+{spec}---
+apiVersion: v1
+kind: Service
+metadata: {{name: agent, namespace: {ns}}}
+spec:
+  selector: {{app: agent}}
+  ports: [{{name: http, port: 8080, targetPort: http, protocol: TCP}}]
+"#
+    )
+}
+
+#[test]
+fn a_deleted_pod_comes_back_from_its_stateful_set_with_the_same_history() {
+    if skip() {
+        return;
+    }
+    let node = shared_node();
+    let cp = shared_cluster();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let sim = rt.block_on(cairn_sim::Sim::start()).expect("cairn-sim");
+    let provider = node.forward_to_host(sim.addr()).expect("forwarder");
+    let s3 = S3Server::start(&run_dir("node-s3").expect("run dir"), &["cairn-test"]).expect("moto");
+    let s3_addr = node
+        .forward_to_host(SocketAddr::from(([127, 0, 0, 1], s3.port)))
+        .expect("forwarder");
+    let ns = "stateful";
+    let _ = cp.kubectl(&["create", "namespace", ns]);
+    cp.apply_yaml(&agent_stateful_set(
+        ns,
+        &format!("http://{provider}/v1"),
+        &s3_addr.to_string(),
+    ))
+    .expect("agent applied");
+    cp.apply_yaml(&client_pod(ns)).expect("client applied");
+    for pod in ["agent-0", "client"] {
+        wait_for("the pods to be Ready", Duration::from_secs(90), || {
+            pod_ready(cp, ns, pod)
+        });
+    }
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "service",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+    );
+    let addr = format!("{}:8080", ip.trim());
+
+    sim.push_reply(cairn_sim::ScriptedReply::text("noted: HERON-7"));
+    let first = turn_from(cp, ns, &addr, "remember HERON-7");
+    assert!(
+        first.contains(" 200"),
+        "first turn through the ClusterIP: {first}"
+    );
+    let journal = s3.list("cairn-test", "cairn").expect("listing S3");
+    assert!(!journal.is_empty(), "the journal reached S3");
+
+    let uid = || {
+        kubectl(
+            cp,
+            &[
+                "get",
+                "pod",
+                "agent-0",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ],
+        )
+    };
+    let old = uid();
+    kubectl(cp, &["delete", "pod", "agent-0", "-n", ns, "--wait=false"]);
+    wait_for(
+        "the StatefulSet to bring the pod back",
+        Duration::from_secs(120),
+        || {
+            cp.kubectl_ok(&[
+                "get",
+                "pod",
+                "agent-0",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ])
+            .is_ok_and(|u| !u.is_empty() && u != old)
+                && pod_ready(cp, ns, "agent-0")
+        },
+    );
+
+    sim.push_reply(cairn_sim::ScriptedReply::text("it was HERON-7"));
+    let second = turn_from(cp, ns, &addr, "what did I ask you to remember?");
+    assert!(second.contains(" 200"), "second turn: {second}");
+    let last = sim
+        .requests()
+        .pop()
+        .expect("the second turn reached the provider");
+    assert!(
+        last.contains("remember HERON-7") && last.contains("noted: HERON-7"),
+        "the new pod rebuilt the history from the journal in S3"
+    );
+    let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// A cluster-mode agent (`serve --session`) reads its AgentSession through the `kubernetes`
+/// Service and is not Ready while it waits for its journal: here the journal Lease is held
+/// by someone else; once it is released the agent takes it, rebuilds the history and
+/// becomes Ready. (Its ServiceAccount is bound to cluster-admin: this test is about the gate;
+/// the operator's Role is tested elsewhere.)
+#[test]
+fn an_agent_pod_is_not_ready_until_it_holds_and_has_rebuilt_its_journal() {
+    if skip() {
+        return;
+    }
+    let _node = shared_node();
+    let cp = shared_cluster();
+    let crds = cairn_crds::crds_yaml().expect("CRDs serialize");
+    cp.apply_yaml(&crds).expect("CRDs applied");
+    kubectl(
+        cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/agentsessions.cairn.dev",
+            "--timeout=60s",
+        ],
+    );
+    let ns = "gate";
+    let _ = cp.kubectl(&["create", "namespace", ns]);
+    cp.apply_yaml(&format!(
+        r#"apiVersion: cairn.dev/v1alpha1
+kind: AgentSession
+metadata: {{name: hardened, namespace: {ns}}}
+spec:
+  provider: {{kind: openai-compatible, model: sim, baseUrl: "http://127.0.0.1:9/v1"}}
+  contextWindow: 100000
+  maxOutputTokens: 1000
+  systemPrompt: You are a test agent.
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: agent, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: real-node-gate-agent}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}}
+subjects: [{{kind: ServiceAccount, name: agent, namespace: {ns}}}]
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {{name: cairn-hardened, namespace: {ns}}}
+spec:
+  holderIdentity: someone-else
+  leaseDurationSeconds: 3600
+  acquireTime: "2026-01-01T00:00:00.000000Z"
+  renewTime: "2099-01-01T00:00:00.000000Z"
+"#
+    ))
+    .expect("session, account and Lease applied");
+    let manifest = agent_manifest(ns)
+        .replace(
+            "[serve, --config, /etc/cairn/session.yaml, --listen, \"0.0.0.0:8080\"]",
+            &format!("[serve, --session, {ns}/hardened, --listen, \"0.0.0.0:8080\"]"),
+        )
+        .replace(
+            "  enableServiceLinks: false\n",
+            "  enableServiceLinks: false\n  serviceAccountName: agent\n",
+        );
+    assert!(manifest.contains("--session"));
+    cp.apply_yaml(&manifest).expect("agent applied");
+    cp.apply_yaml(&client_pod(ns)).expect("client applied");
+    wait_for("the client", Duration::from_secs(60), || {
+        pod_ready(cp, ns, "client")
+    });
+    wait_for(
+        "the agent's container to start",
+        Duration::from_secs(60),
+        || {
+            cp.kubectl_ok(&[
+                "get",
+                "pod",
+                "agent",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.status.containerStatuses[0].started}",
+            ])
+            .is_ok_and(|s| s.trim() == "true")
+        },
+    );
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "pod",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.podIP}",
+        ],
+    );
+    let readyz = || {
+        let script = format!(
+            "{{ printf 'GET /readyz HTTP/1.0\\r\\n\\r\\n'; sleep 3; }} | nc -w 3 {} 8080",
+            ip.trim()
+        );
+        cp.kubectl(&["exec", "client", "-n", ns, "--", "sh", "-c", &script])
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let mut body = String::new();
+    wait_for(
+        "the agent to say what it waits for",
+        Duration::from_secs(60),
+        || {
+            body = readyz();
+            body.contains("journal Lease")
+        },
+    );
+    for _ in 0..5 {
+        assert!(
+            !pod_ready(cp, ns, "agent"),
+            "not Ready while it waits: {body}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    kubectl(cp, &["delete", "lease", "cairn-hardened", "-n", ns]);
+    wait_for("the agent to be Ready", Duration::from_secs(60), || {
+        pod_ready(cp, ns, "agent")
+    });
+    let holder = kubectl(
+        cp,
+        &[
+            "get",
+            "lease",
+            "cairn-hardened",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+    );
+    assert!(
+        holder.starts_with("agent/"),
+        "the agent holds its journal Lease: {holder}"
+    );
+    let _ = cp.kubectl(&["delete", "clusterrolebinding", "real-node-gate-agent"]);
+    let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// Facts about the machine that a node must not change, and the node's own traces.
+struct Traces {
+    mounts: String,
+    host_iptables: String,
+    links: String,
+}
+
+fn traces() -> Traces {
+    let run = |p: &str, a: &[&str]| {
+        Command::new(p)
+            .args(a)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    Traces {
+        mounts: std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+        // Rules only: chain counters move with any traffic.
+        host_iptables: run("iptables-save", &[])
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split(" [").next().unwrap_or(l).to_string())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        links: run("ip", &["-o", "link"]),
+    }
+}
+
+/// Processes whose network or PID namespace is one of `ns`.
+fn processes_in(ns: &(String, String)) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let p = e.path();
+        if !e
+            .file_name()
+            .to_string_lossy()
+            .chars()
+            .all(|c| c.is_ascii_digit())
+        {
+            continue;
+        }
+        let link = |n: &str| {
+            std::fs::read_link(p.join("ns").join(n))
+                .map(|l| l.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        if link("net") == ns.0 || link("pid") == ns.1 {
+            found.push(format!(
+                "{} {}",
+                e.file_name().to_string_lossy(),
+                std::fs::read_to_string(p.join("comm"))
+                    .unwrap_or_default()
+                    .trim()
+            ));
+        }
+    }
+    found
+}
+
+fn assert_nothing_left(
+    node_dir: &Path,
+    ns: &(String, String),
+    cgroup_root: &str,
+    veth: &str,
+    before: &Traces,
+    how: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let procs = processes_in(ns);
+        let cgroups: Vec<_> = node::cgroup_hierarchies()
+            .into_iter()
+            .map(|h| h.join(cgroup_root))
+            .filter(|p| p.exists())
+            .collect();
+        let now = traces();
+        let dir = node_dir.to_string_lossy();
+        let mounts: Vec<&str> = now
+            .mounts
+            .lines()
+            .filter(|l| l.contains(dir.as_ref()) || l.contains("/var/lib/cni"))
+            .collect();
+        let veth_left = now.links.contains(&format!("{veth}@"));
+        let clean = procs.is_empty()
+            && cgroups.is_empty()
+            && mounts.is_empty()
+            && !veth_left
+            && now.host_iptables == before.host_iptables;
+        if clean {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {how}: processes {procs:?}, cgroups {cgroups:?}, mounts {mounts:?}, veth left {veth_left}, host iptables changed {}",
+            now.host_iptables != before.host_iptables
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A pod on `node` (container processes, their cgroups, mounts, a pod network namespace and
+/// kube-proxy's rules for a Service), Running.
+fn run_a_pod(cp: &ControlPlane, node: &RealNode) {
+    let busybox = built_paths_with("build-images.sh", &["busybox"])
+        .and_then(|b| b.get("busybox"))
+        .expect("busybox image");
+    node.import_image(&busybox).expect("imported");
+    let ns = format!("on-{}", node.name);
+    let _ = cp.kubectl(&["create", "namespace", &ns]);
+    cp.apply_yaml(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: sleeper, namespace: {ns}, labels: {{app: sleeper}}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: sleeper
+    image: harness.local/busybox:cairn
+    imagePullPolicy: Never
+    command: [sh, -c, "nc -lk -p 8080 -e echo hi"]
+    volumeMounts: [{{name: data, mountPath: /data}}]
+  volumes: [{{name: data, emptyDir: {{}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: sleeper, namespace: {ns}}}
+spec:
+  selector: {{app: sleeper}}
+  ports: [{{port: 80, targetPort: 8080}}]
+"#,
+        node = node.name
+    ))
+    .expect("applied");
+    wait_for("the pod to be Ready", Duration::from_secs(60), || {
+        pod_ready(cp, &ns, "sleeper")
+    });
+}
+
+/// Set in the child that the SIGKILL half of the lifecycle test starts and kills.
+const CHILD: &str = "CAIRN_REAL_NODE_CHILD";
+
+#[test]
+fn stopping_the_node_or_killing_the_harness_leaves_nothing_behind() {
+    if std::env::var_os(CHILD).is_some() {
+        return child_holds_a_node();
+    }
+    if skip() {
+        return;
+    }
+    let cp = shared_cluster();
+    let before = traces();
+
+    // Orderly stop.
+    let dir = run_dir("node-stop").expect("run dir");
+    let mut node = RealNode::start(cp, "real-node-stop", &dir).expect("the node comes up");
+    let ns = node.namespaces().expect("the node runs");
+    assert!(
+        !processes_in(&ns).is_empty(),
+        "the node's processes are found"
+    );
+    let (cg, veth) = (node.cgroup_root.clone(), node.host_veth.clone());
+    assert!(
+        node::cgroup_hierarchies()
+            .iter()
+            .any(|h| h.join(&cg).exists()),
+        "the node's cgroups exist while it runs"
+    );
+    let started = Instant::now();
+    node.stop();
+    eprintln!("node stopped in {:?}", started.elapsed());
+    assert_nothing_left(&dir, &ns, &cg, &veth, &before, "stop");
+    let _ = cp.kubectl(&["delete", "node", "real-node-stop"]);
+
+    // Killed outright: the process that started the node is gone in an instant.
+    let report = run_dir("node-kill").expect("run dir").join("child.txt");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "stopping_the_node_or_killing_the_harness_leaves_nothing_behind",
+            "--nocapture",
+        ])
+        .env(CHILD, &report)
+        .spawn()
+        .expect("child starts");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let fields = loop {
+        if let Ok(text) = std::fs::read_to_string(&report)
+            && text.ends_with('\n')
+        {
+            break text.lines().map(str::to_string).collect::<Vec<_>>();
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the child exited before its node was up: {status}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child's node was not up within 240 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let [dir, net, pid, cg, veth] = &fields[..] else {
+        panic!("child report: {fields:?}");
+    };
+    let ns = (net.clone(), pid.clone());
+    assert!(!processes_in(&ns).is_empty(), "the child's node runs");
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    assert_nothing_left(Path::new(dir), &ns, cg, veth, &before, "SIGKILL");
+}
+
+/// Starts a control plane and a node, reports where they are, then waits to be killed.
+fn child_holds_a_node() {
+    let report = std::env::var(CHILD).expect("report path");
+    let cp = shared_cluster();
+    let dir = run_dir("node-child").expect("run dir");
+    let node = RealNode::start(cp, "real-node-kill", &dir).expect("the node comes up");
+    run_a_pod(cp, &node);
+    let (net, pid) = node.namespaces().expect("the node runs");
+    std::fs::write(
+        &report,
+        format!(
+            "{}\n{net}\n{pid}\n{}\n{}\n",
+            dir.display(),
+            node.cgroup_root,
+            node.host_veth
+        ),
+    )
+    .expect("report written");
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
