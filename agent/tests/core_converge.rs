@@ -6,7 +6,7 @@
 
 mod core_support;
 
-use cairn_agent::ccr::MemoryStore;
+use cairn_agent::ccr::{Key, MemoryStore, Store};
 use cairn_agent::classify::{FailureClass, classify};
 use cairn_agent::compact::{BudgetInputs, SessionState};
 use cairn_agent::history::{self, Message, Role};
@@ -44,11 +44,15 @@ impl Server {
     }
 }
 
+fn pinned_text() -> String {
+    "PINNED ".repeat(20)
+}
+
 fn history_of(body: usize, system: usize, newest: usize, verbatim: bool) -> Vec<Message> {
     let mut h = session(body);
     h[0] = Message::system("s".repeat(system.max(1)));
     if verbatim {
-        let mut pinned = Message::user("PINNED ".repeat(20));
+        let mut pinned = Message::user(pinned_text());
         pinned.meta.preserve_verbatim = true;
         h.insert(2, pinned);
     }
@@ -104,8 +108,12 @@ proptest! {
                             "estimate {} does not fit window {}", est, w
                         );
                         prop_assert!(h.last().is_some_and(|m| m.role == Role::User), "the newest message stays");
-                        if verbatim {
-                            prop_assert!(h.iter().any(|m| m.meta.preserve_verbatim), "verbatim kept");
+                        // Verbatim messages survive every level within their share of the
+                        // budget (compact::verbatim); beyond it they are archived first.
+                        if verbatim && !h.iter().any(|m| m.meta.preserve_verbatim) {
+                            let pinned = pinned_text();
+                            let archived = store.fetch(&Key::of(pinned.as_bytes())).await.ok().flatten();
+                            prop_assert_eq!(archived.as_deref(), Some(pinned.as_bytes()), "verbatim kept or archived");
                         }
                     }
                     Err(e @ RecoveryError::WindowFloor { .. }) => {

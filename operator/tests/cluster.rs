@@ -746,7 +746,8 @@ async fn delete_purges_the_archive_and_children_are_collected() {
         .await
         .expect("create s3 secret");
     let archive = |retain: bool| {
-        json!({"bucket": bucket, "endpoint": endpoint, "prefix": "cairn",
+        // No prefix: every session lives under the operator's root (`cairn`).
+        json!({"bucket": bucket, "endpoint": endpoint,
                "credentials": {"secretName": "s3"}, "retainOnDelete": retain})
     };
     let mut doomed = minimal();
