@@ -15,7 +15,6 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -219,20 +218,7 @@ pub async fn create(
         response_id: ids.id.clone(),
     });
     if !request.stream {
-        let task_state = state.clone();
-        let turn = tokio::spawn(async move {
-            let mut session = session;
-            let result = session.turn_with_options(input, options, None).await;
-            task_state.publish(&session);
-            result
-        });
-        let outcome = turn.await.map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "turn_failed",
-                format!("the turn task failed: {e}"),
-            )
-        })??;
+        let outcome = super::detached_turn(&state, session, input, options).await?;
         return Ok(axum::Json(completion(&ids, &outcome, &images)).into_response());
     }
 

@@ -175,6 +175,31 @@ fn view_of(session: &Session, status: &str) -> Value {
     })
 }
 
+/// Runs a non-streamed turn in its own task, as a streamed one runs: a client that goes away
+/// mid-turn (dropping the handler) does not cancel it; it runs to the end and is journaled,
+/// so the next request never finds a question without its answer.
+async fn detached_turn(
+    state: &AppState,
+    mut session: tokio::sync::OwnedMutexGuard<Session>,
+    input: Vec<crate::history::Message>,
+    options: crate::session::TurnOptions,
+) -> Result<crate::session::TurnOutcome, ApiError> {
+    let task_state = state.clone();
+    let turn = tokio::spawn(async move {
+        let result = session.turn_with_options(input, options, None).await;
+        task_state.publish(&session);
+        result
+    });
+    let outcome = turn.await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "turn_failed",
+            format!("the turn task failed: {e}"),
+        )
+    })??;
+    Ok(outcome)
+}
+
 /// An error answer.
 #[derive(Debug)]
 pub struct ApiError {

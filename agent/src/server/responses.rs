@@ -370,23 +370,7 @@ pub async fn create(
     });
     let store = request.store;
     if !request.stream {
-        // The turn runs in its own task, as a streamed one does: a client that goes away
-        // mid-turn (dropping this handler) does not cancel it; it runs to the end and is
-        // journaled, so the next request never finds a question without its answer.
-        let task_state = state.clone();
-        let turn = tokio::spawn(async move {
-            let mut session = session;
-            let result = session.turn_with_options(input, options, None).await;
-            task_state.publish(&session);
-            result
-        });
-        let outcome = turn.await.map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "turn_failed",
-                format!("the turn task failed: {e}"),
-            )
-        })??;
+        let outcome = super::detached_turn(&state, session, input, options).await?;
         let response = response_object(&ids, None, "completed", Some(&outcome), None);
         if store {
             state.remember(&ids.response, &response);
