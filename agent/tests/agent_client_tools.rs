@@ -356,3 +356,111 @@ async fn one_reply_mixing_built_in_and_client_calls_runs_the_built_in_and_hands_
         }
     }
 }
+
+/// Where each family's request carries the JSON Schema and the effort.
+fn format_and_effort(kind: ProviderKind, body: &Value) -> (Value, Value) {
+    let at = |p: &str| body.pointer(p).cloned().unwrap_or(Value::Null);
+    match kind {
+        ProviderKind::Openai | ProviderKind::OpenaiCompatible => (
+            at("/response_format/json_schema/schema"),
+            at("/reasoning_effort"),
+        ),
+        ProviderKind::OpenaiResponses => (at("/text/format/schema"), at("/reasoning/effort")),
+        ProviderKind::Anthropic => (
+            at("/output_config/format/schema"),
+            at("/output_config/effort"),
+        ),
+        ProviderKind::Gemini => (
+            at("/generationConfig/responseJsonSchema"),
+            at("/generationConfig/thinkingConfig/thinkingLevel"),
+        ),
+        ProviderKind::Bedrock => (Value::Null, Value::Null),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_schema_format_and_an_effort_reach_every_family_that_has_them_and_the_others_refuse()
+{
+    let sim = Sim::start().await.expect("sim");
+    let schema = json!({"type": "object", "properties": {"answer_count": {"type": "integer"}},
+                        "required": ["answer_count"], "additionalProperties": false});
+    for kind in ProviderKind::ALL {
+        sim.reset();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = storage_env(dir.path(), None);
+        let name = format!("format-{}", kind.as_str());
+        let built = build_session(&yaml(kind, &sim, &name), &env, "t").await;
+        let api = Api::new(serve(AppState::new(built.session, TOKEN)).await);
+        let responses = json!({"model": MODEL, "input": "how many?",
+            "text": {"format": {"type": "json_schema", "name": "count", "schema": schema, "strict": true}},
+            "reasoning": {"effort": "low"}});
+        // Chat Completions resends the conversation: the first turn, then the new question.
+        let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "how many?"},
+                {"role": "assistant", "content": "{\"answer_count\": 3}"},
+                {"role": "user", "content": "and now?"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "count", "schema": schema}},
+            "reasoning_effort": "low"});
+        if kind == ProviderKind::Bedrock {
+            for (path, body) in [
+                ("/v1/responses", &responses),
+                ("/v1/chat/completions", &chat),
+            ] {
+                let (status, v) = api.post(path, body.clone()).await;
+                assert_eq!(status, 400, "{path}: {v}");
+                assert_eq!(v["error"]["code"], "unsupported_by_provider", "{v}");
+                assert!(v["error"]["message"].as_str().unwrap().contains("bedrock"));
+            }
+            assert!(
+                sim.requests().is_empty(),
+                "nothing is sent for a refused setting"
+            );
+            continue;
+        }
+        sim.push_reply(ScriptedReply::text("{\"answer_count\": 3}"));
+        let (status, v) = api.post("/v1/responses", responses).await;
+        assert_eq!(status, 200, "{kind:?}: {v}");
+        assert_eq!(v["text"]["format"]["name"], "count", "echoed: {v}");
+        assert_eq!(v["reasoning"]["effort"], "low");
+        let out: Value =
+            serde_json::from_str(v["output"][0]["content"][0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(out["answer_count"], 3);
+        sim.push_reply(ScriptedReply::text("{\"answer_count\": 4}"));
+        let (status, v) = api.post("/v1/chat/completions", chat).await;
+        assert_eq!(status, 200, "{kind:?}: {v}");
+        let reqs = sim.requests();
+        assert_eq!(reqs.len(), 2, "{kind:?}");
+        for r in &reqs {
+            let body: Value = serde_json::from_str(&r.body).unwrap();
+            assert_eq!(
+                format_and_effort(kind, &body),
+                (schema.clone(), json!("low")),
+                "{kind:?}: {body}"
+            );
+        }
+    }
+    // Anthropic constrains output by a schema only.
+    sim.reset();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = storage_env(dir.path(), None);
+    let built = build_session(
+        &yaml(ProviderKind::Anthropic, &sim, "json-object"),
+        &env,
+        "t",
+    )
+    .await;
+    let api = Api::new(serve(AppState::new(built.session, TOKEN)).await);
+    let (status, v) = api
+        .post(
+            "/v1/responses",
+            json!({"input": "x", "text": {"format": {"type": "json_object"}}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("json_schema")
+    );
+    assert!(sim.requests().is_empty());
+}

@@ -62,8 +62,25 @@ impl Anthropic {
             tool_choice: anthropic_tool_choice(request),
             temperature: request.controls.temperature,
             top_p: request.controls.top_p,
+            output_config: anthropic_output_config(request),
         }
     }
+}
+
+/// Anthropic's `output_config`: the effort and the JSON Schema the answer must follow.
+fn anthropic_output_config(request: &ChatRequest) -> Option<Value> {
+    let c = &request.controls;
+    if c.format.is_none() && c.effort.is_none() {
+        return None;
+    }
+    let mut v = serde_json::json!({});
+    if let Some(e) = c.effort {
+        v["effort"] = Value::from(e.as_str());
+    }
+    if let Some(schema) = c.format.as_ref().and_then(|f| f.schema()) {
+        v["format"] = serde_json::json!({"type": "json_schema", "schema": schema});
+    }
+    Some(v)
 }
 
 /// Anthropic's `tool_choice`: `auto`, `any` (required), `tool` (named) or `none`, with
@@ -104,6 +121,8 @@ struct Body<'a> {
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output_config: Option<Value>,
 }
 
 #[derive(Serialize)]

@@ -67,6 +67,12 @@ impl Gemini {
                 max_output_tokens: request.max_output_tokens,
                 temperature: request.controls.temperature,
                 top_p: request.controls.top_p,
+                response_mime_type: request.controls.format.as_ref().map(|_| "application/json"),
+                response_json_schema: request.controls.format.as_ref().and_then(|f| f.schema()),
+                thinking_config: request
+                    .controls
+                    .effort
+                    .map(|e| serde_json::json!({"thinkingLevel": e.as_str()})),
             },
             tool_config: request
                 .controls
@@ -96,7 +102,7 @@ impl Gemini {
 #[serde(rename_all = "camelCase")]
 struct Body<'a> {
     contents: Vec<Content<'a>>,
-    generation_config: GenerationConfig,
+    generation_config: GenerationConfig<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     system_instruction: Option<SystemInstruction<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -107,12 +113,19 @@ struct Body<'a> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct GenerationConfig {
+struct GenerationConfig<'a> {
     max_output_tokens: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
+    /// `application/json` with a structured-output format.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_mime_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_json_schema: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking_config: Option<Value>,
 }
 
 /// Gemini's `toolConfig.functionCallingConfig`: `NONE`, `ANY`, or `ANY` limited to one name.

@@ -12,6 +12,7 @@ use crate::history::{Message, ToolCall};
 mod anthropic;
 mod bedrock;
 mod config;
+mod controls;
 pub mod deadline;
 pub mod eventstream;
 mod gemini;
@@ -27,6 +28,7 @@ mod wire;
 pub use anthropic::Anthropic;
 pub use bedrock::{AwsCredentials, Bedrock, BedrockAuth};
 pub use config::{BuildError, ClientOptions, Credentials, Secret, build, default_base_url};
+pub use controls::{Effort, OutputFormat, unsupported_by};
 pub use gemini::Gemini;
 pub use live::LiveProvider;
 pub use openai::OpenAiChat;
@@ -84,9 +86,18 @@ pub struct Controls {
     pub parallel_tool_calls: Option<bool>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// The shape the reply must take (sent to families that have the setting; the others
+    /// refuse the request, see [`unsupported_by`]).
+    pub format: Option<OutputFormat>,
+    pub effort: Option<Effort>,
 }
 
 impl Controls {
+    /// Bytes these settings add to every request.
+    pub fn weight(&self) -> usize {
+        self.format.as_ref().map_or(0, OutputFormat::weight)
+    }
+
     /// The tool choice to send: only with tools, and only when it is not the default.
     pub fn choice(&self, has_tools: bool) -> Option<&ToolChoice> {
         (has_tools && self.tool_choice != ToolChoice::Auto).then_some(&self.tool_choice)
@@ -364,6 +375,11 @@ mod controls_tests {
                 "top_p",
                 "topP",
                 "parallel",
+                "response_format",
+                "effort",
+                "thinking",
+                "output_config",
+                "responseMimeType",
             ] {
                 assert!(!text.contains(field), "{name}: {field} in {text}");
             }
@@ -377,6 +393,7 @@ mod controls_tests {
             parallel_tool_calls: Some(false),
             temperature: Some(0.5),
             top_p: Some(0.25),
+            ..Controls::default()
         };
         let b: std::collections::HashMap<_, _> = bodies(controls).into_iter().collect();
         assert_eq!(
@@ -408,6 +425,47 @@ mod controls_tests {
             json!({"tool": {"name": "read_file"}})
         );
         assert_eq!(b["bedrock"]["inferenceConfig"]["temperature"], json!(0.5));
+    }
+
+    #[test]
+    fn a_json_schema_format_and_an_effort_reach_the_families_that_have_them() {
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        let b: std::collections::HashMap<_, _> = bodies(Controls {
+            format: Some(OutputFormat::JsonSchema {
+                name: "count".into(),
+                description: None,
+                schema: schema.clone(),
+                strict: Some(true),
+            }),
+            effort: Some(Effort::Low),
+            ..Controls::default()
+        })
+        .into_iter()
+        .collect();
+        assert_eq!(
+            b["chat"]["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "count", "schema": schema, "strict": true}})
+        );
+        assert_eq!(b["chat"]["reasoning_effort"], json!("low"));
+        assert_eq!(
+            b["responses"]["text"],
+            json!({"format": {"type": "json_schema", "name": "count", "schema": schema, "strict": true}})
+        );
+        assert_eq!(b["responses"]["reasoning"], json!({"effort": "low"}));
+        assert_eq!(
+            b["anthropic"]["output_config"],
+            json!({"effort": "low", "format": {"type": "json_schema", "schema": schema}})
+        );
+        let g = &b["gemini"]["generationConfig"];
+        assert_eq!(g["responseMimeType"], json!("application/json"));
+        assert_eq!(g["responseJsonSchema"], schema);
+        assert_eq!(g["thinkingConfig"], json!({"thinkingLevel": "low"}));
+        // Bedrock refuses both before anything is sent (`unsupported_by`).
+        let bedrock = b["bedrock"].to_string();
+        assert!(
+            !bedrock.contains("count") && !bedrock.contains("low"),
+            "{bedrock}"
+        );
     }
 
     #[test]

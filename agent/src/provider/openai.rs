@@ -82,6 +82,8 @@ impl OpenAiChat {
             parallel_tool_calls: request.controls.parallel(!request.tools.is_empty()),
             temperature: request.controls.temperature,
             top_p: request.controls.top_p,
+            response_format: request.controls.format.as_ref().map(|f| f.chat_format()),
+            reasoning_effort: request.controls.effort.map(|e| e.as_str()),
         }
     }
 }
@@ -108,6 +110,10 @@ struct Body<'a> {
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<&'static str>,
 }
 
 /// `tool_choice` of Chat Completions.

@@ -97,6 +97,15 @@ impl OpenAiResponses {
             parallel_tool_calls: request.controls.parallel(!request.tools.is_empty()),
             temperature: request.controls.temperature,
             top_p: request.controls.top_p,
+            text: request
+                .controls
+                .format
+                .as_ref()
+                .map(|f| serde_json::json!({"format": f.responses_format()})),
+            reasoning: request
+                .controls
+                .effort
+                .map(|e| serde_json::json!({"effort": e.as_str()})),
         }
     }
 }
@@ -131,6 +140,10 @@ struct Body<'a> {
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning: Option<Value>,
 }
 
 #[derive(Serialize)]

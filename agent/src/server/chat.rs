@@ -42,6 +42,8 @@ const KNOWN_FIELDS: &[&str] = &[
     "top_p",
     "n",
     "user",
+    "response_format",
+    "reasoning_effort",
 ];
 
 /// Text of one content delta chunk.
@@ -116,6 +118,8 @@ fn parse_request(body: &Value) -> Result<Request, ApiError> {
                 parallel_tool_calls: items::opt_bool(obj, "parallel_tool_calls")?,
                 temperature: items::opt_f64(obj, "temperature", 0.0..=2.0)?,
                 top_p: items::opt_f64(obj, "top_p", 0.0..=1.0)?,
+                format: items::output_format(obj, Api::Chat)?,
+                effort: items::effort(obj, Api::Chat)?,
             },
             max_output_tokens,
             ledger: None,
@@ -202,6 +206,7 @@ pub async fn create(
     let request = parse_request(&body)?;
     state.check_owned()?;
     let session = state.session.clone().try_lock_owned().map_err(|_| busy())?;
+    super::check_controls(&session, &request.options.controls)?;
     let (mut input, held) = reconciled(session.ledger(), Api::Chat, &request.input, None)?;
     let images = items::prepare_images(&mut input, state.store.as_ref()).await?;
     let ids = Ids {
@@ -328,14 +333,33 @@ mod tests {
         .unwrap();
         assert!(ok.include_usage);
         assert_eq!(ok.options.max_output_tokens, Some(50));
+        let structured = parse_request(&json!({
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}},
+            "reasoning_effort": "minimal"
+        }))
+        .ok()
+        .unwrap();
+        let c = &structured.options.controls;
+        assert_eq!(c.effort, Some(crate::provider::Effort::Minimal));
+        assert_eq!(
+            c.format.as_ref().map(|f| f.chat_format()),
+            Some(
+                json!({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}})
+            )
+        );
         for (body, named) in [
             (
                 json!({"messages": [{"role": "user", "content": "x"}], "n": 2}),
                 "n",
             ),
             (
-                json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
+                json!({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}),
                 "response_format",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}),
+                "reasoning effort",
             ),
             (
                 json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}),

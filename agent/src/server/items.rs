@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value};
 
 use crate::history::Image;
-use crate::provider::{ToolChoice, ToolSpec};
+use crate::provider::{Effort, OutputFormat, ToolChoice, ToolSpec};
 use crate::replay::{Api, Incoming, Item, ItemRole};
 
 use super::ApiError;
@@ -442,6 +442,113 @@ pub fn function_tools(obj: &Map<String, Value>, api: Api) -> Result<Vec<ToolSpec
         });
     }
     Ok(out)
+}
+
+/// The answer's format: `text.format` of the Responses API or `response_format` of Chat
+/// Completions; `None` for plain text.
+pub fn output_format(obj: &Map<String, Value>, api: Api) -> Result<Option<OutputFormat>, ApiError> {
+    let (format, at) = match api {
+        Api::Responses => match field(obj, "text") {
+            None => return Ok(None),
+            Some(Value::Object(text)) => {
+                if let Some((k, _)) = text
+                    .iter()
+                    .find(|(k, v)| !v.is_null() && k.as_str() != "format")
+                {
+                    return Err(bad(
+                        "unsupported_field",
+                        format!("text.{k}: only text.format is supported"),
+                    ));
+                }
+                (field(text, "format"), "text.format")
+            }
+            Some(_) => return Err(bad("invalid_field", "text must be an object")),
+        },
+        Api::Chat => (field(obj, "response_format"), "response_format"),
+    };
+    let Some(format) = format else {
+        return Ok(None);
+    };
+    let ty = format.get("type").and_then(Value::as_str);
+    let def = match (ty, api) {
+        (Some("text"), _) => return Ok(None),
+        (Some("json_object"), _) => return Ok(Some(OutputFormat::JsonObject)),
+        (Some("json_schema"), Api::Responses) => format,
+        (Some("json_schema"), Api::Chat) => format.get("json_schema").unwrap_or(&Value::Null),
+        _ => {
+            return Err(bad(
+                "invalid_field",
+                format!("{at}.type must be one of text, json_object, json_schema"),
+            ));
+        }
+    };
+    let name = req_str(def, "name", at)?;
+    let schema = match def.get("schema") {
+        Some(s @ Value::Object(_)) => s.clone(),
+        _ => {
+            return Err(bad(
+                "invalid_field",
+                format!("{at}: a json_schema format needs `schema`, a JSON Schema object"),
+            ));
+        }
+    };
+    let strict = match def.get("strict") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => {
+            return Err(bad(
+                "invalid_field",
+                format!("{at}.strict must be a boolean"),
+            ));
+        }
+    };
+    Ok(Some(OutputFormat::JsonSchema {
+        name: name.to_owned(),
+        description: def
+            .get("description")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        schema,
+        strict,
+    }))
+}
+
+/// The reasoning effort: `reasoning.effort` of the Responses API or `reasoning_effort` of
+/// Chat Completions.
+pub fn effort(obj: &Map<String, Value>, api: Api) -> Result<Option<Effort>, ApiError> {
+    let value = match api {
+        Api::Responses => match field(obj, "reasoning") {
+            None => return Ok(None),
+            Some(Value::Object(r)) => {
+                if let Some((k, _)) = r
+                    .iter()
+                    .find(|(k, v)| !v.is_null() && k.as_str() != "effort")
+                {
+                    return Err(bad(
+                        "unsupported_field",
+                        format!(
+                            "reasoning.{k}: only reasoning.effort is supported (the session returns no reasoning summaries)"
+                        ),
+                    ));
+                }
+                field(r, "effort")
+            }
+            Some(_) => return Err(bad("invalid_field", "reasoning must be an object")),
+        },
+        Api::Chat => field(obj, "reasoning_effort"),
+    };
+    match value {
+        None => Ok(None),
+        Some(v) => v.as_str().and_then(Effort::parse).map(Some).ok_or_else(|| {
+            bad(
+                "invalid_field",
+                format!(
+                    "reasoning effort must be one of {}",
+                    Effort::NAMES.join(", ")
+                ),
+            )
+        }),
+    }
 }
 
 /// `tool_choice`: `auto`, `none`, `required` or a named function among the client's tools.

@@ -175,6 +175,23 @@ fn view_of(session: &Session, status: &str) -> Value {
     })
 }
 
+/// Refuses an output format or reasoning effort the session's provider family cannot
+/// honour, before anything is sent.
+fn check_controls(session: &Session, controls: &crate::provider::Controls) -> Result<(), ApiError> {
+    match crate::provider::unsupported_by(
+        session.live().spec.provider.kind,
+        controls.format.as_ref(),
+        controls.effort,
+    ) {
+        Some(message) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unsupported_by_provider",
+            message,
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Runs a non-streamed turn in its own task, as a streamed one runs: a client that goes away
 /// mid-turn (dropping the handler) does not cancel it; it runs to the end and is journaled,
 /// so the next request never finds a question without its answer.

@@ -1,16 +1,15 @@
-//! `POST /v1/responses`: the subset of the OpenAI Responses API that drives a session.
+//! `POST /v1/responses`: the OpenAI Responses API on a session (docs/agent.md "Responses
+//! API" lists every field: what is sent on, what is echoed, what is refused).
 //!
-//! Accepted: `input` as a string or a list of message items (`{"role", "content"}` with a
-//! string or `input_text` parts; `type: "message"` optional), `stream`, `model` (echoed;
-//! the session's model answers). `instructions`, `tools` and sampling parameters are
-//! ignored: the session's spec decides them. The answer is a Response object whose `output`
-//! holds one assistant message with one `output_text` part; with `stream: true` the same
-//! arrives as the SSE events the OpenAI SDKs expect (`response.created`, `.in_progress`,
-//! `.output_item.added`, `.content_part.added`, `.output_text.delta`, `.output_text.done`,
-//! `.content_part.done`, `.output_item.done`, `.completed`; `.failed` on error), the text
-//! forwarded as the provider sends it and each notice as a `response.cairn.notice` event
-//! when it happens. Only `response.completed` acknowledges the turn: it is sent once the
-//! turn is in the journal.
+//! The input is reconciled with the session's ledger (`crate::replay`), so incremental and
+//! replaying clients both append each item once. The answer is a Response object whose
+//! `output` holds the assistant message and one `function_call` item per call of a client
+//! tool; with `stream: true` the same arrives as the SSE events the OpenAI SDKs parse
+//! (`response.created`, `.in_progress`, the message's `.output_item.*`, `.content_part.*`
+//! and `.output_text.*` events, the function-call events, `.completed`; `.failed` on
+//! error), the text forwarded as the provider sends it and each notice as a
+//! `response.cairn.notice` event when it happens. Only `response.completed` acknowledges
+//! the turn: it is sent once the turn is in the journal.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -96,6 +95,8 @@ pub struct Echo {
     store: bool,
     previous_response_id: Value,
     truncation: Value,
+    text: Value,
+    reasoning: Value,
     /// Images shrunk before they entered the session (`cairn.images`).
     images: Vec<Value>,
 }
@@ -119,6 +120,8 @@ pub fn parse_request(body: &Value) -> Result<Request, ApiError> {
         parallel_tool_calls: items::opt_bool(obj, "parallel_tool_calls")?,
         temperature: items::opt_f64(obj, "temperature", 0.0..=2.0)?,
         top_p: items::opt_f64(obj, "top_p", 0.0..=1.0)?,
+        format: items::output_format(obj, Api::Responses)?,
+        effort: items::effort(obj, Api::Responses)?,
     };
     let instructions = items::opt_str(obj, "instructions")?
         .filter(|s| !s.is_empty())
@@ -126,19 +129,6 @@ pub fn parse_request(body: &Value) -> Result<Request, ApiError> {
     let max_output_tokens = items::opt_tokens(obj, "max_output_tokens")?;
     let metadata = items::metadata(obj)?;
     let previous_response_id = items::opt_str(obj, "previous_response_id")?.map(str::to_owned);
-    match field(obj, "text").map(|t| (t.get("format"), t)) {
-        None => {}
-        Some((f, t))
-            if t.as_object()
-                .is_some_and(|o| o.keys().all(|k| k == "format"))
-                && f.is_none_or(|f| f.get("type").and_then(Value::as_str) == Some("text")) => {}
-        Some(_) => {
-            return Err(bad(
-                "unsupported_field",
-                "text: only the plain text format ({\"format\": {\"type\": \"text\"}}) is supported; json_schema, json_object and verbosity are not",
-            ));
-        }
-    }
     match field(obj, "include") {
         None => {}
         Some(Value::Array(a)) if a.is_empty() => {}
@@ -155,16 +145,6 @@ pub fn parse_request(body: &Value) -> Result<Request, ApiError> {
             return Err(bad(
                 "invalid_field",
                 format!("truncation {t:?} is not one of disabled, auto"),
-            ));
-        }
-    }
-    match field(obj, "reasoning") {
-        None => {}
-        Some(Value::Object(o)) if o.values().all(Value::is_null) => {}
-        Some(_) => {
-            return Err(bad(
-                "unsupported_field",
-                "reasoning: reasoning settings are not supported by this session (omit the field)",
             ));
         }
     }
@@ -186,6 +166,11 @@ pub fn parse_request(body: &Value) -> Result<Request, ApiError> {
         store,
         previous_response_id: json!(previous_response_id),
         truncation: json!(items::opt_str(obj, "truncation")?.unwrap_or("disabled")),
+        text: json!({"format": controls
+            .format
+            .as_ref()
+            .map_or_else(|| json!({"type": "text"}), |f| f.responses_format())}),
+        reasoning: json!({"effort": controls.effort.map(|e| e.as_str())}),
         images: Vec::new(),
     };
     Ok(Request {
@@ -294,7 +279,8 @@ fn response_object(
         "top_p": e.top_p,
         "tool_choice": e.tool_choice,
         "tools": e.tools,
-        "text": {"format": {"type": "text"}},
+        "text": e.text,
+        "reasoning": e.reasoning,
         "truncation": e.truncation,
         "cairn": {
             "notices": outcome.map(|o| o.notices.clone()).unwrap_or_default(),
@@ -344,6 +330,7 @@ pub async fn create(
     let request = parse_request(&body)?;
     state.check_owned()?;
     let session = state.session.clone().try_lock_owned().map_err(|_| busy())?;
+    super::check_controls(&session, &request.options.controls)?;
     let (mut input, held) = reconciled(
         session.ledger(),
         Api::Responses,
@@ -710,8 +697,16 @@ mod tests {
                 "text",
             ),
             (
-                json!({"input": "x", "reasoning": {"effort": "high"}}),
-                "reasoning",
+                json!({"input": "x", "reasoning": {"summary": "auto"}}),
+                "reasoning.summary",
+            ),
+            (
+                json!({"input": "x", "reasoning": {"effort": "maximal"}}),
+                "minimal, low",
+            ),
+            (
+                json!({"input": "x", "text": {"verbosity": "low"}}),
+                "text.verbosity",
             ),
             (
                 json!({"input": "x", "include": ["reasoning.encrypted_content"]}),
@@ -739,6 +734,20 @@ mod tests {
         assert_eq!(ok.options.controls.parallel_tool_calls, Some(false));
         assert_eq!(ok.options.max_output_tokens, Some(100));
         assert!(!ok.store);
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        let structured = parse_request(&json!({
+            "input": "x", "reasoning": {"effort": "high", "summary": null},
+            "text": {"format": {"type": "json_schema", "name": "count", "schema": schema, "strict": true}}
+        }))
+        .ok()
+        .unwrap();
+        let controls = &structured.options.controls;
+        assert_eq!(controls.effort, Some(crate::provider::Effort::High));
+        assert_eq!(
+            controls.format.as_ref().map(|f| f.responses_format()),
+            Some(json!({"type": "json_schema", "name": "count", "schema": schema, "strict": true}))
+        );
+        assert_eq!(structured.echo.text["format"]["name"], json!("count"));
     }
 
     fn ids() -> Ids {

@@ -78,6 +78,7 @@ impl TurnOptions {
     pub fn reserve_bytes(&self) -> usize {
         self.tools.iter().map(ToolSpec::weight).sum::<usize>()
             + self.instructions.as_ref().map_or(0, String::len)
+            + self.controls.weight()
     }
 
     fn is_client_tool(&self, name: &str) -> bool {
@@ -472,9 +473,11 @@ impl Session {
 
         let mut tool_specs = tools::catalog();
         tool_specs.extend(self.options.tools.iter().cloned());
-        // The client's tools and instructions are as uncompactable as the built-in catalog.
-        let tools_bytes: usize = tool_specs.iter().map(|t| t.weight()).sum::<usize>()
-            + self.options.instructions.as_ref().map_or(0, String::len);
+        // The client's tools, instructions and output format are as uncompactable as the
+        // built-in catalog.
+        let tools_bytes: usize = tool_specs.iter().map(ToolSpec::weight).sum::<usize>()
+            + self.options.instructions.as_ref().map_or(0, String::len)
+            + self.options.controls.weight();
         let model_max = match self.options.max_output_tokens {
             Some(client) => live.limits.max_output_tokens.min(client).max(1),
             None => live.limits.max_output_tokens.max(1),
