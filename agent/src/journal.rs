@@ -51,7 +51,9 @@
 //! # Size
 //!
 //! The next entry is a checkpoint when the live journal (the chain's checkpoint and the
-//! deltas since) would otherwise exceed 1.5 checkpoints plus [`CHECKPOINT_SLACK`]; once a
+//! deltas since) would otherwise exceed 1.5 checkpoints plus [`CHECKPOINT_SLACK`] (a
+//! checkpoint's size counts its state, whose replay ledger a delta only extends:
+//! [`Entry::replay_at`]); once a
 //! checkpoint is confirmed, every entry before it is deleted. A checkpoint carries the undo
 //! record of the last compaction, so rewind survives the collection. With the session's
 //! archive ([`Journal::open_archiving`]) an undo record names an archived segment of the
@@ -84,8 +86,8 @@ const CLAIM_READS_IN_FLIGHT: usize = 16;
 /// Bytes of deltas allowed past the size rule, so a small history is not checkpointed on
 /// every turn.
 pub const CHECKPOINT_SLACK: u64 = 64 * 1024;
-/// Serialized bytes of an entry besides its messages (names, state, records), for the size
-/// rule.
+/// Serialized bytes of an entry besides its messages and state (names, records), for the
+/// size rule.
 const ENTRY_OVERHEAD: u64 = 512;
 
 /// Why the journal could not be read or written.
@@ -506,6 +508,11 @@ pub struct Entry {
     pub tail: Option<[usize; 2]>,
     #[serde(default)]
     pub state: PersistedState,
+    /// Items of the base's replay ledger this entry keeps; `state.replay.items` then holds
+    /// only the items after them (the ledger only grows between checkpoints, so a delta
+    /// carries what is new, not the whole ledger). `None`: `state.replay` is whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_at: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub compactions: Vec<CompactionRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -534,6 +541,8 @@ struct EntryOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     tail: Option<[usize; 2]>,
     state: &'a PersistedState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replay_at: Option<usize>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     compactions: &'a [CompactionRecord],
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -691,7 +700,8 @@ async fn load_undo(
 }
 
 /// Serialized size of a message, for the size rule.
-fn json_len(m: &Message) -> u64 {
+/// Serialized bytes of `v`.
+fn json_len<T: Serialize>(v: &T) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -703,12 +713,12 @@ fn json_len(m: &Message) -> u64 {
         }
     }
     let mut c = Count(0);
-    let _ = serde_json::to_writer(&mut c, m);
+    let _ = serde_json::to_writer(&mut c, v);
     c.0
 }
 
 fn undo_bytes(stored: &StoredUndo) -> u64 {
-    stored.pre.iter().map(json_len).sum()
+    stored.pre.iter().map(json_len::<Message>).sum()
 }
 
 /// An epoch claim.
@@ -1210,7 +1220,7 @@ impl Journal {
         &self,
         seq: u64,
         history: &[Message],
-        change: Change,
+        mut change: Change,
         new_undo: Option<StoredUndo>,
     ) -> Result<(Vec<u8>, bool, Next), JournalError> {
         let old = &self.view;
@@ -1239,7 +1249,9 @@ impl Journal {
             (None, None) => None,
         };
         let rewind_bytes = carried.as_ref().map_or(0, undo_bytes);
-        let checkpoint_size = sizes.iter().sum::<u64>() + rewind_bytes + ENTRY_OVERHEAD;
+        // The state (with the whole replay ledger) is part of what a checkpoint writes.
+        let checkpoint_size =
+            sizes.iter().sum::<u64>() + rewind_bytes + json_len(&change.state) + ENTRY_OVERHEAD;
         let delta_size = delta_sizes.iter().sum::<u64>()
             + new_undo.as_ref().map_or(0, undo_bytes)
             + ENTRY_OVERHEAD;
@@ -1247,6 +1259,20 @@ impl Journal {
             || (at == 0 && tail.is_none())
             || old.chain.deltas + 1 >= CHECKPOINT_EVERY
             || old.chain.live_bytes() + delta_size > checkpoint_size * 3 / 2 + CHECKPOINT_SLACK;
+        // A delta carries the ledger items after those it shares with its base.
+        let kept = old
+            .state
+            .replay
+            .items
+            .iter()
+            .zip(&change.state.replay.items)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let replay_at = (!full && kept > 0).then_some(kept);
+        let whole_ledger = replay_at.map(|at| {
+            let suffix = change.state.replay.items.split_off(at);
+            std::mem::replace(&mut change.state.replay.items, suffix)
+        });
         let out = if full {
             EntryOut {
                 epoch: self.token.epoch,
@@ -1257,6 +1283,7 @@ impl Journal {
                 messages: history,
                 tail: None,
                 state: &change.state,
+                replay_at: None,
                 compactions: &change.compactions,
                 undo: carried.clone(),
                 rewinds,
@@ -1271,6 +1298,7 @@ impl Journal {
                 messages: delta,
                 tail,
                 state: &change.state,
+                replay_at,
                 compactions: &change.compactions,
                 undo: new_undo.clone(),
                 rewinds,
@@ -1280,6 +1308,10 @@ impl Journal {
             name: "new entry".into(),
             reason: e.to_string(),
         })?;
+        if let Some(mut items) = whole_ledger {
+            items.append(&mut change.state.replay.items);
+            change.state.replay.items = items;
+        }
         let mut chain = old.chain.clone();
         chain.add(seq, body.len() as u64, full);
         let rewindable = match (change.undo, change.rewinds, new_undo) {
@@ -1591,7 +1623,20 @@ pub async fn rebuild_with(
         if entry.rewinds.is_some() {
             last_undo = None;
         }
-        out.state = entry.state;
+        let mut state = entry.state;
+        if let Some(kept) = entry.replay_at {
+            let base = &out.state.replay.items;
+            let Some(prefix) = base.get(..kept) else {
+                return Err(corrupt(format!(
+                    "keeps {kept} replay items of a base that holds {}",
+                    base.len()
+                )));
+            };
+            let mut items = prefix.to_vec();
+            items.append(&mut state.replay.items);
+            state.replay.items = items;
+        }
+        out.state = state;
         out.entries += 1;
         out.last_seq = Some(seq);
     }
@@ -1770,6 +1815,100 @@ mod tests {
         assert_eq!(decode_undo(stored, &post).unwrap(), undo);
     }
 
+    /// The name and body of entry `seq`.
+    fn entry_of(objects: &Mem, seq: u64) -> (String, Vec<u8>) {
+        let o = objects.objects.lock().unwrap();
+        o.iter()
+            .find(|(n, _)| parse_entry_name(n).is_some_and(|(_, s, _)| s == seq))
+            .map(|(n, b)| (n.clone(), b.clone()))
+            .unwrap()
+    }
+
+    fn ledger(n: u64) -> crate::replay::Ledger {
+        crate::replay::Ledger {
+            items: (0..n)
+                .map(|i| crate::replay::Held {
+                    fingerprint: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    kind: crate::replay::Kind::User,
+                    raw: None,
+                    output: i % 2 == 1,
+                    id: (i % 2 == 1).then(|| format!("msg_{i:032}")),
+                })
+                .collect(),
+            responses: vec![format!("resp_{n}")],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delta_carries_only_the_new_ledger_items_and_the_rebuild_joins_them() {
+        let objects = Arc::new(Mem::default());
+        let (mut j, _) = open(&objects, "a").await;
+        let mut history = Vec::new();
+        let mut bodies = Vec::new();
+        for turn in 1..=8u64 {
+            history.push(Message::user(format!("question {turn}")));
+            let mut c = change();
+            c.state.replay = ledger(turn * 200);
+            let seq = j.write(&history, c).await.unwrap().unwrap();
+            let (name, body) = entry_of(&objects, seq);
+            if parse_entry_name(&name).is_some_and(|(_, _, full)| !full) {
+                bodies.push(body.len());
+            }
+            assert_eq!(
+                j.state().replay,
+                ledger(turn * 200),
+                "the live view is whole"
+            );
+        }
+        // Each delta carries its 200 new items, not the growing ledger (a checkpoint
+        // carries it whole).
+        assert!(bodies.len() >= 4, "{bodies:?}");
+        let (first, deltas) = (bodies[0], &bodies[1..]);
+        for d in deltas {
+            assert!(
+                d.abs_diff(first) < first / 4,
+                "entry sizes {bodies:?}: a delta grew with the ledger"
+            );
+        }
+        let r = rebuild(objects.as_ref()).await.unwrap();
+        assert_eq!(r.state.replay, ledger(1600));
+        // A ledger that went back (a failed turn's input taken out) is spliced too.
+        history.push(Message::user("after"));
+        let mut c = change();
+        c.state.replay = ledger(1500);
+        j.write(&history, c).await.unwrap();
+        assert_eq!(
+            rebuild(objects.as_ref()).await.unwrap().state.replay,
+            ledger(1500)
+        );
+        // An entry that claims more of its base than the base holds is corrupt, not guessed.
+        // (A large ledger does not make every entry a checkpoint: one of the next few is a
+        // delta.)
+        let mut tries = 0;
+        let (name, mut entry) = loop {
+            tries += 1;
+            assert!(tries <= 4, "every entry was a checkpoint");
+            let mut c = change();
+            c.state.replay = ledger(1500 + history.len() as u64);
+            history.push(Message::user("more"));
+            let seq = j.write(&history, c).await.unwrap().unwrap();
+            let (name, body) = entry_of(&objects, seq);
+            let entry: Entry = serde_json::from_slice(&body).unwrap();
+            if !entry.is_checkpoint() {
+                break (name, entry);
+            }
+        };
+        assert!(
+            entry.replay_at.is_some_and(|n| n >= 1500),
+            "{:?}",
+            entry.replay_at
+        );
+        entry.replay_at = Some(5000);
+        objects.raw_put(&name, serde_json::to_vec(&entry).unwrap());
+        let err = rebuild(objects.as_ref()).await.unwrap_err();
+        assert!(err.to_string().contains("replay items"), "{err}");
+    }
+
     #[tokio::test]
     async fn splices_replay_and_stale_epochs_are_ignored() {
         let objects = Arc::new(Mem::default());
@@ -1899,6 +2038,7 @@ mod tests {
             messages: users(&["s"]),
             tail: None,
             state: PersistedState::default(),
+            replay_at: None,
             compactions: vec![],
             undo: None,
             rewinds: None,
