@@ -381,6 +381,9 @@ pub struct PersistedState {
     /// The items a served session accepted and its recent response ids (`crate::replay`).
     #[serde(default, skip_serializing_if = "crate::replay::Ledger::is_empty")]
     pub replay: crate::replay::Ledger,
+    /// What the cheap passes changed so far (`status.session.passes`).
+    #[serde(default)]
+    pub passes: cairn_crds::session::PassStats,
 }
 
 impl PersistedState {
@@ -405,6 +408,7 @@ impl PersistedState {
                 .then(|| (state.chars_per_token.get(), state.chars_per_token.samples())),
             truncated_replies: state.truncated_replies,
             replay: crate::replay::Ledger::default(),
+            passes: Default::default(),
         }
     }
 

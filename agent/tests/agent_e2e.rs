@@ -164,6 +164,16 @@ async fn recall_of_an_archived_tool_output_is_identical_through_the_tool_and_the
     assert_eq!(status, 404);
     let (status, _) = api.get("/v1/recall/not-a-key").await;
     assert_eq!(status, 400);
+
+    // The pass counters are part of the session's status and survive a restart.
+    let passes = api.session().await["stats"]["passes"].clone();
+    assert!(
+        passes["microcompacted"].as_u64().unwrap_or(0) > 0,
+        "{passes}"
+    );
+    let reopened = build_session(&yaml, &env, "b").await;
+    let stats = serde_json::to_value(reopened.session.stats()).expect("stats");
+    assert_eq!(stats["passes"], passes, "rebuilt from the journal");
 }
 
 /// A history of `n` 5-KB exchanges.

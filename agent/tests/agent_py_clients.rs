@@ -369,11 +369,11 @@ async fn agent_run(mode: &str) {
     eprintln!(
         "{mode}: {} model calls, {items} items sent, passes {}, {} compactions, {} bytes of history",
         calls + 1,
-        session["passes"],
+        session["stats"]["passes"],
         session["stats"]["compactions"],
         session["stats"]["historyBytes"]
     );
-    let passes = &session["passes"];
+    let passes = &session["stats"]["passes"];
     for pass in ["microcompacted", "deduplicated", "toolResultsCut"] {
         assert!(passes[pass].as_u64().unwrap_or(0) > 0, "{pass}: {session}");
     }

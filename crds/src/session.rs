@@ -433,6 +433,9 @@ pub struct SessionStats {
     /// Token usage reported by the provider.
     #[serde(default)]
     pub tokens: TokenStats,
+    /// Messages the cheap compaction passes changed over the session's life.
+    #[serde(default)]
+    pub passes: PassStats,
     /// Where the context headroom of the next request stands against the policy's buffers
     /// (the operator's ContextHeadroom condition and its Events follow it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -441,6 +444,21 @@ pub struct SessionStats {
     /// with what it does instead (the operator's PolicySupported condition follows it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unsupported: Vec<UnsupportedSetting>,
+}
+
+/// What the cheap passes did (counted over the session's life, journaled).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PassStats {
+    /// Old tool results truncated or summarized by microcompact.
+    #[serde(default)]
+    pub microcompacted: u64,
+    /// Repeated reads replaced by a reference to the newer one.
+    #[serde(default)]
+    pub deduplicated: u64,
+    /// Tool results cut to the per-result or per-turn budget in a request.
+    #[serde(default)]
+    pub tool_results_cut: u64,
 }
 
 /// A setting the running agent cannot honour.

@@ -155,7 +155,6 @@ fn view_of(session: &Session, status: &str) -> Value {
         "payloadCap": live.payload_cap,
         "journalEpoch": session.journal_epoch(),
         "stats": session.stats(),
-        "passes": session.passes(),
         "replay": {
             "items": session.ledger().items.len(),
             "latestResponse": session.ledger().latest_response(),

@@ -150,21 +150,13 @@ pub struct Session {
     ledger: Ledger,
     /// The client's part of the turn in progress (its tools, instructions, controls).
     options: TurnOptions,
-    /// What the cheap passes did since the agent started.
+    /// What the cheap passes did over the session's life.
     passes: PassCounters,
 }
 
-/// Messages the cheap passes changed since the agent started (`GET /v1/session` `passes`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PassCounters {
-    /// Old tool results truncated or summarized by microcompact.
-    pub microcompacted: u64,
-    /// Repeated reads replaced by a reference to the newer one.
-    pub deduplicated: u64,
-    /// Tool results cut to the per-result or per-turn budget in a request.
-    pub tool_results_cut: u64,
-}
+/// Messages the cheap passes changed over the session's life (`status.session.passes`,
+/// journaled with the session state).
+pub type PassCounters = cairn_crds::session::PassStats;
 
 impl Session {
     /// Claims the journal (fencing any earlier writer) and rebuilds the history from it.
@@ -229,7 +221,7 @@ impl Session {
             archive_check: Arc::default(),
             ledger: rebuilt.state.replay.clone(),
             options: TurnOptions::default(),
-            passes: PassCounters::default(),
+            passes: rebuilt.state.passes,
         };
         s.publish_gauges();
         Ok(s)
@@ -238,11 +230,6 @@ impl Session {
     /// The conversation as the API clients see it (what a replayed input is matched with).
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
-    }
-
-    /// What the cheap passes did since the agent started.
-    pub fn passes(&self) -> PassCounters {
-        self.passes
     }
 
     pub fn history(&self) -> &[Message] {
@@ -418,6 +405,7 @@ impl Session {
             ],
         );
         state.replay = self.ledger.clone();
+        state.passes = self.passes;
         let change = Change {
             state,
             compactions,
@@ -654,6 +642,7 @@ impl Session {
                 output: self.tokens.output_tokens,
                 cache_read: self.tokens.cache_read_tokens,
             },
+            passes: self.passes,
             headroom: Some(self.headroom()),
             unsupported: crate::config::unsupported(&self.live),
         }
