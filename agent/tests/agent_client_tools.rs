@@ -464,3 +464,85 @@ async fn a_json_schema_format_and_an_effort_reach_every_family_that_has_them_and
     );
     assert!(sim.requests().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_responses_outlive_a_restart_and_only_the_recent_ones_are_kept() {
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = storage_env(dir.path(), None);
+    let yaml = yaml(ProviderKind::Openai, &sim, "stored");
+    let built = build_session(&yaml, &env, "a").await;
+    let api = Api::new(serve(AppState::new(built.session, TOKEN)).await);
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        sim.push_reply(ScriptedReply::text(&format!("answer {i}")));
+        let (s, v) = api
+            .post("/v1/responses", json!({"input": format!("question {i}")}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        ids.push(v);
+    }
+    sim.push_reply(ScriptedReply::text("not kept"));
+    let (_, unstored) = api
+        .post("/v1/responses", json!({"input": "q", "store": false}))
+        .await;
+
+    // Another agent process takes the session over from the same storage.
+    let reopened = build_session(&yaml, &env, "b").await;
+    let api = Api::new(serve(AppState::new(reopened.session, TOKEN)).await);
+    for v in &ids {
+        let (s, body) = api
+            .get(&format!("/v1/responses/{}", v["id"].as_str().unwrap()))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let got: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(got, *v, "the stored Response object, as it was answered");
+    }
+    let (s, _) = api
+        .get(&format!(
+            "/v1/responses/{}",
+            unstored["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(s, 404, "store: false is not kept");
+    // An id the session cannot have issued never reaches the store.
+    for bad in ["resp_..%2F..%2Fclaims", "resp_0123"] {
+        let (s, _) = api.get(&format!("/v1/responses/{bad}")).await;
+        assert_eq!(s, 404, "{bad}");
+    }
+    // The newest RECENT_RESPONSES are kept, the older ones deleted from the store.
+    let recent = cairn_agent::server::RECENT_RESPONSES;
+    for i in 0..recent {
+        sim.push_reply(ScriptedReply::text(&format!("more {i}")));
+        let (s, v) = api
+            .post("/v1/responses", json!({"input": format!("more {i}")}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let stored = stored_responses(dir.path());
+    assert!(
+        (1..=recent).contains(&stored),
+        "{stored} stored responses for a limit of {recent}"
+    );
+    let (s, _) = api
+        .get(&format!("/v1/responses/{}", ids[0]["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(s, 404, "the oldest was evicted");
+}
+
+/// Files in every `responses` directory under `root`.
+fn stored_responses(root: &std::path::Path) -> usize {
+    let mut n = 0;
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if d.file_name().is_some_and(|f| f == "responses") {
+                n += 1;
+            }
+        }
+    }
+    n
+}

@@ -50,12 +50,26 @@ pub struct AppState {
     view: Arc<RwLock<Value>>,
     lost: Arc<RwLock<Option<String>>>,
     stats_tx: Arc<watch::Sender<Option<SessionStats>>>,
-    /// The newest stored Response objects, for `GET /v1/responses/{id}`.
-    recent: Arc<RwLock<std::collections::VecDeque<(String, Value)>>>,
+    /// The ids of the newest stored Response objects, oldest first, for `GET
+    /// /v1/responses/{id}`: with the object when this process answered it, `None` for one of
+    /// an earlier run (read from the store).
+    recent: Arc<RwLock<std::collections::VecDeque<(String, Option<Value>)>>>,
+    /// Where they are kept across restarts: the journal's store, under `responses/`.
+    responses: Arc<dyn crate::journal::ObjectStore>,
+    /// Whether this process has deleted what earlier runs stored beyond `recent`.
+    swept: Arc<AtomicBool>,
 }
 
-/// Response objects `GET /v1/responses/{id}` finds (in memory, newest kept).
+/// Response objects `GET /v1/responses/{id}` finds (the newest kept, in memory and in the
+/// journal's store).
 pub const RECENT_RESPONSES: usize = 32;
+
+/// Name of a stored Response object; `None` for an id the session cannot have issued.
+fn response_object_name(id: &str) -> Option<String> {
+    let hex = id.strip_prefix("resp_")?;
+    (hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| format!("responses/{id}.json"))
+}
 
 impl AppState {
     pub fn new(session: Session, token: impl Into<Arc<str>>) -> Self {
@@ -64,6 +78,13 @@ impl AppState {
         let store = session.store();
         let (stats_tx, _) = watch::channel(Some(session.stats()));
         let view = Arc::new(RwLock::new(view_of(&session, "idle")));
+        let responses = session.journal_objects();
+        // The ledger's recent response ids: what earlier runs may have stored.
+        let ids = &session.ledger().responses;
+        let recent = ids[ids.len().saturating_sub(RECENT_RESPONSES)..]
+            .iter()
+            .map(|id| (id.clone(), None))
+            .collect();
         Self {
             session: Arc::new(Mutex::new(session)),
             token: token.into(),
@@ -74,26 +95,88 @@ impl AppState {
             view,
             lost: Arc::new(RwLock::new(None)),
             stats_tx: Arc::new(stats_tx),
-            recent: Arc::default(),
+            recent: Arc::new(RwLock::new(recent)),
+            responses,
+            swept: Arc::new(AtomicBool::new(false)),
         }
     }
 
-    /// Keeps a Response object for `GET /v1/responses/{id}`.
-    fn remember(&self, id: &str, response: &Value) {
+    /// Keeps a Response object for `GET /v1/responses/{id}`: in memory and in the journal's
+    /// store, so a restarted agent still finds it. Only the newest [`RECENT_RESPONSES`] are
+    /// kept. Storing is best effort: a failure is logged and the response still answered
+    /// (the conversation itself is in the journal either way).
+    async fn remember(&self, id: &str, response: &Value) {
+        let mut evicted = Vec::new();
         if let Ok(mut r) = self.recent.write() {
-            r.push_back((id.to_owned(), response.clone()));
+            r.retain(|(k, _)| k != id);
+            r.push_back((id.to_owned(), Some(response.clone())));
             while r.len() > RECENT_RESPONSES {
-                r.pop_front();
+                evicted.extend(r.pop_front().map(|(k, _)| k));
+            }
+        }
+        let Some(name) = response_object_name(id) else {
+            return;
+        };
+        if let Err(e) = self
+            .responses
+            .put(&name, response.to_string().into_bytes())
+            .await
+        {
+            tracing::warn!(id, error = %e, "storing the response for GET /v1/responses failed");
+            return;
+        }
+        // The first response stored by this process also deletes whatever earlier runs
+        // stored beyond the recent ids.
+        if !self.swept.swap(true, Ordering::SeqCst) {
+            match self.responses.list("responses/").await {
+                Ok(names) => {
+                    let recent = self.recent_ids();
+                    evicted.extend(names.iter().filter_map(|n| {
+                        let id = n.strip_prefix("responses/")?.strip_suffix(".json")?;
+                        (!recent.iter().any(|k| k == id)).then(|| id.to_owned())
+                    }));
+                }
+                Err(e) => tracing::warn!(error = %e, "listing stored responses failed"),
+            }
+        }
+        for old in evicted {
+            if let Some(n) = response_object_name(&old)
+                && let Err(e) = self.responses.delete(&n).await
+            {
+                tracing::warn!(id = old, error = %e, "deleting an old stored response failed");
             }
         }
     }
 
-    fn recalled(&self, id: &str) -> Option<Value> {
-        let r = self.recent.read().ok()?;
-        r.iter()
+    fn recent_ids(&self) -> Vec<String> {
+        self.recent
+            .read()
+            .map(|r| r.iter().map(|(k, _)| k.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// A stored Response object: from memory, else (one of an earlier run) from the store.
+    async fn recalled(&self, id: &str) -> Option<Value> {
+        let cached = self
+            .recent
+            .read()
+            .ok()?
+            .iter()
             .rev()
             .find(|(k, _)| k == id)
-            .map(|(_, v)| v.clone())
+            .map(|(_, v)| v.clone())?;
+        if cached.is_some() {
+            return cached;
+        }
+        let name = response_object_name(id)?;
+        match self.responses.get(&name).await {
+            Ok(Some(body)) => serde_json::from_slice(&body).ok(),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(id, error = %e, "reading a stored response failed");
+                None
+            }
+        }
     }
 
     /// Session counters after every turn (the status writer follows this).

@@ -360,7 +360,7 @@ pub async fn create(
         let outcome = super::detached_turn(&state, session, input, options).await?;
         let response = response_object(&ids, None, "completed", Some(&outcome), None);
         if store {
-            state.remember(&ids.response, &response);
+            state.remember(&ids.response, &response).await;
         }
         return Ok(axum::Json(response).into_response());
     }
@@ -389,7 +389,7 @@ pub async fn create(
             Ok(outcome) => {
                 let response = out.complete(&outcome).await;
                 if store {
-                    task_state.remember(&out.ids.response, &response);
+                    task_state.remember(&out.ids.response, &response).await;
                 }
             }
             Err(e) => out.fail(ApiError::from(e)).await,
@@ -410,13 +410,14 @@ pub async fn get(
     let Path(id) = id.map_err(|e| bad("invalid_id", e.body_text()))?;
     state
         .recalled(&id)
+        .await
         .map(|r| axum::Json(r).into_response())
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 "response_not_found",
                 format!(
-                    "no recent response {id:?} in this session (the last {} stored ones are kept, in memory)",
+                    "no recent response {id:?} in this session (the last {} stored ones are kept)",
                     super::RECENT_RESPONSES
                 ),
             )

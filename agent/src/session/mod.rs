@@ -256,6 +256,12 @@ impl Session {
         &self.archive_counters
     }
 
+    /// The journal's object store (the session's other small named objects, such as its
+    /// stored Response objects, sit beside the entries under their own prefix).
+    pub fn journal_objects(&self) -> Arc<dyn crate::journal::ObjectStore> {
+        Arc::clone(self.journal.objects())
+    }
+
     pub fn journal_epoch(&self) -> u64 {
         self.journal.epoch()
     }
