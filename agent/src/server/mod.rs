@@ -53,12 +53,15 @@ pub struct AppState {
     /// The ids of the newest stored Response objects, oldest first, for `GET
     /// /v1/responses/{id}`: with the object when this process answered it, `None` for one of
     /// an earlier run (read from the store).
-    recent: Arc<RwLock<std::collections::VecDeque<(String, Option<Value>)>>>,
+    recent: Arc<RwLock<RecentResponses>>,
     /// Where they are kept across restarts: the journal's store, under `responses/`.
     responses: Arc<dyn crate::journal::ObjectStore>,
     /// Whether this process has deleted what earlier runs stored beyond `recent`.
     swept: Arc<AtomicBool>,
 }
+
+/// Recent response ids, oldest first, with the object when this process has it.
+type RecentResponses = std::collections::VecDeque<(String, Option<Value>)>;
 
 /// Response objects `GET /v1/responses/{id}` finds (the newest kept, in memory and in the
 /// journal's store).
