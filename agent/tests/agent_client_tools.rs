@@ -475,7 +475,7 @@ async fn stored_responses_outlive_a_restart_and_only_the_recent_ones_are_kept() 
     let api = Api::new(serve(AppState::new(built.session, TOKEN)).await);
     let mut ids = Vec::new();
     for i in 0..3 {
-        sim.push_reply(ScriptedReply::text(&format!("answer {i}")));
+        sim.push_reply(ScriptedReply::text(format!("answer {i}")));
         let (s, v) = api
             .post("/v1/responses", json!({"input": format!("question {i}")}))
             .await;
@@ -513,7 +513,7 @@ async fn stored_responses_outlive_a_restart_and_only_the_recent_ones_are_kept() 
     // The newest RECENT_RESPONSES are kept, the older ones deleted from the store.
     let recent = cairn_agent::server::RECENT_RESPONSES;
     for i in 0..recent {
-        sim.push_reply(ScriptedReply::text(&format!("more {i}")));
+        sim.push_reply(ScriptedReply::text(format!("more {i}")));
         let (s, v) = api
             .post("/v1/responses", json!({"input": format!("more {i}")}))
             .await;
