@@ -16,6 +16,8 @@ command -v umoci >/dev/null 2>&1 || need_apt+=(umoci)
 command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
 [ -x /bin/busybox ] || need_apt+=(busybox-static)
 command -v musl-gcc >/dev/null 2>&1 || need_apt+=(musl-tools)
+# The corporate-network tests' forward proxy.
+[ -x /usr/sbin/squid ] || need_apt+=(squid)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "installing ${need_apt[*]} from Debian"
   export DEBIAN_FRONTEND=noninteractive
@@ -23,6 +25,8 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
   # The package starts a system nginx on port 80; the tests start their own.
   (systemctl disable --now nginx >/dev/null 2>&1 || service nginx stop >/dev/null 2>&1 || pkill -x nginx || true)
+  # Likewise squid on port 3128.
+  (systemctl disable --now squid >/dev/null 2>&1 || service squid stop >/dev/null 2>&1 || true)
 fi
 
 py_need=()
@@ -51,3 +55,4 @@ bash tests/harness/build-llama-server.sh >/dev/null
 # The agent-framework clients of the API tests (OpenAI SDK, OpenAI Agents SDK, LangChain),
 # pinned, in a virtualenv under ~/.cache/cairn.
 bash tests/harness/install-py-clients.sh >/dev/null
+bash tests/harness/install-mitmproxy.sh >/dev/null

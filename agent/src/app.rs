@@ -101,11 +101,16 @@ fn holder_of(host: &str, pod_uid: Option<&str>, incarnation: u64) -> String {
 /// The session's provider: follows `spec.provider` edits (model, base URL, API family) from
 /// one call to the next, with the API key from the environment.
 fn provider_for(live: watch::Receiver<Arc<Live>>) -> Result<Arc<dyn Provider>, AppError> {
-    let build = |spec: &cairn_crds::ProviderSpec| {
+    let net = crate::net::NetPath::from_env(env)
+        .map_err(|e| AppError::new(exit::BAD_INPUT, e.to_string()))?;
+    let build = move |spec: &cairn_crds::ProviderSpec| {
         build(
             spec,
             Credentials::from_env(spec.kind),
-            ClientOptions::default(),
+            ClientOptions {
+                net: net.clone(),
+                ..ClientOptions::default()
+            },
         )
         .map(Arc::from)
         .map_err(|e| e.to_string())

@@ -40,6 +40,8 @@ pub enum ConfigError {
     PayloadCap(String),
     #[error("archive: {0}")]
     Archive(String),
+    #[error("network path: {0}")]
+    Net(#[from] crate::net::NetError),
 }
 
 impl ConfigError {
@@ -51,6 +53,7 @@ impl ConfigError {
             Self::Policy(_) => "policy",
             Self::PayloadCap(_) => "payload_cap",
             Self::Archive(_) => "archive",
+            Self::Net(_) => "network_path",
         }
     }
 }
@@ -214,6 +217,8 @@ pub struct StorageSettings {
     pub cache_limits: LocalLimits,
     /// Archive requests of one pass in flight at once (`archive.maxInFlight`).
     pub in_flight: usize,
+    /// Trusted authorities and forward proxies of every outbound client.
+    pub net: crate::net::NetPath,
 }
 
 fn truthy(v: &str) -> bool {
@@ -245,6 +250,7 @@ impl StorageSettings {
             .or(a.prefix.clone())
             .unwrap_or_else(|| DEFAULT_PREFIX.into());
         let bucket = var("CAIRN_S3_BUCKET").or(a.bucket.clone());
+        let net = crate::net::NetPath::from_env(var)?;
         let s3 = match bucket {
             None => None,
             Some(bucket) => {
@@ -272,6 +278,7 @@ impl StorageSettings {
                         .unwrap_or(false),
                     credentials,
                     timeouts: s3_timeouts(&var),
+                    net: net.clone(),
                 })
             }
         };
@@ -285,6 +292,7 @@ impl StorageSettings {
             data_dir,
             cache_limits,
             in_flight,
+            net,
         })
     }
 }

@@ -26,6 +26,7 @@ pub mod config;
 pub mod journal;
 pub mod kube;
 pub mod metrics;
+pub mod net;
 pub mod server;
 pub mod session;
 pub mod telemetry;

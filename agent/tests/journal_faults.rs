@@ -98,6 +98,7 @@ async fn open(
         data_dir: cache.join("data"),
         cache_limits: LocalLimits::from_spec(None, None).expect("limits"),
         in_flight: cairn_agent::ccr::DEFAULT_IN_FLIGHT,
+        net: Default::default(),
     };
     let storage = Storage::open(&settings, &cfg.namespace, &cfg.name).expect("storage");
     let options = ClientOptions {

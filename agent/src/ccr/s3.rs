@@ -266,6 +266,8 @@ pub struct S3Config {
     pub force_path_style: bool,
     pub credentials: S3Credentials,
     pub timeouts: S3Timeouts,
+    /// Trusted authorities and forward proxies (`crate::net`).
+    pub net: crate::net::NetPath,
 }
 
 /// `archive.prefix` when neither the session nor the operator sets one.
@@ -300,6 +302,7 @@ impl S3Config {
             force_path_style: spec.force_path_style.unwrap_or(spec.endpoint.is_some()),
             credentials,
             timeouts: S3Timeouts::default(),
+            net: crate::net::NetPath::default(),
         }))
     }
 
@@ -311,9 +314,28 @@ impl S3Config {
             return Err(S3ConfigError::Endpoint(endpoint.clone()));
         }
         let t = &self.timeouts;
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
-            .build_https();
+        let http = match (self.net.s3_tls(), self.net.s3_proxy()) {
+            (None, None) => aws_smithy_http_client::Builder::new()
+                .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+                .build_https(),
+            (tls_context, proxy) => aws_smithy_http_client::Builder::new().build_with_connector_fn(
+                move |settings, components| {
+                    let mut b = aws_smithy_http_client::Connector::builder();
+                    b.set_connector_settings(settings.cloned());
+                    if let Some(c) = components {
+                        b.set_sleep_impl(c.sleep_impl());
+                    }
+                    let mut b = b.tls_provider(tls::Provider::Rustls(CryptoMode::Ring));
+                    if let Some(ctx) = &tls_context {
+                        b = b.tls_context(ctx.clone());
+                    }
+                    if let Some(p) = &proxy {
+                        b = b.proxy_config(p.clone());
+                    }
+                    b.build()
+                },
+            ),
+        };
         let creds = Credentials::new(
             &self.credentials.access_key_id,
             &self.credentials.secret_access_key,

@@ -123,6 +123,8 @@ pub struct ClientOptions {
     /// Headers added to every request (gateways, OpenRouter's attribution headers). Their
     /// values are treated as sensitive and never logged.
     pub extra_headers: Vec<(String, String)>,
+    /// Trusted authorities and forward proxies (`crate::net`).
+    pub net: crate::net::NetPath,
 }
 
 impl Default for ClientOptions {
@@ -134,6 +136,7 @@ impl Default for ClientOptions {
             retry: RetryPolicy::default(),
             cancel: None,
             extra_headers: Vec::new(),
+            net: crate::net::NetPath::default(),
         }
     }
 }

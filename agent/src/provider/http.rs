@@ -243,10 +243,13 @@ struct Success {
 
 impl HttpClient {
     pub fn new(provider: &str, options: ClientOptions) -> Result<Self, BuildError> {
-        let client = reqwest::Client::builder()
+        let builder = reqwest::Client::builder()
             .user_agent(concat!("cairn-agent/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(options.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(Duration::from_secs(60));
+        let client = options
+            .net
+            .reqwest(builder)
             .build()
             .map_err(|e| BuildError::Client(e.to_string()))?;
         Ok(Self {

@@ -87,6 +87,7 @@ async fn build_session_with(
     let storage = Storage::open(&settings, &cfg.namespace, &cfg.name).expect("storage");
     let options = ClientOptions {
         retry: RetryPolicy::none(),
+        net: settings.net.clone(),
         ..ClientOptions::default()
     };
     let (live_tx, rx) = watch::channel(Arc::new(live));

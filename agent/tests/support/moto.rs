@@ -45,6 +45,7 @@ pub fn config_for(endpoint: &str, timeouts: S3Timeouts) -> S3Config {
         endpoint: Some(endpoint.into()),
         region: "us-east-1".into(),
         force_path_style: true,
+        net: Default::default(),
         credentials: S3Credentials {
             access_key_id: "testing".into(),
             secret_access_key: "testing".into(),

@@ -23,6 +23,7 @@
 //! `/model/{id}/converse`, `/model/{id}/converse-stream` (AWS event-stream framing).
 
 pub mod nginx;
+pub mod proxies;
 pub mod script;
 pub mod wire;
 

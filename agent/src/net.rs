@@ -1,0 +1,195 @@
+//! The outbound network path of every client the agent builds (providers, the summarizer,
+//! S3): which certificate authorities it trusts and which forward proxy it goes through.
+//!
+//! Trust is the platform's native roots plus the bundled Mozilla roots, plus the PEM bundle
+//! named by `CAIRN_CA_BUNDLE` (a TLS-inspecting corporate proxy's CA). Proxies follow the
+//! usual variables — `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` (or their lower-case forms) —
+//! read from the agent's configuration environment and applied explicitly to each client, so
+//! the provider clients and the S3 client agree on them.
+
+use std::sync::Arc;
+
+use aws_smithy_http_client::proxy::ProxyConfig;
+use aws_smithy_http_client::tls::{TlsContext, TrustStore};
+
+/// A setting of the network path that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("CAIRN_CA_BUNDLE {path}: {reason}")]
+    Bundle { path: String, reason: String },
+    #[error("{var} {value:?}: {reason}")]
+    Proxy {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+/// How the agent's clients reach the outside.
+#[derive(Clone, Debug, Default)]
+pub struct NetPath {
+    /// Extra trusted certificate authorities, PEM.
+    pub ca_bundle: Option<Arc<Vec<u8>>>,
+    /// Proxy for `http://` URLs.
+    pub http_proxy: Option<String>,
+    /// Proxy for `https://` URLs (tunnelled with CONNECT).
+    pub https_proxy: Option<String>,
+    /// Hosts (comma-separated, as curl reads `NO_PROXY`) reached directly.
+    pub no_proxy: Option<String>,
+}
+
+impl NetPath {
+    /// Reads the path from an environment lookup; the bundle file is read and checked here,
+    /// so a wrong path is an error at start-up, not a TLS failure on the first turn.
+    pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Self, NetError> {
+        let var = |upper: &str, lower: &str| {
+            env(upper)
+                .or_else(|| env(lower))
+                .filter(|v| !v.trim().is_empty())
+        };
+        let ca_bundle = match env("CAIRN_CA_BUNDLE").filter(|p| !p.trim().is_empty()) {
+            None => None,
+            Some(path) => Some(Arc::new(read_bundle(&path)?)),
+        };
+        let net = Self {
+            ca_bundle,
+            http_proxy: var("HTTP_PROXY", "http_proxy"),
+            https_proxy: var("HTTPS_PROXY", "https_proxy"),
+            no_proxy: var("NO_PROXY", "no_proxy"),
+        };
+        for (name, value) in [
+            ("HTTP_PROXY", &net.http_proxy),
+            ("HTTPS_PROXY", &net.https_proxy),
+        ] {
+            if let Some(v) = value {
+                reqwest::Proxy::all(v.as_str()).map_err(|e| NetError::Proxy {
+                    var: name,
+                    value: v.clone(),
+                    reason: e.to_string(),
+                })?;
+            }
+        }
+        Ok(net)
+    }
+
+    /// `builder` with this path's trust and proxies (and nothing read from the process
+    /// environment behind the configuration's back).
+    pub fn reqwest(&self, builder: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
+        let mut b = builder.no_proxy();
+        if let Some(pem) = &self.ca_bundle {
+            // Checked when the path was read.
+            for cert in reqwest::Certificate::from_pem_bundle(pem).unwrap_or_default() {
+                b = b.add_root_certificate(cert);
+            }
+        }
+        let no_proxy = || {
+            self.no_proxy
+                .as_deref()
+                .and_then(reqwest::NoProxy::from_string)
+        };
+        if let Some(p) = self
+            .http_proxy
+            .as_deref()
+            .and_then(|u| reqwest::Proxy::http(u).ok())
+        {
+            b = b.proxy(p.no_proxy(no_proxy()));
+        }
+        if let Some(p) = self
+            .https_proxy
+            .as_deref()
+            .and_then(|u| reqwest::Proxy::https(u).ok())
+        {
+            b = b.proxy(p.no_proxy(no_proxy()));
+        }
+        b
+    }
+
+    /// The S3 client's TLS context: native roots plus the bundle.
+    pub fn s3_tls(&self) -> Option<TlsContext> {
+        let pem = self.ca_bundle.as_ref()?;
+        let store = TrustStore::default()
+            .with_native_roots(true)
+            .with_pem_certificate(pem.as_slice());
+        TlsContext::builder()
+            .with_trust_store(store)
+            .build()
+            .map_err(|e| tracing::warn!(error = %e, "the CA bundle cannot be used for S3"))
+            .ok()
+    }
+
+    /// The S3 client's proxies.
+    pub fn s3_proxy(&self) -> Option<ProxyConfig> {
+        let (uri, https_only) = match (&self.http_proxy, &self.https_proxy) {
+            (None, None) => return None,
+            (Some(h), Some(s)) if h == s => (h, false),
+            // One proxy serves both schemes here; an https one wins for TLS endpoints.
+            (_, Some(s)) => (s, true),
+            (Some(h), None) => (h, false),
+        };
+        let config = if https_only {
+            ProxyConfig::https(uri.as_str())
+        } else {
+            ProxyConfig::all(uri.as_str())
+        };
+        match config {
+            Ok(c) => Some(match &self.no_proxy {
+                Some(n) => c.no_proxy(n.as_str()),
+                None => c,
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "the proxy cannot be used for S3");
+                None
+            }
+        }
+    }
+}
+
+fn read_bundle(path: &str) -> Result<Vec<u8>, NetError> {
+    let err = |reason: String| NetError::Bundle {
+        path: path.to_owned(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certs) if !certs.is_empty() => Ok(pem),
+        Ok(_) => Err(err("holds no PEM certificate".into())),
+        Err(e) => Err(err(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn proxies_come_from_either_case_and_bad_settings_are_named() {
+        let net = NetPath::from_env(env(&[
+            ("https_proxy", "http://127.0.0.1:3128"),
+            ("NO_PROXY", "localhost"),
+        ]))
+        .unwrap();
+        assert_eq!(net.https_proxy.as_deref(), Some("http://127.0.0.1:3128"));
+        assert_eq!(net.http_proxy, None);
+        assert!(net.s3_proxy().is_some());
+        let e = NetPath::from_env(env(&[("CAIRN_CA_BUNDLE", "/nonexistent/ca.pem")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let not_pem = dir.path().join("ca.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let e = NetPath::from_env(env(&[("CAIRN_CA_BUNDLE", not_pem.to_str().unwrap())]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no PEM certificate"), "{e}");
+        assert!(NetPath::from_env(env(&[("HTTP_PROXY", "::not a url")])).is_err());
+    }
+}
