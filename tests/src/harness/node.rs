@@ -421,6 +421,25 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
         Ok(())
     }
 
+    /// Gives an imported image a second name in the node's containerd (a new tag of the
+    /// same content: what a rollout to a new image version looks like to the kubelet).
+    pub fn tag_image(&self, source: &str, target: &str) -> Result<(), HarnessError> {
+        let sock = self.dir.join("containerd/containerd.sock");
+        let out = Command::new(&self.ctr)
+            .arg("--address")
+            .arg(&sock)
+            .args(["-n", "k8s.io", "images", "tag", "--force", source, target])
+            .output()
+            .map_err(|e| HarnessError::io("running ctr images tag", e))?;
+        if !out.status.success() {
+            return Err(HarnessError::Setup(format!(
+                "ctr images tag {source} {target}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(())
+    }
+
     /// Identity of the node's network and PID namespaces (`net:[inode]`, `pid:[inode]`), for
     /// leak checks; `None` once stopped.
     pub fn namespaces(&self) -> Option<(String, String)> {
