@@ -295,6 +295,8 @@ spec:
     imagePullPolicy: Never
     command: [sleep, "3600"]
     securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+    volumeMounts: [{{name: tmp, mountPath: /tmp}}]
+  volumes: [{{name: tmp, emptyDir: {{sizeLimit: 16Mi}}}}]
 "#
     )
 }
@@ -452,21 +454,16 @@ spec:
 
 /// A turn through the agent's API from the client pod of `ns`; the response's status line.
 fn turn_from(cp: &ControlPlane, ns: &str, addr: &str, input: &str) -> String {
-    let body = format!(r#"{{"model":"sim","input":"{input}"}}"#);
-    let (host, port) = addr.split_once(':').unwrap_or((addr, "80"));
-    let script = format!(
-        // stdin stays open until the agent answers: busybox nc stops reading at its EOF.
-        "{{ printf 'POST /v1/responses HTTP/1.0\\r\\nAuthorization: Bearer test-token\\r\\nContent-Type: application/json\\r\\nContent-Length: {}\\r\\n\\r\\n%s' '{body}'; sleep 20; }} | nc -w 20 {host} {port} | head -c 700",
-        body.len()
+    let body = serde_json::json!({"model": "sim", "input": input});
+    let (status, body) = exchange(
+        cp,
+        ns,
+        addr,
+        ("POST", "/v1/responses"),
+        "test-token",
+        Some(&body),
     );
-    match cp.kubectl(&["exec", "client", "-n", ns, "--", "sh", "-c", &script]) {
-        Ok(o) => format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout).trim(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
-        Err(e) => e.to_string(),
-    }
+    format!("HTTP {status} {body}")
 }
 
 /// Host PID of the container process of pod `uid` (its cgroup path names the pod).
@@ -1187,11 +1184,12 @@ fn shared_operator() -> &'static Operator {
     })
 }
 
-/// The Secret with the archive credentials in a session's namespace, as the chart's
-/// `archive.credentialsSecret` names it.
-fn archive_secret(ns: &str) -> String {
+/// The Secrets of a session's namespace: the archive credentials the chart's
+/// `archive.credentialsSecret` names, and the provider's key.
+fn session_secrets(ns: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: cairn-s3, namespace: {ns}}}\nstringData: {{AWS_ACCESS_KEY_ID: {}, AWS_SECRET_ACCESS_KEY: {}}}\n",
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: cairn-s3, namespace: {ns}}}\nstringData: {{AWS_ACCESS_KEY_ID: {}, AWS_SECRET_ACCESS_KEY: {}}}\n---\n\
+apiVersion: v1\nkind: Secret\nmetadata: {{name: provider, namespace: {ns}}}\nstringData: {{api-key: sk-sim}}\n",
         s3::ACCESS_KEY_ID,
         s3::SECRET_ACCESS_KEY
     )
@@ -1204,7 +1202,11 @@ fn agent_session(ns: &str, name: &str, provider: SocketAddr, compaction: &str) -
 kind: AgentSession
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
-  provider: {{kind: openai-compatible, model: sim, baseUrl: "http://{provider}/v1"}}
+  provider:
+    kind: openai-compatible
+    model: sim
+    baseUrl: "http://{provider}/v1"
+    credentials: {{secretName: provider}}
   contextWindow: 100000
   maxOutputTokens: 1000
   systemPrompt: You are a test agent.
@@ -1232,8 +1234,14 @@ fn exchange(
         body.len()
     );
     let (host, port) = addr.split_once(':').unwrap_or((addr, "80"));
-    // stdin stays open until the agent answers: busybox nc stops reading at its EOF.
-    let script = format!("{{ cat; sleep 30; }} | nc -w 30 {host} {port}");
+    // nc's stdin stays open until the answer is in (the agent drops a connection whose
+    // client half-closed it; busybox nc half-closes at the end of its stdin); once nc has
+    // the answer it ends the sleep that held stdin open.
+    let script = format!(
+        "f=/tmp/x.$$; cat >$f.req; \
+         {{ cat $f.req; sleep 60 & echo $! >$f.pid; wait; }} | \
+         {{ nc -w 30 {host} {port}; kill $(cat $f.pid) 2>/dev/null; }}; rm -f $f.req $f.pid"
+    );
     let out = cp
         .kubectl_with_stdin(
             &["exec", "-i", "client", "-n", ns, "--", "sh", "-c", &script],
@@ -1430,7 +1438,7 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
     let started = Instant::now();
     cp.apply_yaml(&format!(
         "{}---\n{}",
-        archive_secret(ns),
+        session_secrets(ns),
         agent_session(
             ns,
             "worker",
@@ -1710,7 +1718,7 @@ fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
     let ns = "rolled";
     cp.apply_yaml(&format!(
         "{}---\n{}",
-        archive_secret(ns),
+        session_secrets(ns),
         agent_session(ns, "rolled", provider, "{budgetRatio: 0.6}")
     ))
     .expect("session applied");
