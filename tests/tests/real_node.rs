@@ -1163,10 +1163,7 @@ fn shared_operator() -> &'static Operator {
             cp.kubectl_ok(&["describe", "pods", "-n", OPERATOR_NS])
                 .unwrap_or_default()
         );
-        eprintln!(
-            "helm install: operator Ready in {:?}",
-            started.elapsed()
-        );
+        eprintln!("helm install: operator Ready in {:?}", started.elapsed());
         let pod = kubectl(
             cp,
             &[
@@ -1463,14 +1460,19 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
         );
         std::thread::sleep(Duration::from_millis(250));
     }
-    eprintln!(
-        "AgentSession to agent pod Ready in {:?}",
-        started.elapsed()
-    );
+    eprintln!("AgentSession to agent pod Ready in {:?}", started.elapsed());
     assert_eq!(
         kubectl(
             cp,
-            &["get", "pod", pod, "-n", ns, "-o", "jsonpath={.spec.nodeName}"]
+            &[
+                "get",
+                "pod",
+                pod,
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.spec.nodeName}"
+            ]
         ),
         node.name
     );
@@ -1559,7 +1561,9 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
         sim.push_reply(cairn_sim::ScriptedReply::text("module_599 fails"));
         let (status, body) = call(
             ("POST", "/v1/responses"),
-            Some(serde_json::json!({"model": "sim", "input": format!("turn {turn}: what failed?"), "tools": tools})),
+            Some(
+                serde_json::json!({"model": "sim", "input": format!("turn {turn}: what failed?"), "tools": tools}),
+            ),
         );
         assert_eq!(status, 200, "turn {turn}: {body}");
         let last = sim.requests().pop().expect("the turn reached the provider");
@@ -1610,7 +1614,10 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
                 .map(|s| json_of(&s)["status"].clone())
                 .unwrap_or_default();
             status["session"]["compactions"].as_u64().unwrap_or(0) >= 1
-                && status["session"]["archive"]["objects"].as_u64().unwrap_or(0) >= 1
+                && status["session"]["archive"]["objects"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    >= 1
         },
     );
     assert_eq!(status["phase"], "Running", "{status}");
@@ -1618,7 +1625,15 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
     // The agent's files went to its emptyDir and nowhere else.
     let uid = kubectl(
         cp,
-        &["get", "pod", pod, "-n", ns, "-o", "jsonpath={.metadata.uid}"],
+        &[
+            "get",
+            "pod",
+            pod,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
     );
     let pid = container_pid(uid.trim(), "cairn-agent").expect("the agent's process");
     let mounts = mounts_of(pid);
@@ -1648,6 +1663,7 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
         .join(uid.trim())
         .join("volumes/kubernetes.io~empty-dir/scratch");
     let files = tree(&scratch);
+    eprintln!("root mount {:?}; emptyDir {files:?}", at("/"));
     assert!(
         files.iter().any(|(p, _)| p.ends_with(&format!("/{key}"))),
         "the local archive cache holds the original on the emptyDir: {files:?}"
@@ -1660,7 +1676,9 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
         .find_map(|o| o.strip_prefix("upperdir="))
     {
         let points: Vec<&str> = mounts.iter().map(|m| m.0.as_str()).collect();
-        for (path, is_dir) in tree(Path::new(upper)) {
+        let layer = tree(Path::new(upper));
+        eprintln!("the agent container's own layer: {layer:?}");
+        for (path, is_dir) in layer {
             let a_mount_point = points.contains(&path.as_str())
                 || (is_dir && points.iter().any(|p| p.starts_with(&format!("{path}/"))));
             assert!(
@@ -1681,7 +1699,10 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
         let r = http_from(cp, other, &addr, "/healthz");
         assert!(!r.contains("HTTP/"), "another namespace is refused: {r}");
         let r = http_from(cp, ns, &addr, "/healthz");
-        assert!(r.contains(" 200"), "the session's namespace is admitted: {r}");
+        assert!(
+            r.contains(" 200"),
+            "the session's namespace is admitted: {r}"
+        );
     }
     let _ = cp.kubectl(&["delete", "namespace", other, "--wait=false"]);
 }
@@ -1789,14 +1810,26 @@ fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
     let container = container_status(cp, ns, pod, "containerID");
     let uid = kubectl(
         cp,
-        &["get", "pod", pod, "-n", ns, "-o", "jsonpath={.metadata.uid}"],
+        &[
+            "get",
+            "pod",
+            pod,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
     );
     assert!(container.starts_with("containerd://"), "{container}");
     let mut before = String::new();
-    wait_for("the operator to write the policyHash", Duration::from_secs(30), || {
-        before = hash();
-        !before.is_empty()
-    });
+    wait_for(
+        "the operator to write the policyHash",
+        Duration::from_secs(30),
+        || {
+            before = hash();
+            !before.is_empty()
+        },
+    );
     let (status, body) = call(("GET", "/v1/session"), None);
     assert_eq!(status, 200, "{body}");
     assert_eq!(json_of(&body)["policyHash"], before.as_str(), "{body}");
@@ -1841,7 +1874,15 @@ fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
     assert_eq!(
         kubectl(
             cp,
-            &["get", "pod", pod, "-n", ns, "-o", "jsonpath={.metadata.uid}"]
+            &[
+                "get",
+                "pod",
+                pod,
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.uid}"
+            ]
         ),
         uid,
         "in the same pod"
@@ -1890,7 +1931,15 @@ fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
     assert_ne!(
         kubectl(
             cp,
-            &["get", "pod", pod, "-n", ns, "-o", "jsonpath={.metadata.uid}"]
+            &[
+                "get",
+                "pod",
+                pod,
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.uid}"
+            ]
         ),
         uid,
         "the StatefulSet replaced the pod"
