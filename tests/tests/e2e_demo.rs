@@ -1,5 +1,6 @@
-//! End to end, as `make demo` runs it: chart-installed operator, agent pod run by the harness
-//! with its own ServiceAccount, real nginx 413, compaction, status written back.
+//! End to end, as `make demo DEMO_FLAGS=--kwok` runs it: chart-installed operator, agent pod run by the
+//! harness with its own ServiceAccount, real nginx 413, compaction, status written back.
+//! (`make demo` runs the same on a real node; `real_node.rs` tests what only a real pod shows.)
 
 use cairn_tests::demo::{self, DemoOptions};
 
@@ -45,8 +46,8 @@ fn the_agent_pod_has_its_own_identity_and_follows_policy_edits_live() {
     };
     let mut log = |m: &str| eprintln!("demo: {m}");
     let d = demo::start(&opts, &mut log).unwrap_or_else(|e| panic!("{e}"));
-    let pod = d
-        .pods
+    let pods = d.pods.as_ref().expect("the demo runs on kwok's node");
+    let pod = pods
         .pod("demo", "cairn-demo-0")
         .expect("the agent pod runs");
     let as_agent = |args: &[&str]| {
@@ -204,7 +205,7 @@ fn the_agent_pod_has_its_own_identity_and_follows_policy_edits_live() {
         .expect("pod");
     assert_eq!(uid, pod.uid, "a policy edit does not replace the pod");
     assert_eq!(
-        d.pods.pod("demo", "cairn-demo-0").map(|p| p.pid),
+        pods.pod("demo", "cairn-demo-0").map(|p| p.pid),
         Some(pod.pid),
         "nor restart the agent"
     );
