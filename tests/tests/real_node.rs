@@ -1722,8 +1722,9 @@ fn container_status(cp: &ControlPlane, ns: &str, pod: &str, field: &str) -> Stri
     .to_string()
 }
 
-/// `kubectl patch` of the session's compaction reaches the running agent with no restart
-/// (same container, the agent reports the new policyHash), and a new image rolls the pod
+/// `kubectl patch` of the session's compaction, and of the CompactionPolicy it references,
+/// reaches the running agent with no restart (same container, the agent reports the new
+/// policyHash and policy), and a new image rolls the pod
 /// (a new container of the new image, the history rebuilt from the journal in S3).
 #[test]
 fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
@@ -1738,9 +1739,10 @@ fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
     let provider = node.forward_to_host(sim.addr()).expect("forwarder");
     let ns = "rolled";
     cp.apply_yaml(&format!(
-        "{}---\n{}",
+        "apiVersion: cairn.dev/v1alpha1\nkind: CompactionPolicy\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{minKeepRecent: 8}}\n---\n{}---\n{}",
         session_secrets(ns),
         agent_session(ns, "rolled", provider, "{budgetRatio: 0.6}")
+            .replace("  compaction:", "  policyRef: {name: shared}\n  compaction:")
     ))
     .expect("session applied");
     cp.apply_yaml(&client_pod(ns)).expect("client applied");
@@ -1834,42 +1836,54 @@ fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(json_of(&body)["policyHash"], before.as_str(), "{body}");
 
-    kubectl(
-        cp,
-        &[
-            "patch",
+    // Each edit by `kubectl patch`, inline and in the referenced CompactionPolicy: a new
+    // hash, which the running agent reports with the new policy on its next turn.
+    let mut hash_now = before;
+    for (kind, name, patch, field, value) in [
+        (
             "asess",
             "rolled",
-            "-n",
-            ns,
-            "--type=merge",
-            "-p",
             r#"{"spec":{"compaction":{"budgetRatio":0.5}}}"#,
-        ],
-    );
-    let mut after = String::new();
-    wait_for("the new policyHash", Duration::from_secs(60), || {
-        after = hash();
-        after != before
-    });
-    let mut view = serde_json::Value::Null;
-    wait_for(
-        "the running agent to report the new policy",
-        Duration::from_secs(60),
-        || {
-            sim.push_reply(cairn_sim::ScriptedReply::text("ok"));
-            let (status, _) = turn("a turn under the new policy");
-            let (_, body) = call(("GET", "/v1/session"), None);
-            view = serde_json::from_str(&body).unwrap_or_default();
-            status == 200 && view["policyHash"] == after.as_str()
-        },
-    );
-    assert_eq!(view["policy"]["budgetRatio"], 0.5, "{view}");
-    assert_eq!(
-        container_status(cp, ns, pod, "containerID"),
-        container,
-        "the same container runs the new policy"
-    );
+            "budgetRatio",
+            serde_json::json!(0.5),
+        ),
+        (
+            "cpol",
+            "shared",
+            r#"{"spec":{"minKeepRecent":6}}"#,
+            "minKeepRecent",
+            serde_json::json!(6),
+        ),
+    ] {
+        kubectl(
+            cp,
+            &["patch", kind, name, "-n", ns, "--type=merge", "-p", patch],
+        );
+        let mut after = String::new();
+        wait_for("the new policyHash", Duration::from_secs(60), || {
+            after = hash();
+            !after.is_empty() && after != hash_now
+        });
+        let mut view = serde_json::Value::Null;
+        wait_for(
+            "the running agent to report the new policy",
+            Duration::from_secs(60),
+            || {
+                sim.push_reply(cairn_sim::ScriptedReply::text("ok"));
+                let (status, _) = turn("a turn under the new policy");
+                let (_, body) = call(("GET", "/v1/session"), None);
+                view = serde_json::from_str(&body).unwrap_or_default();
+                status == 200 && view["policyHash"] == after.as_str()
+            },
+        );
+        assert_eq!(view["policy"][field], value, "{kind}/{name}: {view}");
+        assert_eq!(
+            container_status(cp, ns, pod, "containerID"),
+            container,
+            "the same container runs the new policy of {kind}/{name}"
+        );
+        hash_now = after;
+    }
     assert_eq!(container_status(cp, ns, pod, "restartCount"), "0");
     assert_eq!(
         kubectl(
