@@ -1592,6 +1592,60 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
     let (status, recalled) = call(("GET", &format!("/v1/recall/{key}")), None);
     assert_eq!(status, 200, "recall: {recalled}");
     assert!(recalled == log, "recall returns the original byte for byte");
+    // `kubectl exec` into the agent container itself, which has no shell: the agent's own
+    // CLI with the container's environment (S3 settings and credentials) prints the
+    // original too. Its config file goes onto the emptyDir, written from an ephemeral
+    // container: the root filesystem would refuse it.
+    let config = format!(
+        "printf 'name: worker\\nnamespace: {ns}\\nprovider: {{kind: openai-compatible, model: sim}}\\n' >/proc/1/root/tmp/recall.yaml && echo written"
+    );
+    kubectl(
+        cp,
+        &[
+            "debug",
+            pod,
+            "-n",
+            ns,
+            "--image=harness.local/busybox:cairn",
+            "--image-pull-policy=Never",
+            "--target=agent",
+            "--profile=restricted",
+            "--container=config",
+            "--",
+            "sh",
+            "-c",
+            &config,
+        ],
+    );
+    wait_for("the config file", Duration::from_secs(60), || {
+        cp.kubectl_ok(&["logs", pod, "-n", ns, "-c", "config"])
+            .is_ok_and(|l| l.contains("written"))
+    });
+    let exec = cp
+        .kubectl(&[
+            "exec",
+            pod,
+            "-n",
+            ns,
+            "-c",
+            "agent",
+            "--",
+            "cairn-agent",
+            "recall",
+            &key,
+            "--config",
+            "/tmp/recall.yaml",
+        ])
+        .expect("kubectl exec runs");
+    assert!(
+        exec.status.success(),
+        "cairn-agent recall in the agent container: {}",
+        String::from_utf8_lossy(&exec.stderr)
+    );
+    assert!(
+        exec.stdout == log.as_bytes(),
+        "cairn-agent recall in the agent container prints the original byte for byte"
+    );
 
     sim.push_reply(cairn_sim::ScriptedReply::text(summary_text()));
     let (status, body) = call(
