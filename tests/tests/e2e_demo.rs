@@ -1,5 +1,6 @@
-//! End to end, as `make demo` runs it: chart-installed operator, agent pod run by the harness
-//! with its own ServiceAccount, real nginx 413, compaction, status written back.
+//! End to end, as `make demo DEMO_FLAGS=--kwok` runs it: chart-installed operator, agent pod run by the
+//! harness with its own ServiceAccount, real nginx 413, compaction, status written back.
+//! (`make demo` runs the same on a real node; `real_node.rs` tests what only a real pod shows.)
 
 use cairn_tests::demo::{self, DemoOptions};
 
@@ -29,6 +30,71 @@ fn the_demo_compacts_recovers_from_a_413_and_reports_it() {
     assert!(report.table.contains("Running"), "{}", report.table);
 }
 
+/// `make demo` as it runs by default: the same system with the chart's operator pod and the
+/// agent pod as real containers on a real node (skipped, saying why, on a machine that
+/// cannot run one).
+#[test]
+fn the_demo_on_a_real_node_compacts_recovers_from_a_413_and_reports_it() {
+    if let Some(why) = demo::real_node_unsupported() {
+        eprintln!("skipping: this machine cannot run a real node: {why}");
+        return;
+    }
+    let opts = DemoOptions {
+        bin_dir: demo::default_bin_dir(),
+        real_node: true,
+        ..DemoOptions::default()
+    };
+    let mut log = |m: &str| eprintln!("demo: {m}");
+    let d = demo::start(&opts, &mut log).unwrap_or_else(|e| panic!("{e}"));
+    let node = d.node.as_ref().expect("the demo runs a real node");
+    let on = |ns: &str, selector: &str| {
+        d.cp.kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            ns,
+            "-l",
+            selector,
+            "-o",
+            "jsonpath={.items[*].spec.nodeName}",
+        ])
+        .unwrap_or_default()
+    };
+    assert_eq!(
+        on("cairn-system", "app.kubernetes.io/instance=cairn"),
+        node.name,
+        "the operator pod runs on the real node"
+    );
+    let report = d.drive(&opts, &mut log).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}", report.table);
+    let pod =
+        d.cp.kubectl_ok(&[
+            "get",
+            "pod",
+            "cairn-demo-0",
+            "-n",
+            "demo",
+            "-o",
+            "jsonpath={.spec.nodeName} {.status.containerStatuses[0].containerID}",
+        ])
+        .unwrap_or_default();
+    assert!(
+        pod.starts_with(&format!("{} containerd://", node.name)),
+        "the agent is a container on the real node: {pod}"
+    );
+    let s = &report.session["status"];
+    assert_eq!(report.answered, opts.turns, "every turn answers: {s}");
+    assert!(report.proxy_413s >= 1, "nginx rejected a request");
+    assert_eq!(s["phase"], "Running", "{s}");
+    let session = &s["session"];
+    assert!(session["recoveries"].as_u64().unwrap_or(0) >= 1, "{s}");
+    assert!(session["compactions"].as_u64().unwrap_or(0) >= 1, "{s}");
+    assert!(
+        session["archive"]["objects"].as_u64().unwrap_or(0) >= 1,
+        "{s}"
+    );
+}
+
 /// The same system, then what the operator issue asks of a chart-installed operator and a
 /// harness-run agent pod: the agent's own ServiceAccount reaches its session and status but
 /// not another session's Secret; a policy patch changes the hash without restarting the pod,
@@ -45,8 +111,8 @@ fn the_agent_pod_has_its_own_identity_and_follows_policy_edits_live() {
     };
     let mut log = |m: &str| eprintln!("demo: {m}");
     let d = demo::start(&opts, &mut log).unwrap_or_else(|e| panic!("{e}"));
-    let pod = d
-        .pods
+    let pods = d.pods.as_ref().expect("the demo runs on kwok's node");
+    let pod = pods
         .pod("demo", "cairn-demo-0")
         .expect("the agent pod runs");
     let as_agent = |args: &[&str]| {
@@ -204,7 +270,7 @@ fn the_agent_pod_has_its_own_identity_and_follows_policy_edits_live() {
         .expect("pod");
     assert_eq!(uid, pod.uid, "a policy edit does not replace the pod");
     assert_eq!(
-        d.pods.pod("demo", "cairn-demo-0").map(|p| p.pid),
+        pods.pod("demo", "cairn-demo-0").map(|p| p.pid),
         Some(pod.pid),
         "nor restart the agent"
     );

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use cairn_tests::harness::node::{self, RealNode};
 use cairn_tests::harness::{
-    ControlPlane, S3Server, built_paths, built_paths_with, run_dir, shared_cluster,
+    ControlPlane, S3Server, built_paths, built_paths_with, helm, repo_root, run_dir, s3,
+    shared_cluster,
 };
 
 fn skip() -> bool {
@@ -35,7 +36,7 @@ fn shared_node() -> &'static RealNode {
         let node = RealNode::start(cp, "real-node-0", &dir).expect("the real node comes up");
         eprintln!("real node Ready in {:?}", started.elapsed());
         let images = built_paths("build-images.sh").expect("images build");
-        for name in ["busybox", "cairn-agent"] {
+        for name in ["busybox", "cairn-agent", "cairn-operator"] {
             node.import_image(&images.get(name).expect("image reported"))
                 .expect("image imported");
         }
@@ -149,6 +150,69 @@ spec:
     )
 }
 
+/// Runs [`INSPECT`] in an ephemeral busybox container that shares the PID namespace of the
+/// `agent` container of `pod`, and returns what it printed.
+fn inspect_agent(cp: &ControlPlane, ns: &str, pod: &str) -> String {
+    kubectl(
+        cp,
+        &[
+            "debug",
+            pod,
+            "-n",
+            ns,
+            "--image=harness.local/busybox:cairn",
+            "--image-pull-policy=Never",
+            "--target=agent",
+            "--profile=restricted",
+            "--container=inspect",
+            "--",
+            "sh",
+            "-c",
+            INSPECT,
+        ],
+    );
+    let mut out = String::new();
+    wait_for("the inspection to finish", Duration::from_secs(60), || {
+        out = cp
+            .kubectl_ok(&["logs", pod, "-n", ns, "-c", "inspect"])
+            .unwrap_or_default();
+        out.contains("done")
+    });
+    eprintln!("{out}");
+    out
+}
+
+/// What [`INSPECT`] must show of an agent with the operator's security context.
+fn assert_hardened(out: &str) {
+    let line = |key: &str| {
+        out.lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} in:\n{out}"))
+            .to_string()
+    };
+    let ids =
+        |l: String| -> Vec<String> { l.split_whitespace().skip(1).map(str::to_string).collect() };
+    assert!(
+        ids(line("Uid:")).iter().all(|u| u == "65532"),
+        "runs as 65532, never root: {out}"
+    );
+    assert!(ids(line("Gid:")).iter().all(|g| g == "65532"), "{out}");
+    for caps in ["CapPrm:", "CapEff:", "CapBnd:"] {
+        assert_eq!(
+            ids(line(caps)),
+            ["0000000000000000"],
+            "no capabilities: {out}"
+        );
+    }
+    assert_eq!(ids(line("NoNewPrivs:")), ["1"], "{out}");
+    assert_eq!(ids(line("Seccomp:")), ["2"], "seccomp filter mode: {out}");
+    assert!(
+        line("rootfs=").contains("Read-only file system"),
+        "the root filesystem refuses a write: {out}"
+    );
+    assert_eq!(line("scratch="), "scratch=writable", "{out}");
+}
+
 /// What a process inside the agent's PID namespace sees of the agent (an ephemeral
 /// container sharing it: the agent's image has no shell, like its distroless base).
 const INSPECT: &str = r#"
@@ -210,59 +274,8 @@ fn a_hardened_agent_pod_runs_on_the_real_node() {
     // Logs come from the kubelet, through the node's InternalIP.
     kubectl(cp, &["logs", "agent", "-n", ns]);
 
-    kubectl(
-        cp,
-        &[
-            "debug",
-            "agent",
-            "-n",
-            ns,
-            "--image=harness.local/busybox:cairn",
-            "--image-pull-policy=Never",
-            "--target=agent",
-            "--profile=restricted",
-            "--container=inspect",
-            "--",
-            "sh",
-            "-c",
-            INSPECT,
-        ],
-    );
-    let mut out = String::new();
-    wait_for("the inspection to finish", Duration::from_secs(60), || {
-        out = cp
-            .kubectl_ok(&["logs", "agent", "-n", ns, "-c", "inspect"])
-            .unwrap_or_default();
-        out.contains("done")
-    });
-    eprintln!("{out}");
-    let line = |key: &str| {
-        out.lines()
-            .find(|l| l.starts_with(key))
-            .unwrap_or_else(|| panic!("no {key} in:\n{out}"))
-            .to_string()
-    };
-    let ids =
-        |l: String| -> Vec<String> { l.split_whitespace().skip(1).map(str::to_string).collect() };
-    assert!(
-        ids(line("Uid:")).iter().all(|u| u == "65532"),
-        "runs as 65532, never root: {out}"
-    );
-    assert!(ids(line("Gid:")).iter().all(|g| g == "65532"), "{out}");
-    for caps in ["CapPrm:", "CapEff:", "CapBnd:"] {
-        assert_eq!(
-            ids(line(caps)),
-            ["0000000000000000"],
-            "no capabilities: {out}"
-        );
-    }
-    assert_eq!(ids(line("NoNewPrivs:")), ["1"], "{out}");
-    assert_eq!(ids(line("Seccomp:")), ["2"], "seccomp filter mode: {out}");
-    assert!(
-        line("rootfs=").contains("Read-only file system"),
-        "the root filesystem refuses a write: {out}"
-    );
-    assert_eq!(line("scratch="), "scratch=writable", "{out}");
+    let out = inspect_agent(cp, ns, "agent");
+    assert_hardened(&out);
     let _ = node;
     let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
@@ -282,6 +295,8 @@ spec:
     imagePullPolicy: Never
     command: [sleep, "3600"]
     securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+    volumeMounts: [{{name: tmp, mountPath: /tmp}}]
+  volumes: [{{name: tmp, emptyDir: {{sizeLimit: 16Mi}}}}]
 "#
     )
 }
@@ -439,21 +454,16 @@ spec:
 
 /// A turn through the agent's API from the client pod of `ns`; the response's status line.
 fn turn_from(cp: &ControlPlane, ns: &str, addr: &str, input: &str) -> String {
-    let body = format!(r#"{{"model":"sim","input":"{input}"}}"#);
-    let (host, port) = addr.split_once(':').unwrap_or((addr, "80"));
-    let script = format!(
-        // stdin stays open until the agent answers: busybox nc stops reading at its EOF.
-        "{{ printf 'POST /v1/responses HTTP/1.0\\r\\nAuthorization: Bearer test-token\\r\\nContent-Type: application/json\\r\\nContent-Length: {}\\r\\n\\r\\n%s' '{body}'; sleep 20; }} | nc -w 20 {host} {port} | head -c 700",
-        body.len()
+    let body = serde_json::json!({"model": "sim", "input": input});
+    let (status, body) = exchange(
+        cp,
+        ns,
+        addr,
+        ("POST", "/v1/responses"),
+        "test-token",
+        Some(&body),
     );
-    match cp.kubectl(&["exec", "client", "-n", ns, "--", "sh", "-c", &script]) {
-        Ok(o) => format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout).trim(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
-        Err(e) => e.to_string(),
-    }
+    format!("HTTP {status} {body}")
 }
 
 /// Host PID of the container process of pod `uid` (its cgroup path names the pod).
@@ -719,8 +729,9 @@ fn an_agent_pod_is_not_ready_until_it_holds_and_has_rebuilt_its_journal() {
     }
     let _node = shared_node();
     let cp = shared_cluster();
-    let crds = cairn_crds::crds_yaml().expect("CRDs serialize");
-    cp.apply_yaml(&crds).expect("CRDs applied");
+    // The CRDs come from the chart's `helm install` (whose operator manages only the
+    // namespaces of its own tests, not this one: here nothing but the test touches the Lease).
+    let _ = shared_operator();
     kubectl(
         cp,
         &[
@@ -1087,4 +1098,926 @@ fn child_holds_a_node() {
     loop {
         std::thread::sleep(Duration::from_secs(60));
     }
+}
+
+/// The version every image and the chart carry.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Where the chart installs the operator.
+const OPERATOR_NS: &str = "cairn-system";
+/// The namespaces whose sessions the operator of [`shared_operator`] manages (and only
+/// those: other tests of this binary create AgentSessions that no operator may touch).
+const OPERATED: [&str; 2] = ["operated", "rolled"];
+
+/// cairn installed by `helm install` of `charts/cairn` (its CRDs included), the operator
+/// running as a pod on the real node with the chart's security context, its archive store
+/// moto on the host's loopback, reached through a forwarder into the node.
+struct Operator {
+    s3: S3Server,
+    /// The operator's pod, as the API server names it.
+    pod: String,
+}
+
+fn shared_operator() -> &'static Operator {
+    static OPERATOR: std::sync::OnceLock<Operator> = std::sync::OnceLock::new();
+    OPERATOR.get_or_init(|| {
+        let node = shared_node();
+        let cp = shared_cluster();
+        let dir = run_dir("node-operator").expect("run dir");
+        let s3 = S3Server::start(&dir, &["cairn"]).expect("moto");
+        let s3_addr = node
+            .forward_to_host(SocketAddr::from(([127, 0, 0, 1], s3.port)))
+            .expect("forwarder");
+        // The operator's Roles go into the namespaces it watches: they exist first.
+        for ns in OPERATED {
+            let _ = cp.kubectl(&["create", "namespace", ns]);
+        }
+        let started = Instant::now();
+        let out = Command::new(helm().expect("helm installs"))
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .env("HELM_CACHE_HOME", dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", dir.join("helm/config"))
+            .env("HELM_DATA_HOME", dir.join("helm/data"))
+            .args(["install", "cairn"])
+            .arg(repo_root().join("charts/cairn"))
+            .args(["--namespace", OPERATOR_NS, "--create-namespace"])
+            .args(["--wait", "--timeout", "180s"])
+            .args([
+                "--set",
+                &format!("nodeSelector.kubernetes\\.io/hostname={}", node.name),
+                "--set",
+                &format!("watchNamespaces={{{}}}", OPERATED.join(",")),
+                "--set",
+                &format!("archive.endpoint=http://{s3_addr}"),
+                "--set",
+                "archive.credentialsSecret=cairn-s3",
+                "--set",
+                "logFormat=text",
+            ])
+            .output()
+            .expect("helm runs");
+        assert!(
+            out.status.success(),
+            "helm install: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            cp.kubectl_ok(&["describe", "pods", "-n", OPERATOR_NS])
+                .unwrap_or_default()
+        );
+        eprintln!("helm install: operator Ready in {:?}", started.elapsed());
+        let pod = kubectl(
+            cp,
+            &[
+                "get",
+                "pods",
+                "-n",
+                OPERATOR_NS,
+                "-l",
+                "app.kubernetes.io/instance=cairn",
+                "-o",
+                "jsonpath={.items[0].metadata.name}",
+            ],
+        );
+        Operator { s3, pod }
+    })
+}
+
+/// The Secrets of a session's namespace: the archive credentials the chart's
+/// `archive.credentialsSecret` names, and the provider's key.
+fn session_secrets(ns: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: cairn-s3, namespace: {ns}}}\nstringData: {{AWS_ACCESS_KEY_ID: {}, AWS_SECRET_ACCESS_KEY: {}}}\n---\n\
+apiVersion: v1\nkind: Secret\nmetadata: {{name: provider, namespace: {ns}}}\nstringData: {{api-key: sk-sim}}\n",
+        s3::ACCESS_KEY_ID,
+        s3::SECRET_ACCESS_KEY
+    )
+}
+
+/// An AgentSession whose pod runs on the real node, its provider at `provider`.
+fn agent_session(ns: &str, name: &str, provider: SocketAddr, compaction: &str) -> String {
+    format!(
+        r#"apiVersion: cairn.dev/v1alpha1
+kind: AgentSession
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  provider:
+    kind: openai-compatible
+    model: sim
+    baseUrl: "http://{provider}/v1"
+    credentials: {{secretName: provider}}
+  contextWindow: 100000
+  maxOutputTokens: 1000
+  systemPrompt: You are a test agent.
+  compaction: {compaction}
+  template:
+    nodeSelector: {{kubernetes.io/hostname: real-node-0}}
+"#
+    )
+}
+
+/// One HTTP/1.0 exchange from the client pod of `ns` with `addr`, the request on stdin:
+/// the status (0 when there was no answer) and the body (or what went wrong).
+fn exchange(
+    cp: &ControlPlane,
+    ns: &str,
+    addr: &str,
+    request: (&str, &str),
+    token: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, String) {
+    let (method, path) = request;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let text = format!(
+        "{method} {path} HTTP/1.0\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (host, port) = addr.split_once(':').unwrap_or((addr, "80"));
+    // nc's stdin stays open until the answer is in (the agent drops a connection whose
+    // client half-closed it; busybox nc half-closes at the end of its stdin); once nc has
+    // the answer it ends the sleep that held stdin open.
+    let script = format!(
+        "f=/tmp/x.$$; cat >$f.req; \
+         {{ cat $f.req; sleep 60 & echo $! >$f.pid; wait; }} | \
+         {{ nc -w 30 {host} {port}; kill $(cat $f.pid) 2>/dev/null; }}; rm -f $f.req $f.pid"
+    );
+    let out = cp
+        .kubectl_with_stdin(
+            &["exec", "-i", "client", "-n", ns, "--", "sh", "-c", &script],
+            &text,
+        )
+        .map(|o| {
+            (
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        });
+    let (stdout, stderr) = match out {
+        Ok(o) => o,
+        Err(e) => return (0, e.to_string()),
+    };
+    match stdout.split_once("\r\n\r\n") {
+        Some((head, body)) => (
+            head.split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            body.to_string(),
+        ),
+        None => (0, format!("{stdout}{stderr}")),
+    }
+}
+
+fn json_of(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// A build log of about 25 KB: one tool output, large enough to be microcompacted.
+fn build_log() -> String {
+    let mut s = String::new();
+    for i in 0..600 {
+        s.push_str(&format!(
+            "[{i:04}] compiling module_{i} ... ok (0.{i:03}s)\n"
+        ));
+    }
+    s.push_str("error[E0308]: mismatched types in module_599\n");
+    s
+}
+
+/// A summary with the nine sections the summarizer's quality gate asks for.
+fn summary_text() -> String {
+    let sections = [
+        "Primary request and intent",
+        "Key technical concepts",
+        "Files and code",
+        "Errors and fixes",
+        "Problem solving",
+        "All user messages (verbatim)",
+        "Pending tasks",
+        "Current work",
+        "Optional next step",
+    ];
+    let mut s = String::new();
+    for (n, sec) in sections.iter().enumerate() {
+        s.push_str(&format!(
+            "{}. {sec}\nThe user asked about the build; module_599 fails with E0308.\n",
+            n + 1
+        ));
+    }
+    while s.len() < 2_500 {
+        s.push_str("Details: the failing build step is module_599; types mismatch.\n");
+    }
+    s
+}
+
+/// The archive key of `content`: the first 16 hex digits of its SHA-256.
+fn ccr_key(content: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(content)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `/proc/PID/mountinfo` as (mount point, root in its filesystem, per-mount options,
+/// super options).
+fn mounts_of(pid: i32) -> Vec<(String, String, String, String)> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            Some((
+                f.get(4)?.to_string(),
+                f.get(3)?.to_string(),
+                f.get(5)?.to_string(),
+                f.get(sep + 3).unwrap_or(&"").to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Every path below `dir`, relative to it, with a leading `/`.
+fn tree(dir: &Path) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            let rel = p.strip_prefix(dir).unwrap_or(&p).to_string_lossy();
+            out.push((format!("/{rel}"), is_dir));
+            if is_dir {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The operator's container as the host sees it: non-root, no capabilities, seccomp,
+/// no-new-privileges, a root filesystem that refuses even root's write.
+fn assert_operator_hardened(cp: &ControlPlane, pod: &str) {
+    let uid = kubectl(
+        cp,
+        &[
+            "get",
+            "pod",
+            pod,
+            "-n",
+            OPERATOR_NS,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
+    );
+    let pid = container_pid(uid.trim(), "cairn-operator").expect("the operator's process");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |key: &str| -> Vec<String> {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .map(|l| l.split_whitespace().skip(1).map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    assert!(
+        !field("Uid:").is_empty() && field("Uid:").iter().all(|u| u == "65532"),
+        "the operator runs as 65532: {status}"
+    );
+    for caps in ["CapPrm:", "CapEff:", "CapBnd:"] {
+        assert_eq!(field(caps), ["0000000000000000"], "{caps} {status}");
+    }
+    assert_eq!(field("NoNewPrivs:"), ["1"], "{status}");
+    assert_eq!(field("Seccomp:"), ["2"], "{status}");
+    let write = std::fs::write(format!("/proc/{pid}/root/probe"), b"x");
+    assert_eq!(
+        write.as_ref().err().and_then(|e| e.raw_os_error()),
+        Some(libc::EROFS),
+        "the operator's root filesystem refuses a write: {write:?}"
+    );
+}
+
+/// The chart's operator pod runs on the real node and creates the agent pod of an
+/// AgentSession; the agent container has the operator's hardened security context, keeps
+/// its files on its emptyDir only, and works with all of that: turns through the session's
+/// Service from a client pod, a tool output microcompacted into the archive in S3, an
+/// explicit compaction, `recall` returning the original; the session's NetworkPolicy
+/// (the operator's) refuses a client pod of another namespace.
+#[test]
+fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
+    if skip() {
+        return;
+    }
+    let node = shared_node();
+    let cp = shared_cluster();
+    let operator = shared_operator();
+    assert_eq!(
+        kubectl(
+            cp,
+            &[
+                "get",
+                "pod",
+                &operator.pod,
+                "-n",
+                OPERATOR_NS,
+                "-o",
+                "jsonpath={.spec.nodeName}"
+            ]
+        ),
+        node.name,
+        "the operator pod runs on the real node"
+    );
+    assert_operator_hardened(cp, &operator.pod);
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let sim = rt.block_on(cairn_sim::Sim::start()).expect("cairn-sim");
+    let provider = node.forward_to_host(sim.addr()).expect("forwarder");
+    let (ns, other) = ("operated", "operated-other");
+    let _ = cp.kubectl(&["create", "namespace", other]);
+    let started = Instant::now();
+    cp.apply_yaml(&format!(
+        "{}---\n{}",
+        session_secrets(ns),
+        agent_session(
+            ns,
+            "worker",
+            provider,
+            "{minKeepRecent: 2, microcompact: {truncateAfterTurns: 1, summarizeAfterTurns: 50, minContentChars: 1000}}"
+        )
+    ))
+    .expect("session applied");
+    for n in [ns, other] {
+        cp.apply_yaml(&client_pod(n)).expect("client applied");
+    }
+    let pod = "cairn-worker-0";
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !pod_ready(cp, ns, pod) {
+        assert!(
+            Instant::now() < deadline,
+            "the operator's agent pod is not Ready after 120 s:\n{}\n{}",
+            cp.kubectl_ok(&["describe", "pod", pod, "-n", ns])
+                .unwrap_or_default(),
+            cp.kubectl_ok(&["logs", &operator.pod, "-n", OPERATOR_NS])
+                .unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    eprintln!("AgentSession to agent pod Ready in {:?}", started.elapsed());
+    assert_eq!(
+        kubectl(
+            cp,
+            &[
+                "get",
+                "pod",
+                pod,
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.spec.nodeName}"
+            ]
+        ),
+        node.name
+    );
+    for n in [ns, other] {
+        wait_for("the client pods", Duration::from_secs(60), || {
+            pod_ready(cp, n, "client")
+        });
+    }
+
+    let out = inspect_agent(cp, ns, pod);
+    assert_hardened(&out);
+
+    let token = kubectl(
+        cp,
+        &[
+            "get",
+            "secret",
+            "cairn-worker-api-token",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.data.token}",
+        ],
+    );
+    let token = {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(token.trim())
+            .expect("base64 token");
+        String::from_utf8(bytes).expect("UTF-8 token")
+    };
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "service",
+            "cairn-worker",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+    );
+    let addr = format!("{}:8080", ip.trim());
+    let call = |request: (&str, &str), body: Option<serde_json::Value>| {
+        exchange(cp, ns, &addr, request, &token, body.as_ref())
+    };
+    let tools = serde_json::json!([{
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a file.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    }]);
+
+    // A client tool call, its large output, then turns until the output is microcompacted.
+    sim.push_reply(cairn_sim::ScriptedReply::tool_call(
+        "read_file",
+        serde_json::json!({"path": "build.log"}),
+    ));
+    let (status, body) = call(
+        ("POST", "/v1/responses"),
+        Some(serde_json::json!({"model": "sim", "input": "read the build log", "tools": tools})),
+    );
+    assert_eq!(status, 200, "first turn through the ClusterIP: {body}");
+    let first = json_of(&body);
+    let call_id = first["output"]
+        .as_array()
+        .and_then(|o| o.iter().find(|i| i["type"] == "function_call"))
+        .and_then(|c| c["call_id"].as_str())
+        .unwrap_or_else(|| panic!("no function_call in {first}"))
+        .to_string();
+    let log = build_log();
+    let key = ccr_key(log.as_bytes());
+    sim.push_reply(cairn_sim::ScriptedReply::text("the build log is read"));
+    let (status, body) = call(
+        ("POST", "/v1/responses"),
+        Some(serde_json::json!({
+            "model": "sim", "previous_response_id": first["id"], "tools": tools,
+            "input": [{"type": "function_call_output", "call_id": call_id, "output": log}]
+        })),
+    );
+    assert_eq!(status, 200, "the tool output: {body}");
+    let marker = format!("<<ccr:{key}>>");
+    let mut compacted = false;
+    for turn in 0..3 {
+        sim.push_reply(cairn_sim::ScriptedReply::text("module_599 fails"));
+        let (status, body) = call(
+            ("POST", "/v1/responses"),
+            Some(
+                serde_json::json!({"model": "sim", "input": format!("turn {turn}: what failed?"), "tools": tools}),
+            ),
+        );
+        assert_eq!(status, 200, "turn {turn}: {body}");
+        let last = sim.requests().pop().expect("the turn reached the provider");
+        if last.contains(&marker) {
+            assert!(
+                !last.contains("[0300] compiling module_300"),
+                "the middle of the output was cut from the request"
+            );
+            compacted = true;
+            break;
+        }
+    }
+    assert!(compacted, "the old tool output was never microcompacted");
+    let objects = operator
+        .s3
+        .list("cairn", &format!("cairn/{ns}/worker/"))
+        .expect("listing S3");
+    assert!(
+        objects.iter().any(|o| o.ends_with(&format!("/ccr/{key}"))),
+        "the original is archived in S3: {objects:?}"
+    );
+    assert!(
+        objects.iter().any(|o| o.contains("/journal/")),
+        "the journal is in S3: {objects:?}"
+    );
+    let (status, recalled) = call(("GET", &format!("/v1/recall/{key}")), None);
+    assert_eq!(status, 200, "recall: {recalled}");
+    assert!(recalled == log, "recall returns the original byte for byte");
+    // `kubectl exec` into the agent container itself, which has no shell: the agent's own
+    // CLI with the container's environment (S3 settings and credentials) prints the
+    // original too. Its config file goes onto the emptyDir, written from an ephemeral
+    // container: the root filesystem would refuse it.
+    let config = format!(
+        "printf 'name: worker\\nnamespace: {ns}\\nprovider: {{kind: openai-compatible, model: sim}}\\n' >/proc/1/root/tmp/recall.yaml && echo written"
+    );
+    kubectl(
+        cp,
+        &[
+            "debug",
+            pod,
+            "-n",
+            ns,
+            "--image=harness.local/busybox:cairn",
+            "--image-pull-policy=Never",
+            "--target=agent",
+            "--profile=restricted",
+            "--container=config",
+            "--",
+            "sh",
+            "-c",
+            &config,
+        ],
+    );
+    wait_for("the config file", Duration::from_secs(60), || {
+        cp.kubectl_ok(&["logs", pod, "-n", ns, "-c", "config"])
+            .is_ok_and(|l| l.contains("written"))
+    });
+    let exec = cp
+        .kubectl(&[
+            "exec",
+            pod,
+            "-n",
+            ns,
+            "-c",
+            "agent",
+            "--",
+            "cairn-agent",
+            "recall",
+            &key,
+            "--config",
+            "/tmp/recall.yaml",
+        ])
+        .expect("kubectl exec runs");
+    assert!(
+        exec.status.success(),
+        "cairn-agent recall in the agent container: {}",
+        String::from_utf8_lossy(&exec.stderr)
+    );
+    assert!(
+        exec.stdout == log.as_bytes(),
+        "cairn-agent recall in the agent container prints the original byte for byte"
+    );
+
+    sim.push_reply(cairn_sim::ScriptedReply::text(summary_text()));
+    let (status, body) = call(
+        ("POST", "/v1/session/compact"),
+        Some(serde_json::json!({"instruction": "keep the build errors"})),
+    );
+    assert_eq!(status, 200, "compaction: {body}");
+    let out = json_of(&body);
+    assert!(
+        out["bytesAfter"].as_u64() < out["bytesBefore"].as_u64(),
+        "the compaction made the history smaller: {out}"
+    );
+    let mut status = serde_json::Value::Null;
+    wait_for(
+        "the agent to report the compaction and the archive",
+        Duration::from_secs(30),
+        || {
+            status = cp
+                .kubectl_ok(&["get", "asess", "worker", "-n", ns, "-o", "json"])
+                .map(|s| json_of(&s)["status"].clone())
+                .unwrap_or_default();
+            status["session"]["compactions"].as_u64().unwrap_or(0) >= 1
+                && status["session"]["archive"]["objects"]
+                    .as_u64()
+                    .unwrap_or(0)
+                    >= 1
+        },
+    );
+    assert_eq!(status["phase"], "Running", "{status}");
+
+    // The agent's files went to its emptyDir and nowhere else.
+    let uid = kubectl(
+        cp,
+        &[
+            "get",
+            "pod",
+            pod,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
+    );
+    let pid = container_pid(uid.trim(), "cairn-agent").expect("the agent's process");
+    let mounts = mounts_of(pid);
+    let at = |point: &str| {
+        mounts
+            .iter()
+            .rev()
+            .find(|m| m.0 == point)
+            .unwrap_or_else(|| panic!("no mount at {point}: {mounts:?}"))
+            .clone()
+    };
+    assert!(
+        at("/").2.split(',').any(|o| o == "ro"),
+        "the root filesystem is mounted read-only: {:?}",
+        at("/")
+    );
+    for point in ["/tmp", "/var/cache/cairn"] {
+        let m = at(point);
+        assert!(
+            m.1.contains("kubernetes.io~empty-dir/scratch/") && m.2.split(',').any(|o| o == "rw"),
+            "{point} is the writable emptyDir: {m:?}"
+        );
+    }
+    let scratch = node
+        .dir
+        .join("kubelet/root/pods")
+        .join(uid.trim())
+        .join("volumes/kubernetes.io~empty-dir/scratch");
+    let files = tree(&scratch);
+    eprintln!("root mount {:?}; emptyDir {files:?}", at("/"));
+    assert!(
+        files.iter().any(|(p, _)| p.ends_with(&format!("/{key}"))),
+        "the local archive cache holds the original on the emptyDir: {files:?}"
+    );
+    // The container's own writable layer, if it has one, holds only the mount points the
+    // runtime created; nothing the agent wrote.
+    if let Some(upper) = at("/")
+        .3
+        .split(',')
+        .find_map(|o| o.strip_prefix("upperdir="))
+    {
+        let points: Vec<&str> = mounts.iter().map(|m| m.0.as_str()).collect();
+        let layer = tree(Path::new(upper));
+        eprintln!("the agent container's own layer: {layer:?}");
+        for (path, is_dir) in layer {
+            let a_mount_point = points.contains(&path.as_str())
+                || (is_dir && points.iter().any(|p| p.starts_with(&format!("{path}/"))));
+            assert!(
+                a_mount_point,
+                "{path} was written into the container's own layer"
+            );
+        }
+    }
+
+    // The operator's NetworkPolicy: the session's namespace got through (the turns above),
+    // another namespace does not.
+    wait_for(
+        "the session's policy to refuse another namespace",
+        Duration::from_secs(30),
+        || !http_from(cp, other, &addr, "/healthz").contains("HTTP/"),
+    );
+    for _ in 0..3 {
+        let r = http_from(cp, other, &addr, "/healthz");
+        assert!(!r.contains("HTTP/"), "another namespace is refused: {r}");
+        let r = http_from(cp, ns, &addr, "/healthz");
+        assert!(
+            r.contains(" 200"),
+            "the session's namespace is admitted: {r}"
+        );
+    }
+    let _ = cp.kubectl(&["delete", "namespace", other, "--wait=false"]);
+}
+
+fn container_status(cp: &ControlPlane, ns: &str, pod: &str, field: &str) -> String {
+    cp.kubectl_ok(&[
+        "get",
+        "pod",
+        pod,
+        "-n",
+        ns,
+        "-o",
+        &format!("jsonpath={{.status.containerStatuses[0].{field}}}"),
+    ])
+    .unwrap_or_default()
+    .trim()
+    .to_string()
+}
+
+/// `kubectl patch` of the session's compaction, and of the CompactionPolicy it references,
+/// reaches the running agent with no restart (same container, the agent reports the new
+/// policyHash and policy), and a new image rolls the pod
+/// (a new container of the new image, the history rebuilt from the journal in S3).
+#[test]
+fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
+    if skip() {
+        return;
+    }
+    let node = shared_node();
+    let cp = shared_cluster();
+    let _operator = shared_operator();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let sim = rt.block_on(cairn_sim::Sim::start()).expect("cairn-sim");
+    let provider = node.forward_to_host(sim.addr()).expect("forwarder");
+    let ns = "rolled";
+    cp.apply_yaml(&format!(
+        "apiVersion: cairn.dev/v1alpha1\nkind: CompactionPolicy\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{minKeepRecent: 8}}\n---\n{}---\n{}",
+        session_secrets(ns),
+        agent_session(ns, "rolled", provider, "{budgetRatio: 0.6}")
+            .replace("  compaction:", "  policyRef: {name: shared}\n  compaction:")
+    ))
+    .expect("session applied");
+    cp.apply_yaml(&client_pod(ns)).expect("client applied");
+    let pod = "cairn-rolled-0";
+    for p in [pod, "client"] {
+        wait_for("the pods to be Ready", Duration::from_secs(120), || {
+            pod_ready(cp, ns, p)
+        });
+    }
+    let token = kubectl(
+        cp,
+        &[
+            "get",
+            "secret",
+            "cairn-rolled-api-token",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.data.token}",
+        ],
+    );
+    let token = {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(token.trim())
+            .expect("base64 token");
+        String::from_utf8(bytes).expect("UTF-8 token")
+    };
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "service",
+            "cairn-rolled",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+    );
+    let addr = format!("{}:8080", ip.trim());
+    let call = |request: (&str, &str), body: Option<serde_json::Value>| {
+        exchange(cp, ns, &addr, request, &token, body.as_ref())
+    };
+    let turn = |input: &str| {
+        call(
+            ("POST", "/v1/responses"),
+            Some(serde_json::json!({"model": "sim", "input": input})),
+        )
+    };
+    let hash = || {
+        cp.kubectl_ok(&[
+            "get",
+            "asess",
+            "rolled",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.policyHash}",
+        ])
+        .unwrap_or_default()
+    };
+
+    sim.push_reply(cairn_sim::ScriptedReply::text("noted: OSPREY-3"));
+    let (status, body) = turn("remember OSPREY-3");
+    assert_eq!(status, 200, "first turn: {body}");
+    let container = container_status(cp, ns, pod, "containerID");
+    let uid = kubectl(
+        cp,
+        &[
+            "get",
+            "pod",
+            pod,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
+    );
+    assert!(container.starts_with("containerd://"), "{container}");
+    let mut before = String::new();
+    wait_for(
+        "the operator to write the policyHash",
+        Duration::from_secs(30),
+        || {
+            before = hash();
+            !before.is_empty()
+        },
+    );
+    let (status, body) = call(("GET", "/v1/session"), None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json_of(&body)["policyHash"], before.as_str(), "{body}");
+
+    // Each edit by `kubectl patch`, inline and in the referenced CompactionPolicy: a new
+    // hash, which the running agent reports with the new policy on its next turn.
+    let mut hash_now = before;
+    for (kind, name, patch, field, value) in [
+        (
+            "asess",
+            "rolled",
+            r#"{"spec":{"compaction":{"budgetRatio":0.5}}}"#,
+            "budgetRatio",
+            serde_json::json!(0.5),
+        ),
+        (
+            "cpol",
+            "shared",
+            r#"{"spec":{"minKeepRecent":6}}"#,
+            "minKeepRecent",
+            serde_json::json!(6),
+        ),
+    ] {
+        kubectl(
+            cp,
+            &["patch", kind, name, "-n", ns, "--type=merge", "-p", patch],
+        );
+        let mut after = String::new();
+        wait_for("the new policyHash", Duration::from_secs(60), || {
+            after = hash();
+            !after.is_empty() && after != hash_now
+        });
+        let mut view = serde_json::Value::Null;
+        wait_for(
+            "the running agent to report the new policy",
+            Duration::from_secs(60),
+            || {
+                sim.push_reply(cairn_sim::ScriptedReply::text("ok"));
+                let (status, _) = turn("a turn under the new policy");
+                let (_, body) = call(("GET", "/v1/session"), None);
+                view = serde_json::from_str(&body).unwrap_or_default();
+                status == 200 && view["policyHash"] == after.as_str()
+            },
+        );
+        assert_eq!(view["policy"][field], value, "{kind}/{name}: {view}");
+        assert_eq!(
+            container_status(cp, ns, pod, "containerID"),
+            container,
+            "the same container runs the new policy of {kind}/{name}"
+        );
+        hash_now = after;
+    }
+    assert_eq!(container_status(cp, ns, pod, "restartCount"), "0");
+    assert_eq!(
+        kubectl(
+            cp,
+            &[
+                "get",
+                "pod",
+                pod,
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.uid}"
+            ]
+        ),
+        uid,
+        "in the same pod"
+    );
+
+    // A new image: the same content under a new tag, as a release would bring it.
+    let image = format!("ghcr.io/cairn-dev/cairn-agent:{VERSION}");
+    let next = format!("ghcr.io/cairn-dev/cairn-agent:{VERSION}-next");
+    node.tag_image(&image, &next).expect("tagged");
+    kubectl(
+        cp,
+        &[
+            "patch",
+            "asess",
+            "rolled",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"spec":{{"template":{{"image":"{next}"}}}}}}"#),
+        ],
+    );
+    let started = Instant::now();
+    wait_for(
+        "the pod to roll to the new image",
+        Duration::from_secs(120),
+        || {
+            let id = container_status(cp, ns, pod, "containerID");
+            !id.is_empty()
+                && id != container
+                && cp
+                    .kubectl_ok(&[
+                        "get",
+                        "pod",
+                        pod,
+                        "-n",
+                        ns,
+                        "-o",
+                        "jsonpath={.spec.containers[0].image}",
+                    ])
+                    .is_ok_and(|i| i.trim() == next)
+                && pod_ready(cp, ns, pod)
+        },
+    );
+    eprintln!("image change rolled in {:?}", started.elapsed());
+    assert_ne!(
+        kubectl(
+            cp,
+            &[
+                "get",
+                "pod",
+                pod,
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.uid}"
+            ]
+        ),
+        uid,
+        "the StatefulSet replaced the pod"
+    );
+    sim.push_reply(cairn_sim::ScriptedReply::text("it was OSPREY-3"));
+    let (status, body) = turn("what did I ask you to remember?");
+    assert_eq!(status, 200, "a turn on the new image: {body}");
+    let last = sim.requests().pop().expect("the turn reached the provider");
+    assert!(
+        last.contains("remember OSPREY-3") && last.contains("noted: OSPREY-3"),
+        "the new container rebuilt the history from the journal in S3"
+    );
 }

@@ -1,5 +1,7 @@
-//! `cairn-demo [--keep]`: the whole system on this machine (see `cairn_tests::demo`). With
-//! `--keep` everything stays up until Ctrl-C, and the demo prints how to reach it.
+//! `cairn-demo [--keep] [--kwok]`: the whole system on this machine (see `cairn_tests::demo`),
+//! its pods on a real node (kubelet, containerd, runc) or, with `--kwok` or on a machine that
+//! cannot run one, on kwok's fake node. With `--keep` everything stays up until Ctrl-C, and
+//! the demo prints how to reach it.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,11 +16,23 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 fn main() -> ExitCode {
     let keep = std::env::args().any(|a| a == "--keep");
+    let kwok = std::env::args().any(|a| a == "--kwok");
+    let mut say = |m: &str| println!("cairn-demo: {m}");
+    let real_node = !kwok
+        && match demo::real_node_unsupported() {
+            None => true,
+            Some(why) => {
+                say(&format!(
+                    "no real node on this machine ({why}): using kwok's node"
+                ));
+                false
+            }
+        };
     let opts = DemoOptions {
         bin_dir: demo::default_bin_dir(),
+        real_node,
         ..DemoOptions::default()
     };
-    let mut say = |m: &str| println!("cairn-demo: {m}");
     let demo = match demo::start(&opts, &mut say) {
         Ok(d) => d,
         Err(e) => {

@@ -41,7 +41,7 @@ pub const API_PORT: u16 = 6443;
 /// its own network namespace), so the `kubernetes` Service has one endpoint that is local
 /// wherever the pod runs, whichever nodes come and go.
 pub const API_ENDPOINT_IP: Ipv4Addr = Ipv4Addr::new(10, 249, 0, 1);
-/// The Service range of the harness's API server.
+/// The Service range of the harness's API server (10.96.0.0/16).
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 
 /// Paths of the node binaries.
@@ -401,6 +401,31 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
         Ok(addr)
     }
 
+    /// Makes `target` inside the node's network namespace (a Service's ClusterIP, a pod)
+    /// reachable from the host at the returned address on the host's loopback: each
+    /// connection is dialled from inside the node's namespace, like a process on the node.
+    pub fn forward_from_host(&self, target: SocketAddr) -> Result<SocketAddr, HarnessError> {
+        // The node has no default route, so its own processes need one to the Service range
+        // (kube-proxy rewrites the destination after routing): onto the pods' bridge, which
+        // exists once a pod runs here, so nothing addressed there leaves the namespace.
+        let in_service_range =
+            matches!(target.ip(), std::net::IpAddr::V4(ip) if ip.octets()[..2] == [10, 96]);
+        if in_service_range {
+            let ns = format!("--net={}", self.netns.display());
+            run(
+                "nsenter",
+                &[&ns, "ip", "route", "replace", SERVICE_CIDR, "dev", "cni0"],
+            )?;
+        }
+        let f = Forwarder::start_inward(&self.netns, target)?;
+        let addr = f
+            .listener
+            .local_addr()
+            .map_err(|e| HarnessError::io("reading the forwarder's address", e))?;
+        self.forwarders.lock().map_err(|_| poisoned())?.push(f);
+        Ok(addr)
+    }
+
     /// Imports a docker-archive tarball into the node's containerd (`k8s.io` namespace).
     pub fn import_image(&self, archive: &Path) -> Result<(), HarnessError> {
         let sock = self.dir.join("containerd/containerd.sock");
@@ -415,6 +440,25 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
             return Err(HarnessError::Setup(format!(
                 "ctr images import {}: {}",
                 archive.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Gives an imported image a second name in the node's containerd (a new tag of the
+    /// same content: what a rollout to a new image version looks like to the kubelet).
+    pub fn tag_image(&self, source: &str, target: &str) -> Result<(), HarnessError> {
+        let sock = self.dir.join("containerd/containerd.sock");
+        let out = Command::new(&self.ctr)
+            .arg("--address")
+            .arg(&sock)
+            .args(["-n", "k8s.io", "images", "tag", "--force", source, target])
+            .output()
+            .map_err(|e| HarnessError::io("running ctr images tag", e))?;
+        if !out.status.success() {
+            return Err(HarnessError::Setup(format!(
+                "ctr images tag {source} {target}: {}",
                 String::from_utf8_lossy(&out.stderr)
             )));
         }
@@ -679,7 +723,7 @@ healthzBindAddress: 127.0.0.1:10256
 }
 
 /// Accepts TCP connections inside a network namespace and relays each to `target` on the
-/// host (the API server on loopback).
+/// host (the API server on loopback), or the other way round.
 struct Forwarder {
     listener: Arc<TcpListener>,
     stopping: Arc<AtomicBool>,
@@ -702,6 +746,18 @@ impl Forwarder {
         .join()
         .map_err(|_| HarnessError::Setup("the forwarder's bind thread panicked".into()))?
         .map_err(|e| HarnessError::io(format!("listening on {listen} in the node"), e))?;
+        Ok(Self::serve(listener, target, None))
+    }
+
+    /// Accepts TCP connections on the host's loopback and relays each to `target`, dialled
+    /// from inside the network namespace `netns`.
+    fn start_inward(netns: &Path, target: SocketAddr) -> Result<Self, HarnessError> {
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .map_err(|e| HarnessError::io("listening on the host's loopback", e))?;
+        Ok(Self::serve(listener, target, Some(netns.to_path_buf())))
+    }
+
+    fn serve(listener: TcpListener, target: SocketAddr, dial_in: Option<PathBuf>) -> Self {
         let listener = Arc::new(listener);
         let stopping = Arc::new(AtomicBool::new(false));
         let (l, stop) = (Arc::clone(&listener), Arc::clone(&stopping));
@@ -710,15 +766,26 @@ impl Forwarder {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let Ok(inside) = conn else { continue };
-                std::thread::spawn(move || relay(inside, target));
+                let Ok(accepted) = conn else { continue };
+                let dial_in = dial_in.clone();
+                std::thread::spawn(move || {
+                    // setns moves only this connection's thread.
+                    if let Some(ns) = dial_in {
+                        let Ok(ns) = File::open(ns) else { return };
+                        // SAFETY: setns on a valid namespace fd, affecting only this thread.
+                        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                            return;
+                        }
+                    }
+                    relay(accepted, target)
+                });
             }
         });
-        Ok(Self {
+        Self {
             listener,
             stopping,
             thread: Some(thread),
-        })
+        }
     }
 
     fn stop(mut self) {
