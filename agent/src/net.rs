@@ -1,8 +1,9 @@
 //! The outbound network path of every client the agent builds (providers, the summarizer,
 //! S3): which certificate authorities it trusts and which forward proxy it goes through.
 //!
-//! Trust is the platform's native roots plus the bundled Mozilla roots, plus the PEM bundle
-//! named by `CAIRN_CA_BUNDLE` (a TLS-inspecting corporate proxy's CA). Proxies follow the
+//! Trust is the platform's native roots plus the bundled Mozilla roots, plus PEM bundles: the
+//! fleet's inline in `CAIRN_CA_BUNDLE_PEM` and the session's file named by `CAIRN_CA_BUNDLE`
+//! (a TLS-inspecting corporate proxy's CA). Proxies follow the
 //! usual variables — `HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` (or their lower-case forms) —
 //! read from the agent's configuration environment and applied explicitly to each client, so
 //! the provider clients and the S3 client agree on them.
@@ -15,7 +16,7 @@ use aws_smithy_http_client::tls::{TlsContext, TrustStore};
 /// A setting of the network path that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    #[error("CAIRN_CA_BUNDLE {path}: {reason}")]
+    #[error("CA bundle {path}: {reason}")]
     Bundle { path: String, reason: String },
     #[error("{var} {value:?}: {reason}")]
     Proxy {
@@ -47,10 +48,20 @@ impl NetPath {
                 .or_else(|| env(lower))
                 .filter(|v| !v.trim().is_empty())
         };
-        let ca_bundle = match env("CAIRN_CA_BUNDLE").filter(|p| !p.trim().is_empty()) {
-            None => None,
-            Some(path) => Some(Arc::new(read_bundle(&path)?)),
-        };
+        // The fleet's bundle inline, then the session's mounted one.
+        let mut pem = Vec::new();
+        if let Some(inline) = env("CAIRN_CA_BUNDLE_PEM").filter(|p| !p.trim().is_empty()) {
+            pem.extend(checked("CAIRN_CA_BUNDLE_PEM", inline.into_bytes())?);
+            pem.push(b'\n');
+        }
+        if let Some(path) = env("CAIRN_CA_BUNDLE").filter(|p| !p.trim().is_empty()) {
+            let bytes = std::fs::read(&path).map_err(|e| NetError::Bundle {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            pem.extend(checked(&path, bytes)?);
+        }
+        let ca_bundle = (!pem.is_empty()).then(|| Arc::new(pem));
         let net = Self {
             ca_bundle,
             http_proxy: var("HTTP_PROXY", "http_proxy"),
@@ -144,12 +155,12 @@ impl NetPath {
     }
 }
 
-fn read_bundle(path: &str) -> Result<Vec<u8>, NetError> {
+/// `pem` when it holds at least one certificate; `from` names it in the error.
+fn checked(from: &str, pem: Vec<u8>) -> Result<Vec<u8>, NetError> {
     let err = |reason: String| NetError::Bundle {
-        path: path.to_owned(),
+        path: from.to_owned(),
         reason,
     };
-    let pem = std::fs::read(path).map_err(|e| err(e.to_string()))?;
     match reqwest::Certificate::from_pem_bundle(&pem) {
         Ok(certs) if !certs.is_empty() => Ok(pem),
         Ok(_) => Err(err("holds no PEM certificate".into())),

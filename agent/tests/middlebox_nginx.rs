@@ -55,6 +55,7 @@ fn client(rig: &Rig, kind: ProviderKind, location: &str) -> Box<dyn Provider> {
         base_url: Some(base),
         credentials: None,
         region: Some("us-east-1".into()),
+        ca_bundle: None,
     };
     // Retries on: a payload rejection must still be sent exactly once.
     let options = ClientOptions {

@@ -42,6 +42,7 @@ fn client(sim: &Sim, kind: ProviderKind) -> Box<dyn Provider> {
         base_url: Some(base),
         credentials: None,
         region: Some("us-east-1".into()),
+        ca_bundle: None,
     };
     let credentials = match kind {
         ProviderKind::Bedrock => Credentials {

@@ -40,6 +40,7 @@ fn client(sim: &Sim, kind: ProviderKind, options: ClientOptions) -> Box<dyn Prov
         base_url: Some(base),
         credentials: None,
         region: Some("us-east-1".into()),
+        ca_bundle: None,
     };
     build(&spec, Credentials::api_key("sk-fault-secret"), options).unwrap()
 }

@@ -63,6 +63,7 @@ async fn no_secret_in_traces_errors_or_debug() {
             base_url: Some(base),
             credentials: None,
             region: Some("us-east-1".into()),
+            ca_bundle: None,
         };
         let credentials = Credentials {
             api_key: (kind != ProviderKind::Bedrock).then(|| Secret::new(KEY)),

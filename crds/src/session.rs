@@ -129,6 +129,56 @@ pub struct ProviderSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9-]{2,32}$')").message("provider.region must look like us-east-1"))]
     pub region: Option<String>,
+
+    /// Extra certificate authorities (PEM) the agent trusts, beside the platform's and the
+    /// bundled public roots: the CA of a TLS-inspecting proxy on the way to the provider, S3
+    /// or an MCP server (one bundle serves all of the agent's connections). A ConfigMap or a
+    /// Secret key in the session's namespace, mounted into the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundleRef>,
+}
+
+/// A PEM bundle in a ConfigMap or a Secret of the session's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.configMapName) != has(self.secretName)").message("provider.caBundle needs exactly one of configMapName and secretName"))]
+pub struct CaBundleRef {
+    /// ConfigMap holding the bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("caBundle.configMapName must be a valid ConfigMap name"))]
+    pub config_map_name: Option<String>,
+    /// Secret holding the bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("caBundle.secretName must be a valid Secret name"))]
+    pub secret_name: Option<String>,
+    /// Key of the bundle. Default: `ca.crt`.
+    #[serde(default = "default_ca_key")]
+    #[x_kube(validation = Rule::new("self.matches('^[-._a-zA-Z0-9]{1,253}$')").message("caBundle.key must be a valid ConfigMap or Secret key"))]
+    pub key: String,
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".into()
+}
+
+/// Forward proxies of the agent's outbound connections (provider, S3, MCP), as the
+/// `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY` variables define them. Each field set here
+/// replaces the operator's fleet-wide one.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxySettings {
+    /// Proxy of `https://` endpoints (a CONNECT tunnel), e.g. `http://proxy.corp:3128`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$') && size(self) <= 2048").message("proxy.httpsProxy must be an http:// or https:// URL"))]
+    pub https_proxy: Option<String>,
+    /// Proxy of `http://` endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$') && size(self) <= 2048").message("proxy.httpProxy must be an http:// or https:// URL"))]
+    pub http_proxy: Option<String>,
+    /// Hosts reached directly, comma-separated (`.corp.example,10.0.0.0/8,localhost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("size(self) <= 4096 && !self.matches('\\\\s')").message("proxy.noProxy must be a comma-separated host list without spaces"))]
+    pub no_proxy: Option<String>,
 }
 
 /// The API family of a provider.
@@ -309,6 +359,9 @@ pub struct PodOverrides {
     /// Extra annotations on the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<BTreeMap<String, String>>,
+    /// Forward proxies of this session's agent (each field replaces the operator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxySettings>,
     /// Seconds the pod is given to stop (the pod's `terminationGracePeriodSeconds`). On
     /// SIGTERM the agent lets a turn in flight run until 5 s before this ends, then aborts
     /// it (not acknowledged, its input dropped), flushes the journal and releases the Lease.

@@ -78,6 +78,21 @@ pub struct OperatorArgs {
     #[arg(long, env = "CAIRN_AGENT_OTLP_RESOURCE_ATTRIBUTES", value_parser = resource_attributes)]
     pub agent_otlp_resource_attributes: Option<String>,
 
+    /// Forward proxy of the agents' `https://` connections (provider, S3, MCP), e.g.
+    /// `http://proxy.corp:3128`; a session's `template.proxy` replaces it.
+    #[arg(long, env = "CAIRN_AGENT_HTTPS_PROXY")]
+    pub agent_https_proxy: Option<String>,
+    /// Forward proxy of the agents' `http://` connections.
+    #[arg(long, env = "CAIRN_AGENT_HTTP_PROXY")]
+    pub agent_http_proxy: Option<String>,
+    /// Hosts the agents reach directly, comma-separated.
+    #[arg(long, env = "CAIRN_AGENT_NO_PROXY")]
+    pub agent_no_proxy: Option<String>,
+    /// Extra certificate authorities (PEM text) every agent trusts, e.g. a TLS-inspecting
+    /// proxy's CA; a session's `provider.caBundle` adds its own.
+    #[arg(long, env = "CAIRN_AGENT_CA_BUNDLE")]
+    pub agent_ca_bundle: Option<String>,
+
     /// Namespaces to watch, comma-separated. Empty: all namespaces.
     #[arg(
         long,
@@ -137,6 +152,19 @@ pub struct Defaults {
     pub operator_namespace: String,
     /// Span export of every agent pod; `None`: the pods export nothing.
     pub otlp: Option<OtlpExport>,
+    /// Proxies and trusted CAs of every agent pod.
+    pub network: AgentNetwork,
+}
+
+/// The fleet-wide network path of agent pods (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` and
+/// `CAIRN_CA_BUNDLE_PEM` in each pod).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentNetwork {
+    pub https_proxy: Option<String>,
+    pub http_proxy: Option<String>,
+    pub no_proxy: Option<String>,
+    /// PEM text.
+    pub ca_bundle: Option<String>,
 }
 
 /// Key of the export headers in the OTLP headers Secret, named after the variable it feeds.
@@ -183,6 +211,7 @@ impl Default for Defaults {
             resources: resources("100m", "256Mi", "", "1Gi"),
             operator_namespace: "cairn-system".into(),
             otlp: None,
+            network: AgentNetwork::default(),
         }
     }
 }
@@ -216,6 +245,12 @@ impl OperatorArgs {
                 resource_attributes: non_empty(&self.agent_otlp_resource_attributes)
                     .map(|s| s.trim().to_string()),
             }),
+            network: AgentNetwork {
+                https_proxy: non_empty(&self.agent_https_proxy).map(|s| s.trim().to_string()),
+                http_proxy: non_empty(&self.agent_http_proxy).map(|s| s.trim().to_string()),
+                no_proxy: non_empty(&self.agent_no_proxy).map(|s| s.trim().to_string()),
+                ca_bundle: non_empty(&self.agent_ca_bundle),
+            },
         }
     }
 

@@ -86,6 +86,9 @@ pub struct Plan {
     pub operator_namespace: String,
     /// Span export of the agent (the operator's setting; sessions do not override it).
     pub otlp: Option<OtlpExport>,
+    /// The fleet-wide proxies and CAs (the session's `template.proxy` and
+    /// `provider.caBundle` add to them).
+    pub network: crate::config::AgentNetwork,
 }
 
 /// The session's archive settings after defaulting.
@@ -165,6 +168,7 @@ pub fn validate(
         archive,
         operator_namespace: defaults.operator_namespace.clone(),
         otlp: defaults.otlp.clone(),
+        network: defaults.network.clone(),
         name,
         namespace,
         owner,

@@ -960,3 +960,61 @@ fn validate_refuses_names_that_cannot_name_the_objects() {
     assert!(sts_name.len() + 11 <= 63, "{sts_name}");
     assert!(AgentSession::kind(&()) == "AgentSession");
 }
+
+#[test]
+fn the_network_path_reaches_the_pod_session_proxies_over_the_fleet_and_both_ca_bundles() {
+    let mut fleet = parse(&[
+        "--agent-https-proxy=http://proxy.corp:3128",
+        "--agent-no-proxy=.svc,.cluster.local",
+        "--agent-ca-bundle=-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    ])
+    .expect("flags");
+    fleet.image = defaults().image;
+    let spec = r#"
+provider:
+  kind: openai
+  model: gpt-5
+  caBundle: {configMapName: corp-ca}
+template:
+  proxy: {httpsProxy: "http://team-proxy.corp:8080"}
+"#;
+    let planned = validate(&session("net", spec), None, &fleet).expect("validates");
+    let objects = build(&planned, &inputs());
+    let vars = env(&objects);
+    assert_eq!(
+        vars["HTTPS_PROXY"], "http://team-proxy.corp:8080",
+        "the session's wins"
+    );
+    assert_eq!(vars["NO_PROXY"], ".svc,.cluster.local", "the fleet's stays");
+    assert!(!vars.contains_key("HTTP_PROXY"));
+    assert!(vars["CAIRN_CA_BUNDLE_PEM"].contains("BEGIN CERTIFICATE"));
+    assert_eq!(vars["CAIRN_CA_BUNDLE"], "/etc/cairn/ca/ca-bundle.pem");
+    let volume = pod(&objects)
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "ca-bundle")
+        .expect("the bundle's volume");
+    let cm = volume.config_map.as_ref().expect("from the ConfigMap");
+    assert_eq!(cm.name, "corp-ca");
+    assert_eq!(cm.items.as_ref().unwrap()[0].key, "ca.crt");
+    assert!(
+        container(&objects)
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/etc/cairn/ca" && m.read_only == Some(true))
+    );
+
+    // Without any of it, none of it.
+    let plain = env(&build(&plan("plain", MINIMAL, None), &inputs()));
+    for k in [
+        "HTTPS_PROXY",
+        "HTTP_PROXY",
+        "NO_PROXY",
+        "CAIRN_CA_BUNDLE",
+        "CAIRN_CA_BUNDLE_PEM",
+    ] {
+        assert!(!plain.contains_key(k), "{k}");
+    }
+}

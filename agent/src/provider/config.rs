@@ -332,6 +332,7 @@ mod tests {
             base_url: None,
             credentials: None,
             region: region.map(str::to_string),
+            ca_bundle: None,
         };
         let e = build(
             &spec(ProviderKind::Anthropic, None),

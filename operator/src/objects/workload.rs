@@ -8,8 +8,8 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
     EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Volume,
-    VolumeMount,
+    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -41,6 +41,9 @@ const SCRATCH_VOLUME: &str = "scratch";
 const PROMPT_VOLUME: &str = "system-prompt";
 const PROMPT_DIR: &str = "/etc/cairn/system-prompt";
 const PROMPT_FILE: &str = "system-prompt";
+const CA_VOLUME: &str = "ca-bundle";
+const CA_DIR: &str = "/etc/cairn/ca";
+const CA_FILE: &str = "ca-bundle.pem";
 
 pub(super) fn token_secret(plan: &Plan, token: &ApiToken) -> Secret {
     Secret {
@@ -196,6 +199,30 @@ fn volumes(plan: &Plan) -> Vec<Volume> {
         }),
         ..Default::default()
     }];
+    if let Some(ca) = &plan.spec.provider.ca_bundle {
+        let items = Some(vec![KeyToPath {
+            key: ca.key.clone(),
+            path: CA_FILE.into(),
+            ..Default::default()
+        }]);
+        volumes.push(Volume {
+            name: CA_VOLUME.into(),
+            config_map: ca
+                .config_map_name
+                .as_ref()
+                .map(|name| ConfigMapVolumeSource {
+                    name: name.clone(),
+                    items: items.clone(),
+                    ..Default::default()
+                }),
+            secret: ca.secret_name.as_ref().map(|name| SecretVolumeSource {
+                secret_name: Some(name.clone()),
+                items: items.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     if let Some(prompt) = &plan.spec.system_prompt_from {
         volumes.push(Volume {
             name: PROMPT_VOLUME.into(),
@@ -222,6 +249,14 @@ fn volume_mounts(plan: &Plan) -> Vec<VolumeMount> {
         ..Default::default()
     };
     let mut mounts = vec![scratch("/tmp", "tmp"), scratch(CACHE_DIR, "archive")];
+    if plan.spec.provider.ca_bundle.is_some() {
+        mounts.push(VolumeMount {
+            name: CA_VOLUME.into(),
+            mount_path: CA_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
     if plan.spec.system_prompt_from.is_some() {
         mounts.push(VolumeMount {
             name: PROMPT_VOLUME.into(),
@@ -359,6 +394,47 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
     }
     if let Some(otlp) = &plan.otlp {
         env.extend(otlp_env(otlp));
+    }
+    env.extend(network_env(plan));
+    env
+}
+
+/// The agent's proxies (the session's `template.proxy` field by field over the fleet's) and
+/// trusted CAs (the fleet's PEM inline, the session's bundle as a mounted file).
+fn network_env(plan: &Plan) -> Vec<EnvVar> {
+    let fleet = &plan.network;
+    let session = plan.spec.template.as_ref().and_then(|t| t.proxy.as_ref());
+    let pick = |own: Option<&String>, fleet: &Option<String>| own.or(fleet.as_ref()).cloned();
+    let mut env = Vec::new();
+    for (name, v) in [
+        (
+            "HTTPS_PROXY",
+            pick(
+                session.and_then(|p| p.https_proxy.as_ref()),
+                &fleet.https_proxy,
+            ),
+        ),
+        (
+            "HTTP_PROXY",
+            pick(
+                session.and_then(|p| p.http_proxy.as_ref()),
+                &fleet.http_proxy,
+            ),
+        ),
+        (
+            "NO_PROXY",
+            pick(session.and_then(|p| p.no_proxy.as_ref()), &fleet.no_proxy),
+        ),
+    ] {
+        if let Some(v) = v {
+            env.push(value(name, v));
+        }
+    }
+    if let Some(pem) = &fleet.ca_bundle {
+        env.push(value("CAIRN_CA_BUNDLE_PEM", pem.clone()));
+    }
+    if plan.spec.provider.ca_bundle.is_some() {
+        env.push(value("CAIRN_CA_BUNDLE", format!("{CA_DIR}/{CA_FILE}")));
     }
     env
 }
