@@ -110,6 +110,7 @@ fn routing(c: &mut Criterion) {
         mode: CompressionMode::Lossy,
         threshold_bytes: 4_000,
         profile: CompressionProfile::Default,
+        max_result_bytes: 256 * 1024,
     };
     group.throughput(Throughput::Bytes(log.len() as u64));
     group.sample_size(10);

@@ -433,6 +433,10 @@ pub struct SessionStats {
     /// Token usage reported by the provider.
     #[serde(default)]
     pub tokens: TokenStats,
+    /// Compression of tool results as they entered the history (and by the `compress`
+    /// tool), per strategy, and how often the model's `recall` found what it asked for.
+    #[serde(default)]
+    pub compression: CompressionStats,
     /// Where the context headroom of the next request stands against the policy's buffers
     /// (the operator's ContextHeadroom condition and its Events follow it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -441,6 +445,41 @@ pub struct SessionStats {
     /// with what it does instead (the operator's PolicySupported condition follows it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unsupported: Vec<UnsupportedSetting>,
+}
+
+/// Compression since the agent started.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompressionStats {
+    /// By strategy: `log`, `search`, `diff`, `json`, `code`, `prose`, `ceiling` (results cut
+    /// to compression.maxResultBytes) and `none` (no strategy ran).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub strategies: std::collections::BTreeMap<String, CompressionStrategyStats>,
+    /// Keys the model's recall calls found in the archive.
+    #[serde(default)]
+    pub recall_found: u64,
+    /// Keys the model's recall calls asked for that the archive did not hold.
+    #[serde(default)]
+    pub recall_missing: u64,
+    /// recallFound / (recallFound + recallMissing), when the model recalled anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recall_hit_rate: Option<f64>,
+}
+
+/// Totals of one compression strategy.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompressionStrategyStats {
+    /// Results that came out smaller (originals archived first).
+    #[serde(default)]
+    pub compressed: u64,
+    /// Results left byte-identical.
+    #[serde(default)]
+    pub unchanged: u64,
+    #[serde(default)]
+    pub bytes_in: u64,
+    #[serde(default)]
+    pub bytes_out: u64,
 }
 
 /// A setting the running agent cannot honour.

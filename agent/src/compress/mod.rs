@@ -11,6 +11,7 @@
 
 pub mod code;
 pub mod diff;
+pub mod entry;
 pub mod json;
 mod lines;
 pub mod log;
@@ -24,6 +25,7 @@ use cairn_crds::policy::{Compression, CompressionMode, CompressionProfile};
 use crate::ccr::stats::CompressionCounters;
 use crate::ccr::{Key, Store, has_marker};
 
+pub use entry::{Admission, ToolOrigin, admit_tool_result};
 pub use profile::Limits;
 pub use router::{Kind, detect};
 
@@ -192,6 +194,7 @@ mod tests {
             mode,
             threshold_bytes,
             profile: CompressionProfile::Default,
+            max_result_bytes: 256 * 1024,
         }
     }
 

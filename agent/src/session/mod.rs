@@ -22,6 +22,7 @@ use tracing::Instrument;
 use crate::ccr::Store;
 use crate::ccr::stats::{ArchiveCounters, CompressionCounters};
 use crate::compact::ladder::LadderContext;
+use crate::compress;
 use crate::compact::window::{Buffers, Headroom};
 use crate::compact::{BudgetInputs, CompactionOutcome, SessionState, Trigger, compact};
 use crate::config::Live;
@@ -211,7 +212,7 @@ impl Session {
             store: parts.store,
             journal,
             archive_counters: parts.archive_counters,
-            compression_counters: CompressionCounters::default(),
+            compression_counters: CompressionCounters::with_metrics(Arc::clone(&parts.metrics)),
             metrics: parts.metrics,
             turns: rebuilt.state.turns,
             tokens: Usage {
@@ -452,6 +453,27 @@ impl Session {
         }
     }
 
+    /// Every tool result enters the history through here (client outputs with the turn's
+    /// input, built-in tool results inside the turn): see [`compress::admit_tool_result`].
+    pub(crate) async fn admit_tool_result(
+        &self,
+        message: &mut Message,
+        origin: compress::ToolOrigin,
+    ) -> compress::Admission {
+        let admission = compress::admit_tool_result(
+            message,
+            origin,
+            &self.live.policy.compression,
+            self.store.as_ref(),
+            &self.compression_counters,
+        )
+        .await;
+        if admission != compress::Admission::Whole {
+            tracing::debug!(?admission, bytes = message.content.len(), "tool result admitted");
+        }
+        admission
+    }
+
     /// The context window requests are budgeted against (configured, or learned if tighter).
     fn window(&self) -> u64 {
         self.state
@@ -655,6 +677,7 @@ impl Session {
                 cache_read: self.tokens.cache_read_tokens,
             },
             headroom: Some(self.headroom()),
+            compression: self.compression_counters.session_stats(),
             unsupported: crate::config::unsupported(&self.live),
         }
     }

@@ -316,9 +316,29 @@ impl Session {
         // what the journal holds.
         self.settle().await?;
         self.state.begin_turn();
-        // 1. The input is journaled before anything else happens to it.
+        // 1. The input is journaled before anything else happens to it, once its tool
+        // results are admitted (compressed or cut to the ceiling, originals archived first).
         self.ensure_system_prompt();
         let pre_turn_len = self.history.len();
+        let mut input = input;
+        for i in 0..input.len() {
+            if input[i].role != Role::Tool {
+                continue;
+            }
+            if input[i].name.is_none() {
+                let id = input[i].tool_call_id.clone();
+                input[i].name = self
+                    .history
+                    .iter()
+                    .chain(&input[..i])
+                    .rev()
+                    .flat_map(|m| &m.tool_calls)
+                    .find(|c| Some(&c.id) == id.as_ref())
+                    .map(|c| c.name.clone());
+            }
+            let origin = crate::compress::ToolOrigin { is_error: false };
+            self.admit_tool_result(&mut input[i], origin).await;
+        }
         self.history.extend(input);
         let ledger_before = self.ledger.clone();
         let ledger_turn = self.options.ledger.take();
@@ -551,12 +571,19 @@ impl Session {
                     &[("tool", tool_label(&call.name))],
                     1.0,
                 );
-                let r = tools::run(
+                let mut r = tools::run(
                     call,
                     &mut self.history,
                     store.as_ref(),
                     &compression,
                     &self.compression_counters,
+                )
+                .await;
+                self.admit_tool_result(
+                    &mut r.message,
+                    crate::compress::ToolOrigin {
+                        is_error: r.is_error,
+                    },
                 )
                 .await;
                 self.history.push(r.message);
