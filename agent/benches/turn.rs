@@ -124,6 +124,7 @@ fn session(
             holder: "bench".into(),
             live: rx,
             provider: Arc::new(Immediate { serialize }),
+            summarizer_provider: None,
             store: Arc::new(store),
             journal: if on_disk {
                 Arc::new(DirObjects::open(dir.join("journal")).expect("journal"))

@@ -123,12 +123,18 @@ async fn open_session(
     metrics: Arc<Metrics>,
 ) -> Result<Session, AppError> {
     let provider = provider_for(live_rx.clone())?;
+    let summarizer = crate::provider::summarizer_provider(
+        live_rx.clone(),
+        Arc::new(|n: &str| std::env::var(n).ok()),
+        ClientOptions::default(),
+    );
     Session::open(SessionParts {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         holder: holder_identity(),
         live: live_rx,
         provider,
+        summarizer_provider: Some(Arc::new(summarizer)),
         store: Arc::clone(&storage.store),
         journal: Arc::clone(&storage.journal),
         archive_counters: Arc::clone(&storage.counters),

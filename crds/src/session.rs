@@ -562,6 +562,20 @@ pub struct TokenStats {
     /// Input tokens served from the provider's prompt cache.
     #[serde(default)]
     pub cache_read: u64,
+    /// Tokens of the level-2 summarizer's calls since the agent started, counted apart from
+    /// the session's (on the summarizer's own provider when it has one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summarizer: Option<SummarizerTokens>,
+}
+
+/// Token usage of the level-2 summarizer.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SummarizerTokens {
+    #[serde(default)]
+    pub input: u64,
+    #[serde(default)]
+    pub output: u64,
 }
 
 impl AgentSessionSpec {

@@ -855,15 +855,7 @@ impl Session {
                         .chars_per_token
                         .observe(sent_weight as u64, resp.usage.input_tokens);
                     add_usage(usage, &resp.usage);
-                    add_usage(&mut self.tokens, &resp.usage);
-                    for (kind, v) in [
-                        ("input", resp.usage.input_tokens),
-                        ("output", resp.usage.output_tokens),
-                        ("cache_read", resp.usage.cache_read_tokens),
-                    ] {
-                        self.metrics
-                            .inc("cairn_agent_tokens_total", &[("kind", kind)], v as f64);
-                    }
+                    super::count_tokens(&mut self.tokens, &resp.usage, &self.metrics, "session");
                     if resp.stop == StopReason::MaxTokens && resp.message.tool_calls.is_empty() {
                         let cut = Truncation::judge(&resp.usage, limit, *max_out, self.window());
                         if cut == Truncation::OutputLimit
@@ -905,7 +897,11 @@ impl Session {
                     let class = classify(&err);
                     self.metrics.inc(
                         "cairn_agent_provider_errors_total",
-                        &[("error", err.label()), ("class", class.label())],
+                        &[
+                            ("error", err.label()),
+                            ("class", class.label()),
+                            ("client", "session"),
+                        ],
                         1.0,
                     );
                     let uncompactable = self
