@@ -56,6 +56,7 @@ impl Provider for Immediate {
             stop: StopReason::End,
             usage: Usage::default(),
             request_bytes,
+            context: None,
         })
     }
 }

@@ -71,6 +71,11 @@ const HELP: &[(&str, &str, &str)] = &[
         "Journal entries written, by outcome.",
     ),
     (
+        "cairn_agent_provider_context_edits_total",
+        "counter",
+        "Replies whose provider applied its own context management (engine: provider), by kind.",
+    ),
+    (
         "cairn_agent_compression_total",
         "counter",
         "Tool results through compression, by strategy and outcome (compressed, unchanged).",

@@ -110,6 +110,8 @@ pub struct ChatRequest {
     pub max_output_tokens: u64,
     pub stream: bool,
     pub controls: Controls,
+    /// The server's own context management for this request (`engine: provider`).
+    pub context: Option<engine::ServerContext>,
 }
 
 /// Why the model stopped, normalised across providers.
@@ -140,6 +142,8 @@ pub struct ChatResponse {
     pub usage: Usage,
     /// Exact size in bytes of the serialized request body that produced this reply.
     pub request_bytes: u64,
+    /// What the server's context management did to the request, when it acted.
+    pub context: Option<engine::AppliedContext>,
 }
 
 impl ChatResponse {

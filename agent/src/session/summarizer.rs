@@ -136,6 +136,7 @@ impl ProviderSummarizer {
             max_output_tokens: self.max_output,
             stream: false,
             controls: Default::default(),
+            context: None,
         }
     }
 }

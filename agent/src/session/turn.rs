@@ -796,6 +796,13 @@ impl Session {
                     max_output_tokens: limit,
                     stream: notices.live.is_some(),
                     controls: self.options.controls.clone(),
+                    context: crate::provider::engine::server_context(
+                        live.spec.provider.kind,
+                        policy,
+                        self.state.chars_per_token.tokens(
+                            Budget::compute(&self.budget_inputs(), policy, &self.state).chars,
+                        ),
+                    ),
                 },
                 cuts,
                 instructions,
@@ -851,9 +858,15 @@ impl Session {
                         &[],
                         resp.request_bytes as f64,
                     );
-                    self.state
-                        .chars_per_token
-                        .observe(sent_weight as u64, resp.usage.input_tokens);
+                    // The server's context management counted a request other than the one
+                    // sent: its token count calibrates nothing.
+                    if resp.context.is_none() {
+                        self.state
+                            .chars_per_token
+                            .observe(sent_weight as u64, resp.usage.input_tokens);
+                    } else {
+                        self.mirror_server_context(&resp, changes, notices).await;
+                    }
                     add_usage(usage, &resp.usage);
                     super::count_tokens(&mut self.tokens, &resp.usage, &self.metrics, "session");
                     if resp.stop == StopReason::MaxTokens && resp.message.tool_calls.is_empty() {
@@ -1099,6 +1112,61 @@ impl Truncation {
 }
 
 impl Session {
+    /// Mirrors what the provider's context management did (`engine: provider`): the tool
+    /// results it cleared become stubs with their originals archived.
+    async fn mirror_server_context(
+        &mut self,
+        resp: &ChatResponse,
+        changes: &mut Changes,
+        notices: &mut Notices,
+    ) {
+        let Some(crate::provider::engine::AppliedContext::ClearedToolUses {
+            cleared_tool_uses,
+            cleared_input_tokens,
+        }) = &resp.context
+        else {
+            return;
+        };
+        let live = Arc::clone(&self.live);
+        let e = &live.policy.provider_engine;
+        let before = self.history.clone();
+        let out = crate::compact::server::mirror_cleared_tool_uses(
+            &mut self.history,
+            *cleared_tool_uses as usize,
+            e.keep_tool_uses as usize,
+            &e.exclude_tools,
+            self.store.as_ref(),
+        )
+        .await;
+        self.metrics.inc(
+            "cairn_agent_provider_context_edits_total",
+            &[("kind", "clear_tool_uses")],
+            1.0,
+        );
+        if out.stubbed == 0 {
+            return;
+        }
+        if changes.pre.is_none() {
+            changes.pre = Some(before);
+        }
+        changes.post_len = self.history.len();
+        changes.records.push(CompactionRecord {
+            trigger: "provider".into(),
+            level: 0,
+            bytes_before: out.bytes_before as u64,
+            bytes_after: out.bytes_after as u64,
+            archived: out.archived.iter().map(|k| k.as_str().to_owned()).collect(),
+        });
+        notice(
+            notices,
+            "compaction",
+            format!(
+                "the provider cleared {cleared_tool_uses} old tool results ({cleared_input_tokens} input tokens); {} are stubs here now, their originals recallable",
+                out.stubbed
+            ),
+        );
+    }
+
     /// A reply cut short that no escalation fixes is never silent: a notice (an SSE event
     /// when streaming), a counter in `status.session`, a metric.
     fn report_truncation(
