@@ -6,8 +6,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use cairn_agent::ccr::{CompressionCounters, LocalLimits, LocalStore, MemoryStore, Store, recall};
-use cairn_agent::history::Message;
 use cairn_agent::compress::{self, detect};
+use cairn_agent::history::Message;
 use cairn_crds::policy::{Compression, CompressionMode, CompressionProfile};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 

@@ -439,7 +439,10 @@ mod tests {
         assert!(u[0].reason.contains("built-in summarizer"), "{u:?}");
         let u = unsupported(&live("compaction:\n  engine: provider\n"));
         assert_eq!(u[0].field, "engine");
-        assert!(u[0].reason.contains("openai-compatible API has no"), "{u:?}");
+        assert!(
+            u[0].reason.contains("openai-compatible API has no"),
+            "{u:?}"
+        );
         assert!(
             unsupported(&live(
                 "compaction:\n  summarizer: {provider: anthropic, model: claude-haiku-4-5}\n",
@@ -456,14 +459,17 @@ mod tests {
         );
         let anthropic = |extra: &str| {
             let c = ConfigFile::parse(
-                &format!("name: demo\nprovider:\n  kind: anthropic\n  model: claude-sonnet-4-5\n{extra}"),
+                &format!(
+                    "name: demo\nprovider:\n  kind: anthropic\n  model: claude-sonnet-4-5\n{extra}"
+                ),
                 "t",
             )
             .unwrap();
             unsupported(&Live::resolve(&c.spec, c.policy.as_ref(), None).unwrap())
         };
         assert!(anthropic("compaction:\n  engine: provider\n").is_empty());
-        let u = anthropic("compaction:\n  summarizer: {provider: openai-compatible, model: small}\n");
+        let u =
+            anthropic("compaction:\n  summarizer: {provider: openai-compatible, model: small}\n");
         assert_eq!(u[0].field, "summarizer.baseUrl", "{u:?}");
     }
 

@@ -64,7 +64,10 @@ fn build_log(bytes: usize) -> (String, Vec<String>) {
 /// Runs one client tool round: the model calls `bash`, the client answers with `output`,
 /// the model answers. Returns the call id.
 async fn client_round(api: &Api, sim: &Sim, output: &str, answer: &str) -> String {
-    sim.push_reply(ScriptedReply::tool_call("bash", json!({"cmd": "make test"})));
+    sim.push_reply(ScriptedReply::tool_call(
+        "bash",
+        json!({"cmd": "make test"}),
+    ));
     sim.push_reply(ScriptedReply::text(answer));
     let (status, first) = api
         .post(
@@ -131,7 +134,11 @@ async fn large_tool_results_are_compressed_on_entry_and_never_break_the_payload_
     assert!(!keys.is_empty(), "the compressed log carries its marker");
     let (status, back) = api.get(&format!("/v1/recall/{}", keys[0])).await;
     assert_eq!(status, 200);
-    assert_eq!(back, log.as_bytes(), "the original is recallable byte for byte");
+    assert_eq!(
+        back,
+        log.as_bytes(),
+        "the original is recallable byte for byte"
+    );
 
     // A 10 MB log: compressed on entry too; no request exceeds the cap.
     let (huge, _) = build_log(10_000_000);
@@ -148,7 +155,10 @@ async fn large_tool_results_are_compressed_on_entry_and_never_break_the_payload_
         log_stats["bytesIn"].as_u64(),
         Some((log.len() + huge.len()) as u64)
     );
-    assert!(log_stats["bytesOut"].as_u64() < Some(300 * 1024), "{session}");
+    assert!(
+        log_stats["bytesOut"].as_u64() < Some(300 * 1024),
+        "{session}"
+    );
 }
 
 fn assert_under_cap(sim: &Sim) {

@@ -92,7 +92,10 @@ async fn anthropic_context_edits_are_mirrored_and_the_cleared_originals_stay_rec
         let body: Value = serde_json::from_str(&r.body).expect("json");
         let edit = &body["context_management"]["edits"][0];
         assert_eq!(edit["type"], "clear_tool_uses_20250919", "{}", r.body);
-        assert_eq!(edit["trigger"], json!({"type": "input_tokens", "value": 2000}));
+        assert_eq!(
+            edit["trigger"],
+            json!({"type": "input_tokens", "value": 2000})
+        );
         assert_eq!(edit["keep"], json!({"type": "tool_uses", "value": 1}));
     }
     // The third request crossed the trigger: the server cleared a.rs's result. The fourth
@@ -119,7 +122,11 @@ async fn anthropic_context_edits_are_mirrored_and_the_cleared_originals_stay_rec
     assert!(ratios[0].is_some());
     assert_eq!(ratios[0], ratios[1], "the edited turn skipped calibration");
     assert_eq!(ratios[1], ratios[2], "the edited turn skipped calibration");
-    assert!(reqs[3].contains("cleared by the provider"), "{}", reqs[3].body);
+    assert!(
+        reqs[3].contains("cleared by the provider"),
+        "{}",
+        reqs[3].body
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,5 +157,85 @@ async fn a_provider_without_server_side_context_management_reports_the_setting()
         "{session}"
     );
     // Nothing the server would not understand is sent.
-    assert!(sim.requests().iter().all(|r| !r.contains("context_management")));
+    assert!(
+        sim.requests()
+            .iter()
+            .all(|r| !r.contains("context_management"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_compaction_items_stand_in_the_history_and_the_replaced_segment_is_recallable() {
+    use cairn_agent::history::Message;
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().expect("dir");
+    let env = storage_env(dir.path(), None);
+    let yaml = format!(
+        "name: compaction\nnamespace: tests\nprovider:\n  kind: openai-responses\n  model: gpt-5-mini\n  baseUrl: {}/v1\ncontextWindow: 200000\nmaxOutputTokens: 1000\nsystemPrompt: You are a test agent.\ncompaction:\n  engine: provider\n  providerEngine: {{compactThresholdTokens: 1000}}\n",
+        sim.url()
+    );
+    let mut built = build_session(&yaml, &env, "t").await;
+    assert!(built.session.stats().unsupported.is_empty());
+    let big = file("notes.md").repeat(2);
+    let marker_line = big.lines().next().expect("line").to_owned();
+    sim.push_reply(ScriptedReply::text("noted"));
+    let out = built
+        .session
+        .turn(vec![Message::user(big.clone())])
+        .await
+        .expect("turn");
+    assert_eq!(out.text, "noted");
+    let reqs = sim.requests();
+    let body: Value = serde_json::from_str(&reqs[0].body).expect("json");
+    assert_eq!(
+        body["context_management"],
+        json!([{"type": "compaction", "compact_threshold": 1000}])
+    );
+    // The server compacted the input: its item now stands for it in the history.
+    let history = built.session.history().to_vec();
+    let item = history
+        .iter()
+        .find_map(|m| m.provider_item.clone())
+        .expect("the compaction item is kept");
+    assert_eq!(item["type"], "compaction");
+    assert!(
+        history.iter().all(|m| !m.content.contains(&marker_line)),
+        "the compacted segment left the history"
+    );
+
+    // The next request sends the item back verbatim in its place.
+    sim.push_reply(ScriptedReply::text("still here"));
+    built
+        .session
+        .turn(vec![Message::user("and now?")])
+        .await
+        .expect("turn");
+    let reqs = sim.requests();
+    let body: Value = serde_json::from_str(&reqs[1].body).expect("json");
+    let input = body["input"].as_array().expect("input");
+    assert_eq!(input[0], item, "the opaque item, byte for byte, first");
+    assert!(!reqs[1].contains(&marker_line));
+
+    // The replaced segment is recallable: the first message's marker gives it back.
+    let stub = history
+        .iter()
+        .find(|m| m.provider_item.is_some())
+        .expect("stub");
+    let back = cairn_agent::ccr::recall(built.session.store().as_ref(), &stub.content)
+        .await
+        .expect("recall");
+    let segment = String::from_utf8(back.output).expect("utf-8");
+    let messages = cairn_agent::history::parse_jsonl(&segment).expect("a segment of messages");
+    assert!(messages.iter().any(|m| m.content == big), "{segment:.200}");
+
+    // The item survives a restart (it is journaled with the history).
+    drop(built);
+    let again = build_session(&yaml, &env, "t2").await;
+    assert!(
+        again
+            .session
+            .history()
+            .iter()
+            .any(|m| m.provider_item.as_ref() == Some(&item))
+    );
 }

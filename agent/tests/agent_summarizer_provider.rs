@@ -26,8 +26,14 @@ fn summary_text() -> String {
 fn padded_history(n: usize) -> Vec<Message> {
     let mut h = Vec::new();
     for i in 0..n {
-        h.push(Message::user(format!("question {i}: {}", "q".repeat(5_000))));
-        h.push(Message::assistant(format!("answer {i}: {}", "a".repeat(5_000))));
+        h.push(Message::user(format!(
+            "question {i}: {}",
+            "q".repeat(5_000)
+        )));
+        h.push(Message::assistant(format!(
+            "answer {i}: {}",
+            "a".repeat(5_000)
+        )));
     }
     h
 }
@@ -66,11 +72,7 @@ async fn summaries_go_to_the_summarizers_own_endpoint_and_its_tokens_are_counted
     for _ in 0..6 {
         summarizer_sim.push_reply(ScriptedReply::text(summary_text()));
     }
-    let out = built
-        .session
-        .compact_now(None)
-        .await
-        .expect("compaction");
+    let out = built.session.compact_now(None).await.expect("compaction");
     assert_eq!(out.level, Some(2), "a level-2 summary was written: {out:?}");
 
     // The summarizer's endpoint got the call, in its own wire format and with its model;
@@ -91,12 +93,18 @@ async fn summaries_go_to_the_summarizers_own_endpoint_and_its_tokens_are_counted
         assert_eq!(r.outcome, "ok");
     }
     let history = cairn_agent::history::to_jsonl(built.session.history());
-    assert!(history.contains("all answered"), "the summary is in the history");
+    assert!(
+        history.contains("all answered"),
+        "the summary is in the history"
+    );
 
     // Its tokens are counted apart from the session's.
     let stats = built.session.stats();
     let summarizer = stats.tokens.summarizer.clone().expect("summarizer tokens");
-    assert!(summarizer.input > 0 && summarizer.output > 0, "{summarizer:?}");
+    assert!(
+        summarizer.input > 0 && summarizer.output > 0,
+        "{summarizer:?}"
+    );
     assert_eq!(stats.tokens.input, 0, "no session reply yet");
     let metrics = std::sync::Arc::clone(built.session.metrics());
     assert_eq!(
@@ -133,9 +141,10 @@ async fn summaries_go_to_the_summarizers_own_endpoint_and_its_tokens_are_counted
     assert_ne!(out.level, Some(2), "no summary from a failing summarizer");
     let text = metrics.render(None);
     assert!(
-        text.lines().any(|l| l.starts_with("cairn_agent_provider_errors_total")
-            && l.contains("client=\"summarizer\"")
-            && l.contains("error=\"http_5xx\"")),
+        text.lines()
+            .any(|l| l.starts_with("cairn_agent_provider_errors_total")
+                && l.contains("client=\"summarizer\"")
+                && l.contains("error=\"http_5xx\"")),
         "{text}"
     );
 }

@@ -220,8 +220,7 @@ impl CompressionCounters {
 
     /// One `recall` call of the model: keys it found and keys the archive did not hold.
     pub fn record_recall(&self, found: usize, missing: usize) {
-        self.recall_found
-            .fetch_add(found as u64, Ordering::Relaxed);
+        self.recall_found.fetch_add(found as u64, Ordering::Relaxed);
         self.recall_missing
             .fetch_add(missing as u64, Ordering::Relaxed);
         if let Some(m) = &self.metrics {

@@ -23,7 +23,12 @@ pub struct Mirrored {
 
 /// Indexes of the tool results the server cleared: the oldest `cleared` of those it may
 /// clear (not of an excluded tool, not among the `keep` most recent).
-fn cleared_results(history: &[Message], cleared: usize, keep: usize, exclude: &[String]) -> Vec<usize> {
+fn cleared_results(
+    history: &[Message],
+    cleared: usize,
+    keep: usize,
+    exclude: &[String],
+) -> Vec<usize> {
     let name_of = |m: &Message| -> Option<String> {
         m.name.clone().or_else(|| {
             let id = m.tool_call_id.as_deref()?;
@@ -67,7 +72,10 @@ pub async fn mirror_cleared_tool_uses(
     let (plain, quoted): (Vec<usize>, Vec<usize>) = picked
         .into_iter()
         .partition(|&i| !text::quotes_marker(&history[i].content));
-    let originals: Vec<&[u8]> = plain.iter().map(|&i| history[i].content.as_bytes()).collect();
+    let originals: Vec<&[u8]> = plain
+        .iter()
+        .map(|&i| history[i].content.as_bytes())
+        .collect();
     let keys = match archive_all(store, &originals).await {
         Ok(keys) => keys,
         Err(e) => {
@@ -93,6 +101,52 @@ pub async fn mirror_cleared_tool_uses(
     out
 }
 
+/// OpenAI's compaction item stands for the whole input of the request that returned it: the
+/// non-system messages of `history` are archived (as one segment, recallable) and replaced
+/// by one message that carries the item, sent back verbatim next time. On an archive
+/// failure nothing changes and `None` is returned: the item is not kept, the history stays
+/// whole (the next request sends it all again).
+pub async fn mirror_compaction(
+    history: &mut Vec<Message>,
+    item: &serde_json::Value,
+    store: &dyn Store,
+) -> Option<Mirrored> {
+    let (system, segment): (Vec<Message>, Vec<Message>) = std::mem::take(history)
+        .into_iter()
+        .partition(Message::is_system);
+    let text = super::archive::segment_text(&segment);
+    let key = match store.archive(text.as_bytes()).await {
+        Ok(key) => key,
+        Err(e) => {
+            tracing::warn!(error = %e, "the segment the provider compacted is not archived; the compaction item is not kept");
+            *history = system;
+            history.extend(segment);
+            return None;
+        }
+    };
+    let st = text::Stats::of(&text);
+    let mut m = Message::user(text::stub(
+        &format!(
+            "{} earlier messages, compacted by the provider into an opaque item,",
+            segment.len()
+        ),
+        st,
+        &key,
+    ));
+    m.provider_item = Some(item.clone());
+    m.meta.is_summary = true;
+    note_archived(&mut m, &key);
+    let out = Mirrored {
+        stubbed: segment.len(),
+        archived: vec![key],
+        bytes_before: crate::history::weight(&segment),
+        bytes_after: m.weight(),
+    };
+    *history = system;
+    history.push(m);
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,7 +165,10 @@ mod tests {
                     arguments: "{}".into(),
                 }],
             ));
-            h.push(Message::tool(format!("c{i}"), format!("result {i} {}", "x".repeat(500))));
+            h.push(Message::tool(
+                format!("c{i}"),
+                format!("result {i} {}", "x".repeat(500)),
+            ));
         }
         h
     }
@@ -121,8 +178,7 @@ mod tests {
         let store = MemoryStore::new();
         let mut h = history();
         let before = h.clone();
-        let out =
-            mirror_cleared_tool_uses(&mut h, 2, 3, &["recall".to_string()], &store).await;
+        let out = mirror_cleared_tool_uses(&mut h, 2, 3, &["recall".to_string()], &store).await;
         assert_eq!(out.stubbed, 2);
         // c0 and c2 (c1 is an excluded tool); c3..c5 are the three kept.
         for (i, m) in h.iter().enumerate() {

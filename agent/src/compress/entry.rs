@@ -180,9 +180,14 @@ mod tests {
         for (name, is_error, verbatim, mode) in cases {
             let mut m = tool_message(name, original.clone());
             m.meta.preserve_verbatim = verbatim;
-            let a =
-                admit_tool_result(&mut m, ToolOrigin { is_error }, &policy(mode), &store, &counters)
-                    .await;
+            let a = admit_tool_result(
+                &mut m,
+                ToolOrigin { is_error },
+                &policy(mode),
+                &store,
+                &counters,
+            )
+            .await;
             assert_eq!(a, Admission::Whole, "{name} {mode:?}");
             assert_eq!(m.content, original);
         }

@@ -7,13 +7,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::config::{BuildError, ClientOptions, Secret};
+use super::engine::{AppliedContext, CLEAR_TOOL_USES};
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
 use super::wire::{Arguments, SystemText, Turn, is_false, merge_turns};
 use super::{
     ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, ToolChoice, Usage,
 };
-use super::engine::{AppliedContext, CLEAR_TOOL_USES};
 use crate::history::{Message, Role, ToolCall};
 
 const API_VERSION: &str = "2023-06-01";
@@ -63,10 +63,7 @@ impl Anthropic {
             tool_choice: anthropic_tool_choice(request),
             temperature: request.controls.temperature,
             top_p: request.controls.top_p,
-            context_management: request
-                .context
-                .as_ref()
-                .and_then(|c| c.anthropic_body()),
+            context_management: request.context.as_ref().and_then(|c| c.anthropic_body()),
         }
     }
 }
@@ -219,7 +216,11 @@ impl Provider for Anthropic {
                 HeaderName::from_static("anthropic-version"),
                 HeaderValue::from_static(API_VERSION),
             );
-            if request.context.as_ref().is_some_and(|c| c.anthropic_body().is_some()) {
+            if request
+                .context
+                .as_ref()
+                .is_some_and(|c| c.anthropic_body().is_some())
+            {
                 h.insert(
                     HeaderName::from_static("anthropic-beta"),
                     HeaderValue::from_static(super::engine::ANTHROPIC_BETA),
@@ -260,7 +261,10 @@ fn applied_edits(v: &Value) -> Option<AppliedContext> {
     let mut tokens = 0;
     for e in v.get("applied_edits")?.as_array()? {
         if str_field(e, "type") == Some(CLEAR_TOOL_USES) {
-            uses += e.get("cleared_tool_uses").and_then(Value::as_u64).unwrap_or(0);
+            uses += e
+                .get("cleared_tool_uses")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
             tokens += e
                 .get("cleared_input_tokens")
                 .and_then(Value::as_u64)

@@ -15,7 +15,10 @@ use cairn_crds::ProviderKind;
 
 /// True for the provider families with server-side context management.
 pub fn supports_provider_engine(kind: ProviderKind) -> bool {
-    matches!(kind, ProviderKind::Anthropic | ProviderKind::OpenaiResponses)
+    matches!(
+        kind,
+        ProviderKind::Anthropic | ProviderKind::OpenaiResponses
+    )
 }
 
 /// What a request asks of the server's own context management (`engine: provider`).
@@ -123,9 +126,11 @@ mod tests {
         let a = server_context(ProviderKind::Anthropic, &policy, 1000).expect("anthropic");
         assert_eq!(
             a.anthropic_body(),
-            Some(serde_json::json!({"edits": [{"type": "clear_tool_uses_20250919",
+            Some(
+                serde_json::json!({"edits": [{"type": "clear_tool_uses_20250919",
                 "trigger": {"type": "input_tokens", "value": 100_000},
-                "keep": {"type": "tool_uses", "value": 3}}]}))
+                "keep": {"type": "tool_uses", "value": 3}}]})
+            )
         );
         policy.provider_engine.clear_at_least_input_tokens = Some(5000);
         policy.provider_engine.exclude_tools = vec!["recall".into()];

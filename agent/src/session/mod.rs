@@ -22,9 +22,9 @@ use tracing::Instrument;
 use crate::ccr::Store;
 use crate::ccr::stats::{ArchiveCounters, CompressionCounters};
 use crate::compact::ladder::LadderContext;
-use crate::compress;
 use crate::compact::window::{Buffers, Headroom};
 use crate::compact::{BudgetInputs, CompactionOutcome, SessionState, Trigger, compact};
+use crate::compress;
 use crate::config::Live;
 use crate::history::{self, Message};
 use crate::journal::{
@@ -481,7 +481,11 @@ impl Session {
         )
         .await;
         if admission != compress::Admission::Whole {
-            tracing::debug!(?admission, bytes = message.content.len(), "tool result admitted");
+            tracing::debug!(
+                ?admission,
+                bytes = message.content.len(),
+                "tool result admitted"
+            );
         }
         admission
     }
@@ -549,7 +553,8 @@ impl Session {
             window = window.min((cap as f64 * crate::compact::window::PAYLOAD_CAP_SHARE) as usize);
         }
         // The summary must fit beside its input: at most a quarter of the window.
-        let max_output = own_limits.map_or(self.live.limits.max_output_tokens, |l| l.max_output_tokens);
+        let max_output =
+            own_limits.map_or(self.live.limits.max_output_tokens, |l| l.max_output_tokens);
         ProviderSummarizer::new(self.summarizer_client(), &self.live, window, extra)
             .with_max_output(max_output.min(tokens / 4))
             .with_chars_per_token(self.state.chars_per_token.get())
@@ -560,7 +565,12 @@ impl Session {
     /// used the session's model, its own window otherwise.
     fn learn_from_summarizer(&mut self, summarizer: &ProviderSummarizer) {
         let used = summarizer.take_usage();
-        count_tokens(&mut self.summarizer_tokens, &used, &self.metrics, "summarizer");
+        count_tokens(
+            &mut self.summarizer_tokens,
+            &used,
+            &self.metrics,
+            "summarizer",
+        );
         let Some((count, sent)) = summarizer.take_learned() else {
             return;
         };

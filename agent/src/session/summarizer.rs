@@ -79,7 +79,11 @@ impl ProviderSummarizer {
 
     fn failed(&self, err: &crate::provider::ProviderError) -> FailureClass {
         let class = classify(err);
-        tracing::warn!(class = class.label(), error = err.label(), "summary request failed: {err}");
+        tracing::warn!(
+            class = class.label(),
+            error = err.label(),
+            "summary request failed: {err}"
+        );
         if let Some(m) = &self.metrics {
             m.inc(
                 "cairn_agent_provider_errors_total",
@@ -186,7 +190,11 @@ impl Summarizer for ProviderSummarizer {
         };
         let class = self.failed(&err);
         if class != FailureClass::ContextOverflow {
-            return Err(SummarizeError::Failed(format!("{} ({}): {err}", class.label(), err.label())));
+            return Err(SummarizeError::Failed(format!(
+                "{} ({}): {err}",
+                class.label(),
+                err.label()
+            )));
         }
         let sent = instructions.len() + request.transcript.len();
         let count = server_count(&err);

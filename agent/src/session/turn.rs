@@ -1120,27 +1120,50 @@ impl Session {
         changes: &mut Changes,
         notices: &mut Notices,
     ) {
-        let Some(crate::provider::engine::AppliedContext::ClearedToolUses {
-            cleared_tool_uses,
-            cleared_input_tokens,
-        }) = &resp.context
-        else {
-            return;
-        };
+        use crate::provider::engine::AppliedContext;
         let live = Arc::clone(&self.live);
         let e = &live.policy.provider_engine;
         let before = self.history.clone();
-        let out = crate::compact::server::mirror_cleared_tool_uses(
-            &mut self.history,
-            *cleared_tool_uses as usize,
-            e.keep_tool_uses as usize,
-            &e.exclude_tools,
-            self.store.as_ref(),
-        )
-        .await;
+        let (kind, out, message) = match &resp.context {
+            Some(AppliedContext::ClearedToolUses {
+                cleared_tool_uses,
+                cleared_input_tokens,
+            }) => {
+                let out = crate::compact::server::mirror_cleared_tool_uses(
+                    &mut self.history,
+                    *cleared_tool_uses as usize,
+                    e.keep_tool_uses as usize,
+                    &e.exclude_tools,
+                    self.store.as_ref(),
+                )
+                .await;
+                let message = format!(
+                    "the provider cleared {cleared_tool_uses} old tool results ({cleared_input_tokens} input tokens); {} are stubs here now, their originals recallable",
+                    out.stubbed
+                );
+                ("clear_tool_uses", out, message)
+            }
+            Some(AppliedContext::Compaction { item }) => {
+                let Some(out) = crate::compact::server::mirror_compaction(
+                    &mut self.history,
+                    item,
+                    self.store.as_ref(),
+                )
+                .await
+                else {
+                    return;
+                };
+                let message = format!(
+                    "the provider compacted {} earlier messages into its compaction item; the originals are archived and recallable",
+                    out.stubbed
+                );
+                ("compaction", out, message)
+            }
+            None => return,
+        };
         self.metrics.inc(
             "cairn_agent_provider_context_edits_total",
-            &[("kind", "clear_tool_uses")],
+            &[("kind", kind)],
             1.0,
         );
         if out.stubbed == 0 {
@@ -1157,14 +1180,7 @@ impl Session {
             bytes_after: out.bytes_after as u64,
             archived: out.archived.iter().map(|k| k.as_str().to_owned()).collect(),
         });
-        notice(
-            notices,
-            "compaction",
-            format!(
-                "the provider cleared {cleared_tool_uses} old tool results ({cleared_input_tokens} input tokens); {} are stubs here now, their originals recallable",
-                out.stubbed
-            ),
-        );
+        notice(notices, "compaction", message);
     }
 
     /// A reply cut short that no escalation fixes is never silent: a notice (an SSE event

@@ -49,7 +49,9 @@ pub fn anthropic_edits(
     let mut total = Cleared::default();
     for edit in edits {
         if edit.get("type").and_then(Value::as_str) != Some(CLEAR_TOOL_USES) {
-            return Err(format!("context_management.edits: unknown edit type {edit}"));
+            return Err(format!(
+                "context_management.edits: unknown edit type {edit}"
+            ));
         }
         let value = |k: &str, d: u64| {
             edit.pointer(&format!("/{k}/value"))
@@ -102,7 +104,10 @@ fn tool_results(body: &Value, exclude: &[&str]) -> Vec<usize> {
             match block.get("type").and_then(Value::as_str) {
                 Some("tool_use") => {
                     let id = block.get("id").and_then(Value::as_str).unwrap_or_default();
-                    let name = block.get("name").and_then(Value::as_str).unwrap_or_default();
+                    let name = block
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
                     names.insert(id.to_owned(), name.to_owned());
                 }
                 Some("tool_result") => {
