@@ -722,12 +722,12 @@ impl Session {
                 input: self.tokens.input_tokens,
                 output: self.tokens.output_tokens,
                 cache_read: self.tokens.cache_read_tokens,
-                summarizer: (self.summarizer_tokens != Usage::default()).then(|| {
+                summarizer: (self.summarizer_tokens != Usage::default()).then_some(
                     cairn_crds::session::SummarizerTokens {
                         input: self.summarizer_tokens.input_tokens,
                         output: self.summarizer_tokens.output_tokens,
-                    }
-                }),
+                    },
+                ),
             },
             headroom: Some(self.headroom()),
             compression: self.compression_counters.session_stats(),
