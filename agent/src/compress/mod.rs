@@ -156,12 +156,13 @@ pub async fn compress(
     counters: &CompressionCounters,
 ) -> Outcome {
     let outcome = match plan(content, tool, policy) {
-        Outcome::Compressed { text, key, kind } => match store.archive(content).await {
-            Ok(stored) if stored == key => Outcome::Compressed { text, key, kind },
-            Ok(_) => Outcome::Unchanged {
-                reason: Skip::ArchiveUnavailable,
-                kind: Some(kind),
-            },
+        // `plan` scanned the original for markers and hashed it: the store gets that proof
+        // instead of doing both again (two passes over a multi-megabyte output).
+        Outcome::Compressed { text, key, kind } => match store
+            .put_hashed(crate::ccr::Hashed::checked(key, content))
+            .await
+        {
+            Ok(()) => Outcome::Compressed { text, key, kind },
             Err(e) => {
                 tracing::warn!(error = %e, label = e.label(), kind = kind.label(),
                     "compress: original not archived; leaving content unchanged");
