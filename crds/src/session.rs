@@ -476,8 +476,10 @@ pub struct CompressionStrategyStats {
     /// Results left byte-identical.
     #[serde(default)]
     pub unchanged: u64,
+    /// Bytes of the results as the tools produced them.
     #[serde(default)]
     pub bytes_in: u64,
+    /// Bytes of the results as they entered the history.
     #[serde(default)]
     pub bytes_out: u64,
 }
@@ -572,8 +574,10 @@ pub struct TokenStats {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SummarizerTokens {
+    /// Input tokens of the summarizer's calls.
     #[serde(default)]
     pub input: u64,
+    /// Output tokens of the summarizer's calls.
     #[serde(default)]
     pub output: u64,
 }
