@@ -5,8 +5,9 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use cairn_agent::ccr::{LocalLimits, LocalStore, Store, recall};
+use cairn_agent::ccr::{CompressionCounters, LocalLimits, LocalStore, MemoryStore, Store, recall};
 use cairn_agent::compress::{self, detect};
+use cairn_agent::history::Message;
 use cairn_crds::policy::{Compression, CompressionMode, CompressionProfile};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
@@ -110,11 +111,39 @@ fn routing(c: &mut Criterion) {
         mode: CompressionMode::Lossy,
         threshold_bytes: 4_000,
         profile: CompressionProfile::Default,
+        max_result_bytes: 256 * 1024,
     };
     group.throughput(Throughput::Bytes(log.len() as u64));
     group.sample_size(10);
     group.bench_function("plan_4.5MB_log", |b| {
         b.iter(|| compress::plan(black_box(log.as_bytes()), Some("bash"), &policy))
+    });
+    // What a tool result of that size costs as it enters the history with the default
+    // policy: detection, compression, the marker scan, SHA-256 and the archive write (an
+    // in-memory store: the durable tier's own cost is measured by `ccr_local` above).
+    let rt = runtime();
+    let store = MemoryStore::new();
+    let counters = CompressionCounters::default();
+    let default_policy = cairn_crds::EffectivePolicy::default().compression;
+    group.bench_function("admit_4.5MB_log", |b| {
+        b.iter_batched(
+            || {
+                let mut m = Message::tool("c1", log.clone());
+                m.name = Some("bash".into());
+                m
+            },
+            |mut m| {
+                rt.block_on(compress::admit_tool_result(
+                    &mut m,
+                    compress::ToolOrigin { is_error: false },
+                    &default_policy,
+                    &store,
+                    &counters,
+                ));
+                m
+            },
+            criterion::BatchSize::LargeInput,
+        )
     });
     group.finish();
 }

@@ -23,6 +23,7 @@ fn bodies(c: &mut Criterion) {
         max_output_tokens: 8_192,
         stream: true,
         controls: Default::default(),
+        context: None,
     };
     let chat = OpenAiChat::new(
         "openai",

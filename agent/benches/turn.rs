@@ -56,6 +56,7 @@ impl Provider for Immediate {
             stop: StopReason::End,
             usage: Usage::default(),
             request_bytes,
+            context: None,
         })
     }
 }
@@ -124,6 +125,7 @@ fn session(
             holder: "bench".into(),
             live: rx,
             provider: Arc::new(Immediate { serialize }),
+            summarizer_provider: None,
             store: Arc::new(store),
             journal: if on_disk {
                 Arc::new(DirObjects::open(dir.join("journal")).expect("journal"))

@@ -100,9 +100,10 @@ fn holder_of(host: &str, pod_uid: Option<&str>, incarnation: u64) -> String {
 
 /// The session's provider: follows `spec.provider` edits (model, base URL, API family) from
 /// one call to the next, with the API key from the environment.
-fn provider_for(live: watch::Receiver<Arc<Live>>) -> Result<Arc<dyn Provider>, AppError> {
-    let net = crate::net::NetPath::from_env(env)
-        .map_err(|e| AppError::new(exit::BAD_INPUT, e.to_string()))?;
+fn provider_for(
+    live: watch::Receiver<Arc<Live>>,
+    net: crate::net::NetPath,
+) -> Result<Arc<dyn Provider>, AppError> {
     let build = move |spec: &cairn_crds::ProviderSpec| {
         build(
             spec,
@@ -127,13 +128,24 @@ async fn open_session(
     storage: &Storage,
     metrics: Arc<Metrics>,
 ) -> Result<Session, AppError> {
-    let provider = provider_for(live_rx.clone())?;
+    let net = crate::net::NetPath::from_env(env)
+        .map_err(|e| AppError::new(exit::BAD_INPUT, e.to_string()))?;
+    let provider = provider_for(live_rx.clone(), net.clone())?;
+    let summarizer = crate::provider::summarizer_provider(
+        live_rx.clone(),
+        Arc::new(|n: &str| std::env::var(n).ok()),
+        ClientOptions {
+            net,
+            ..ClientOptions::default()
+        },
+    );
     Session::open(SessionParts {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         holder: holder_identity(),
         live: live_rx,
         provider,
+        summarizer_provider: Some(Arc::new(summarizer)),
         store: Arc::clone(&storage.store),
         journal: Arc::clone(&storage.journal),
         archive_counters: Arc::clone(&storage.counters),

@@ -174,30 +174,38 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
     let mut out = Vec::new();
     match live.policy.engine {
         Engine::Local => {}
+        Engine::Provider if crate::provider::engine::supports_provider_engine(live.spec.provider.kind) => {}
         Engine::Provider => out.push(UnsupportedSetting {
             field: "engine".into(),
-            reason: "engine: provider (server-side context management) is not implemented by this agent; the built-in summarizer writes level-2 summaries".into(),
+            reason: format!(
+                "engine: provider: the {} API has no server-side context management (only anthropic's context editing and openai-responses' compaction are); the built-in summarizer writes level-2 summaries",
+                live.spec.provider.kind.as_str()
+            ),
         }),
         Engine::Mcp => out.push(UnsupportedSetting {
             field: "engine".into(),
             reason: "engine: mcp is not implemented by this agent; the built-in summarizer writes level-2 summaries".into(),
         }),
     }
-    if let Some(kind) = live.policy.summarizer.provider
-        && kind != live.spec.provider.kind
+    // The summarizer's own provider is honoured whenever it can be built at all.
+    let s = crate::provider::live::summarizer_spec(live);
+    if s.base_url.is_none()
+        && crate::provider::default_base_url(s.kind, s.region.as_deref()).is_none()
     {
         out.push(UnsupportedSetting {
-            field: "summarizer.provider".into(),
+            field: if s.kind == cairn_crds::ProviderKind::Bedrock {
+                "summarizer.region".into()
+            } else {
+                "summarizer.baseUrl".into()
+            },
             reason: format!(
-                "a summarizer on its own provider ({}) is not implemented by this agent; summaries go through the session's own {} client{}",
-                kind.as_str(),
-                live.spec.provider.kind.as_str(),
-                live.policy
-                    .summarizer
-                    .model
-                    .as_deref()
-                    .map(|m| format!(" with model {m}"))
-                    .unwrap_or_default()
+                "a {} summarizer needs {}; its summaries fail and the ladder goes on without them",
+                s.kind.as_str(),
+                if s.kind == cairn_crds::ProviderKind::Bedrock {
+                    "a region"
+                } else {
+                    "a baseUrl"
+                }
             ),
         });
     }
@@ -437,15 +445,19 @@ mod tests {
         assert_eq!(u.len(), 1);
         assert_eq!(u[0].field, "engine");
         assert!(u[0].reason.contains("built-in summarizer"), "{u:?}");
-        assert_eq!(
-            unsupported(&live("compaction:\n  engine: provider\n"))[0].field,
-            "engine"
+        let u = unsupported(&live("compaction:\n  engine: provider\n"));
+        assert_eq!(u[0].field, "engine");
+        assert!(
+            u[0].reason.contains("openai-compatible API has no"),
+            "{u:?}"
         );
-        let u = unsupported(&live(
-            "compaction:\n  summarizer: {provider: anthropic, model: claude-haiku-4-5}\n",
-        ));
-        assert_eq!(u[0].field, "summarizer.provider");
-        assert!(u[0].reason.contains("openai-compatible"), "{u:?}");
+        assert!(
+            unsupported(&live(
+                "compaction:\n  summarizer: {provider: anthropic, model: claude-haiku-4-5}\n",
+            ))
+            .is_empty(),
+            "a summarizer on another provider kind is honoured"
+        );
         assert!(
             unsupported(&live(
                 "compaction:\n  summarizer: {provider: openai-compatible, model: small}\n"
@@ -453,6 +465,20 @@ mod tests {
             .is_empty(),
             "a summarizer model on the session's own provider is honoured"
         );
+        let anthropic = |extra: &str| {
+            let c = ConfigFile::parse(
+                &format!(
+                    "name: demo\nprovider:\n  kind: anthropic\n  model: claude-sonnet-4-5\n{extra}"
+                ),
+                "t",
+            )
+            .unwrap();
+            unsupported(&Live::resolve(&c.spec, c.policy.as_ref(), None).unwrap())
+        };
+        assert!(anthropic("compaction:\n  engine: provider\n").is_empty());
+        let u =
+            anthropic("compaction:\n  summarizer: {provider: openai-compatible, model: small}\n");
+        assert_eq!(u[0].field, "summarizer.baseUrl", "{u:?}");
     }
 
     #[test]

@@ -85,6 +85,11 @@ pub struct Message {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<Image>,
+    /// An opaque item of the provider's own (the OpenAI Responses compaction item of
+    /// `engine: provider`), sent back verbatim in this message's place by that provider's
+    /// encoder; every other encoder sends `content`, which says what the item replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_item: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "is_default_meta")]
     pub meta: MessageMeta,
 }
@@ -103,6 +108,7 @@ impl Message {
             tool_call_id: None,
             name: None,
             images: Vec::new(),
+            provider_item: None,
             meta: MessageMeta::default(),
         }
     }
@@ -152,6 +158,10 @@ impl Message {
                 .iter()
                 .map(|i| i.data.len() + i.media_type.len())
                 .sum::<usize>()
+            + self
+                .provider_item
+                .as_ref()
+                .map_or(0, |v| v.to_string().len())
     }
 
     pub fn is_system(&self) -> bool {

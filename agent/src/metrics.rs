@@ -71,6 +71,26 @@ const HELP: &[(&str, &str, &str)] = &[
         "Journal entries written, by outcome.",
     ),
     (
+        "cairn_agent_provider_context_edits_total",
+        "counter",
+        "Replies whose provider applied its own context management (engine: provider), by kind.",
+    ),
+    (
+        "cairn_agent_compression_total",
+        "counter",
+        "Tool results through compression, by strategy and outcome (compressed, unchanged).",
+    ),
+    (
+        "cairn_agent_compression_bytes_total",
+        "counter",
+        "Bytes of tool results before (in) and after (out) compression, by strategy.",
+    ),
+    (
+        "cairn_agent_recall_keys_total",
+        "counter",
+        "Keys of the model's recall calls, by outcome (found, missing).",
+    ),
+    (
         "cairn_agent_tool_calls_total",
         "counter",
         "Built-in tool calls by tool.",

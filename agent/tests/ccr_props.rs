@@ -69,6 +69,7 @@ fn lossy(threshold_bytes: u32, profile: CompressionProfile) -> Compression {
         mode: CompressionMode::Lossy,
         threshold_bytes,
         profile,
+        max_result_bytes: u32::MAX,
     }
 }
 
@@ -146,8 +147,8 @@ proptest! {
         let len = u32::try_from(text.len()).unwrap_or(u32::MAX);
         for (p, reason) in [
             (lossy(len.saturating_add(1), profile), Skip::BelowThreshold),
-            (Compression { mode: CompressionMode::Off, threshold_bytes: 1, profile }, Skip::Off),
-            (Compression { mode: CompressionMode::Lossless, threshold_bytes: 1, profile }, Skip::Lossless),
+            (Compression { mode: CompressionMode::Off, threshold_bytes: 1, profile, max_result_bytes: u32::MAX }, Skip::Off),
+            (Compression { mode: CompressionMode::Lossless, threshold_bytes: 1, profile, max_result_bytes: u32::MAX }, Skip::Lossless),
         ] {
             let out = compress::plan(text.as_bytes(), None, &p);
             prop_assert_eq!(&out, &Outcome::Unchanged { reason, kind: None });

@@ -115,6 +115,7 @@ async fn open(
         holder: holder.into(),
         live: rx,
         provider,
+        summarizer_provider: None,
         store: Arc::clone(&storage.store),
         journal: Arc::clone(&storage.journal),
         archive_counters: Arc::clone(&storage.counters),

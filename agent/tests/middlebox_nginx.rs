@@ -77,6 +77,7 @@ fn request(chars: usize) -> ChatRequest {
         max_output_tokens: 64,
         stream: false,
         controls: Default::default(),
+        context: None,
     }
 }
 

@@ -77,6 +77,7 @@ fn request(kind: ProviderKind, messages: Vec<Message>, stream: bool) -> ChatRequ
         max_output_tokens: 1024,
         stream,
         controls: Default::default(),
+        context: None,
     }
 }
 

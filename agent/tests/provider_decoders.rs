@@ -78,6 +78,8 @@ fn turns() -> impl Strategy<Value = Turn> {
                 input_tokens: input,
                 output_tokens: output,
                 cached_tokens: input / 2,
+                context_management: None,
+                compaction: None,
             }
         })
 }

@@ -53,6 +53,7 @@ fn request(stream: bool) -> ChatRequest {
         max_output_tokens: 100,
         stream,
         controls: Default::default(),
+        context: None,
     }
 }
 

@@ -91,6 +91,7 @@ async fn no_secret_in_traces_errors_or_debug() {
                 max_output_tokens: 10,
                 stream,
                 controls: Default::default(),
+                context: None,
             };
             sim.push_reply(ScriptedReply::text("fine"));
             assert!(p.send(&req).await.is_ok());

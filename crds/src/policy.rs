@@ -80,6 +80,42 @@ pub struct CompactionPolicySpec {
     /// (an external MCP compaction tool). Default: local.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<Engine>,
+
+    /// Settings of `engine: provider`: Anthropic's context editing (`clear_tool_uses_20250919`)
+    /// and OpenAI Responses' server-side compaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_engine: Option<ProviderEngineSpec>,
+}
+
+/// `engine: provider`, as each provider family documents it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderEngineSpec {
+    /// Anthropic: input tokens of a request at which the server clears old tool results
+    /// (the edit's `trigger`). Default: 100000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("triggerInputTokens must be positive"))]
+    pub trigger_input_tokens: Option<u32>,
+    /// Anthropic: most recent tool uses the server keeps (the edit's `keep`). Default: 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("keepToolUses must not be negative"))]
+    pub keep_tool_uses: Option<u32>,
+    /// Anthropic: input tokens one clearing must free at least (the edit's
+    /// `clear_at_least`), so a cleared prompt cache is worth it. Default: unset (the
+    /// server's own rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("clearAtLeastInputTokens must be positive"))]
+    pub clear_at_least_input_tokens: Option<u32>,
+    /// Anthropic: tools whose results the server never clears (the edit's
+    /// `exclude_tools`). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude_tools: Option<Vec<String>>,
+    /// OpenAI Responses: rendered tokens at which the server compacts the conversation into
+    /// an opaque compaction item (`context_management[].compact_threshold`). Default: the
+    /// session's history budget (contextWindow × budgetRatio).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1000").message("compactThresholdTokens must be at least 1000"))]
+    pub compact_threshold_tokens: Option<u32>,
 }
 
 /// Auto-compaction thresholds, in tokens of headroom left in the context window.
@@ -224,6 +260,26 @@ pub struct SummarizerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("size(self) > 0 && size(self) <= 256").message("summarizer.model must be 1 to 256 characters"))]
     pub model: Option<String>,
+    /// Endpoint of the summarizer's provider (a proxy, a gateway, a self-hosted server).
+    /// Must be an http(s) URL. Default: the session's baseUrl when the summarizer uses the
+    /// session's provider kind, else that kind's public endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$') && size(self) <= 2048").message("summarizer.baseUrl must be an http:// or https:// URL"))]
+    pub base_url: Option<String>,
+    /// Secret (in the session's namespace) holding the summarizer provider's API key; the
+    /// operator mounts it in the session's pod. Default: the session's own credentials when
+    /// the summarizer uses the session's provider kind, else none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<crate::session::SecretKeyRef>,
+    /// AWS region of a Bedrock summarizer. Default: the session's region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9-]{2,32}$')").message("summarizer.region must look like us-east-1"))]
+    pub region: Option<String>,
+    /// Context window of the summarizer model, in tokens; it sizes the level-2 input.
+    /// Default: from the model catalog for the summarizer's model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 512").message("summarizer.contextWindow must be at least 512"))]
+    pub context_window: Option<u64>,
 }
 
 /// Content-aware compression.
@@ -242,6 +298,13 @@ pub struct CompressionSpec {
     /// Default: default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<CompressionProfile>,
+    /// Hard ceiling of one tool result, in bytes, in every mode: a larger result is archived
+    /// before it enters the history, which keeps a head and tail preview of this size with
+    /// the original's marker (recallable), so one huge tool output can never make a request
+    /// unsendable. At least 4096. Default: 262144 (256 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 4096").message("maxResultBytes must be at least 4096"))]
+    pub max_result_bytes: Option<u32>,
 }
 
 /// Compression mode.
@@ -288,6 +351,18 @@ pub struct EffectivePolicy {
     pub compression: Compression,
     pub engine: Engine,
     pub timeouts: Timeouts,
+    pub provider_engine: ProviderEngine,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderEngine {
+    pub trigger_input_tokens: u32,
+    pub keep_tool_uses: u32,
+    pub clear_at_least_input_tokens: Option<u32>,
+    pub exclude_tools: Vec<String>,
+    /// `None`: the session's history budget in tokens.
+    pub compact_threshold_tokens: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -341,6 +416,13 @@ pub struct Summarizer {
     pub provider: Option<ProviderKind>,
     /// `None`: the session's own model.
     pub model: Option<String>,
+    /// `None`: see [`SummarizerSpec::base_url`].
+    pub base_url: Option<String>,
+    /// `None`: see [`SummarizerSpec::credentials`].
+    pub credentials: Option<crate::session::SecretKeyRef>,
+    pub region: Option<String>,
+    /// `None`: from the model catalog.
+    pub context_window: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -349,6 +431,7 @@ pub struct Compression {
     pub mode: CompressionMode,
     pub threshold_bytes: u32,
     pub profile: CompressionProfile,
+    pub max_result_bytes: u32,
 }
 
 /// The built-in defaults: the one place cairn's tunable numbers are written down.
@@ -385,16 +468,28 @@ impl Default for EffectivePolicy {
                 enabled: true,
                 provider: None,
                 model: None,
+                base_url: None,
+                credentials: None,
+                region: None,
+                context_window: None,
             },
             compression: Compression {
                 mode: CompressionMode::Lossy,
                 threshold_bytes: 4_000,
                 profile: CompressionProfile::Default,
+                max_result_bytes: 256 * 1024,
             },
             engine: Engine::Local,
             timeouts: Timeouts {
                 turn_seconds: 600,
                 provider_call_seconds: 300,
+            },
+            provider_engine: ProviderEngine {
+                trigger_input_tokens: 100_000,
+                keep_tool_uses: 3,
+                clear_at_least_input_tokens: None,
+                exclude_tools: Vec::new(),
+                compact_threshold_tokens: None,
             },
         }
     }
@@ -447,11 +542,24 @@ impl EffectivePolicy {
             if s.model.is_some() {
                 self.summarizer.model.clone_from(&s.model);
             }
+            if s.base_url.is_some() {
+                self.summarizer.base_url.clone_from(&s.base_url);
+            }
+            if s.credentials.is_some() {
+                self.summarizer.credentials.clone_from(&s.credentials);
+            }
+            if s.region.is_some() {
+                self.summarizer.region.clone_from(&s.region);
+            }
+            if s.context_window.is_some() {
+                self.summarizer.context_window = s.context_window;
+            }
         }
         if let Some(c) = &o.compression {
             set(&mut self.compression.mode, c.mode);
             set(&mut self.compression.threshold_bytes, c.threshold_bytes);
             set(&mut self.compression.profile, c.profile);
+            set(&mut self.compression.max_result_bytes, c.max_result_bytes);
         }
         set(&mut self.engine, o.engine);
         if let Some(t) = &o.timeouts {
@@ -460,6 +568,20 @@ impl EffectivePolicy {
                 &mut self.timeouts.provider_call_seconds,
                 t.provider_call_seconds,
             );
+        }
+        if let Some(e) = &o.provider_engine {
+            let t = &mut self.provider_engine;
+            set(&mut t.trigger_input_tokens, e.trigger_input_tokens);
+            set(&mut t.keep_tool_uses, e.keep_tool_uses);
+            if e.clear_at_least_input_tokens.is_some() {
+                t.clear_at_least_input_tokens = e.clear_at_least_input_tokens;
+            }
+            if let Some(x) = &e.exclude_tools {
+                t.exclude_tools.clone_from(x);
+            }
+            if e.compact_threshold_tokens.is_some() {
+                t.compact_threshold_tokens = e.compact_threshold_tokens;
+            }
         }
         self
     }
@@ -660,9 +782,17 @@ mod tests {
             |p| p.compression.mode = CompressionMode::Off,
             |p| p.compression.threshold_bytes += 1,
             |p| p.compression.profile = CompressionProfile::Aggressive,
+            |p| p.compression.max_result_bytes += 1,
+            |p| p.summarizer.base_url = Some("http://s".into()),
+            |p| p.summarizer.context_window = Some(1000),
             |p| p.engine = Engine::Mcp,
             |p| p.timeouts.turn_seconds += 1,
             |p| p.timeouts.provider_call_seconds += 1,
+            |p| p.provider_engine.trigger_input_tokens += 1,
+            |p| p.provider_engine.keep_tool_uses += 1,
+            |p| p.provider_engine.clear_at_least_input_tokens = Some(5),
+            |p| p.provider_engine.exclude_tools = vec!["recall".into()],
+            |p| p.provider_engine.compact_threshold_tokens = Some(5000),
         ];
         let mut seen = std::collections::HashSet::new();
         seen.insert(base.hash());
@@ -676,9 +806,10 @@ mod tests {
         }
     }
 
-    // Changed once on purpose when `timeouts` joined the policy: every running session
-    // sees its policy change once after the upgrade (it logs it and goes on).
-    const PINNED_DEFAULT_HASH: &str = "7634b5c3229ee0bf";
+    // Changed on purpose when `timeouts`, and later `compression.maxResultBytes`, the
+    // summarizer's own provider and `providerEngine`, joined the policy: every running
+    // session sees its policy change once after the upgrade (it logs it and goes on).
+    const PINNED_DEFAULT_HASH: &str = "2c2efdbcbbede715";
 
     proptest::proptest! {
         #[test]

@@ -489,6 +489,10 @@ pub struct SessionStats {
     /// Messages the cheap compaction passes changed over the session's life.
     #[serde(default)]
     pub passes: PassStats,
+    /// Compression of tool results as they entered the history (and by the `compress`
+    /// tool), per strategy, and how often the model's `recall` found what it asked for.
+    #[serde(default)]
+    pub compression: CompressionStats,
     /// Where the context headroom of the next request stands against the policy's buffers
     /// (the operator's ContextHeadroom condition and its Events follow it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -512,6 +516,43 @@ pub struct PassStats {
     /// Tool results cut to the per-result or per-turn budget in a request.
     #[serde(default)]
     pub tool_results_cut: u64,
+}
+
+/// Compression since the agent started.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompressionStats {
+    /// By strategy: `log`, `search`, `diff`, `json`, `code`, `prose`, `ceiling` (results cut
+    /// to compression.maxResultBytes) and `none` (no strategy ran).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub strategies: std::collections::BTreeMap<String, CompressionStrategyStats>,
+    /// Keys the model's recall calls found in the archive.
+    #[serde(default)]
+    pub recall_found: u64,
+    /// Keys the model's recall calls asked for that the archive did not hold.
+    #[serde(default)]
+    pub recall_missing: u64,
+    /// recallFound / (recallFound + recallMissing), when the model recalled anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recall_hit_rate: Option<f64>,
+}
+
+/// Totals of one compression strategy.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompressionStrategyStats {
+    /// Results that came out smaller (originals archived first).
+    #[serde(default)]
+    pub compressed: u64,
+    /// Results left byte-identical.
+    #[serde(default)]
+    pub unchanged: u64,
+    /// Bytes of the results as the tools produced them.
+    #[serde(default)]
+    pub bytes_in: u64,
+    /// Bytes of the results as they entered the history.
+    #[serde(default)]
+    pub bytes_out: u64,
 }
 
 /// A setting the running agent cannot honour.
@@ -594,6 +635,22 @@ pub struct TokenStats {
     /// Input tokens served from the provider's prompt cache.
     #[serde(default)]
     pub cache_read: u64,
+    /// Tokens of the level-2 summarizer's calls since the agent started, counted apart from
+    /// the session's (on the summarizer's own provider when it has one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summarizer: Option<SummarizerTokens>,
+}
+
+/// Token usage of the level-2 summarizer.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SummarizerTokens {
+    /// Input tokens of the summarizer's calls.
+    #[serde(default)]
+    pub input: u64,
+    /// Output tokens of the summarizer's calls.
+    #[serde(default)]
+    pub output: u64,
 }
 
 impl AgentSessionSpec {

@@ -85,9 +85,13 @@ fn examples_and_minimal_objects_pass() {
 fn the_built_in_defaults_pass_as_a_policy() {
     let cpol = schema_of::<CompactionPolicy>();
     let defaults = serde_json::to_value(EffectivePolicy::default()).expect("serializes");
-    // `summarizer.provider/model` are null in the effective policy (= the session's own).
+    // `summarizer.provider/model/...` are null in the effective policy (= the session's
+    // own), and so are the provider engine's optional numbers (= the server's rule).
     let mut spec = defaults;
     spec["summarizer"] = json!({"enabled": true});
+    if let Some(e) = spec["providerEngine"].as_object_mut() {
+        e.retain(|_, v| !v.is_null());
+    }
     assert_accepted(&cpol, policy(spec));
 }
 

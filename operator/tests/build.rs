@@ -342,6 +342,24 @@ fn minimal_session_builds_hardened_owned_objects() {
 }
 
 #[test]
+fn the_summarizers_own_credentials_are_mounted_and_readable_by_that_session_only() {
+    let policy = "summarizer: {provider: openai, model: gpt-5-mini, credentials: {secretName: openai-key, key: token}}";
+    let objects = build(&plan("research", FULL, Some(policy)), &inputs());
+    let env = env(&objects);
+    assert_eq!(env["CAIRN_SUMMARIZER_API_KEY"], "secret:openai-key/token");
+    assert_eq!(env["ANTHROPIC_API_KEY"], "secret:anthropic-key/api-key");
+    let rules = rules_json(&objects).to_string();
+    assert!(rules.contains("openai-key"), "{rules}");
+    // Without summarizer credentials nothing is mounted.
+    let objects = build(&plan("research", FULL, Some(FRUGAL)), &inputs());
+    assert!(!env_has(&objects, "CAIRN_SUMMARIZER_API_KEY"));
+}
+
+fn env_has(objects: &SessionObjects, name: &str) -> bool {
+    env(objects).contains_key(name)
+}
+
+#[test]
 fn full_session_wires_policy_credentials_archive_and_template() {
     let mut inputs = inputs();
     inputs.provider_secret_digest = Some("p1".into());

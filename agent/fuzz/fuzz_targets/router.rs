@@ -23,6 +23,7 @@ fuzz_target!(|data: &[u8]| {
         mode: CompressionMode::Lossy,
         threshold_bytes: 1,
         profile,
+        max_result_bytes: u32::MAX,
     };
     let out = plan(content, tool, &policy);
     assert!(out.output(content).len() <= content.len());

@@ -220,6 +220,13 @@ pub struct Hashed<'a> {
 }
 
 impl<'a> Hashed<'a> {
+    /// `bytes` with the key already computed and the marker check already done by a caller
+    /// that had to do both anyway (compression plans on the whole original).
+    pub(crate) fn checked(key: Key, bytes: &'a [u8]) -> Self {
+        debug_assert!(key == Key::of(bytes) && !has_marker_bytes(bytes));
+        Self { key, bytes }
+    }
+
     pub fn key(self) -> Key {
         self.key
     }

@@ -2,11 +2,13 @@
 //! `status.session.archive`. Lock-free on the hot path; a snapshot is plain data.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
+
+use crate::metrics::Metrics;
 
 /// Archive traffic of one session.
 #[derive(Default, Debug)]
@@ -126,10 +128,24 @@ pub struct ArchiveReport {
     pub local: StoreUsage,
 }
 
-/// Compression outcomes per strategy (`log`, `search`, `diff`, `json`, `code`, `prose`).
-#[derive(Default, Debug)]
+/// Compression outcomes per strategy (`log`, `search`, `diff`, `json`, `code`, `prose`,
+/// `ceiling` for results cut to `compression.maxResultBytes`, `none` when no strategy ran)
+/// and the outcomes of the model's `recall` calls. Mirrored into the session's metrics when
+/// built [`CompressionCounters::with_metrics`].
+#[derive(Default)]
 pub struct CompressionCounters {
     by_strategy: Mutex<BTreeMap<&'static str, StrategySnapshot>>,
+    recall_found: AtomicU64,
+    recall_missing: AtomicU64,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl std::fmt::Debug for CompressionCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompressionCounters")
+            .field("by_strategy", &self.snapshot())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Totals of one strategy.
@@ -145,7 +161,39 @@ pub struct StrategySnapshot {
 }
 
 impl CompressionCounters {
+    /// Counters that also count in `metrics` (`cairn_agent_compression_total`,
+    /// `cairn_agent_compression_bytes_total`, `cairn_agent_recall_keys_total`).
+    pub fn with_metrics(metrics: Arc<Metrics>) -> Self {
+        Self {
+            metrics: Some(metrics),
+            ..Self::default()
+        }
+    }
+
     pub fn record(&self, strategy: &'static str, bytes_in: usize, bytes_out: Option<usize>) {
+        if let Some(m) = &self.metrics {
+            let outcome = if bytes_out.is_some() {
+                "compressed"
+            } else {
+                "unchanged"
+            };
+            let out = bytes_out.unwrap_or(bytes_in);
+            m.inc(
+                "cairn_agent_compression_total",
+                &[("strategy", strategy), ("outcome", outcome)],
+                1.0,
+            );
+            m.inc(
+                "cairn_agent_compression_bytes_total",
+                &[("strategy", strategy), ("direction", "in")],
+                bytes_in as f64,
+            );
+            m.inc(
+                "cairn_agent_compression_bytes_total",
+                &[("strategy", strategy), ("direction", "out")],
+                out as f64,
+            );
+        }
         let Ok(mut map) = self.by_strategy.lock() else {
             return;
         };
@@ -168,6 +216,52 @@ impl CompressionCounters {
             .lock()
             .map(|m| m.clone())
             .unwrap_or_default()
+    }
+
+    /// One `recall` call of the model: keys it found and keys the archive did not hold.
+    pub fn record_recall(&self, found: usize, missing: usize) {
+        self.recall_found.fetch_add(found as u64, Ordering::Relaxed);
+        self.recall_missing
+            .fetch_add(missing as u64, Ordering::Relaxed);
+        if let Some(m) = &self.metrics {
+            m.inc(
+                "cairn_agent_recall_keys_total",
+                &[("outcome", "found")],
+                found as f64,
+            );
+            m.inc(
+                "cairn_agent_recall_keys_total",
+                &[("outcome", "missing")],
+                missing as f64,
+            );
+        }
+    }
+
+    /// What `status.session.compression` reports.
+    pub fn session_stats(&self) -> cairn_crds::session::CompressionStats {
+        let found = self.recall_found.load(Ordering::Relaxed);
+        let missing = self.recall_missing.load(Ordering::Relaxed);
+        cairn_crds::session::CompressionStats {
+            strategies: self
+                .snapshot()
+                .into_iter()
+                .map(|(k, s)| {
+                    (
+                        k.to_owned(),
+                        cairn_crds::session::CompressionStrategyStats {
+                            compressed: s.compressed,
+                            unchanged: s.unchanged,
+                            bytes_in: s.bytes_in,
+                            bytes_out: s.bytes_out,
+                        },
+                    )
+                })
+                .collect(),
+            recall_found: found,
+            recall_missing: missing,
+            recall_hit_rate: (found + missing > 0)
+                .then(|| (found as f64 / (found + missing) as f64 * 1000.0).round() / 1000.0),
+        }
     }
 }
 
@@ -199,5 +293,28 @@ mod tests {
         let log = s.get("log").copied().unwrap_or_default();
         assert_eq!((log.compressed, log.unchanged), (1, 1));
         assert_eq!((log.bytes_in, log.bytes_out), (150, 90));
+    }
+
+    #[test]
+    fn counters_reach_the_metrics_and_the_status() {
+        let metrics = Arc::new(Metrics::new());
+        let c = CompressionCounters::with_metrics(Arc::clone(&metrics));
+        c.record("log", 1000, Some(100));
+        c.record_recall(3, 1);
+        let m = |name, l: &[(&'static str, &str)]| metrics.counter(name, l);
+        assert_eq!(
+            m(
+                "cairn_agent_compression_bytes_total",
+                &[("strategy", "log"), ("direction", "out")]
+            ),
+            100.0
+        );
+        assert_eq!(
+            m("cairn_agent_recall_keys_total", &[("outcome", "missing")]),
+            1.0
+        );
+        let s = c.session_stats();
+        assert_eq!(s.strategies["log"].bytes_in, 1000);
+        assert_eq!(s.recall_hit_rate, Some(0.75));
     }
 }

@@ -14,6 +14,7 @@ pub mod emergency;
 pub mod ladder;
 pub mod microcompact;
 pub mod pairing;
+pub mod server;
 pub mod state;
 pub mod summarize;
 pub mod text;

@@ -11,6 +11,7 @@
 
 pub mod code;
 pub mod diff;
+pub mod entry;
 pub mod json;
 mod lines;
 pub mod log;
@@ -24,6 +25,7 @@ use cairn_crds::policy::{Compression, CompressionMode, CompressionProfile};
 use crate::ccr::stats::CompressionCounters;
 use crate::ccr::{Key, Store, has_marker};
 
+pub use entry::{Admission, ToolOrigin, admit_tool_result};
 pub use profile::Limits;
 pub use router::{Kind, detect};
 
@@ -154,12 +156,13 @@ pub async fn compress(
     counters: &CompressionCounters,
 ) -> Outcome {
     let outcome = match plan(content, tool, policy) {
-        Outcome::Compressed { text, key, kind } => match store.archive(content).await {
-            Ok(stored) if stored == key => Outcome::Compressed { text, key, kind },
-            Ok(_) => Outcome::Unchanged {
-                reason: Skip::ArchiveUnavailable,
-                kind: Some(kind),
-            },
+        // `plan` scanned the original for markers and hashed it: the store gets that proof
+        // instead of doing both again (two passes over a multi-megabyte output).
+        Outcome::Compressed { text, key, kind } => match store
+            .put_hashed(crate::ccr::Hashed::checked(key, content))
+            .await
+        {
+            Ok(()) => Outcome::Compressed { text, key, kind },
             Err(e) => {
                 tracing::warn!(error = %e, label = e.label(), kind = kind.label(),
                     "compress: original not archived; leaving content unchanged");
@@ -192,6 +195,7 @@ mod tests {
             mode,
             threshold_bytes,
             profile: CompressionProfile::Default,
+            max_result_bytes: 256 * 1024,
         }
     }
 

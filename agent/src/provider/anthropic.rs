@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::config::{BuildError, ClientOptions, Secret};
+use super::engine::{AppliedContext, CLEAR_TOOL_USES};
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
 use super::wire::{Arguments, SystemText, Turn, is_false, merge_turns};
@@ -63,6 +64,7 @@ impl Anthropic {
             temperature: request.controls.temperature,
             top_p: request.controls.top_p,
             output_config: anthropic_output_config(request),
+            context_management: request.context.as_ref().and_then(|c| c.anthropic_body()),
         }
     }
 }
@@ -123,6 +125,8 @@ struct Body<'a> {
     top_p: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     output_config: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_management: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -231,6 +235,16 @@ impl Provider for Anthropic {
                 HeaderName::from_static("anthropic-version"),
                 HeaderValue::from_static(API_VERSION),
             );
+            if request
+                .context
+                .as_ref()
+                .is_some_and(|c| c.anthropic_body().is_some())
+            {
+                h.insert(
+                    HeaderName::from_static("anthropic-beta"),
+                    HeaderValue::from_static(super::engine::ANTHROPIC_BETA),
+                );
+            }
             Ok(h)
         };
         self.http
@@ -256,6 +270,30 @@ struct WireReply {
     stop_reason: Option<String>,
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(default)]
+    context_management: Option<Value>,
+}
+
+/// `context_management.applied_edits` of a reply: the tool uses the server cleared.
+fn applied_edits(v: &Value) -> Option<AppliedContext> {
+    let mut uses = 0;
+    let mut tokens = 0;
+    for e in v.get("applied_edits")?.as_array()? {
+        if str_field(e, "type") == Some(CLEAR_TOOL_USES) {
+            uses += e
+                .get("cleared_tool_uses")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            tokens += e
+                .get("cleared_input_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+        }
+    }
+    (uses > 0).then_some(AppliedContext::ClearedToolUses {
+        cleared_tool_uses: uses,
+        cleared_input_tokens: tokens,
+    })
 }
 
 fn stop_reason(s: &str) -> StopReason {
@@ -304,6 +342,7 @@ fn decode_reply(bytes: &[u8]) -> Result<Reply, DecodeError> {
     if let Some(u) = r.usage {
         reply.usage = usage(u, Usage::default());
     }
+    reply.context = r.context_management.as_ref().and_then(applied_edits);
     Ok(reply)
 }
 
@@ -410,6 +449,9 @@ impl StreamState for MessageStream {
                 if let Some(u) = v.get("usage") {
                     let u: WireUsage = serde_json::from_value(u.clone()).unwrap_or_default();
                     self.reply.usage = usage(u, self.reply.usage);
+                }
+                if let Some(c) = v.get("context_management").and_then(applied_edits) {
+                    self.reply.context = Some(c);
                 }
             }
             "message_stop" => return Ok(true),

@@ -495,6 +495,7 @@ mod tests {
             max_output_tokens: 10,
             stream: false,
             controls: Default::default(),
+            context: None,
         };
         let body = serde_json::to_value(Gemini::body(&req)).unwrap();
         assert_eq!(

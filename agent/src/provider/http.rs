@@ -112,6 +112,7 @@ pub(crate) struct Reply {
     pub calls: Vec<ToolCall>,
     pub stop: Option<StopReason>,
     pub usage: Usage,
+    pub context: Option<super::engine::AppliedContext>,
 }
 
 impl Reply {
@@ -130,6 +131,7 @@ impl Reply {
             stop,
             usage: self.usage,
             request_bytes,
+            context: self.context,
         }
     }
 }

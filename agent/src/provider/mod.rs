@@ -14,6 +14,7 @@ mod bedrock;
 mod config;
 mod controls;
 pub mod deadline;
+pub mod engine;
 pub mod eventstream;
 mod gemini;
 mod http;
@@ -30,7 +31,7 @@ pub use bedrock::{AwsCredentials, Bedrock, BedrockAuth};
 pub use config::{BuildError, ClientOptions, Credentials, Secret, build, default_base_url};
 pub use controls::{Effort, OutputFormat, unsupported_by};
 pub use gemini::Gemini;
-pub use live::LiveProvider;
+pub use live::{LiveProvider, summarizer_provider};
 pub use openai::OpenAiChat;
 pub use responses::OpenAiResponses;
 pub use retry::RetryPolicy;
@@ -120,6 +121,8 @@ pub struct ChatRequest {
     pub max_output_tokens: u64,
     pub stream: bool,
     pub controls: Controls,
+    /// The server's own context management for this request (`engine: provider`).
+    pub context: Option<engine::ServerContext>,
 }
 
 /// Why the model stopped, normalised across providers.
@@ -150,6 +153,8 @@ pub struct ChatResponse {
     pub usage: Usage,
     /// Exact size in bytes of the serialized request body that produced this reply.
     pub request_bytes: u64,
+    /// What the server's context management did to the request, when it acted.
+    pub context: Option<engine::AppliedContext>,
 }
 
 impl ChatResponse {

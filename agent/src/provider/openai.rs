@@ -390,6 +390,7 @@ fn decode_reply(bytes: &[u8]) -> Result<Reply, DecodeError> {
         calls,
         stop: choice.finish_reason.as_deref().map(stop_reason),
         usage: c.usage.map(|u| u.usage()).unwrap_or_default(),
+        context: None,
     })
 }
 

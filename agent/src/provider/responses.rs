@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::config::{BuildError, ClientOptions, Secret};
+use super::engine::AppliedContext;
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
 use super::wire::{DataUrl, SystemText, is_false};
@@ -42,6 +43,10 @@ impl OpenAiResponses {
     pub fn body(request: &ChatRequest) -> impl Serialize + '_ {
         let mut input = Vec::with_capacity(request.messages.len());
         for m in &request.messages {
+            if let Some(item) = &m.provider_item {
+                input.push(Item::Opaque(item));
+                continue;
+            }
             match m.role {
                 Role::System => {}
                 Role::User => {
@@ -49,28 +54,30 @@ impl OpenAiResponses {
                     content.extend(m.images.iter().map(|i| Part::InputImage {
                         image_url: DataUrl(i),
                     }));
-                    input.push(Item::Message {
+                    input.push(Item::Typed(TypedItem::Message {
                         role: "user",
                         content,
-                    });
+                    }));
                 }
                 Role::Assistant => {
                     if !m.content.is_empty() {
-                        input.push(Item::Message {
+                        input.push(Item::Typed(TypedItem::Message {
                             role: "assistant",
                             content: vec![Part::OutputText { text: &m.content }],
-                        });
+                        }));
                     }
-                    input.extend(m.tool_calls.iter().map(|c| Item::FunctionCall {
-                        call_id: &c.id,
-                        name: &c.name,
-                        arguments: &c.arguments,
+                    input.extend(m.tool_calls.iter().map(|c| {
+                        Item::Typed(TypedItem::FunctionCall {
+                            call_id: &c.id,
+                            name: &c.name,
+                            arguments: &c.arguments,
+                        })
                     }));
                 }
-                Role::Tool => input.push(Item::FunctionCallOutput {
+                Role::Tool => input.push(Item::Typed(TypedItem::FunctionCallOutput {
                     call_id: m.tool_call_id.as_deref().unwrap_or_default(),
                     output: &m.content,
-                }),
+                })),
             }
         }
         Body {
@@ -106,6 +113,7 @@ impl OpenAiResponses {
                 .controls
                 .effort
                 .map(|e| serde_json::json!({"effort": e.as_str()})),
+            context_management: request.context.as_ref().and_then(|c| c.responses_body()),
         }
     }
 }
@@ -144,6 +152,8 @@ struct Body<'a> {
     text: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reasoning: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_management: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -160,8 +170,16 @@ struct Tool<'a> {
 /// OpenAI's (llama.cpp: "Cannot determine type of 'item'") refuse an assistant message
 /// without it.
 #[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(untagged)]
 enum Item<'a> {
+    Typed(TypedItem<'a>),
+    /// An item the server gave back (a compaction item), verbatim.
+    Opaque(&'a Value),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum TypedItem<'a> {
     Message {
         role: &'static str,
         content: Vec<Part<'a>>,
@@ -280,6 +298,9 @@ fn from_value(raw: Value) -> Result<Reply, DecodeError> {
                     .to_string(),
                 arguments: str_field(&item, "arguments").unwrap_or("{}").to_string(),
             }),
+            Some("compaction") => {
+                reply.context = Some(AppliedContext::Compaction { item: item.clone() });
+            }
             Some("reasoning") => {
                 for part in item
                     .get("summary")

@@ -196,6 +196,7 @@ pub(crate) mod fixture {
             max_output_tokens: 1234,
             stream,
             controls: Default::default(),
+            context: None,
         }
     }
 

@@ -24,6 +24,7 @@ use crate::ccr::stats::{ArchiveCounters, CompressionCounters};
 use crate::compact::ladder::LadderContext;
 use crate::compact::window::{Buffers, Headroom};
 use crate::compact::{BudgetInputs, CompactionOutcome, SessionState, Trigger, compact};
+use crate::compress;
 use crate::config::Live;
 use crate::history::{self, Message};
 use crate::journal::{
@@ -107,6 +108,9 @@ pub struct SessionParts {
     pub holder: String,
     pub live: watch::Receiver<Arc<Live>>,
     pub provider: Arc<dyn Provider>,
+    /// The summarizer's own client ([`crate::provider::summarizer_provider`]), used when
+    /// the policy gives the summarizer another endpoint than the session's.
+    pub summarizer_provider: Option<Arc<dyn Provider>>,
     pub store: Arc<dyn Store>,
     pub journal: Arc<dyn ObjectStore>,
     pub archive_counters: Arc<ArchiveCounters>,
@@ -122,6 +126,7 @@ pub struct Session {
     live: Arc<Live>,
     live_rx: watch::Receiver<Arc<Live>>,
     provider: Arc<dyn Provider>,
+    summarizer_provider: Option<Arc<dyn Provider>>,
     store: Arc<dyn Store>,
     journal: Journal,
     archive_counters: Arc<ArchiveCounters>,
@@ -129,6 +134,8 @@ pub struct Session {
     metrics: Arc<Metrics>,
     turns: u64,
     tokens: Usage,
+    /// Tokens of the level-2 summarizer's calls since the agent started, counted apart.
+    summarizer_tokens: Usage,
     last_reply_at: Option<SystemTime>,
     last_recovery: Option<LastRecovery>,
     /// History length before the input of the turn that failed last, until the write it
@@ -183,15 +190,19 @@ impl Session {
         let state_dirty = !pending_notices.is_empty();
         warn_unsupported(&live, None);
         // Every provider call of the session (replies and summaries) has a total deadline.
-        let policy_rx = live_rx.clone();
-        let provider: Arc<dyn Provider> = Arc::new(Deadlined::new(
-            parts.provider,
-            Box::new(move || {
-                Duration::from_secs(u64::from(
-                    policy_rx.borrow().policy.timeouts.provider_call_seconds,
-                ))
-            }),
-        ));
+        let deadlined = |p: Arc<dyn Provider>| -> Arc<dyn Provider> {
+            let policy_rx = live_rx.clone();
+            Arc::new(Deadlined::new(
+                p,
+                Box::new(move || {
+                    Duration::from_secs(u64::from(
+                        policy_rx.borrow().policy.timeouts.provider_call_seconds,
+                    ))
+                }),
+            ))
+        };
+        let provider = deadlined(parts.provider);
+        let summarizer_provider = parts.summarizer_provider.map(deadlined);
         let s = Self {
             namespace: parts.namespace,
             name: parts.name,
@@ -200,10 +211,11 @@ impl Session {
             live,
             live_rx,
             provider,
+            summarizer_provider,
             store: parts.store,
             journal,
             archive_counters: parts.archive_counters,
-            compression_counters: CompressionCounters::default(),
+            compression_counters: CompressionCounters::with_metrics(Arc::clone(&parts.metrics)),
             metrics: parts.metrics,
             turns: rebuilt.state.turns,
             tokens: Usage {
@@ -211,6 +223,7 @@ impl Session {
                 output_tokens: rebuilt.state.output_tokens,
                 cache_read_tokens: rebuilt.state.cache_read_tokens,
             },
+            summarizer_tokens: Usage::default(),
             last_reply_at: None,
             last_recovery: None,
             failed_turn: None,
@@ -446,6 +459,31 @@ impl Session {
         }
     }
 
+    /// Every tool result enters the history through here (client outputs with the turn's
+    /// input, built-in tool results inside the turn): see [`compress::admit_tool_result`].
+    pub(crate) async fn admit_tool_result(
+        &self,
+        message: &mut Message,
+        origin: compress::ToolOrigin,
+    ) -> compress::Admission {
+        let admission = compress::admit_tool_result(
+            message,
+            origin,
+            &self.live.policy.compression,
+            self.store.as_ref(),
+            &self.compression_counters,
+        )
+        .await;
+        if admission != compress::Admission::Whole {
+            tracing::debug!(
+                ?admission,
+                bytes = message.content.len(),
+                "tool result admitted"
+            );
+        }
+        admission
+    }
+
     /// The context window requests are budgeted against (configured, or learned if tighter).
     fn window(&self) -> u64 {
         self.state
@@ -463,23 +501,45 @@ impl Session {
         }
     }
 
+    /// The client summaries go through: the summarizer's own when the policy gives it another
+    /// endpoint, else the session's.
+    fn summarizer_client(&self) -> Arc<dyn Provider> {
+        match &self.summarizer_provider {
+            Some(p) if crate::provider::live::summarizer_has_own_endpoint(&self.live) => {
+                Arc::clone(p)
+            }
+            _ => Arc::clone(&self.provider),
+        }
+    }
+
+    /// The summarizer model's limits: the session's for the session's own model, else the
+    /// catalog's for the summarizer's kind and model (or `summarizer.contextWindow`).
+    fn summarizer_limits(&self) -> Option<crate::catalog::Limits> {
+        let s = &self.live.policy.summarizer;
+        let spec = crate::provider::live::summarizer_spec(&self.live);
+        if spec.kind == self.live.spec.provider.kind
+            && spec.model == self.live.spec.provider.model
+            && s.context_window.is_none()
+        {
+            return None;
+        }
+        Some(crate::catalog::limits_for(&cairn_crds::AgentSessionSpec {
+            provider: spec,
+            context_window: s.context_window,
+            max_output_tokens: None,
+            ..self.live.spec.clone()
+        }))
+    }
+
     fn summarizer(&self, extra: Option<String>) -> ProviderSummarizer {
-        let own_model = self
-            .live
-            .policy
-            .summarizer
-            .model
-            .as_ref()
-            .is_none_or(|m| *m == self.live.spec.provider.model);
+        let own_limits = self.summarizer_limits();
         // A dedicated summarizer model has a window of its own, learned the same way.
-        let tokens = if own_model {
-            self.window()
-        } else {
-            self.state
+        let tokens = match &own_limits {
+            None => self.window(),
+            Some(l) => self
+                .state
                 .summarizer_window
-                .map_or(self.live.limits.context_window, |w| {
-                    w.min(self.live.limits.context_window)
-                })
+                .map_or(l.context_window, |w| w.min(l.context_window)),
         };
         let mut window = self.state.chars_per_token.chars(tokens);
         // The summary request crosses the same network path as every other request.
@@ -487,25 +547,34 @@ impl Session {
             window = window.min((cap as f64 * crate::compact::window::PAYLOAD_CAP_SHARE) as usize);
         }
         // The summary must fit beside its input: at most a quarter of the window.
-        ProviderSummarizer::new(Arc::clone(&self.provider), &self.live, window, extra)
-            .with_max_output(tokens / 4)
+        let max_output =
+            own_limits.map_or(self.live.limits.max_output_tokens, |l| l.max_output_tokens);
+        ProviderSummarizer::new(self.summarizer_client(), &self.live, window, extra)
+            .with_max_output(max_output.min(tokens / 4))
             .with_chars_per_token(self.state.chars_per_token.get())
+            .with_metrics(Arc::clone(&self.metrics))
     }
 
     /// Learns what the summarizer's own overflow said: the session's window and ratio when it
     /// used the session's model, its own window otherwise.
     fn learn_from_summarizer(&mut self, summarizer: &ProviderSummarizer) {
+        let used = summarizer.take_usage();
+        count_tokens(
+            &mut self.summarizer_tokens,
+            &used,
+            &self.metrics,
+            "summarizer",
+        );
         let Some((count, sent)) = summarizer.take_learned() else {
             return;
         };
-        let own = summarizer.model() == self.live.spec.provider.model;
+        let limits = self.summarizer_limits();
+        let own = limits.is_none();
         if own && let Some(p) = count.prompt_tokens {
             self.state.chars_per_token.set_counted(sent as u64, p);
         }
-        if let Some(w) = count
-            .window
-            .filter(|w| *w < self.live.limits.context_window)
-        {
+        let configured = limits.map_or(self.live.limits.context_window, |l| l.context_window);
+        if let Some(w) = count.window.filter(|w| *w < configured) {
             if own {
                 self.state.learn_window(w);
             } else {
@@ -647,9 +716,16 @@ impl Session {
                 input: self.tokens.input_tokens,
                 output: self.tokens.output_tokens,
                 cache_read: self.tokens.cache_read_tokens,
+                summarizer: (self.summarizer_tokens != Usage::default()).then_some(
+                    cairn_crds::session::SummarizerTokens {
+                        input: self.summarizer_tokens.input_tokens,
+                        output: self.summarizer_tokens.output_tokens,
+                    },
+                ),
             },
             passes: self.passes,
             headroom: Some(self.headroom()),
+            compression: self.compression_counters.session_stats(),
             unsupported: crate::config::unsupported(&self.live),
         }
     }
@@ -685,6 +761,27 @@ impl Session {
         );
         self.metrics
             .set("cairn_agent_bytes_per_token", &[], s.bytes_per_token);
+    }
+}
+
+/// Adds `used` to `total` and to `cairn_agent_tokens_total{client}` (`session` for the
+/// session's replies, `summarizer` for level-2 summaries).
+pub(crate) fn count_tokens(total: &mut Usage, used: &Usage, metrics: &Metrics, client: &str) {
+    total.input_tokens += used.input_tokens;
+    total.output_tokens += used.output_tokens;
+    total.cache_read_tokens += used.cache_read_tokens;
+    for (kind, v) in [
+        ("input", used.input_tokens),
+        ("output", used.output_tokens),
+        ("cache_read", used.cache_read_tokens),
+    ] {
+        if v > 0 {
+            metrics.inc(
+                "cairn_agent_tokens_total",
+                &[("kind", kind), ("client", client)],
+                v as f64,
+            );
+        }
     }
 }
 

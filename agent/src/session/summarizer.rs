@@ -15,8 +15,9 @@ use crate::compact::text;
 use crate::compact::{SummarizeError, Summarizer};
 use crate::config::Live;
 use crate::history::Message;
+use crate::metrics::Metrics;
 use crate::overflow::{ServerCount, server_count};
-use crate::provider::{ChatRequest, Provider};
+use crate::provider::{ChatRequest, Provider, Usage};
 
 /// Reply budget of a summary, in tokens.
 const SUMMARY_OUTPUT_TOKENS: u64 = 8_192;
@@ -33,6 +34,9 @@ pub struct ProviderSummarizer {
     learned: Mutex<Option<(ServerCount, usize)>>,
     /// The session's bytes per token, to tell whether the output limit can hold a summary.
     chars_per_token: f64,
+    /// Tokens the summarizer's calls used, for the session to count apart.
+    usage: Mutex<Usage>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl ProviderSummarizer {
@@ -56,6 +60,8 @@ impl ProviderSummarizer {
             extra,
             learned: Mutex::new(None),
             chars_per_token: crate::tokens::DEFAULT_CHARS_PER_TOKEN,
+            usage: Mutex::new(Usage::default()),
+            metrics: None,
         }
     }
 
@@ -63,6 +69,33 @@ impl ProviderSummarizer {
     pub fn with_max_output(mut self, max_output: u64) -> Self {
         self.max_output = self.max_output.min(max_output.max(1));
         self
+    }
+
+    /// Counts the summarizer's failed calls in `cairn_agent_provider_errors_total{client="summarizer"}`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn failed(&self, err: &crate::provider::ProviderError) -> FailureClass {
+        let class = classify(err);
+        tracing::warn!(
+            class = class.label(),
+            error = err.label(),
+            "summary request failed: {err}"
+        );
+        if let Some(m) = &self.metrics {
+            m.inc(
+                "cairn_agent_provider_errors_total",
+                &[
+                    ("error", err.label()),
+                    ("class", class.label()),
+                    ("client", "summarizer"),
+                ],
+                1.0,
+            );
+        }
+        class
     }
 
     pub fn with_chars_per_token(mut self, ratio: f64) -> Self {
@@ -73,6 +106,22 @@ impl ProviderSummarizer {
     /// The summarizer model's name.
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// Tokens used by the calls since the last take.
+    pub fn take_usage(&self) -> Usage {
+        self.usage
+            .lock()
+            .map(|mut u| std::mem::take(&mut *u))
+            .unwrap_or_default()
+    }
+
+    fn count(&self, used: &Usage) {
+        if let Ok(mut u) = self.usage.lock() {
+            u.input_tokens += used.input_tokens;
+            u.output_tokens += used.output_tokens;
+            u.cache_read_tokens += used.cache_read_tokens;
+        }
     }
 
     /// What the summarizer's own overflow taught, once.
@@ -91,6 +140,7 @@ impl ProviderSummarizer {
             max_output_tokens: self.max_output,
             stream: false,
             controls: Default::default(),
+            context: None,
         }
     }
 }
@@ -132,11 +182,19 @@ impl Summarizer for ProviderSummarizer {
         let span = tracing::info_span!("summary", attempt = request.attempt);
         let req = self.request(&instructions, request.transcript.clone());
         let err = match self.provider.send(&req).instrument(span.clone()).await {
-            Ok(r) => return Ok(r.message.content),
+            Ok(r) => {
+                self.count(&r.usage);
+                return Ok(r.message.content);
+            }
             Err(e) => e,
         };
-        if classify(&err) != FailureClass::ContextOverflow {
-            return Err(SummarizeError::Failed(err.to_string()));
+        let class = self.failed(&err);
+        if class != FailureClass::ContextOverflow {
+            return Err(SummarizeError::Failed(format!(
+                "{} ({}): {err}",
+                class.label(),
+                err.label()
+            )));
         }
         let sent = instructions.len() + request.transcript.len();
         let count = server_count(&err);
@@ -165,10 +223,17 @@ impl Summarizer for ProviderSummarizer {
             "summary request overflowed; retrying within the server's window"
         );
         match self.provider.send(&retry).instrument(span).await {
-            Ok(r) => Ok(r.message.content),
-            Err(e) => Err(SummarizeError::Failed(format!(
-                "the summarizer's request overflowed ({err}) and its cut retry failed: {e}"
-            ))),
+            Ok(r) => {
+                self.count(&r.usage);
+                Ok(r.message.content)
+            }
+            Err(e) => {
+                let class = self.failed(&e);
+                Err(SummarizeError::Failed(format!(
+                    "the summarizer's request overflowed ({err}) and its cut retry failed ({}): {e}",
+                    class.label()
+                )))
+            }
         }
     }
 }

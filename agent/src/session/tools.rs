@@ -79,6 +79,8 @@ fn normalise_args(args: &str) -> String {
 /// The result of one call.
 pub struct ToolResult {
     pub message: Message,
+    /// The call failed: its output is an error message (kept verbatim on entry).
+    pub is_error: bool,
     /// The call changed an earlier message of the history (compress in place).
     pub rewrote: bool,
 }
@@ -92,27 +94,41 @@ pub async fn run(
     counters: &CompressionCounters,
 ) -> ToolResult {
     let mut rewrote = false;
+    let mut is_error = false;
     let (content, verbatim) = match call.name.as_str() {
         RECALL => match recall(store, &call.arguments).await {
-            Ok(r) => (String::from_utf8_lossy(&r.output).into_owned(), true),
-            Err(e) => (format!("recall failed: {e}"), false),
+            Ok(r) => {
+                counters.record_recall(r.found.len(), r.missing.len());
+                (String::from_utf8_lossy(&r.output).into_owned(), true)
+            }
+            Err(e) => {
+                is_error = true;
+                (format!("recall failed: {e}"), false)
+            }
         },
         COMPRESS => {
             let (text, r) = compress_call(call, history, store, compression, counters).await;
             rewrote = r;
             (text, false)
         }
-        other => (
-            format!(
-                "error: unknown tool {other:?}; the tools available are {RECALL} and {COMPRESS}"
-            ),
-            false,
-        ),
+        other => {
+            is_error = true;
+            (
+                format!(
+                    "error: unknown tool {other:?}; the tools available are {RECALL} and {COMPRESS}"
+                ),
+                false,
+            )
+        }
     };
     let mut message = Message::tool(call.id.clone(), content);
     message.name = Some(call.name.clone());
     message.meta.preserve_verbatim = verbatim;
-    ToolResult { message, rewrote }
+    ToolResult {
+        message,
+        is_error,
+        rewrote,
+    }
 }
 
 async fn compress_call(

@@ -317,9 +317,29 @@ impl Session {
         // what the journal holds.
         self.settle().await?;
         self.state.begin_turn();
-        // 1. The input is journaled before anything else happens to it.
+        // 1. The input is journaled before anything else happens to it, once its tool
+        // results are admitted (compressed or cut to the ceiling, originals archived first).
         self.ensure_system_prompt();
         let pre_turn_len = self.history.len();
+        let mut input = input;
+        for i in 0..input.len() {
+            if input[i].role != Role::Tool {
+                continue;
+            }
+            if input[i].name.is_none() {
+                let id = input[i].tool_call_id.clone();
+                input[i].name = self
+                    .history
+                    .iter()
+                    .chain(&input[..i])
+                    .rev()
+                    .flat_map(|m| &m.tool_calls)
+                    .find(|c| Some(&c.id) == id.as_ref())
+                    .map(|c| c.name.clone());
+            }
+            let origin = crate::compress::ToolOrigin { is_error: false };
+            self.admit_tool_result(&mut input[i], origin).await;
+        }
         self.history.extend(input);
         let ledger_before = self.ledger.clone();
         let ledger_turn = self.options.ledger.take();
@@ -554,12 +574,19 @@ impl Session {
                     &[("tool", tool_label(&call.name))],
                     1.0,
                 );
-                let r = tools::run(
+                let mut r = tools::run(
                     call,
                     &mut self.history,
                     store.as_ref(),
                     &compression,
                     &self.compression_counters,
+                )
+                .await;
+                self.admit_tool_result(
+                    &mut r.message,
+                    crate::compress::ToolOrigin {
+                        is_error: r.is_error,
+                    },
                 )
                 .await;
                 self.history.push(r.message);
@@ -772,6 +799,13 @@ impl Session {
                     max_output_tokens: limit,
                     stream: notices.live.is_some(),
                     controls: self.options.controls.clone(),
+                    context: crate::provider::engine::server_context(
+                        live.spec.provider.kind,
+                        policy,
+                        self.state.chars_per_token.tokens(
+                            Budget::compute(&self.budget_inputs(), policy, &self.state).chars,
+                        ),
+                    ),
                 },
                 cuts,
                 instructions,
@@ -827,19 +861,17 @@ impl Session {
                         &[],
                         resp.request_bytes as f64,
                     );
-                    self.state
-                        .chars_per_token
-                        .observe(sent_weight as u64, resp.usage.input_tokens);
-                    add_usage(usage, &resp.usage);
-                    add_usage(&mut self.tokens, &resp.usage);
-                    for (kind, v) in [
-                        ("input", resp.usage.input_tokens),
-                        ("output", resp.usage.output_tokens),
-                        ("cache_read", resp.usage.cache_read_tokens),
-                    ] {
-                        self.metrics
-                            .inc("cairn_agent_tokens_total", &[("kind", kind)], v as f64);
+                    // The server's context management counted a request other than the one
+                    // sent: its token count calibrates nothing.
+                    if resp.context.is_none() {
+                        self.state
+                            .chars_per_token
+                            .observe(sent_weight as u64, resp.usage.input_tokens);
+                    } else {
+                        self.mirror_server_context(&resp, changes, notices).await;
                     }
+                    add_usage(usage, &resp.usage);
+                    super::count_tokens(&mut self.tokens, &resp.usage, &self.metrics, "session");
                     if resp.stop == StopReason::MaxTokens && resp.message.tool_calls.is_empty() {
                         let cut = Truncation::judge(&resp.usage, limit, *max_out, self.window());
                         if cut == Truncation::OutputLimit
@@ -881,7 +913,11 @@ impl Session {
                     let class = classify(&err);
                     self.metrics.inc(
                         "cairn_agent_provider_errors_total",
-                        &[("error", err.label()), ("class", class.label())],
+                        &[
+                            ("error", err.label()),
+                            ("class", class.label()),
+                            ("client", "session"),
+                        ],
                         1.0,
                     );
                     let uncompactable = self
@@ -1079,6 +1115,77 @@ impl Truncation {
 }
 
 impl Session {
+    /// Mirrors what the provider's context management did (`engine: provider`): the tool
+    /// results it cleared become stubs with their originals archived.
+    async fn mirror_server_context(
+        &mut self,
+        resp: &ChatResponse,
+        changes: &mut Changes,
+        notices: &mut Notices,
+    ) {
+        use crate::provider::engine::AppliedContext;
+        let live = Arc::clone(&self.live);
+        let e = &live.policy.provider_engine;
+        let before = self.history.clone();
+        let (kind, out, message) = match &resp.context {
+            Some(AppliedContext::ClearedToolUses {
+                cleared_tool_uses,
+                cleared_input_tokens,
+            }) => {
+                let out = crate::compact::server::mirror_cleared_tool_uses(
+                    &mut self.history,
+                    *cleared_tool_uses as usize,
+                    e.keep_tool_uses as usize,
+                    &e.exclude_tools,
+                    self.store.as_ref(),
+                )
+                .await;
+                let message = format!(
+                    "the provider cleared {cleared_tool_uses} old tool results ({cleared_input_tokens} input tokens); {} are stubs here now, their originals recallable",
+                    out.stubbed
+                );
+                ("clear_tool_uses", out, message)
+            }
+            Some(AppliedContext::Compaction { item }) => {
+                let Some(out) = crate::compact::server::mirror_compaction(
+                    &mut self.history,
+                    item,
+                    self.store.as_ref(),
+                )
+                .await
+                else {
+                    return;
+                };
+                let message = format!(
+                    "the provider compacted {} earlier messages into its compaction item; the originals are archived and recallable",
+                    out.stubbed
+                );
+                ("compaction", out, message)
+            }
+            None => return,
+        };
+        self.metrics.inc(
+            "cairn_agent_provider_context_edits_total",
+            &[("kind", kind)],
+            1.0,
+        );
+        if out.stubbed == 0 {
+            return;
+        }
+        if changes.pre.is_none() {
+            changes.pre = Some(before);
+        }
+        changes.post_len = self.history.len();
+        changes.records.push(CompactionRecord {
+            trigger: "provider".into(),
+            level: 0,
+            bytes_before: out.bytes_before as u64,
+            bytes_after: out.bytes_after as u64,
+            archived: out.archived.iter().map(|k| k.as_str().to_owned()).collect(),
+        });
+        notice(notices, "compaction", message);
+    }
+
     /// A reply cut short that no escalation fixes is never silent: a notice (an SSE event
     /// when streaming), a counter in `status.session`, a metric.
     fn report_truncation(

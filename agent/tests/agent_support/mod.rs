@@ -103,12 +103,22 @@ async fn build_session_with(
             build(&cfg.spec.provider, Credentials::api_key("sk-sim"), options).expect("provider"),
         )
     };
+    // The summarizer's own client, wired as `serve` wires it, with the simulator's key.
+    let summarizer = cairn_agent::provider::summarizer_provider(
+        rx.clone(),
+        Arc::new(|n: &str| (n == "CAIRN_SUMMARIZER_API_KEY").then(|| "sk-sim".to_owned())),
+        ClientOptions {
+            retry: RetryPolicy::none(),
+            ..ClientOptions::default()
+        },
+    );
     let session = Session::open(SessionParts {
         namespace: cfg.namespace.clone(),
         name: cfg.name.clone(),
         holder: holder.into(),
         live: rx,
         provider,
+        summarizer_provider: Some(Arc::new(summarizer)),
         store: Arc::clone(&storage.store),
         journal: Arc::clone(&storage.journal),
         archive_counters: Arc::clone(&storage.counters),

@@ -59,6 +59,9 @@ fn rules(plan: &Plan) -> Vec<PolicyRule> {
     if let Some(creds) = &plan.archive.credentials {
         secrets.push(creds.secret_name.clone());
     }
+    if let Some(creds) = &plan.policy.summarizer.credentials {
+        secrets.push(creds.secret_name.clone());
+    }
     secrets.sort();
     secrets.dedup();
 

@@ -59,6 +59,10 @@ pub(super) fn token_secret(plan: &Plan, token: &ApiToken) -> Secret {
 
 /// Environment variable the agent reads the provider credential from. Bedrock takes a
 /// Bedrock API key (bearer token): the AWS key-pair variables already carry the S3 identity.
+/// The variable the agent reads the summarizer's own API key from
+/// (`summarizer.credentials`).
+pub const SUMMARIZER_KEY_ENV: &str = "CAIRN_SUMMARIZER_API_KEY";
+
 pub fn provider_key_env(kind: ProviderKind) -> &'static str {
     match kind {
         ProviderKind::Openai | ProviderKind::OpenaiResponses | ProviderKind::OpenaiCompatible => {
@@ -370,6 +374,16 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
     if let Some(creds) = &provider.credentials {
         env.push(secret_ref(
             provider_key_env(provider.kind),
+            &creds.secret_name,
+            &creds.key,
+            false,
+        ));
+    }
+    // The summarizer's own provider key (its Secret is in the session's namespace, like the
+    // provider's), read by the agent as CAIRN_SUMMARIZER_API_KEY.
+    if let Some(creds) = &plan.policy.summarizer.credentials {
+        env.push(secret_ref(
+            SUMMARIZER_KEY_ENV,
             &creds.secret_name,
             &creds.key,
             false,

@@ -22,6 +22,7 @@
 //! `/v1beta/models/{model}:generateContent`, `/v1beta/models/{model}:streamGenerateContent`,
 //! `/model/{id}/converse`, `/model/{id}/converse-stream` (AWS event-stream framing).
 
+pub mod context;
 pub mod nginx;
 pub mod proxies;
 pub mod script;
@@ -369,7 +370,7 @@ async fn handle(
         .and_then(Fault::parse_header);
     let parsed_json = serde_json::from_slice::<Value>(&body);
     let ignore_stream = headers.contains_key("x-sim-ignore-stream");
-    let parsed = parsed_json
+    let mut parsed = parsed_json
         .as_ref()
         .map_err(|e| format!("invalid JSON body: {e}"))
         .and_then(|v| wire::parse(wire, v, path_model.as_deref(), stream_path))
@@ -378,7 +379,7 @@ async fn handle(
             p.stream &= !ignore_stream;
             p
         });
-    let (seq, fault, window, reply, estimated_tokens, llama) = {
+    let (seq, fault, window, reply, estimated_tokens, llama, edits) = {
         let mut s = lock(&state);
         s.seq += 1;
         let seq = s.seq;
@@ -391,7 +392,36 @@ async fn handle(
             .copied()
             .filter(|r| *r > 0.0)
             .unwrap_or(4.0);
-        let estimated_tokens = (body.len() as f64 / ratio).ceil() as u64;
+        let mut estimated_tokens = (body.len() as f64 / ratio).ceil() as u64;
+        // The server's own context management edits the prompt before the model sees it.
+        let mut edits = (None, None);
+        if let Ok(v) = &parsed_json {
+            match wire {
+                Wire::Anthropic => {
+                    let beta = headers.get("anthropic-beta").and_then(|v| v.to_str().ok());
+                    match context::anthropic_edits(v, beta, estimated_tokens, ratio) {
+                        Ok(c) => edits.0 = c,
+                        Err(e) => parsed = Err(e),
+                    }
+                }
+                Wire::OpenaiResponses => {
+                    if let Some(t) = context::compaction_threshold(v)
+                        && estimated_tokens >= t
+                    {
+                        let items = v.get("input").and_then(Value::as_array).map_or(0, Vec::len);
+                        edits.1 = Some(context::compaction_item(seq, items));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(c) = edits.0 {
+            estimated_tokens = estimated_tokens.saturating_sub(c.input_tokens);
+        }
+        if edits.1.is_some() {
+            // What remains of the input once compacted: a tenth, as a compaction keeps.
+            estimated_tokens = estimated_tokens.div_ceil(10);
+        }
         let llama = s.dialects.get(&model).is_some_and(|d| d == "llama.cpp");
         let fits = estimated_tokens <= window;
         let failing = matches!(fault, Some(Fault::Status { .. }));
@@ -416,7 +446,7 @@ async fn handle(
             contains: None,
             body: String::from_utf8_lossy(&body).into_owned(),
         });
-        (seq, fault, window, reply, estimated_tokens, llama)
+        (seq, fault, window, reply, estimated_tokens, llama, edits)
     };
     let outcome = |o: String| {
         let mut s = lock(&state);
@@ -470,7 +500,9 @@ async fn handle(
     };
     // llama-server generates until the context is full, whatever max_tokens allows.
     let room = llama.then(|| window.saturating_sub(estimated_tokens));
-    let turn = turn(seq, &parsed, reply, estimated_tokens, room);
+    let mut turn = turn(seq, &parsed, reply, estimated_tokens, room);
+    turn.context_management = edits.0.map(context::anthropic_applied);
+    turn.compaction = edits.1;
     outcome(match &fault {
         Some(f) if !matches!(f, Fault::Latency { .. }) => fault_label(f),
         _ => "ok".into(),
@@ -537,6 +569,8 @@ fn turn(
             (out_chars as u64).div_ceil(4).max(1)
         },
         cached_tokens: reply.cached_tokens.min(input_tokens),
+        context_management: None,
+        compaction: None,
     }
 }
 

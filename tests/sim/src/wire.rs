@@ -118,6 +118,10 @@ pub struct Turn {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cached_tokens: u64,
+    /// Anthropic: the reply's `context_management` (applied edits).
+    pub context_management: Option<Value>,
+    /// OpenAI Responses: the compaction item that leads the output.
+    pub compaction: Option<Value>,
 }
 
 /// A rendered HTTP answer; `frames` concatenated are the body (a stream's events one by one).
@@ -275,7 +279,7 @@ fn chat_stream(t: &Turn, include_usage: bool) -> Rendered {
 }
 
 fn responses_output(t: &Turn) -> Vec<Value> {
-    let mut out = Vec::new();
+    let mut out: Vec<Value> = t.compaction.iter().cloned().collect();
     if let Some(r) = &t.reasoning {
         out.push(
             json!({"type": "reasoning", "id": format!("rs_sim_{}", t.seq),
@@ -398,14 +402,18 @@ fn anthropic(t: &Turn) -> Value {
     for (id, name, args) in &t.calls {
         content.push(json!({"type": "tool_use", "id": id, "name": name, "input": args}));
     }
-    json!({
+    let mut v = json!({
         "id": format!("msg_sim_{}", t.seq), "type": "message", "role": "assistant",
         "model": t.model, "content": content,
         "stop_reason": anthropic_stop(t.stop), "stop_sequence": null,
         "usage": {"input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
                   "cache_read_input_tokens": t.cached_tokens,
                   "cache_creation_input_tokens": 0},
-    })
+    });
+    if let Some(c) = &t.context_management {
+        v["context_management"] = c.clone();
+    }
+    v
 }
 
 fn anthropic_stream(t: &Turn) -> Rendered {
@@ -467,12 +475,13 @@ fn anthropic_stream(t: &Turn) -> Rendered {
             deltas,
         );
     }
-    frames.push(event(
-        "message_delta",
-        &json!({"type": "message_delta",
-                "delta": {"stop_reason": anthropic_stop(t.stop), "stop_sequence": null},
-                "usage": {"output_tokens": t.output_tokens}}),
-    ));
+    let mut delta = json!({"type": "message_delta",
+            "delta": {"stop_reason": anthropic_stop(t.stop), "stop_sequence": null},
+            "usage": {"output_tokens": t.output_tokens}});
+    if let Some(c) = &t.context_management {
+        delta["context_management"] = c.clone();
+    }
+    frames.push(event("message_delta", &delta));
     frames.push(event("message_stop", &json!({"type": "message_stop"})));
     Rendered::sse(frames)
 }
