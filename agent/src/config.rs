@@ -175,10 +175,19 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
             field: "engine".into(),
             reason: "engine: provider (server-side context management) is not implemented by this agent; the built-in summarizer writes level-2 summaries".into(),
         }),
-        Engine::Mcp => out.push(UnsupportedSetting {
-            field: "engine".into(),
-            reason: "engine: mcp is not implemented by this agent; the built-in summarizer writes level-2 summaries".into(),
-        }),
+        Engine::Mcp => match &live.policy.engine_server {
+            Some(server) if live.spec.mcp_servers().iter().any(|s| s.name == *server) => {}
+            Some(server) => out.push(UnsupportedSetting {
+                field: "engineServer".into(),
+                reason: format!(
+                    "engine: mcp names the server {server:?}, which spec.tools.mcpServers does not declare; the built-in summarizer writes level-2 summaries"
+                ),
+            }),
+            None => out.push(UnsupportedSetting {
+                field: "engineServer".into(),
+                reason: "engine: mcp needs engineServer, the name of an mcpServers entry; the built-in summarizer writes level-2 summaries".into(),
+            }),
+        },
     }
     if let Some(kind) = live.policy.summarizer.provider
         && kind != live.spec.provider.kind

@@ -119,6 +119,7 @@ fn parse_request(body: &Value) -> Result<Request, ApiError> {
             },
             max_output_tokens,
             ledger: None,
+            mcp_servers: None,
         },
     })
 }
