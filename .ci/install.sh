@@ -51,3 +51,6 @@ bash tests/harness/build-llama-server.sh >/dev/null
 # The agent-framework clients of the API tests (OpenAI SDK, OpenAI Agents SDK, LangChain),
 # pinned, in a virtualenv under ~/.cache/cairn.
 bash tests/harness/install-py-clients.sh >/dev/null
+# The real MCP servers of the agent's MCP tests: the reference servers from npm and the
+# official Python MCP SDK from PyPI, pinned, under ~/.cache/cairn.
+bash tests/harness/install-mcp-servers.sh >/dev/null

@@ -174,7 +174,7 @@ impl McpHub {
         let chosen: Vec<&Server> = self
             .servers
             .iter()
-            .filter(|s| only.is_none_or(|o| o.iter().any(|n| *n == s.spec.name)))
+            .filter(|s| only.is_none_or(|o| o.contains(&s.spec.name)))
             .collect();
         let listed = futures::future::join_all(chosen.iter().map(|s| s.tools())).await;
         let mut out = McpCatalog::default();
