@@ -8,8 +8,8 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
     EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Volume,
-    VolumeMount,
+    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -41,6 +41,24 @@ const SCRATCH_VOLUME: &str = "scratch";
 const PROMPT_VOLUME: &str = "system-prompt";
 const PROMPT_DIR: &str = "/etc/cairn/system-prompt";
 const PROMPT_FILE: &str = "system-prompt";
+/// Each `tools.mcpServers[].headersFrom` Secret is mounted (not read through the API) under
+/// `MCP_HEADERS_DIR/<server>/`, one file per key: only this session's pod names the Secret,
+/// and neither the session's Role nor the operator needs to read it.
+const MCP_HEADERS_DIR: &str = "/var/run/cairn/mcp-headers";
+
+/// The MCP servers with a headers Secret, each with the name of its volume.
+fn mcp_header_volumes(plan: &Plan) -> Vec<(String, &str, &str)> {
+    plan.spec
+        .mcp_servers()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            s.headers_from
+                .as_deref()
+                .map(|secret| (format!("mcp-headers-{i}"), s.name.as_str(), secret))
+        })
+        .collect()
+}
 
 pub(super) fn token_secret(plan: &Plan, token: &ApiToken) -> Secret {
     Secret {
@@ -211,6 +229,18 @@ fn volumes(plan: &Plan) -> Vec<Volume> {
             ..Default::default()
         });
     }
+    for (volume, _, secret) in mcp_header_volumes(plan) {
+        volumes.push(Volume {
+            name: volume,
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.to_owned()),
+                // Readable by the agent's group only (the pod's fsGroup).
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     volumes
 }
 
@@ -226,6 +256,14 @@ fn volume_mounts(plan: &Plan) -> Vec<VolumeMount> {
         mounts.push(VolumeMount {
             name: PROMPT_VOLUME.into(),
             mount_path: PROMPT_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    for (volume, server, _) in mcp_header_volumes(plan) {
+        mounts.push(VolumeMount {
+            name: volume,
+            mount_path: format!("{MCP_HEADERS_DIR}/{server}"),
             read_only: Some(true),
             ..Default::default()
         });
@@ -356,6 +394,14 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
             "CAIRN_SYSTEM_PROMPT_FILE",
             format!("{PROMPT_DIR}/{PROMPT_FILE}"),
         ));
+    }
+    if plan
+        .spec
+        .mcp_servers()
+        .iter()
+        .any(|s| s.headers_from.is_some())
+    {
+        env.push(value("CAIRN_MCP_HEADERS_DIR", MCP_HEADERS_DIR.to_string()));
     }
     if let Some(otlp) = &plan.otlp {
         env.extend(otlp_env(otlp));
