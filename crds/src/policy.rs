@@ -86,7 +86,7 @@ pub struct CompactionPolicySpec {
     /// summary. When it fails, times out or answers nothing, the built-in summarizer writes
     /// that summary instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9_]{0,61}[a-z0-9])?$')").message("engineServer must name an mcpServers entry"))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$')").message("engineServer must name an mcpServers entry"))]
     pub engine_server: Option<String>,
 
     /// Longest one `context_compact` call of `engine: mcp` may take before the built-in

@@ -879,8 +879,8 @@ fn mcp_header_secrets_are_mounted_into_their_session_only_and_never_granted() {
         .expect("headers mount");
     assert_eq!(mount.read_only, Some(true));
     assert_eq!(
-        env(&a)["CAIRN_MCP_HEADERS_DIR"],
-        "/var/run/cairn/mcp-headers"
+        env(&a)["CAIRN_MCP_HEADERS_DIR_SEARCH"],
+        "/var/run/cairn/mcp-headers/search"
     );
     assert!(
         !rules_json(&a).to_string().contains("search-token"),
@@ -890,7 +890,7 @@ fn mcp_header_secrets_are_mounted_into_their_session_only_and_never_granted() {
     let b = build(&plan("beta", MINIMAL, None), &inputs());
     let spec_b = serde_json::to_string(&pod(&b)).unwrap();
     assert!(!spec_b.contains("search-token"), "{spec_b}");
-    assert!(!env(&b).contains_key("CAIRN_MCP_HEADERS_DIR"));
+    assert!(!env(&b).keys().any(|k| k.starts_with("CAIRN_MCP_HEADERS")));
 }
 
 #[test]

@@ -25,7 +25,10 @@ use tokio::sync::Mutex;
 
 use crate::provider::ToolSpec;
 
-/// Where the operator mounts each server's `headersFrom` Secret: `DIR/<server>/<header>`.
+/// Where each server's `headersFrom` Secret is read from, one file per header: the
+/// directory `CAIRN_MCP_HEADERS_DIR_<NAME>` names (the operator sets one per server, at the
+/// Secret's mount), else `DIR/<server>` under `CAIRN_MCP_HEADERS_DIR`, else under
+/// [`DEFAULT_HEADERS_DIR`].
 pub const HEADERS_DIR_ENV: &str = "CAIRN_MCP_HEADERS_DIR";
 pub const DEFAULT_HEADERS_DIR: &str = "/var/run/cairn/mcp-headers";
 /// Longest wait before a server that could not be reached is tried again.
@@ -92,6 +95,7 @@ struct Conn {
 
 struct Server {
     spec: McpServerSpec,
+    /// Where the `headersFrom` keys are, one file each.
     headers_dir: PathBuf,
     conn: Mutex<Conn>,
 }
@@ -135,10 +139,11 @@ pub struct McpHub {
 }
 
 impl McpHub {
-    /// Servers of `specs`; headers of `headersFrom` Secrets are read from `headers_dir`
-    /// (default: [`HEADERS_DIR_ENV`], else [`DEFAULT_HEADERS_DIR`]). Nothing is connected yet.
-    pub fn new(specs: &[McpServerSpec], headers_dir: Option<PathBuf>) -> Self {
-        let dir = headers_dir.unwrap_or_else(|| {
+    /// Servers of `specs`; the headers of a `headersFrom` Secret are read from
+    /// `headers_root/<server>` when given, else as [`HEADERS_DIR_ENV`] says. Nothing is
+    /// connected yet.
+    pub fn new(specs: &[McpServerSpec], headers_root: Option<PathBuf>) -> Self {
+        let root = headers_root.clone().unwrap_or_else(|| {
             std::env::var_os(HEADERS_DIR_ENV)
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_HEADERS_DIR))
@@ -146,10 +151,15 @@ impl McpHub {
         Self {
             servers: specs
                 .iter()
-                .map(|s| Server {
-                    spec: s.clone(),
-                    headers_dir: dir.clone(),
-                    conn: Mutex::new(Conn::default()),
+                .map(|s| {
+                    let own = std::env::var_os(s.headers_dir_env())
+                        .filter(|_| headers_root.is_none())
+                        .map(PathBuf::from);
+                    Server {
+                        spec: s.clone(),
+                        headers_dir: own.unwrap_or_else(|| root.join(&s.name)),
+                        conn: Mutex::new(Conn::default()),
+                    }
                 })
                 .collect(),
         }
@@ -450,8 +460,8 @@ impl Server {
         let Some(secret) = &self.spec.headers_from else {
             return Ok(out);
         };
-        let dir = self.headers_dir.join(&self.spec.name);
-        let entries = std::fs::read_dir(&dir).map_err(|e| {
+        let dir = &self.headers_dir;
+        let entries = std::fs::read_dir(dir).map_err(|e| {
             self.unavailable(format!(
                 "cannot read the headers of Secret {secret:?} from {}: {e}",
                 dir.display()

@@ -395,13 +395,16 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
             format!("{PROMPT_DIR}/{PROMPT_FILE}"),
         ));
     }
-    if plan
+    for s in plan
         .spec
         .mcp_servers()
         .iter()
-        .any(|s| s.headers_from.is_some())
+        .filter(|s| s.headers_from.is_some())
     {
-        env.push(value("CAIRN_MCP_HEADERS_DIR", MCP_HEADERS_DIR.to_string()));
+        env.push(value(
+            &s.headers_dir_env(),
+            format!("{MCP_HEADERS_DIR}/{}", s.name),
+        ));
     }
     if let Some(otlp) = &plan.otlp {
         env.extend(otlp_env(otlp));
