@@ -124,15 +124,6 @@ impl McpCatalog {
     }
 }
 
-/// Connection state of a server, for `status.session.mcp`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServerState {
-    pub name: String,
-    pub connected: bool,
-    pub tools: u32,
-    pub last_error: Option<String>,
-}
-
 /// The MCP servers of a session.
 pub struct McpHub {
     servers: Vec<Server>,
@@ -272,21 +263,6 @@ impl McpHub {
             });
         };
         s.call_within(tool, args, timeout).await
-    }
-
-    /// Connection state of every server.
-    pub async fn states(&self) -> Vec<ServerState> {
-        let mut out = Vec::with_capacity(self.servers.len());
-        for s in &self.servers {
-            let c = s.conn.lock().await;
-            out.push(ServerState {
-                name: s.spec.name.clone(),
-                connected: c.client.is_some(),
-                tools: c.tools.iter().filter(|t| s.allows(&t.name)).count() as u32,
-                last_error: c.last_error.clone(),
-            });
-        }
-        out
     }
 }
 
