@@ -434,10 +434,22 @@ mod tests {
             unsupported(&live("")).is_empty(),
             "the defaults are all honoured"
         );
+        // engine: mcp is honoured once it names a declared server.
         let u = unsupported(&live("compaction:\n  engine: mcp\n"));
         assert_eq!(u.len(), 1);
-        assert_eq!(u[0].field, "engine");
+        assert_eq!(u[0].field, "engineServer");
         assert!(u[0].reason.contains("built-in summarizer"), "{u:?}");
+        let u = unsupported(&live(
+            "compaction:\n  engine: mcp\n  engineServer: compactor\n",
+        ));
+        assert!(u[0].reason.contains("does not declare"), "{u:?}");
+        assert!(
+            unsupported(&live(
+                "tools:\n  mcpServers:\n  - {name: compactor, url: 'http://127.0.0.1:9/mcp'}\ncompaction:\n  engine: mcp\n  engineServer: compactor\n"
+            ))
+            .is_empty(),
+            "engine: mcp with a declared server is honoured"
+        );
         assert_eq!(
             unsupported(&live("compaction:\n  engine: provider\n"))[0].field,
             "engine"
