@@ -572,7 +572,7 @@ impl Session {
             notice(
                 notices,
                 "tools",
-                format!("{why}; its tools are not offered this round"),
+                format!("{why}; its tools are not offered this turn"),
             );
         }
         let mut tool_specs = tools::catalog();
