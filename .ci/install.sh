@@ -61,3 +61,6 @@ bash tests/harness/build-llama-server.sh >/dev/null
 # pinned, in a virtualenv under ~/.cache/cairn.
 bash tests/harness/install-py-clients.sh >/dev/null
 bash tests/harness/install-mitmproxy.sh >/dev/null
+# The real MCP servers of the agent's MCP tests: the reference servers from npm and the
+# official Python MCP SDK from PyPI, pinned, under ~/.cache/cairn.
+bash tests/harness/install-mcp-servers.sh >/dev/null

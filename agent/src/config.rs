@@ -182,10 +182,19 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
                 live.spec.provider.kind.as_str()
             ),
         }),
-        Engine::Mcp => out.push(UnsupportedSetting {
-            field: "engine".into(),
-            reason: "engine: mcp is not implemented by this agent; the built-in summarizer writes level-2 summaries".into(),
-        }),
+        Engine::Mcp => match &live.policy.engine_server {
+            Some(server) if live.spec.mcp_servers().iter().any(|s| s.name == *server) => {}
+            Some(server) => out.push(UnsupportedSetting {
+                field: "engineServer".into(),
+                reason: format!(
+                    "engine: mcp names the server {server:?}, which spec.tools.mcpServers does not declare; the built-in summarizer writes level-2 summaries"
+                ),
+            }),
+            None => out.push(UnsupportedSetting {
+                field: "engineServer".into(),
+                reason: "engine: mcp needs engineServer, the name of an mcpServers entry; the built-in summarizer writes level-2 summaries".into(),
+            }),
+        },
     }
     // The summarizer's own provider is honoured whenever it can be built at all.
     let s = crate::provider::live::summarizer_spec(live);
@@ -441,10 +450,22 @@ mod tests {
             unsupported(&live("")).is_empty(),
             "the defaults are all honoured"
         );
+        // engine: mcp is honoured once it names a declared server.
         let u = unsupported(&live("compaction:\n  engine: mcp\n"));
         assert_eq!(u.len(), 1);
-        assert_eq!(u[0].field, "engine");
+        assert_eq!(u[0].field, "engineServer");
         assert!(u[0].reason.contains("built-in summarizer"), "{u:?}");
+        let u = unsupported(&live(
+            "compaction:\n  engine: mcp\n  engineServer: compactor\n",
+        ));
+        assert!(u[0].reason.contains("does not declare"), "{u:?}");
+        assert!(
+            unsupported(&live(
+                "tools:\n  mcpServers:\n  - {name: compactor, url: 'http://127.0.0.1:9/mcp'}\ncompaction:\n  engine: mcp\n  engineServer: compactor\n"
+            ))
+            .is_empty(),
+            "engine: mcp with a declared server is honoured"
+        );
         let u = unsupported(&live("compaction:\n  engine: provider\n"));
         assert_eq!(u[0].field, "engine");
         assert!(

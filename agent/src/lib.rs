@@ -25,6 +25,7 @@ pub mod app;
 pub mod config;
 pub mod journal;
 pub mod kube;
+pub mod mcp;
 pub mod metrics;
 pub mod net;
 pub mod server;

@@ -81,6 +81,20 @@ pub struct CompactionPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<Engine>,
 
+    /// With `engine: mcp`: the `tools.mcpServers` entry of the session whose
+    /// `context_compact(segment, budget_chars, instruction)` tool writes the level-2
+    /// summary. When it fails, times out or answers nothing, the built-in summarizer writes
+    /// that summary instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$')").message("engineServer must name an mcpServers entry"))]
+    pub engine_server: Option<String>,
+
+    /// Longest one `context_compact` call of `engine: mcp` may take before the built-in
+    /// summarizer writes the summary instead. Default: 180.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("engineTimeoutSeconds must be between 1 and 3600"))]
+    pub engine_timeout_seconds: Option<u32>,
+
     /// Settings of `engine: provider`: Anthropic's context editing (`clear_tool_uses_20250919`)
     /// and OpenAI Responses' server-side compaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -351,6 +365,16 @@ pub struct EffectivePolicy {
     pub compression: Compression,
     pub engine: Engine,
     pub timeouts: Timeouts,
+    /// `engine: mcp`'s server (an `mcpServers` name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_server: Option<String>,
+    /// Left out of the canonical form at its default, so that the policy hash of a session
+    /// that never set it did not change when the field was added.
+    #[serde(
+        default = "default_engine_timeout",
+        skip_serializing_if = "is_default_engine_timeout"
+    )]
+    pub engine_timeout_seconds: u32,
     pub provider_engine: ProviderEngine,
 }
 
@@ -363,6 +387,17 @@ pub struct ProviderEngine {
     pub exclude_tools: Vec<String>,
     /// `None`: the session's history budget in tokens.
     pub compact_threshold_tokens: Option<u32>,
+}
+
+/// `engineTimeoutSeconds` when no layer sets it.
+pub const DEFAULT_ENGINE_TIMEOUT_SECONDS: u32 = 180;
+
+fn default_engine_timeout() -> u32 {
+    DEFAULT_ENGINE_TIMEOUT_SECONDS
+}
+
+fn is_default_engine_timeout(v: &u32) -> bool {
+    *v == DEFAULT_ENGINE_TIMEOUT_SECONDS
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -491,6 +526,8 @@ impl Default for EffectivePolicy {
                 exclude_tools: Vec::new(),
                 compact_threshold_tokens: None,
             },
+            engine_server: None,
+            engine_timeout_seconds: DEFAULT_ENGINE_TIMEOUT_SECONDS,
         }
     }
 }
@@ -562,6 +599,10 @@ impl EffectivePolicy {
             set(&mut self.compression.max_result_bytes, c.max_result_bytes);
         }
         set(&mut self.engine, o.engine);
+        if o.engine_server.is_some() {
+            self.engine_server.clone_from(&o.engine_server);
+        }
+        set(&mut self.engine_timeout_seconds, o.engine_timeout_seconds);
         if let Some(t) = &o.timeouts {
             set(&mut self.timeouts.turn_seconds, t.turn_seconds);
             set(
@@ -786,6 +827,8 @@ mod tests {
             |p| p.summarizer.base_url = Some("http://s".into()),
             |p| p.summarizer.context_window = Some(1000),
             |p| p.engine = Engine::Mcp,
+            |p| p.engine_server = Some("compactor".into()),
+            |p| p.engine_timeout_seconds += 1,
             |p| p.timeouts.turn_seconds += 1,
             |p| p.timeouts.provider_call_seconds += 1,
             |p| p.provider_engine.trigger_input_tokens += 1,

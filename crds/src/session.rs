@@ -96,6 +96,108 @@ pub struct AgentSessionSpec {
     /// Overrides for the session's pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodOverrides>,
+
+    /// Tools the agent runs for the model inside a turn, beside its built-in `recall` and
+    /// `compress` and the function tools an API client declares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ToolsSpec>,
+}
+
+/// Server-side tools of a session.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolsSpec {
+    /// MCP (Model Context Protocol) servers the agent connects to. Their tools are offered
+    /// to the model; the agent runs the calls the model makes and keeps each result in the
+    /// history as a tool message (compacted and archived like any other).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.all(a, self.exists_one(b, b.name == a.name))").message("tools.mcpServers names must be unique"))]
+    pub mcp_servers: Vec<McpServerSpec>,
+}
+
+/// One MCP server: reached over streamable HTTP at `url`, or launched by the agent as a
+/// child process speaking MCP over stdio (`command` and `args`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.url) != has(self.command)").message("an mcpServers entry needs exactly one of url (streamable HTTP) or command (stdio)"))]
+#[x_kube(validation = Rule::new("!has(self.args) || has(self.command)").message("mcpServers args are only for a command (stdio) server"))]
+#[x_kube(validation = Rule::new("!has(self.headersFrom) || has(self.url)").message("mcpServers headersFrom is only for a url (streamable HTTP) server"))]
+pub struct McpServerSpec {
+    /// Name of the server, unique in the session: used in logs, metrics, tool errors, the
+    /// Responses API's `server_label` and the policy's `engineServer`.
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$')").message("mcpServers name must be 1 to 63 lowercase letters, digits or '-', starting and ending with a letter or digit"))]
+    pub name: String,
+
+    /// Endpoint of a streamable HTTP server, e.g. `https://tools.example.com/mcp`. Must be
+    /// an http(s) URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new("self.matches('^https?://[^\\\\s]+$')").message("mcpServers url must be an http:// or https:// URL"))]
+    pub url: Option<String>,
+
+    /// Program of a stdio server the agent launches (it must be in the agent's image, or
+    /// on the PATH of a standalone agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub command: Option<String>,
+
+    /// Arguments of `command`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), inner(length(max = 4096)))]
+    pub args: Option<Vec<String>>,
+
+    /// A Secret in the session's namespace whose keys become HTTP headers of every request
+    /// to the server (e.g. a key `Authorization` holding `Bearer ...`). Only this
+    /// session's pod mounts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("mcpServers headersFrom must be a valid Secret name"))]
+    pub headers_from: Option<String>,
+
+    /// Tools of the server offered to the model. Empty or absent: all of them. A call of
+    /// any other tool is refused with a tool error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), inner(length(max = 128)))]
+    pub allowed_tools: Option<Vec<String>>,
+
+    /// Longest one call (connecting, listing or running a tool) may take before it fails
+    /// with a tool error. Default: 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("mcpServers timeoutSeconds must be between 1 and 3600"))]
+    pub timeout_seconds: Option<u32>,
+}
+
+/// `mcpServers[].timeoutSeconds` when a server sets none.
+pub const DEFAULT_MCP_TIMEOUT_SECONDS: u32 = 30;
+
+impl McpServerSpec {
+    /// The environment variable that names the directory holding this server's headers
+    /// (one file per `headersFrom` key): `CAIRN_MCP_HEADERS_DIR_<NAME>`, the name upper-cased
+    /// with `-` as `_` (unique, as names have no `_`).
+    pub fn headers_dir_env(&self) -> String {
+        format!(
+            "CAIRN_MCP_HEADERS_DIR_{}",
+            self.name.to_ascii_uppercase().replace('-', "_")
+        )
+    }
+
+    /// The call timeout of this server.
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.timeout_seconds.unwrap_or(DEFAULT_MCP_TIMEOUT_SECONDS),
+        ))
+    }
+}
+
+impl AgentSessionSpec {
+    /// The declared MCP servers.
+    pub fn mcp_servers(&self) -> &[McpServerSpec] {
+        self.tools
+            .as_ref()
+            .map_or(&[], |t| t.mcp_servers.as_slice())
+    }
 }
 
 /// The provider endpoint a session talks to.

@@ -869,6 +869,49 @@ fn a_system_prompt_from_a_config_map_is_mounted_not_granted() {
 }
 
 #[test]
+fn mcp_header_secrets_are_mounted_into_their_session_only_and_never_granted() {
+    let tools = "tools:\n  mcpServers:\n  - {name: search, url: 'https://tools.example.com/mcp', headersFrom: search-token}\n  - {name: fs, command: mcp-server-filesystem, args: [/work]}\n";
+    let a = build(
+        &plan("alpha", &format!("{MINIMAL}\n{tools}"), None),
+        &inputs(),
+    );
+    let pod_a = pod(&a);
+    let volumes: Vec<_> = pod_a
+        .volumes
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|v| v.secret.is_some())
+        .collect();
+    let names: Vec<_> = volumes
+        .iter()
+        .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
+        .collect();
+    assert!(names.contains(&"search-token".to_string()), "{names:?}");
+    let mount = container(&a)
+        .volume_mounts
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|m| m.mount_path == "/var/run/cairn/mcp-headers/search")
+        .expect("headers mount");
+    assert_eq!(mount.read_only, Some(true));
+    assert_eq!(
+        env(&a)["CAIRN_MCP_HEADERS_DIR_SEARCH"],
+        "/var/run/cairn/mcp-headers/search"
+    );
+    assert!(
+        !rules_json(&a).to_string().contains("search-token"),
+        "the session's Role grants nothing on the headers Secret: the kubelet mounts it"
+    );
+    // Another session of the namespace has no path to the Secret.
+    let b = build(&plan("beta", MINIMAL, None), &inputs());
+    let spec_b = serde_json::to_string(&pod(&b)).unwrap();
+    assert!(!spec_b.contains("search-token"), "{spec_b}");
+    assert!(!env(&b).keys().any(|k| k.starts_with("CAIRN_MCP_HEADERS")));
+}
+
+#[test]
 fn validate_refuses_bad_payload_caps() {
     for cap in ["5XB", "0", "'0MB'", "abc", "'-1MB'"] {
         let err = invalid("chat", &format!("{MINIMAL}\npayloadCap: {cap}"), None);

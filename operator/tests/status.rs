@@ -528,7 +528,7 @@ fn a_setting_the_agent_cannot_honour_is_a_condition_and_a_warning_event() {
     unsupported.session = Some(
         serde_json::from_value(serde_json::json!({
             "turns": 2,
-            "unsupported": [{"field": "engine", "reason": "engine: mcp is not implemented"}]
+            "unsupported": [{"field": "engine", "reason": "engine: provider is not implemented"}]
         }))
         .expect("session stats"),
     );

@@ -78,6 +78,21 @@ fn kubectl_explain_teaches_the_fields() {
     explain(cp, "compactionpolicy.spec.budgetRatio", "Default: 0.6");
     explain(
         cp,
+        "agentsession.spec.tools.mcpServers",
+        "MCP (Model Context Protocol) servers the agent connects to",
+    );
+    explain(
+        cp,
+        "agentsession.spec.tools.mcpServers.headersFrom",
+        "keys become HTTP headers",
+    );
+    explain(
+        cp,
+        "compactionpolicy.spec.engineTimeoutSeconds",
+        "Default: 180",
+    );
+    explain(
+        cp,
         "agentsession.status.session.learnedPayloadCap",
         "learned from a payload rejection",
     );

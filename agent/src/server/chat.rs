@@ -123,6 +123,7 @@ fn parse_request(body: &Value) -> Result<Request, ApiError> {
             },
             max_output_tokens,
             ledger: None,
+            mcp_servers: None,
         },
     })
 }

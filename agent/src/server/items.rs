@@ -391,6 +391,10 @@ pub fn function_tools(obj: &Map<String, Value>, api: Api) -> Result<Vec<ToolSpec
     for (i, t) in tools.iter().enumerate() {
         let at = format!("tools[{i}]");
         let ty = t.get("type").and_then(Value::as_str).unwrap_or("none");
+        // MCP entries select among the session's declared servers (`mcp_selections`).
+        if ty == "mcp" && matches!(api, Api::Responses) {
+            continue;
+        }
         if ty != "function" {
             return Err(bad(
                 "unsupported_tool",
@@ -549,6 +553,49 @@ pub fn effort(obj: &Map<String, Value>, api: Api) -> Result<Option<Effort>, ApiE
             )
         }),
     }
+}
+
+/// The `{"type": "mcp", "server_label": ..., "server_url": ...}` entries of a Responses
+/// request's `tools`: `None` when there are none (every declared server is offered).
+pub fn mcp_selections(
+    obj: &Map<String, Value>,
+) -> Result<Option<Vec<crate::session::McpSelection>>, ApiError> {
+    let Some(Value::Array(tools)) = field(obj, "tools") else {
+        return Ok(None);
+    };
+    let mut out = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        if t.get("type").and_then(Value::as_str) != Some("mcp") {
+            continue;
+        }
+        let at = format!("tools[{i}]");
+        let label = req_str(t, "server_label", &at)?;
+        let url = match t.get("server_url") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(u)) => Some(u.clone()),
+            Some(_) => {
+                return Err(bad(
+                    "invalid_tool",
+                    format!("{at}: server_url must be a string"),
+                ));
+            }
+        };
+        for key in ["connector_id", "authorization", "headers"] {
+            if t.get(key).is_some_and(|v| !v.is_null()) {
+                return Err(bad(
+                    "unsupported_tool",
+                    format!(
+                        "{at}: {key} is not supported: the session's spec.tools.mcpServers declares how each server is reached"
+                    ),
+                ));
+            }
+        }
+        out.push(crate::session::McpSelection {
+            label: label.to_owned(),
+            url,
+        });
+    }
+    Ok((!out.is_empty()).then_some(out))
 }
 
 /// `tool_choice`: `auto`, `none`, `required` or a named function among the client's tools.

@@ -114,6 +114,7 @@ pub fn parse_request(body: &Value) -> Result<Request, ApiError> {
     let stream = items::opt_bool(obj, "stream")?.unwrap_or(false);
     let store = items::opt_bool(obj, "store")?.unwrap_or(true);
     let tools = items::function_tools(obj, Api::Responses)?;
+    let mcp_servers = items::mcp_selections(obj)?;
     let tool_choice = items::tool_choice(obj, Api::Responses, &tools)?;
     let controls = Controls {
         tool_choice,
@@ -184,6 +185,7 @@ pub fn parse_request(body: &Value) -> Result<Request, ApiError> {
             controls,
             max_output_tokens,
             ledger: None,
+            mcp_servers,
         },
         echo,
     })

@@ -30,13 +30,15 @@ use crate::history::{self, Message};
 use crate::journal::{
     Change, CompactionRecord, Journal, JournalError, ObjectStore, PersistedState, Undo,
 };
+use crate::mcp::engine::McpSummarizer;
+use crate::mcp::{McpCatalog, McpHub};
 use crate::metrics::Metrics;
 use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
 use crate::replay::Ledger;
 
 pub use summarizer::ProviderSummarizer;
-pub use turn::{LedgerTurn, Notice, TurnEvent, TurnEvents, TurnOptions, TurnOutcome};
+pub use turn::{LedgerTurn, McpSelection, Notice, TurnEvent, TurnEvents, TurnOptions, TurnOutcome};
 
 /// Why a turn (or a compaction, or a rewind) failed. The history is as before it.
 #[derive(Debug, thiserror::Error)]
@@ -159,6 +161,10 @@ pub struct Session {
     options: TurnOptions,
     /// What the cheap passes did over the session's life.
     passes: PassCounters,
+    /// The MCP tool servers of the spec (connected on first use).
+    mcp: Arc<McpHub>,
+    /// The MCP tools offered in the turn in progress, and where their calls go.
+    mcp_catalog: McpCatalog,
 }
 
 /// Messages the cheap passes changed over the session's life (`status.session.passes`,
@@ -189,6 +195,7 @@ impl Session {
         }
         let state_dirty = !pending_notices.is_empty();
         warn_unsupported(&live, None);
+        let mcp = Arc::new(McpHub::new(live.spec.mcp_servers(), None));
         // Every provider call of the session (replies and summaries) has a total deadline.
         let deadlined = |p: Arc<dyn Provider>| -> Arc<dyn Provider> {
             let policy_rx = live_rx.clone();
@@ -235,6 +242,8 @@ impl Session {
             ledger: rebuilt.state.replay.clone(),
             options: TurnOptions::default(),
             passes: rebuilt.state.passes,
+            mcp,
+            mcp_catalog: McpCatalog::default(),
         };
         s.publish_gauges();
         Ok(s)
@@ -316,6 +325,11 @@ impl Session {
             // A cap learned under the old setting may have been an artefact of the old
             // network path; the platform team's new number is the evidence now.
             warn_unsupported(&next, Some(&self.live));
+            // Changed servers are connected anew; unchanged ones keep their connection.
+            if next.spec.tools != self.live.spec.tools {
+                tracing::info!("spec.tools changed; MCP servers are reconnected on next use");
+                self.mcp = Arc::new(McpHub::new(next.spec.mcp_servers(), None));
+            }
             if let Some(old) = self.state.rebase_payload_cap(next.payload_cap) {
                 self.state_dirty = true;
                 tracing::info!(learned = old, "learned payload cap reset");
@@ -497,6 +511,12 @@ impl Session {
             context_window: self.window(),
             payload_cap: self.live.payload_cap,
             reserve_bytes: tools::catalog().iter().map(|t| t.weight()).sum::<usize>()
+                + self
+                    .mcp_catalog
+                    .specs
+                    .iter()
+                    .map(|t| t.weight())
+                    .sum::<usize>()
                 + self.options.reserve_bytes(),
         }
     }
@@ -584,6 +604,33 @@ impl Session {
         }
     }
 
+    /// `engine: mcp` with its server declared: the server's `context_compact` writes the
+    /// summaries, the built-in summarizer standing by.
+    fn mcp_engine(
+        &self,
+        live: &Live,
+        extra: Option<String>,
+        builtin: &ProviderSummarizer,
+    ) -> Option<McpSummarizer<ProviderSummarizer>> {
+        if live.policy.engine != cairn_crds::policy::Engine::Mcp {
+            return None;
+        }
+        let server = live.policy.engine_server.clone()?;
+        if !self.mcp.specs().any(|s| s.name == server) {
+            return None;
+        }
+        let budget_chars =
+            (builtin.max_output() as f64 * self.state.chars_per_token.get()) as usize;
+        Some(McpSummarizer::new(
+            Arc::clone(&self.mcp),
+            server,
+            Duration::from_secs(u64::from(live.policy.engine_timeout_seconds)),
+            budget_chars,
+            extra.clone(),
+            self.summarizer(extra),
+        ))
+    }
+
     /// Runs the ladder with `trigger` and counts it.
     async fn run_ladder(
         &mut self,
@@ -591,13 +638,18 @@ impl Session {
         ratio: Option<f64>,
         extra_instruction: Option<String>,
     ) -> CompactionOutcome {
-        let summarizer = self.summarizer(extra_instruction);
+        let builtin = self.summarizer(extra_instruction.clone());
         let live = Arc::clone(&self.live);
+        let engine = self.mcp_engine(&live, extra_instruction, &builtin);
+        let summarizer = match engine {
+            Some(engine) => Summary::Mcp(engine),
+            None => Summary::Builtin(builtin),
+        };
         let ctx = LadderContext {
             policy: &live.policy,
             inputs: self.budget_inputs(),
             store: self.store.as_ref(),
-            summarizer: Some(&summarizer),
+            summarizer: Some(summarizer.as_dyn()),
             trigger,
             budget_ratio: ratio,
             target: None,
@@ -606,7 +658,27 @@ impl Session {
         let out = compact(&mut self.history, &ctx, &mut self.state)
             .instrument(span)
             .await;
-        self.learn_from_summarizer(&summarizer);
+        if let Summary::Mcp(e) = &summarizer {
+            for (outcome, n) in [
+                (
+                    "mcp",
+                    e.counts.mcp.load(std::sync::atomic::Ordering::Relaxed),
+                ),
+                (
+                    "fallback",
+                    e.counts.fallback.load(std::sync::atomic::Ordering::Relaxed),
+                ),
+            ] {
+                if n > 0 {
+                    self.metrics.inc(
+                        "cairn_agent_engine_summaries_total",
+                        &[("engine", "mcp"), ("writer", outcome)],
+                        n as f64,
+                    );
+                }
+            }
+        }
+        self.learn_from_summarizer(summarizer.builtin());
         tracing::info!(
             trigger = trigger.label(),
             level = out.level,
@@ -781,6 +853,28 @@ pub(crate) fn count_tokens(total: &mut Usage, used: &Usage, metrics: &Metrics, c
                 &[("kind", kind), ("client", client)],
                 v as f64,
             );
+        }
+    }
+}
+
+/// The summarizer of one compaction.
+enum Summary {
+    Builtin(ProviderSummarizer),
+    Mcp(McpSummarizer<ProviderSummarizer>),
+}
+
+impl Summary {
+    fn as_dyn(&self) -> &dyn crate::compact::Summarizer {
+        match self {
+            Self::Builtin(s) => s,
+            Self::Mcp(s) => s,
+        }
+    }
+
+    fn builtin(&self) -> &ProviderSummarizer {
+        match self {
+            Self::Builtin(s) => s,
+            Self::Mcp(s) => s.fallback(),
         }
     }
 }

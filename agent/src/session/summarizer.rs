@@ -103,6 +103,11 @@ impl ProviderSummarizer {
         self
     }
 
+    /// The output limit of a summary, in tokens.
+    pub fn max_output(&self) -> u64 {
+        self.max_output
+    }
+
     /// The summarizer model's name.
     pub fn model(&self) -> &str {
         &self.model

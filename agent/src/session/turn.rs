@@ -21,6 +21,8 @@ use crate::provider::{ChatRequest, ChatResponse, Controls, Delta, StopReason, To
 use crate::recovery::{RecoveryContext, RecoveryError, escalate_output, recover};
 use crate::replay::{self, Held, Ledger};
 
+use crate::mcp::{McpCatalog, Route};
+
 use super::tools::{self, StagnationGuard};
 use super::{Session, TurnError, record};
 
@@ -71,6 +73,18 @@ pub struct TurnOptions {
     pub max_output_tokens: Option<u64>,
     /// The replay ledger's part of the turn (API turns).
     pub ledger: Option<LedgerTurn>,
+    /// The MCP servers of the spec this turn may use (`tools: [{"type": "mcp"}]` of the
+    /// Responses API); `None`: all of them.
+    pub mcp_servers: Option<Vec<McpSelection>>,
+}
+
+/// One `{"type": "mcp", "server_label": ..., "server_url": ...}` of a request: a server the
+/// spec declares, never a new one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct McpSelection {
+    pub label: String,
+    /// Must be the declared server's `url` when given.
+    pub url: Option<String>,
 }
 
 impl TurnOptions {
@@ -265,6 +279,7 @@ impl Session {
                 "tool_choice \"none\" cannot be honoured by Bedrock Converse (it has no choice that forbids tool calls); omit tools instead".into(),
             ));
         }
+        self.check_mcp_selection(&options)?;
         let span = tracing::info_span!("turn", namespace = %self.namespace, session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
         let started = Instant::now();
         let mut provider_time = Duration::ZERO;
@@ -290,6 +305,71 @@ impl Session {
         );
         self.publish_gauges();
         result
+    }
+
+    /// A request may choose among the declared MCP servers, never reach another.
+    fn check_mcp_selection(&self, options: &TurnOptions) -> Result<(), TurnError> {
+        for sel in options.mcp_servers.iter().flatten() {
+            let Some(spec) = self
+                .live
+                .spec
+                .mcp_servers()
+                .iter()
+                .find(|s| s.name == sel.label)
+            else {
+                let declared: Vec<&str> = self
+                    .live
+                    .spec
+                    .mcp_servers()
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect();
+                return Err(TurnError::BadInput(format!(
+                    "tools: the MCP server_label {:?} is not declared in this session's spec.tools.mcpServers (declared: {declared:?}); a request cannot add MCP servers",
+                    sel.label
+                )));
+            };
+            if let Some(url) = &sel.url
+                && spec.url.as_deref() != Some(url.as_str())
+            {
+                return Err(TurnError::BadInput(format!(
+                    "tools: server_url {url:?} is not the URL the spec declares for MCP server {:?}; a request cannot point a server elsewhere (omit server_url)",
+                    sel.label
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one call of an MCP tool; every failure is a tool error for the model. The flag
+    /// is true for an error (the server's own `isError` or a failed call), which enters the
+    /// history verbatim.
+    async fn run_mcp(&self, call: &crate::history::ToolCall, route: &Route) -> (Message, bool) {
+        let t = Instant::now();
+        let result = self
+            .mcp
+            .call(&route.server, &route.tool, &call.arguments)
+            .await;
+        let (content, outcome, is_error) = match result {
+            Ok(r) => {
+                let outcome = if r.is_error { "tool_error" } else { "ok" };
+                (r.text, outcome, r.is_error)
+            }
+            Err(e) => (format!("error: {e}"), e.label(), true),
+        };
+        self.metrics.inc(
+            "cairn_agent_mcp_calls_total",
+            &[("server", &route.server), ("outcome", outcome)],
+            1.0,
+        );
+        self.metrics.observe(
+            "cairn_agent_mcp_call_seconds",
+            &[("server", &route.server)],
+            t.elapsed().as_secs_f64(),
+        );
+        let mut message = Message::tool(call.id.clone(), content);
+        message.name = Some(call.name.clone());
+        (message, is_error)
     }
 
     /// The system prompt leads the history; a changed prompt replaces the old one.
@@ -491,7 +571,30 @@ impl Session {
             );
         }
 
+        // One catalog: the built-in tools, the MCP servers' tools, the client's tools. An
+        // MCP tool whose name is taken is offered as `<server>__<tool>`.
+        self.mcp_catalog = if self.mcp.is_empty() {
+            McpCatalog::default()
+        } else {
+            let client: Vec<&str> = self.options.tools.iter().map(|t| t.name.as_str()).collect();
+            let mut taken = vec![tools::RECALL, tools::COMPRESS];
+            taken.extend(client);
+            let only: Option<Vec<String>> = self
+                .options
+                .mcp_servers
+                .as_ref()
+                .map(|s| s.iter().map(|x| x.label.clone()).collect());
+            self.mcp.catalog(only.as_deref(), &taken).await
+        };
+        for why in self.mcp_catalog.unavailable.clone() {
+            notice(
+                notices,
+                "tools",
+                format!("{why}; its tools are not offered this turn"),
+            );
+        }
         let mut tool_specs = tools::catalog();
+        tool_specs.extend(self.mcp_catalog.specs.iter().cloned());
         tool_specs.extend(self.options.tools.iter().cloned());
         // The client's tools, instructions and output format are as uncompactable as the
         // built-in catalog.
@@ -569,27 +672,40 @@ impl Session {
                 .into_iter()
                 .partition(|c| self.options.is_client_tool(&c.name));
             for call in &own {
+                let route = self.mcp_catalog.route(&call.name).cloned();
                 self.metrics.inc(
                     "cairn_agent_tool_calls_total",
-                    &[("tool", tool_label(&call.name))],
+                    &[(
+                        "tool",
+                        if route.is_some() {
+                            "mcp"
+                        } else {
+                            tool_label(&call.name)
+                        },
+                    )],
                     1.0,
                 );
-                let mut r = tools::run(
-                    call,
-                    &mut self.history,
-                    store.as_ref(),
-                    &compression,
-                    &self.compression_counters,
-                )
-                .await;
-                self.admit_tool_result(
-                    &mut r.message,
-                    crate::compress::ToolOrigin {
-                        is_error: r.is_error,
-                    },
-                )
-                .await;
-                self.history.push(r.message);
+                let (mut message, is_error) = if let Some(route) = route {
+                    self.run_mcp(call, &route).await
+                } else if let Some(refusal) = self.mcp.refused(&call.name).await {
+                    let mut m = Message::tool(call.id.clone(), format!("error: {refusal}"));
+                    m.name = Some(call.name.clone());
+                    (m, true)
+                } else {
+                    let r = tools::run(
+                        call,
+                        &mut self.history,
+                        store.as_ref(),
+                        &compression,
+                        &self.compression_counters,
+                    )
+                    .await;
+                    (r.message, r.is_error)
+                };
+                // Every tool result enters the history here, whoever ran the tool.
+                self.admit_tool_result(&mut message, crate::compress::ToolOrigin { is_error })
+                    .await;
+                self.history.push(message);
             }
             answer.after_tools = true;
             if !client.is_empty() {

@@ -44,6 +44,24 @@ const PROMPT_FILE: &str = "system-prompt";
 const CA_VOLUME: &str = "ca-bundle";
 const CA_DIR: &str = "/etc/cairn/ca";
 const CA_FILE: &str = "ca-bundle.pem";
+/// Each `tools.mcpServers[].headersFrom` Secret is mounted (not read through the API) under
+/// `MCP_HEADERS_DIR/<server>/`, one file per key: only this session's pod names the Secret,
+/// and neither the session's Role nor the operator needs to read it.
+const MCP_HEADERS_DIR: &str = "/var/run/cairn/mcp-headers";
+
+/// The MCP servers with a headers Secret, each with the name of its volume.
+fn mcp_header_volumes(plan: &Plan) -> Vec<(String, &str, &str)> {
+    plan.spec
+        .mcp_servers()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            s.headers_from
+                .as_deref()
+                .map(|secret| (format!("mcp-headers-{i}"), s.name.as_str(), secret))
+        })
+        .collect()
+}
 
 pub(super) fn token_secret(plan: &Plan, token: &ApiToken) -> Secret {
     Secret {
@@ -242,6 +260,18 @@ fn volumes(plan: &Plan) -> Vec<Volume> {
             ..Default::default()
         });
     }
+    for (volume, _, secret) in mcp_header_volumes(plan) {
+        volumes.push(Volume {
+            name: volume,
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.to_owned()),
+                // Readable by the agent's group only (the pod's fsGroup).
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     volumes
 }
 
@@ -265,6 +295,14 @@ fn volume_mounts(plan: &Plan) -> Vec<VolumeMount> {
         mounts.push(VolumeMount {
             name: PROMPT_VOLUME.into(),
             mount_path: PROMPT_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    for (volume, server, _) in mcp_header_volumes(plan) {
+        mounts.push(VolumeMount {
+            name: volume,
+            mount_path: format!("{MCP_HEADERS_DIR}/{server}"),
             read_only: Some(true),
             ..Default::default()
         });
@@ -404,6 +442,17 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
         env.push(value(
             "CAIRN_SYSTEM_PROMPT_FILE",
             format!("{PROMPT_DIR}/{PROMPT_FILE}"),
+        ));
+    }
+    for s in plan
+        .spec
+        .mcp_servers()
+        .iter()
+        .filter(|s| s.headers_from.is_some())
+    {
+        env.push(value(
+            &s.headers_dir_env(),
+            format!("{MCP_HEADERS_DIR}/{}", s.name),
         ));
     }
     if let Some(otlp) = &plan.otlp {
