@@ -158,9 +158,10 @@ async fn filesystem_reads_over_stdio_are_deduplicated_microcompacted_and_recalle
     std::fs::write(&b_path, &b).unwrap();
     // Microcompact counts a result's age in assistant messages (two per turn here): at 4, a
     // read is superseded by the next turn's read before microcompact would truncate it, and
-    // the one read of b.txt is truncated a few turns later.
+    // the one read of b.txt is truncated a few turns later. Compression on entry is off, so
+    // the reads enter whole and the cheap passes are what acts on them.
     let extra = format!(
-        "tools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\ncompaction:\n  microcompact:\n    truncateAfterTurns: 4\n    summarizeAfterTurns: 50\n    minContentChars: 1000\n",
+        "tools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\ncompaction:\n  compression:\n    mode: \"off\"\n  microcompact:\n    truncateAfterTurns: 4\n    summarizeAfterTurns: 50\n    minContentChars: 1000\n",
         bin("mcp-server-filesystem"),
         files_dir.display()
     );
