@@ -384,6 +384,10 @@ pub struct PersistedState {
     /// What the cheap passes changed so far (`status.session.passes`).
     #[serde(default)]
     pub passes: cairn_crds::session::PassStats,
+    /// Tokens of the summarizer's own client: input, output, cache read
+    /// (`status.session.tokens.summarizer`).
+    #[serde(default, skip_serializing_if = "is_zero_tokens")]
+    pub summarizer_tokens: [u64; 3],
 }
 
 impl PersistedState {
@@ -409,6 +413,7 @@ impl PersistedState {
             truncated_replies: state.truncated_replies,
             replay: crate::replay::Ledger::default(),
             passes: Default::default(),
+            summarizer_tokens: [0; 3],
         }
     }
 
@@ -488,6 +493,10 @@ pub struct ArchivedUndo {
 /// Replaced messages of an undo weighing at least this much are archived rather than kept in
 /// the journal's entries (smaller ones cost less inline than a key and a round trip).
 pub const UNDO_ARCHIVE_MIN_BYTES: u64 = 4 * 1024;
+
+fn is_zero_tokens(t: &[u64; 3]) -> bool {
+    t.iter().all(|n| *n == 0)
+}
 
 fn is_zero(n: &usize) -> bool {
     *n == 0

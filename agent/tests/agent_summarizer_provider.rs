@@ -124,7 +124,14 @@ async fn summaries_go_to_the_summarizers_own_endpoint_and_its_tokens_are_counted
     assert_eq!(session_sim.requests().len(), 1);
     let stats = built.session.stats();
     assert!(stats.tokens.input > 0);
-    assert_eq!(stats.tokens.summarizer, Some(summarizer));
+    assert_eq!(stats.tokens.summarizer, Some(summarizer.clone()));
+    // Journaled with the session's own: another agent taking the session over reports both
+    // (and carries on with it).
+    let reopened = build_session(&yaml, &env, "other").await;
+    let again = reopened.session.stats();
+    assert_eq!(again.tokens.summarizer, Some(summarizer));
+    assert_eq!(again.tokens.input, stats.tokens.input);
+    built = reopened;
 
     // A failing summarizer is classified like any provider; the ladder goes on without it.
     summarizer_sim.reset();
@@ -139,7 +146,7 @@ async fn summaries_go_to_the_summarizers_own_endpoint_and_its_tokens_are_counted
         .expect("seed");
     let out = built.session.compact_now(None).await.expect("compaction");
     assert_ne!(out.level, Some(2), "no summary from a failing summarizer");
-    let text = metrics.render(None);
+    let text = built.session.metrics().render(None);
     assert!(
         text.lines()
             .any(|l| l.starts_with("cairn_agent_provider_errors_total")

@@ -230,7 +230,11 @@ impl Session {
                 output_tokens: rebuilt.state.output_tokens,
                 cache_read_tokens: rebuilt.state.cache_read_tokens,
             },
-            summarizer_tokens: Usage::default(),
+            summarizer_tokens: Usage {
+                input_tokens: rebuilt.state.summarizer_tokens[0],
+                output_tokens: rebuilt.state.summarizer_tokens[1],
+                cache_read_tokens: rebuilt.state.summarizer_tokens[2],
+            },
             last_reply_at: None,
             last_recovery: None,
             failed_turn: None,
@@ -439,6 +443,11 @@ impl Session {
         );
         state.replay = self.ledger.clone();
         state.passes = self.passes;
+        state.summarizer_tokens = [
+            self.summarizer_tokens.input_tokens,
+            self.summarizer_tokens.output_tokens,
+            self.summarizer_tokens.cache_read_tokens,
+        ];
         let change = Change {
             state,
             compactions,
