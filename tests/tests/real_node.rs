@@ -1440,7 +1440,9 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
             ns,
             "worker",
             provider,
-            "{minKeepRecent: 2, microcompact: {truncateAfterTurns: 1, summarizeAfterTurns: 50, minContentChars: 1000}}"
+            // Compression on entry off: the tool output enters whole, so microcompaction and
+            // the manual compaction below are what shrink it.
+            "{minKeepRecent: 2, compression: {mode: \"off\"}, microcompact: {truncateAfterTurns: 1, summarizeAfterTurns: 50, minContentChars: 1000}}"
         )
     ))
     .expect("session applied");
