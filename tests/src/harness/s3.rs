@@ -35,12 +35,20 @@ impl S3Server {
             "-p",
             &port.to_string(),
         ]);
-        let mut proc = Proc::spawn("s3 (moto)", cmd, &log_dir.join("s3.log"))?;
+        let log = log_dir.join("s3.log");
+        let mut proc = Proc::spawn("s3 (moto)", cmd, &log)?;
+        // Ready when this moto says it listens on the port and the port answers: a free port
+        // can be taken by another test's server between probing and binding, and that
+        // server answering must not count as this one (it would vanish with its test).
+        let running = format!("Running on http://127.0.0.1:{port}");
         wait_until(
             "the S3 server (moto)",
             Duration::from_secs(60),
             &mut [&mut proc],
-            || http(port, "GET", "/").is_ok(),
+            || {
+                std::fs::read_to_string(&log).is_ok_and(|l| l.contains(&running))
+                    && http(port, "GET", "/").is_ok()
+            },
         )?;
         let server = Self {
             endpoint: format!("http://127.0.0.1:{port}"),
