@@ -176,22 +176,6 @@ async fn recall_of_an_archived_tool_output_is_identical_through_the_tool_and_the
     assert_eq!(stats["passes"], passes, "rebuilt from the journal");
 }
 
-/// A history of `n` 5-KB exchanges.
-fn padded_history(n: usize) -> Vec<Message> {
-    let mut h = Vec::new();
-    for i in 0..n {
-        h.push(Message::user(format!(
-            "question {i}: {}",
-            "q".repeat(5_000)
-        )));
-        h.push(Message::assistant(format!(
-            "answer {i}: {}",
-            "a".repeat(5_000)
-        )));
-    }
-    h
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_413_from_nginx_is_recovered_in_one_retry_thanks_to_the_learned_cap() {
     let sim = Sim::start().await.expect("sim");

@@ -23,21 +23,6 @@ fn summary_text() -> String {
     s
 }
 
-fn padded_history(n: usize) -> Vec<Message> {
-    let mut h = Vec::new();
-    for i in 0..n {
-        h.push(Message::user(format!(
-            "question {i}: {}",
-            "q".repeat(5_000)
-        )));
-        h.push(Message::assistant(format!(
-            "answer {i}: {}",
-            "a".repeat(5_000)
-        )));
-    }
-    h
-}
-
 const SUMMARIZER_MODEL: &str = "claude-haiku-4-5";
 /// The summarizer's own window, far smaller than the session's 200,000 tokens.
 const SUMMARIZER_WINDOW: u64 = 12_000;

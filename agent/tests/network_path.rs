@@ -7,23 +7,10 @@ mod agent_support;
 mod support;
 
 use agent_support::*;
-use cairn_agent::history::Message;
 use cairn_agent::server::AppState;
 use cairn_sim::Sim;
 use cairn_sim::proxies::{Mitm, Squid};
 use support::moto::Moto;
-
-/// A history of `n` 5-KB exchanges.
-fn padded_history(n: usize) -> Vec<Message> {
-    (0..n)
-        .flat_map(|i| {
-            [
-                Message::user(format!("question {i}: {}", "q".repeat(5_000))),
-                Message::assistant(format!("answer {i}: {}", "a".repeat(5_000))),
-            ]
-        })
-        .collect()
-}
 
 fn with(env: &[(String, String)], extra: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut v = env.to_vec();

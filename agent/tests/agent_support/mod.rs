@@ -204,6 +204,19 @@ impl Api {
     }
 }
 
+/// A history of `n` 5-KB exchanges (user question, assistant answer).
+pub fn padded_history(n: usize) -> Vec<cairn_agent::history::Message> {
+    use cairn_agent::history::Message;
+    (0..n)
+        .flat_map(|i| {
+            [
+                Message::user(format!("question {i}: {}", "q".repeat(5_000))),
+                Message::assistant(format!("answer {i}: {}", "a".repeat(5_000))),
+            ]
+        })
+        .collect()
+}
+
 /// The text of a non-streamed Response object.
 pub fn output_text(v: &Value) -> String {
     v["output"][0]["content"][0]["text"]
