@@ -119,7 +119,7 @@ fn bench_mcp(c: &mut Criterion) {
     });
 
     // Through the agent's hub, as a turn makes the call.
-    let hub = Arc::new(McpHub::new(&[server_spec()], None));
+    let hub = Arc::new(McpHub::new(&[server_spec()], None, &Default::default()));
     let catalog = rt.block_on(hub.catalog(None, &["recall", "compress"]));
     assert_eq!(catalog.specs.len(), 1, "the bench server lists echo");
     g.bench_function("call_4k_agent_hub", |b| {

@@ -134,6 +134,7 @@ fn session(
             },
             archive_counters: counters,
             metrics: Arc::new(Metrics::new()),
+            net: Default::default(),
         })
         .await
         .expect("session");

@@ -135,7 +135,7 @@ async fn open_session(
         live_rx.clone(),
         Arc::new(|n: &str| std::env::var(n).ok()),
         ClientOptions {
-            net,
+            net: net.clone(),
             ..ClientOptions::default()
         },
     );
@@ -150,6 +150,7 @@ async fn open_session(
         journal: Arc::clone(&storage.journal),
         archive_counters: Arc::clone(&storage.counters),
         metrics,
+        net,
     })
     .await
     .map_err(|e| AppError::new(exit::FAILURE, format!("opening the session journal: {e}")))

@@ -1,5 +1,6 @@
 //! The outbound network path of every client the agent builds (providers, the summarizer,
-//! S3): which certificate authorities it trusts and which forward proxy it goes through.
+//! S3, MCP servers over HTTP): which certificate authorities it trusts and which forward
+//! proxy it goes through.
 //!
 //! Trust is the platform's native roots plus the bundled Mozilla roots, plus PEM bundles: the
 //! fleet's inline in `CAIRN_CA_BUNDLE_PEM` and the session's file named by `CAIRN_CA_BUNDLE`
@@ -24,6 +25,23 @@ pub enum NetError {
         value: String,
         reason: String,
     },
+    #[error("{0}")]
+    Client(String),
+}
+
+/// `e` and its sources, each said once: the reason a TLS handshake failed (an unknown
+/// issuer, an expired certificate) is usually only in the innermost one.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
 }
 
 /// How the agent's clients reach the outside.
@@ -113,6 +131,48 @@ impl NetPath {
             b = b.proxy(p.no_proxy(no_proxy()));
         }
         b
+    }
+
+    /// The MCP streamable-HTTP client (rmcp's own reqwest) with this path's trust and
+    /// proxies, the same as [`Self::reqwest`] gives the provider clients.
+    pub fn mcp_client(&self) -> Result<reqwest_mcp::Client, NetError> {
+        // rmcp's reqwest takes its TLS crypto from the process-wide provider; ring is the one
+        // the rest of the agent uses. Installing it twice is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut b = reqwest_mcp::Client::builder().no_proxy();
+        if let Some(pem) = &self.ca_bundle {
+            let certs =
+                reqwest_mcp::Certificate::from_pem_bundle(pem).map_err(|e| NetError::Bundle {
+                    path: "CA bundle".into(),
+                    reason: e.to_string(),
+                })?;
+            b = b.tls_certs_merge(certs);
+        }
+        let no_proxy = || {
+            self.no_proxy
+                .as_deref()
+                .and_then(reqwest_mcp::NoProxy::from_string)
+        };
+        let proxies = [
+            ("HTTP_PROXY", &self.http_proxy, false),
+            ("HTTPS_PROXY", &self.https_proxy, true),
+        ];
+        for (var, url, https) in proxies {
+            let Some(url) = url.as_deref() else { continue };
+            let proxy = if https {
+                reqwest_mcp::Proxy::https(url)
+            } else {
+                reqwest_mcp::Proxy::http(url)
+            }
+            .map_err(|e| NetError::Proxy {
+                var,
+                value: url.to_owned(),
+                reason: e.to_string(),
+            })?;
+            b = b.proxy(proxy.no_proxy(no_proxy()));
+        }
+        b.build()
+            .map_err(|e| NetError::Client(format!("the MCP HTTP client: {e}")))
     }
 
     /// The S3 client's TLS context: native roots plus the bundle.

@@ -17,6 +17,7 @@ use agent_support::*;
 use cairn_agent::ccr::{Key, extract_markers};
 use cairn_agent::history::{Message, Role};
 use cairn_agent::server::AppState;
+use cairn_sim::proxies::{Mitm, Squid};
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
 
@@ -293,6 +294,82 @@ async fn everything_over_streamable_http_answers_errors_verbatim_and_enforces_al
         r[2].content.contains("not in its allowedTools") && r[2].content.contains("get-env"),
         "{}",
         r[2].content
+    );
+}
+
+async fn echo_turn(sim: &Sim, built: &mut Built) -> cairn_agent::session::TurnOutcome {
+    sim.push_reply(ScriptedReply::tool_call(
+        "echo",
+        json!({"message": "through"}),
+    ));
+    sim.push_reply(ScriptedReply::text("done"));
+    built
+        .session
+        .turn(vec![Message::user("echo")])
+        .await
+        .expect("turn")
+}
+
+/// `server-everything` behind mitmproxy terminating TLS with its own CA, reached through
+/// Squid (CONNECT): the MCP client is on the agent's network path like the providers are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_behind_a_tls_inspecting_proxy_needs_the_ca_bundle_and_takes_the_forward_proxy() {
+    let port = free_port();
+    let _server = everything(port);
+    let mitm = Mitm::reverse(([127, 0, 0, 1], port).into()).unwrap_or_else(|e| panic!("{e}"));
+    let squid = Squid::start(10 << 20).unwrap_or_else(|e| panic!("{e}"));
+    let sim = Sim::start().await.expect("sim");
+    let extra = format!(
+        "tools:\n  mcpServers:\n  - name: every\n    url: {}/mcp\n    allowedTools: [echo]\n",
+        mitm.url()
+    );
+    let yaml = config_yaml("every-tls", &format!("{}/v1", sim.url()), 200_000, &extra);
+    // Without the bundle the server is unavailable for a TLS reason, said in the turn's
+    // notices; its tools are not offered and the turn goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let mut built = build_session(&yaml, &storage_env(dir.path(), None), "a").await;
+    sim.push_reply(ScriptedReply::text("done"));
+    let out = built
+        .session
+        .turn(vec![Message::user("echo")])
+        .await
+        .expect("turn");
+    assert_eq!(out.text, "done");
+    assert!(!offered(&sim, "echo"));
+    let why: Vec<&str> = out
+        .notices
+        .iter()
+        .filter(|n| n.kind == "tools")
+        .map(|n| n.message.as_str())
+        .collect();
+    assert!(
+        why.iter()
+            .any(|m| m.contains("MCP server \"every\" is unavailable")
+                && (m.contains("certificate") || m.contains("UnknownIssuer"))),
+        "{why:?}"
+    );
+
+    // With mitmproxy's CA as the bundle, and Squid as the HTTPS proxy, the call succeeds
+    // and went through the tunnel.
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = storage_env(dir.path(), None);
+    env.push((
+        "CAIRN_CA_BUNDLE".into(),
+        mitm.ca_cert().display().to_string(),
+    ));
+    env.push(("HTTPS_PROXY".into(), squid.url()));
+    env.push(("NO_PROXY".into(), "127.0.0.1".into()));
+    let mut built = build_session(&yaml, &env, "a").await;
+    let out = echo_turn(&sim, &mut built).await;
+    assert_eq!(out.text, "done");
+    let r = tool_results(built.session.history());
+    assert_eq!(r[0].content, "Echo: through");
+    // A tunnel is logged when it closes; one the MCP client keeps open is an active request.
+    let target = format!("localhost:{}", mitm.port());
+    let (log, active) = (squid.access_log(), squid.active_requests());
+    assert!(
+        log.contains(&target) || active.contains(&format!("uri {target}")),
+        "the MCP traffic did not take the proxy:\n{log}\n{active}"
     );
 }
 

@@ -120,6 +120,7 @@ async fn open(
         journal: Arc::clone(&storage.journal),
         archive_counters: Arc::clone(&storage.counters),
         metrics: Arc::new(Metrics::new()),
+        net: Default::default(),
     })
     .await?;
     Ok(Opened {

@@ -97,6 +97,7 @@ struct Server {
     spec: McpServerSpec,
     /// Where the `headersFrom` keys are, one file each.
     headers_dir: PathBuf,
+    http: Arc<HttpClient>,
     conn: Mutex<Conn>,
 }
 
@@ -124,16 +125,36 @@ impl McpCatalog {
     }
 }
 
+/// Why `url` cannot be reached at all (TLS, proxy, connect), if that is the trouble: rmcp's
+/// error keeps only the transport's outer message, so one plain request to the same URL on
+/// the same client names the cause. `None` when the server answers HTTP.
+async fn transport_cause(http: &reqwest_mcp::Client, url: &str) -> Option<String> {
+    match http.get(url).send().await {
+        Ok(_) => None,
+        Err(e) => Some(crate::net::error_chain(&e.without_url())),
+    }
+}
+
 /// The MCP servers of a session.
 pub struct McpHub {
     servers: Vec<Server>,
 }
 
+/// How a server over HTTP is reached: the agent's CA bundle and proxies.
+type HttpClient = Result<reqwest_mcp::Client, String>;
+
 impl McpHub {
     /// Servers of `specs`; the headers of a `headersFrom` Secret are read from
     /// `headers_root/<server>` when given, else as [`HEADERS_DIR_ENV`] says. Nothing is
-    /// connected yet.
-    pub fn new(specs: &[McpServerSpec], headers_root: Option<PathBuf>) -> Self {
+    /// connected yet. Servers over HTTP are reached on `net` (trust and proxies).
+    pub fn new(
+        specs: &[McpServerSpec],
+        headers_root: Option<PathBuf>,
+        net: &crate::net::NetPath,
+    ) -> Self {
+        // One client for every HTTP server of the session; a path that cannot be used is
+        // each such server's reason to be unavailable.
+        let http: Arc<HttpClient> = Arc::new(net.mcp_client().map_err(|e| e.to_string()));
         let root = headers_root.clone().unwrap_or_else(|| {
             std::env::var_os(HEADERS_DIR_ENV)
                 .map(PathBuf::from)
@@ -149,6 +170,7 @@ impl McpHub {
                     Server {
                         spec: s.clone(),
                         headers_dir: own.unwrap_or_else(|| root.join(&s.name)),
+                        http: Arc::clone(&http),
                         conn: Mutex::new(Conn::default()),
                     }
                 })
@@ -400,15 +422,24 @@ impl Server {
     async fn connect(&self) -> Result<(Client, Vec<Tool>), McpError> {
         let client = if let Some(url) = &self.spec.url {
             let headers = self.headers()?;
-            // The HTTP client's TLS needs a process-wide crypto provider; ring is the one
-            // the rest of the agent uses. Installing it twice is harmless.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            let http = match self.http.as_ref() {
+                Ok(c) => c.clone(),
+                Err(e) => return Err(self.unavailable(e.clone())),
+            };
             let config =
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
-            let transport = StreamableHttpClientTransport::from_config(config);
-            ().serve(transport).await.map_err(|e| {
-                self.unavailable(format!("cannot initialise a session at {url}: {e}"))
-            })?
+            let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+            match ().serve(transport).await {
+                Ok(client) => client,
+                Err(e) => {
+                    let why = transport_cause(&http, url)
+                        .await
+                        .unwrap_or_else(|| crate::net::error_chain(&e));
+                    return Err(
+                        self.unavailable(format!("cannot initialise a session at {url}: {why}"))
+                    );
+                }
+            }
         } else if let Some(program) = &self.spec.command {
             let mut cmd = tokio::process::Command::new(program);
             cmd.args(self.spec.args.iter().flatten());
@@ -567,7 +598,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_server_that_cannot_start_is_a_clear_error_and_is_backed_off() {
-        let hub = McpHub::new(&[spec(None)], Some(PathBuf::from("/nonexistent")));
+        let hub = McpHub::new(
+            &[spec(None)],
+            Some(PathBuf::from("/nonexistent")),
+            &Default::default(),
+        );
         let e = hub.call("fs", "read_text_file", "{}").await.unwrap_err();
         assert!(matches!(e, McpError::Unavailable { .. }), "{e}");
         assert!(e.to_string().contains("cannot start"), "{e}");
@@ -581,7 +616,11 @@ mod tests {
 
     #[tokio::test]
     async fn tools_outside_allowed_tools_and_bad_arguments_are_refused_without_a_call() {
-        let hub = McpHub::new(&[spec(Some(vec!["read_text_file"]))], None);
+        let hub = McpHub::new(
+            &[spec(Some(vec!["read_text_file"]))],
+            None,
+            &Default::default(),
+        );
         let e = hub.call("fs", "write_file", "{}").await.unwrap_err();
         assert_eq!(e.label(), "not_allowed");
         assert!(e.to_string().contains("allowedTools"), "{e}");

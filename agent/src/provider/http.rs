@@ -656,15 +656,5 @@ fn describe_reqwest(e: reqwest::Error) -> String {
     } else {
         ""
     };
-    let e = e.without_url();
-    let mut parts = vec![e.to_string()];
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    format!("{kind}{}", parts.join(": "))
+    format!("{kind}{}", crate::net::error_chain(&e.without_url()))
 }

@@ -117,6 +117,8 @@ pub struct SessionParts {
     pub journal: Arc<dyn ObjectStore>,
     pub archive_counters: Arc<ArchiveCounters>,
     pub metrics: Arc<Metrics>,
+    /// Trust and proxies of the MCP servers reached over HTTP.
+    pub net: crate::net::NetPath,
 }
 
 /// One agent session.
@@ -163,6 +165,7 @@ pub struct Session {
     passes: PassCounters,
     /// The MCP tool servers of the spec (connected on first use).
     mcp: Arc<McpHub>,
+    net: crate::net::NetPath,
     /// The MCP tools offered in the turn in progress, and where their calls go.
     mcp_catalog: McpCatalog,
 }
@@ -195,7 +198,7 @@ impl Session {
         }
         let state_dirty = !pending_notices.is_empty();
         warn_unsupported(&live, None);
-        let mcp = Arc::new(McpHub::new(live.spec.mcp_servers(), None));
+        let mcp = Arc::new(McpHub::new(live.spec.mcp_servers(), None, &parts.net));
         // Every provider call of the session (replies and summaries) has a total deadline.
         let deadlined = |p: Arc<dyn Provider>| -> Arc<dyn Provider> {
             let policy_rx = live_rx.clone();
@@ -247,6 +250,7 @@ impl Session {
             options: TurnOptions::default(),
             passes: rebuilt.state.passes,
             mcp,
+            net: parts.net,
             mcp_catalog: McpCatalog::default(),
         };
         s.publish_gauges();
@@ -332,7 +336,7 @@ impl Session {
             // Changed servers are connected anew; unchanged ones keep their connection.
             if next.spec.tools != self.live.spec.tools {
                 tracing::info!("spec.tools changed; MCP servers are reconnected on next use");
-                self.mcp = Arc::new(McpHub::new(next.spec.mcp_servers(), None));
+                self.mcp = Arc::new(McpHub::new(next.spec.mcp_servers(), None, &self.net));
             }
             if let Some(old) = self.state.rebase_payload_cap(next.payload_cap) {
                 self.state_dirty = true;

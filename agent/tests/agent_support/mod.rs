@@ -123,6 +123,7 @@ async fn build_session_with(
         journal: Arc::clone(&storage.journal),
         archive_counters: Arc::clone(&storage.counters),
         metrics: Arc::new(Metrics::new()),
+        net: settings.net.clone(),
     })
     .await
     .expect("session opens");
