@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
@@ -464,6 +464,18 @@ pub struct PodOverrides {
     /// Forward proxies of this session's agent (each field replaces the operator's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxySettings>,
+    /// Extra environment of the agent container (values, or `valueFrom` a ConfigMap of the
+    /// session's namespace or a field of the pod; not from Secrets). `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY` here
+    /// set the session's proxies like `proxy` does (`proxy` wins where both are set). Names
+    /// the operator sets itself are refused: `CAIRN_*`, `AWS_*`, `OTEL_*`, `HOME`,
+    /// `XDG_DATA_HOME` and the provider key variables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(
+        validation = Rule::new(RESERVED_ENV_RULE).message("template.env cannot set CAIRN_*, AWS_*, OTEL_*, HOME, XDG_DATA_HOME or a provider key variable (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY): the operator sets them"),
+        validation = Rule::new("self.all(e, !has(e.valueFrom) || !has(e.valueFrom.secretKeyRef))").message("template.env cannot read Secrets (valueFrom.secretKeyRef): name credentials in the spec's credentials fields, whose Secrets the operator grants to this session only")
+    )]
+    #[schemars(schema_with = "env_schema")]
+    pub env: Option<Vec<EnvVar>>,
     /// Seconds the pod is given to stop (the pod's `terminationGracePeriodSeconds`). On
     /// SIGTERM the agent lets a turn in flight run until 5 s before this ends, then aborts
     /// it (not acknowledged, its input dropped), flushes the journal and releases the Lease.
@@ -471,6 +483,31 @@ pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 10 && self <= 3600").message("template.terminationGracePeriodSeconds must be between 10 and 3600"))]
     pub termination_grace_period_seconds: Option<u32>,
+}
+
+/// The CEL rule of `template.env`: no name the operator sets itself.
+const RESERVED_ENV_RULE: &str = "self.all(e, !e.name.startsWith('CAIRN_') && !e.name.startsWith('AWS_') && !e.name.startsWith('OTEL_') && !(e.name in ['HOME', 'XDG_DATA_HOME', 'OPENAI_API_KEY', 'ANTHROPIC_API_KEY', 'GEMINI_API_KEY']))";
+
+/// `template.env`: Kubernetes `EnvVar`s, a list keyed by name (so a name appears once).
+fn env_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<EnvVar>>();
+    let obj = schema.ensure_object();
+    obj.insert("x-kubernetes-list-type".into(), "map".into());
+    obj.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["name"]),
+    );
+    obj.insert("maxItems".into(), 64.into());
+    // Bounds the CEL rule's cost for the API server (names are C identifiers in practice).
+    if let Some(name) = obj
+        .get_mut("items")
+        .and_then(|i| i.get_mut("properties"))
+        .and_then(|p| p.get_mut("name"))
+        .and_then(|n| n.as_object_mut())
+    {
+        name.insert("maxLength".into(), 256.into());
+    }
+    schema
 }
 
 /// `template.terminationGracePeriodSeconds` when the session sets none.

@@ -1067,6 +1067,49 @@ template:
             .any(|m| m.mount_path == "/etc/cairn/ca" && m.read_only == Some(true))
     );
 
+    // `template.env`: its own variables reach the container; its proxy variables set the
+    // session's proxies where `template.proxy` does not.
+    let spec = r#"
+provider: {kind: openai, model: gpt-5}
+template:
+  proxy: {httpsProxy: "http://team-proxy.corp:8080"}
+  env:
+  - {name: HTTPS_PROXY, value: "http://ignored.corp:1"}
+  - {name: HTTP_PROXY, value: "http://plain-proxy.corp:3128"}
+  - {name: TEAM, value: search}
+  - name: REGION
+    valueFrom: {configMapKeyRef: {name: team, key: region}}
+"#;
+    let planned = validate(&session("envs", spec), None, &fleet).expect("validates");
+    let objects = build(&planned, &inputs());
+    let vars = env(&objects);
+    assert_eq!(
+        vars["HTTPS_PROXY"], "http://team-proxy.corp:8080",
+        "proxy wins"
+    );
+    assert_eq!(
+        vars["HTTP_PROXY"], "http://plain-proxy.corp:3128",
+        "env over fleet"
+    );
+    assert_eq!(vars["TEAM"], "search");
+    let all = container(&objects).env.clone().unwrap_or_default();
+    let region = all.iter().find(|e| e.name == "REGION").expect("REGION");
+    assert!(
+        region
+            .value_from
+            .as_ref()
+            .unwrap()
+            .config_map_key_ref
+            .is_some()
+    );
+    for name in ["HTTPS_PROXY", "HTTP_PROXY", "TEAM"] {
+        assert_eq!(
+            all.iter().filter(|e| e.name == name).count(),
+            1,
+            "{name} once"
+        );
+    }
+
     // Without any of it, none of it.
     let plain = env(&build(&plan("plain", MINIMAL, None), &inputs()));
     for k in [

@@ -459,7 +459,26 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
         env.extend(otlp_env(otlp));
     }
     env.extend(network_env(plan));
+    // The session's own variables; the proxy ones went into the network path above.
+    env.extend(
+        template_env(plan)
+            .filter(|e| !PROXY_VARS.contains(&e.name.as_str()))
+            .cloned(),
+    );
     env
+}
+
+/// The proxy variables, which `template.proxy`, `template.env` and the fleet all set.
+const PROXY_VARS: [&str; 3] = ["HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"];
+
+/// `spec.template.env`.
+fn template_env(plan: &Plan) -> impl Iterator<Item = &EnvVar> {
+    plan.spec
+        .template
+        .as_ref()
+        .and_then(|t| t.env.as_ref())
+        .into_iter()
+        .flatten()
 }
 
 /// The agent's proxies (the session's `template.proxy` field by field over the fleet's) and
@@ -467,30 +486,31 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
 fn network_env(plan: &Plan) -> Vec<EnvVar> {
     let fleet = &plan.network;
     let session = plan.spec.template.as_ref().and_then(|t| t.proxy.as_ref());
-    let pick = |own: Option<&String>, fleet: &Option<String>| own.or(fleet.as_ref()).cloned();
     let mut env = Vec::new();
-    for (name, v) in [
+    // `template.proxy`, else the session's `template.env` entry, else the fleet's.
+    for (name, own, fleet) in [
         (
-            "HTTPS_PROXY",
-            pick(
-                session.and_then(|p| p.https_proxy.as_ref()),
-                &fleet.https_proxy,
-            ),
+            PROXY_VARS[0],
+            session.and_then(|p| p.https_proxy.as_ref()),
+            &fleet.https_proxy,
         ),
         (
-            "HTTP_PROXY",
-            pick(
-                session.and_then(|p| p.http_proxy.as_ref()),
-                &fleet.http_proxy,
-            ),
+            PROXY_VARS[1],
+            session.and_then(|p| p.http_proxy.as_ref()),
+            &fleet.http_proxy,
         ),
         (
-            "NO_PROXY",
-            pick(session.and_then(|p| p.no_proxy.as_ref()), &fleet.no_proxy),
+            PROXY_VARS[2],
+            session.and_then(|p| p.no_proxy.as_ref()),
+            &fleet.no_proxy,
         ),
     ] {
-        if let Some(v) = v {
-            env.push(value(name, v));
+        if let Some(v) = own {
+            env.push(value(name, v.clone()));
+        } else if let Some(e) = template_env(plan).find(|e| e.name == name) {
+            env.push(e.clone());
+        } else if let Some(v) = fleet {
+            env.push(value(name, v.clone()));
         }
     }
     if let Some(pem) = &fleet.ca_bundle {
