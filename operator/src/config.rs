@@ -11,6 +11,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 pub const DEFAULT_AGENT_IMAGE: &str =
     concat!("ghcr.io/cairn-dev/cairn-agent:", env!("CARGO_PKG_VERSION"));
 
+/// Default of `--secret-wait-requeue-seconds`.
+pub const DEFAULT_SECRET_WAIT_REQUEUE_SECONDS: u64 = 10;
+
 /// How logs are written.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -101,6 +104,22 @@ pub struct OperatorArgs {
         default_value = ""
     )]
     pub watch_namespaces: Vec<String>,
+    /// Namespaces where the operator watches the metadata of Secrets (never their values),
+    /// comma-separated, so that a Secret a session names and that appears or rotates there
+    /// is picked up at once. Empty: no Secret watch at all; the operator reads a session's
+    /// Secrets by name when it reconciles it, re-checks a session that waits for a Secret
+    /// every `--secret-wait-requeue-seconds`, and notices a rotation at the next resync.
+    #[arg(
+        long,
+        env = "CAIRN_SECRET_WATCH_NAMESPACES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub secret_watch_namespaces: Vec<String>,
+    /// Re-check period of a session that waits for a Secret (missing, or without the named
+    /// key) in a namespace without a Secret watch, in seconds.
+    #[arg(long, env = "CAIRN_SECRET_WAIT_REQUEUE_SECONDS", default_value_t = DEFAULT_SECRET_WAIT_REQUEUE_SECONDS)]
+    pub secret_wait_requeue_seconds: u64,
     /// Namespace the operator runs in: agent pods accept traffic from it (NetworkPolicy), and
     /// it holds the leader-election Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "cairn-system")]
@@ -256,16 +275,25 @@ impl OperatorArgs {
 
     /// The namespaces to watch; empty means all.
     pub fn namespaces(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .watch_namespaces
-            .iter()
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty())
-            .collect();
-        out.sort();
-        out.dedup();
-        out
+        namespace_list(&self.watch_namespaces)
     }
+
+    /// The namespaces where Secret metadata is watched; empty means none.
+    pub fn secret_watch_namespaces(&self) -> Vec<String> {
+        namespace_list(&self.secret_watch_namespaces)
+    }
+}
+
+/// Trimmed, sorted, deduplicated, without empty entries.
+fn namespace_list(raw: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = raw
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// An OTLP endpoint must be an absolute http(s) URL; empty stands for unset (the chart may

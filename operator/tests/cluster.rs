@@ -53,6 +53,11 @@ struct TestEnv {
     operator_client: Client,
     ns: String,
     operator: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+    /// Whether the in-process operator watches the metadata of this namespace's Secrets
+    /// (`--secret-watch-namespaces`). Off by default, like the chart.
+    secret_watch: bool,
+    /// The in-process operator's `--secret-wait-requeue-seconds`.
+    secret_wait: Duration,
 }
 
 /// The kubeconfig of the cluster under test: `KUBECONFIG`, else the harness's own.
@@ -104,6 +109,10 @@ impl TestEnv {
             operator_client,
             ns,
             operator: None,
+            secret_watch: false,
+            secret_wait: Duration::from_secs(
+                cairn_operator::config::DEFAULT_SECRET_WAIT_REQUEUE_SECONDS,
+            ),
         };
         if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_none() {
             env.start_operator();
@@ -119,13 +128,16 @@ impl TestEnv {
     }
 
     fn start_operator_with(&mut self, defaults: Defaults) {
-        let ctx = Arc::new(Context::new(
-            self.operator_client.clone(),
-            defaults,
-            Arc::new(Metrics::default()),
-            Arc::new(S3Purger),
-            Duration::from_secs(3600),
-        ));
+        let ctx = Arc::new(
+            Context::new(
+                self.operator_client.clone(),
+                defaults,
+                Arc::new(Metrics::default()),
+                Arc::new(S3Purger),
+                Duration::from_secs(3600),
+            )
+            .with_secret_watch(self.secret_watch.then(|| self.ns.clone()), self.secret_wait),
+        );
         let (tx, rx) = watch::channel(false);
         let shutdown = async move {
             let mut rx = rx;
@@ -561,8 +573,11 @@ async fn turning_on_span_export_and_adding_its_headers_roll_the_pod() {
     let plain = env.pod("chat").await.expect("pod");
     assert!(env_var(&plain, "OTEL_EXPORTER_OTLP_ENDPOINT").is_none());
 
-    // The platform team redeploys the operator with an OTLP endpoint.
+    // The platform team redeploys the operator with an OTLP endpoint, and a Secret watch on
+    // the namespace (the headers Secret is optional: nothing waits for it, only the watch
+    // sees it appear).
     env.stop_operator().await;
+    env.secret_watch = true;
     env.start_operator_with(Defaults {
         image: "cairn-agent:test".into(),
         otlp: Some(OtlpExport {
@@ -686,6 +701,100 @@ async fn a_missing_policy_is_reported_and_picked_up_once_created() {
         condition(&running, "PolicyResolved"),
         Some(("True".into(), "Resolved".into()))
     );
+    env.teardown().await;
+}
+
+fn provider_secret(value: &str) -> Secret {
+    serde_json::from_value(json!({
+        "metadata": {"name": "provider-key"},
+        "stringData": {"api-key": value},
+    }))
+    .expect("secret fixture")
+}
+
+fn with_provider_credentials() -> serde_json::Value {
+    json!({"provider": {"kind": "openai", "model": "gpt-5",
+        "credentials": {"secretName": "provider-key"}}})
+}
+
+#[tokio::test]
+async fn without_a_secret_watch_a_session_waiting_for_its_secret_is_rechecked_by_name() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("the external operator's requeue period is the chart's");
+        return;
+    }
+    let mut env = TestEnv::new("secret-later").await;
+    // The default: no Secret watch. A short re-check (the slow safety net would take 300 s,
+    // far past this test's patience) is the only thing that can notice the Secret.
+    env.stop_operator().await;
+    env.secret_wait = Duration::from_secs(2);
+    env.start_operator();
+    env.create_session("chat", with_provider_credentials())
+        .await;
+    let api = env.api::<AgentSession>();
+    eventually("Ready=False with SecretNotFound", || async {
+        let s = api.get("chat").await.ok()?;
+        (condition(&s, "Ready")?.1 == "SecretNotFound").then_some(s)
+    })
+    .await;
+    assert!(
+        env.api::<StatefulSet>()
+            .get_opt("cairn-chat")
+            .await
+            .expect("get")
+            .is_none(),
+        "nothing is started without its credentials"
+    );
+    env.api::<Secret>()
+        .create(&PostParams::default(), &provider_secret("sk-1"))
+        .await
+        .expect("create secret");
+    env.wait_phase("chat", Phase::Running).await;
+    env.teardown().await;
+}
+
+#[tokio::test]
+async fn a_rotated_secret_rolls_the_pod_through_the_metadata_watch() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("the external operator's Secret watch is the chart's");
+        return;
+    }
+    let mut env = TestEnv::new("rotate").await;
+    env.stop_operator().await;
+    env.secret_watch = true;
+    env.start_operator();
+    env.api::<Secret>()
+        .create(&PostParams::default(), &provider_secret("sk-1"))
+        .await
+        .expect("create secret");
+    env.create_session("chat", with_provider_credentials())
+        .await;
+    env.wait_phase("chat", Phase::Running).await;
+    let before = env.pod("chat").await.expect("pod");
+    let hash = before
+        .annotations()
+        .get(RESTART_HASH_ANNOTATION)
+        .cloned()
+        .expect("hash");
+
+    // Rotation: only the Secret changes. The resync is an hour away, so the new pod can only
+    // come from the metadata watch re-triggering the session.
+    env.api::<Secret>()
+        .patch(
+            "provider-key",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"api-key": "sk-2"}})),
+        )
+        .await
+        .expect("rotate");
+    eventually("a new pod after the rotation", || async {
+        let pod = env.pod("chat").await?;
+        let rolled = pod.uid() != before.uid()
+            && pod.annotations().get(RESTART_HASH_ANNOTATION) != Some(&hash);
+        rolled.then_some(pod)
+    })
+    .await;
+    env.wait_phase("chat", Phase::Running).await;
     env.teardown().await;
 }
 

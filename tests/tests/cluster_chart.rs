@@ -143,11 +143,39 @@ fn bad_values_are_refused_by_the_schema() {
     }
 }
 
+/// What the API server's authorizer answers for `verb` on Secrets as the chart's operator
+/// ServiceAccount, cluster-wide (`namespace` `None`) or in one namespace.
+fn operator_may(cp: &ControlPlane, verb: &str, namespace: Option<&str>) -> bool {
+    let mut args = vec![
+        "auth",
+        "can-i",
+        verb,
+        "secrets",
+        "--as",
+        "system:serviceaccount:cairn-install:cairn",
+    ];
+    match namespace {
+        Some(ns) => args.extend(["--namespace", ns]),
+        None => args.push("--all-namespaces"),
+    }
+    let out = cp.kubectl(&args).expect("kubectl runs");
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        answer == "yes" || answer == "no",
+        "kubectl auth can-i {verb} secrets: {answer:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answer == "yes"
+}
+
 /// One cluster, in order: install (which creates the CRDs), uninstall (which keeps them),
 /// then dry runs of every shape of values against the kept CRDs.
 #[test]
 fn install_uninstall_and_dry_runs() {
     let cp = shared_cluster();
+    // The namespace whose Secret metadata the operator may watch exists before the install
+    // renders its Role there.
+    let _ = cp.kubectl(&["create", "namespace", "cairn-install-watched"]);
     let out = helm_cmd(
         cp,
         &[
@@ -157,6 +185,8 @@ fn install_uninstall_and_dry_runs() {
             "--namespace",
             "cairn-install",
             "--create-namespace",
+            "--set",
+            "secretWatchNamespaces={cairn-install-watched}",
             "--wait",
             "--timeout",
             "120s",
@@ -192,6 +222,28 @@ fn install_uninstall_and_dry_runs() {
         ])
         .expect("get");
     assert_eq!(keep, "keep");
+
+    // Least privilege on Secrets, as the API server's RBAC authorizer decides it for the
+    // operator's ServiceAccount: no cluster-wide list or watch, list/watch only in the
+    // namespace listed in secretWatchNamespaces, get (by name) and the token Secret's
+    // create/patch everywhere.
+    for verb in ["list", "watch"] {
+        assert!(!operator_may(cp, verb, None), "cluster-wide {verb} secrets");
+        assert!(
+            !operator_may(cp, verb, Some("default")),
+            "{verb} secrets in an unlisted namespace"
+        );
+        assert!(
+            operator_may(cp, verb, Some("cairn-install-watched")),
+            "{verb} secrets where secretWatchNamespaces lists it"
+        );
+    }
+    for verb in ["get", "create", "patch"] {
+        assert!(operator_may(cp, verb, Some("default")), "{verb} secrets");
+    }
+    for verb in ["update", "delete", "deletecollection"] {
+        assert!(!operator_may(cp, verb, None), "{verb} secrets");
+    }
     let out = helm_cmd(
         cp,
         &[
