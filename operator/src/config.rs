@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{
+    Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// Image run for sessions that do not set `template.image`.
@@ -96,6 +98,14 @@ pub struct OperatorArgs {
     #[arg(long, env = "CAIRN_AGENT_CA_BUNDLE")]
     pub agent_ca_bundle: Option<String>,
 
+    /// Pod and ServiceAccount settings of every agent pod, as JSON (the chart's `agent.pod`):
+    /// `imagePullSecrets` (names), `serviceAccountAnnotations` (values may hold `{namespace}`
+    /// and `{session}`), `labels`, `annotations`, `affinity`, `tolerations`,
+    /// `topologySpreadConstraints`, `priorityClassName`, `runtimeClassName`. A session's
+    /// `spec.template` overrides them. Empty: none.
+    #[arg(long, env = "CAIRN_AGENT_POD_DEFAULTS", value_parser = pod_defaults, default_value = "")]
+    pub agent_pod_defaults: PodDefaults,
+
     /// Namespaces to watch, comma-separated. Empty: all namespaces.
     #[arg(
         long,
@@ -173,6 +183,45 @@ pub struct Defaults {
     pub otlp: Option<OtlpExport>,
     /// Proxies and trusted CAs of every agent pod.
     pub network: AgentNetwork,
+    /// Scheduling, identity and metadata settings of every agent pod.
+    pub pod: PodDefaults,
+}
+
+/// The labels the operator sets on a session's pod and selects it by: neither the operator's
+/// pod defaults nor a session's `template.labels` may set them.
+pub const RESERVED_POD_LABELS: [&str; 4] = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/managed-by",
+    "cairn.dev/session",
+];
+
+/// Fleet-wide settings of every agent pod and its ServiceAccount (`--agent-pod-defaults`);
+/// a session's `spec.template` overrides each (maps key by key, pull secrets added, the rest
+/// replaced).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodDefaults {
+    /// Names of pull Secrets (in each session's namespace).
+    #[serde(default)]
+    pub image_pull_secrets: Vec<String>,
+    /// ServiceAccount annotations; `{namespace}` and `{session}` in a value are replaced.
+    #[serde(default)]
+    pub service_account_annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub affinity: Option<Affinity>,
+    #[serde(default)]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default)]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    #[serde(default)]
+    pub priority_class_name: Option<String>,
+    #[serde(default)]
+    pub runtime_class_name: Option<String>,
 }
 
 /// The fleet-wide network path of agent pods (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` and
@@ -231,6 +280,7 @@ impl Default for Defaults {
             operator_namespace: "cairn-system".into(),
             otlp: None,
             network: AgentNetwork::default(),
+            pod: PodDefaults::default(),
         }
     }
 }
@@ -270,6 +320,7 @@ impl OperatorArgs {
                 no_proxy: non_empty(&self.agent_no_proxy).map(|s| s.trim().to_string()),
                 ca_bundle: non_empty(&self.agent_ca_bundle),
             },
+            pod: self.agent_pod_defaults.clone(),
         }
     }
 
@@ -294,6 +345,27 @@ fn namespace_list(raw: &[String]) -> Vec<String> {
     out.sort();
     out.dedup();
     out
+}
+
+/// `--agent-pod-defaults`: JSON of [`PodDefaults`]; empty stands for none. Unknown fields and
+/// the operator's own pod labels are refused, so a typo stops the operator at start-up
+/// rather than being ignored.
+pub fn pod_defaults(value: &str) -> Result<PodDefaults, String> {
+    let value = value.trim();
+    if value.is_empty() || value == "{}" || value == "null" {
+        return Ok(PodDefaults::default());
+    }
+    let parsed: PodDefaults =
+        serde_json::from_str(value).map_err(|e| format!("not agent pod defaults: {e}"))?;
+    if let Some(key) = RESERVED_POD_LABELS
+        .iter()
+        .find(|k| parsed.labels.contains_key(**k))
+    {
+        return Err(format!(
+            "labels cannot set {key}: the operator sets it and selects the pod by it"
+        ));
+    }
+    Ok(parsed)
 }
 
 /// An OTLP endpoint must be an absolute http(s) URL; empty stands for unset (the chart may

@@ -89,6 +89,8 @@ pub struct Plan {
     /// The fleet-wide proxies and CAs (the session's `template.proxy` and
     /// `provider.caBundle` add to them).
     pub network: crate::config::AgentNetwork,
+    /// The fleet-wide pod settings (the session's `template` overrides them).
+    pub pod: crate::config::PodDefaults,
 }
 
 /// The session's archive settings after defaulting.
@@ -169,6 +171,7 @@ pub fn validate(
         operator_namespace: defaults.operator_namespace.clone(),
         otlp: defaults.otlp.clone(),
         network: defaults.network.clone(),
+        pod: defaults.pod.clone(),
         name,
         namespace,
         owner,

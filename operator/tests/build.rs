@@ -1079,3 +1079,208 @@ template:
         assert!(!plain.contains_key(k), "{k}");
     }
 }
+
+/// The operator's fleet-wide pod settings, as the chart passes them (`agent.pod` as JSON).
+fn pod_defaults() -> cairn_operator::config::PodDefaults {
+    cairn_operator::config::pod_defaults(
+        r#"{
+          "imagePullSecrets": ["fleet-pull"],
+          "serviceAccountAnnotations": {
+            "eks.amazonaws.com/role-arn": "arn:aws:iam::123:role/cairn-{namespace}-{session}",
+            "fleet": "yes"
+          },
+          "labels": {"team": "platform", "cost-center": "42"},
+          "annotations": {"fleet": "yes"},
+          "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}]}}},
+          "tolerations": [{"key": "agents", "operator": "Exists", "effect": "NoSchedule"}],
+          "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "cairn-agent"}}}],
+          "priorityClassName": "agents",
+          "runtimeClassName": "gvisor"
+        }"#,
+    )
+    .expect("pod defaults parse")
+}
+
+fn build_with_pod_defaults(spec: &str) -> SessionObjects {
+    let d = Defaults {
+        pod: pod_defaults(),
+        ..defaults()
+    };
+    let plan = validate(&session("chat", spec), None, &d).expect("fixture validates");
+    build(&plan, &inputs())
+}
+
+#[test]
+fn fleet_pod_defaults_land_on_the_pod_and_the_service_account() {
+    let objects = build_with_pod_defaults(MINIMAL);
+    let p = pod(&objects);
+    assert_eq!(
+        p.image_pull_secrets
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        ["fleet-pull"]
+    );
+    assert_eq!(p.priority_class_name.as_deref(), Some("agents"));
+    assert_eq!(p.runtime_class_name.as_deref(), Some("gvisor"));
+    assert_eq!(p.tolerations.as_ref().map(Vec::len), Some(1));
+    assert_eq!(
+        p.topology_spread_constraints.as_ref().map(Vec::len),
+        Some(1)
+    );
+    assert!(
+        p.affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .is_some()
+    );
+
+    let meta = objects
+        .stateful_set
+        .spec
+        .template
+        .clone()
+        .metadata
+        .unwrap_or_default();
+    let labels = meta.labels.unwrap_or_default();
+    assert_eq!(labels.get("team").map(String::as_str), Some("platform"));
+    assert_eq!(
+        labels.get("app.kubernetes.io/name").map(String::as_str),
+        Some("cairn-agent")
+    );
+    let annotations = meta.annotations.unwrap_or_default();
+    assert_eq!(annotations.get("fleet").map(String::as_str), Some("yes"));
+    assert!(annotations.contains_key(RESTART_HASH_ANNOTATION));
+
+    let sa = objects
+        .service_account
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        sa.get("eks.amazonaws.com/role-arn").map(String::as_str),
+        Some("arn:aws:iam::123:role/cairn-team-a-chat"),
+        "the placeholders name the session"
+    );
+}
+
+#[test]
+fn a_session_template_overrides_the_fleet_pod_defaults() {
+    let objects = build_with_pod_defaults(
+        r#"
+provider: {kind: openai, model: gpt-5}
+template:
+  imagePullSecrets: [{name: team-pull}, {name: fleet-pull}]
+  serviceAccountAnnotations:
+    eks.amazonaws.com/role-arn: "arn:aws:iam::999:role/{session}-special"
+  labels: {team: a}
+  annotations: {fleet: "no", mine: "1"}
+  affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 1, podAffinityTerm: {topologyKey: kubernetes.io/hostname}}]}}
+  tolerations: []
+  topologySpreadConstraints: []
+  priorityClassName: interactive
+  runtimeClassName: kata
+"#,
+    );
+    let p = pod(&objects);
+    assert_eq!(
+        p.image_pull_secrets
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        ["fleet-pull", "team-pull"],
+        "pull secrets add up, once each"
+    );
+    assert_eq!(p.priority_class_name.as_deref(), Some("interactive"));
+    assert_eq!(p.runtime_class_name.as_deref(), Some("kata"));
+    assert_eq!(
+        p.tolerations.as_deref(),
+        Some(&[][..]),
+        "an empty list replaces the default"
+    );
+    assert_eq!(p.topology_spread_constraints.as_deref(), Some(&[][..]));
+    let affinity = p.affinity.clone().unwrap_or_default();
+    assert!(affinity.node_affinity.is_none() && affinity.pod_anti_affinity.is_some());
+
+    let meta = objects
+        .stateful_set
+        .spec
+        .template
+        .clone()
+        .metadata
+        .unwrap_or_default();
+    let labels = meta.labels.unwrap_or_default();
+    assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+    assert_eq!(labels.get("cost-center").map(String::as_str), Some("42"));
+    let annotations = meta.annotations.unwrap_or_default();
+    assert_eq!(annotations.get("fleet").map(String::as_str), Some("no"));
+    assert_eq!(annotations.get("mine").map(String::as_str), Some("1"));
+
+    let sa = objects
+        .service_account
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        sa.get("eks.amazonaws.com/role-arn").map(String::as_str),
+        Some("arn:aws:iam::999:role/chat-special")
+    );
+    assert_eq!(sa.get("fleet").map(String::as_str), Some("yes"));
+}
+
+#[test]
+fn without_pod_settings_nothing_extra_is_set() {
+    let objects = build(&plan("chat", MINIMAL, None), &inputs());
+    let p = pod(&objects);
+    assert!(p.image_pull_secrets.is_none() && p.affinity.is_none() && p.tolerations.is_none());
+    assert!(p.topology_spread_constraints.is_none() && p.priority_class_name.is_none());
+    assert!(p.runtime_class_name.is_none());
+    assert!(objects.service_account.metadata.annotations.is_none());
+}
+
+#[test]
+fn the_operators_selector_labels_cannot_be_overridden() {
+    // From the operator's flag: refused at start-up.
+    let refused = cairn_operator::config::pod_defaults(r#"{"labels": {"cairn.dev/session": "x"}}"#)
+        .expect_err("a reserved label");
+    assert!(refused.contains("cairn.dev/session"), "{refused}");
+    assert!(
+        cairn_operator::config::pod_defaults(r#"{"lables": {}}"#).is_err(),
+        "a misspelt field stops the operator rather than being ignored"
+    );
+    // A session stored before the API server's rule refused it (or written around it): the
+    // operator's labels still win, so the StatefulSet's selector keeps matching.
+    let objects = build(
+        &plan(
+            "chat",
+            "provider: {kind: openai, model: gpt-5}\ntemplate: {labels: {cairn.dev/session: other, app.kubernetes.io/name: evil}}",
+            None,
+        ),
+        &inputs(),
+    );
+    let labels = objects
+        .stateful_set
+        .spec
+        .template
+        .clone()
+        .metadata
+        .unwrap_or_default()
+        .labels
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get("cairn.dev/session").map(String::as_str),
+        Some("chat")
+    );
+    assert_eq!(
+        labels.get("app.kubernetes.io/name").map(String::as_str),
+        Some("cairn-agent")
+    );
+}
