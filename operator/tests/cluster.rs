@@ -798,6 +798,113 @@ async fn a_rotated_secret_rolls_the_pod_through_the_metadata_watch() {
     env.teardown().await;
 }
 
+#[tokio::test]
+async fn template_pass_throughs_land_on_the_stateful_set_and_service_account() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("the external operator's pod defaults are the chart's");
+        return;
+    }
+    let mut env = TestEnv::new("passthrough").await;
+    env.stop_operator().await;
+    env.start_operator_with(Defaults {
+        image: "cairn-agent:test".into(),
+        pod: cairn_operator::config::pod_defaults(
+            r#"{"imagePullSecrets": ["fleet-pull"],
+                "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123:role/cairn-{namespace}-{session}"},
+                "labels": {"team": "platform"},
+                "priorityClassName": "cairn-test-agents"}"#,
+        )
+        .expect("pod defaults"),
+        ..Default::default()
+    });
+
+    // The API server refuses the operator's own labels in template.labels, saying why.
+    let mut reserved = minimal();
+    reserved["template"] = json!({"labels": {"cairn.dev/session": "other"}});
+    let session: AgentSession = serde_json::from_value(json!({
+        "apiVersion": "cairn.dev/v1alpha1", "kind": "AgentSession",
+        "metadata": {"name": "evil"}, "spec": reserved,
+    }))
+    .expect("fixture");
+    let refused = env
+        .api::<AgentSession>()
+        .create(&PostParams::default(), &session)
+        .await
+        .expect_err("reserved label refused");
+    assert!(
+        refused.to_string().contains("template.labels cannot set"),
+        "{refused}"
+    );
+
+    let mut spec = minimal();
+    spec["template"] = json!({
+        "imagePullSecrets": [{"name": "team-pull"}],
+        "labels": {"app": "chat"},
+        "annotations": {"team": "a"},
+        "tolerations": [{"key": "agents", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+            [{"weight": 1, "preference": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway"}],
+        "runtimeClassName": "runc-test",
+    });
+    env.create_session("chat", spec).await;
+    // Only the StatefulSet and ServiceAccount are looked at: the named PriorityClass and
+    // RuntimeClass do not exist here, so no pod is admitted.
+    let sts = eventually("the StatefulSet", || async {
+        env.api::<StatefulSet>()
+            .get_opt("cairn-chat")
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+    let template = sts.spec.template;
+    let meta = template.metadata.expect("pod metadata");
+    let labels = meta.labels.expect("labels");
+    assert_eq!(labels.get("app").map(String::as_str), Some("chat"));
+    assert_eq!(labels.get("team").map(String::as_str), Some("platform"));
+    assert_eq!(
+        labels.get("cairn.dev/session").map(String::as_str),
+        Some("chat")
+    );
+    assert_eq!(
+        meta.annotations
+            .expect("annotations")
+            .get("team")
+            .map(String::as_str),
+        Some("a")
+    );
+    let pod = template.spec.expect("pod spec");
+    let pull: Vec<String> = pod
+        .image_pull_secrets
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(pull, ["fleet-pull", "team-pull"]);
+    assert_eq!(pod.tolerations.map(|t| t.len()), Some(1));
+    assert!(pod.affinity.and_then(|a| a.node_affinity).is_some());
+    assert_eq!(pod.topology_spread_constraints.map(|t| t.len()), Some(1));
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("runc-test"));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("cairn-test-agents")
+    );
+    let sa = env
+        .api::<ServiceAccount>()
+        .get("cairn-chat")
+        .await
+        .expect("service account");
+    assert_eq!(
+        sa.annotations()
+            .get("eks.amazonaws.com/role-arn")
+            .map(String::as_str),
+        Some(format!("arn:aws:iam::123:role/cairn-{}-chat", env.ns).as_str())
+    );
+    env.teardown().await;
+}
+
 /// The harness's moto server, stopped on drop (also when the test process dies).
 struct Moto {
     _server: S3Server,

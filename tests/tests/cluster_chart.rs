@@ -116,6 +116,38 @@ fn otlp_values_reach_the_operator_only_when_an_endpoint_is_set() {
 }
 
 #[test]
+fn agent_pod_values_reach_the_operator_as_json_without_the_empty_ones() {
+    let env = operator_env(&[
+        "agent.pod.imagePullSecrets={fleet-pull}",
+        "agent.pod.serviceAccountAnnotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::123:role/cairn-{namespace}-{session}",
+        "agent.pod.priorityClassName=agents",
+    ]);
+    let json = env
+        .iter()
+        .find(|(n, _)| n == "CAIRN_AGENT_POD_DEFAULTS")
+        .map(|(_, v)| v.clone())
+        .expect("the pod defaults are passed");
+    let parsed: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(
+        parsed,
+        serde_json::json!({
+            "imagePullSecrets": ["fleet-pull"],
+            "serviceAccountAnnotations": {
+                "eks.amazonaws.com/role-arn": "arn:aws:iam::123:role/cairn-{namespace}-{session}"
+            },
+            "priorityClassName": "agents",
+        })
+    );
+    let defaults = operator_env(&[]);
+    assert!(
+        !defaults
+            .iter()
+            .any(|(n, _)| n == "CAIRN_AGENT_POD_DEFAULTS"),
+        "{defaults:?}"
+    );
+}
+
+#[test]
 fn bad_values_are_refused_by_the_schema() {
     let h = helm().expect("helm installs");
     for bad in [
@@ -131,6 +163,10 @@ fn bad_values_are_refused_by_the_schema() {
         "agent.otlp.resourceAttributes.team=a\\,b",
         // Headers without an endpoint have nothing to apply to.
         "agent.otlp.headersSecret=otlp-auth",
+        // The operator selects its pods by its own labels.
+        "agent.pod.labels.cairn\\.dev/session=x",
+        "agent.pod.labels.app\\.kubernetes\\.io/name=x",
+        "agent.pod.unknown=1",
     ] {
         let out = Command::new(&h)
             .args(["template", "t", &chart(), "--set", bad])
@@ -290,6 +326,16 @@ fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
             "agent.otlp.headersSecret=otlp-auth",
             "--set",
             "agent.otlp.resourceAttributes.k8s\\.cluster\\.name=prod-eu",
+        ],
+        &[
+            "--set",
+            "secretWatchNamespaces={team-a}",
+            "--set",
+            "agent.pod.imagePullSecrets={fleet-pull}",
+            "--set",
+            "agent.pod.labels.team=platform",
+            "--set",
+            "agent.pod.runtimeClassName=gvisor",
         ],
     ];
     // The CRDs exist (kept from the install): a dry run of a CRD would not make it servable
