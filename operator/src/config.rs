@@ -106,6 +106,16 @@ pub struct OperatorArgs {
     #[arg(long, env = "CAIRN_AGENT_POD_DEFAULTS", value_parser = pod_defaults, default_value = "")]
     pub agent_pod_defaults: PodDefaults,
 
+    /// Namespace of the monitoring stack (e.g. Prometheus) that scrapes the agents' `/metrics`:
+    /// each session's NetworkPolicy admits it on the agent's port. Empty: none.
+    #[arg(long, env = "CAIRN_AGENT_MONITORING_NAMESPACE")]
+    pub agent_monitoring_namespace: Option<String>,
+    /// Egress rules of every session's NetworkPolicy, as JSON:
+    /// `{"dns": true, "to": [{"cidr": "10.0.0.0/8", "except": [], "ports": [443]}]}`. Empty:
+    /// egress is not restricted. NetworkPolicy names addresses, never hostnames.
+    #[arg(long, env = "CAIRN_AGENT_EGRESS", value_parser = egress_policy)]
+    pub agent_egress: Option<EgressPolicy>,
+
     /// Namespaces to watch, comma-separated. Empty: all namespaces.
     #[arg(
         long,
@@ -185,6 +195,47 @@ pub struct Defaults {
     pub network: AgentNetwork,
     /// Scheduling, identity and metadata settings of every agent pod.
     pub pod: PodDefaults,
+    /// Who else may reach the agents, and where the agents may connect to.
+    pub network_policy: NetworkPolicyDefaults,
+}
+
+/// The fleet-wide parts of every session's NetworkPolicy.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NetworkPolicyDefaults {
+    /// Namespace admitted on the agent's port (metrics scraping).
+    pub monitoring_namespace: Option<String>,
+    /// `None`: egress unrestricted.
+    pub egress: Option<EgressPolicy>,
+}
+
+/// Egress allowed to agent pods when egress is restricted (`--agent-egress`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressPolicy {
+    /// Allow DNS (port 53, UDP and TCP) to any destination.
+    #[serde(default = "yes")]
+    pub dns: bool,
+    /// Allowed destinations: address blocks and ports.
+    #[serde(default)]
+    pub to: Vec<EgressRule>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One allowed destination block.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressRule {
+    /// CIDR, e.g. `10.0.0.0/8` or `203.0.113.7/32`.
+    pub cidr: String,
+    /// CIDRs inside `cidr` that stay closed.
+    #[serde(default)]
+    pub except: Vec<String>,
+    /// TCP ports; empty: every port.
+    #[serde(default)]
+    pub ports: Vec<u16>,
 }
 
 /// The labels the operator sets on a session's pod and selects it by: neither the operator's
@@ -281,6 +332,7 @@ impl Default for Defaults {
             otlp: None,
             network: AgentNetwork::default(),
             pod: PodDefaults::default(),
+            network_policy: NetworkPolicyDefaults::default(),
         }
     }
 }
@@ -321,6 +373,11 @@ impl OperatorArgs {
                 ca_bundle: non_empty(&self.agent_ca_bundle),
             },
             pod: self.agent_pod_defaults.clone(),
+            network_policy: NetworkPolicyDefaults {
+                monitoring_namespace: non_empty(&self.agent_monitoring_namespace)
+                    .map(|s| s.trim().to_string()),
+                egress: self.agent_egress.clone(),
+            },
         }
     }
 
@@ -345,6 +402,39 @@ fn namespace_list(raw: &[String]) -> Vec<String> {
     out.sort();
     out.dedup();
     out
+}
+
+/// `--agent-egress`: JSON of [`EgressPolicy`] (leave the flag out for unrestricted egress).
+/// Each `cidr` must be an IPv4 or IPv6 block.
+pub fn egress_policy(value: &str) -> Result<EgressPolicy, String> {
+    let parsed: EgressPolicy =
+        serde_json::from_str(value).map_err(|e| format!("not an agent egress policy: {e}"))?;
+    for block in parsed
+        .to
+        .iter()
+        .flat_map(|r| std::iter::once(&r.cidr).chain(&r.except))
+    {
+        cidr(block)?;
+    }
+    if parsed.to.iter().flat_map(|r| &r.ports).any(|p| *p == 0) {
+        return Err("egress port 0 is not a port".into());
+    }
+    Ok(parsed)
+}
+
+fn cidr(block: &str) -> Result<(), String> {
+    let (addr, len) = block
+        .split_once('/')
+        .ok_or_else(|| format!("{block:?} is not a CIDR (address/length)"))?;
+    let max = match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => 32,
+        Ok(std::net::IpAddr::V6(_)) => 128,
+        Err(_) => return Err(format!("{block:?} is not a CIDR: bad address")),
+    };
+    match len.parse::<u8>() {
+        Ok(l) if l <= max => Ok(()),
+        _ => Err(format!("{block:?} is not a CIDR: bad prefix length")),
+    }
 }
 
 /// `--agent-pod-defaults`: JSON of [`PodDefaults`]; empty stands for none. Unknown fields and

@@ -91,6 +91,8 @@ pub struct Plan {
     pub network: crate::config::AgentNetwork,
     /// The fleet-wide pod settings (the session's `template` overrides them).
     pub pod: crate::config::PodDefaults,
+    /// The fleet-wide parts of the session's NetworkPolicy.
+    pub network_policy: crate::config::NetworkPolicyDefaults,
 }
 
 /// The session's archive settings after defaulting.
@@ -172,6 +174,7 @@ pub fn validate(
         otlp: defaults.otlp.clone(),
         network: defaults.network.clone(),
         pod: defaults.pod.clone(),
+        network_policy: defaults.network_policy.clone(),
         name,
         namespace,
         owner,

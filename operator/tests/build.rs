@@ -1284,3 +1284,76 @@ fn the_operators_selector_labels_cannot_be_overridden() {
         Some("cairn-agent")
     );
 }
+
+fn network_policy_with(np: cairn_operator::config::NetworkPolicyDefaults) -> serde_json::Value {
+    let d = Defaults {
+        network_policy: np,
+        ..defaults()
+    };
+    let plan = validate(&session("chat", MINIMAL), None, &d).expect("fixture validates");
+    serde_json::to_value(build(&plan, &inputs()).network_policy.spec).expect("serializes")
+}
+
+#[test]
+fn the_monitoring_namespace_is_admitted_on_the_agent_port() {
+    let spec = network_policy_with(cairn_operator::config::NetworkPolicyDefaults {
+        monitoring_namespace: Some("monitoring".into()),
+        egress: None,
+    });
+    assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress"]));
+    assert_eq!(
+        spec["ingress"],
+        serde_json::json!([{
+            "from": [
+                {"podSelector": {}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cairn-system"}}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+            ],
+            "ports": [{"port": 8080, "protocol": "TCP"}]
+        }])
+    );
+    assert!(spec.get("egress").is_none(), "egress stays open by default");
+}
+
+#[test]
+fn restricted_egress_allows_dns_and_the_configured_blocks_only() {
+    let egress = cairn_operator::config::egress_policy(
+        r#"{"to": [{"cidr": "10.96.0.1/32", "ports": [443]},
+                   {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"], "ports": [443, 9000]}]}"#,
+    )
+    .expect("egress parses");
+    let spec = network_policy_with(cairn_operator::config::NetworkPolicyDefaults {
+        monitoring_namespace: None,
+        egress: Some(egress),
+    });
+    assert_eq!(
+        spec["policyTypes"],
+        serde_json::json!(["Ingress", "Egress"])
+    );
+    assert_eq!(
+        spec["egress"],
+        serde_json::json!([
+            {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+            {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}], "ports": [{"port": 443, "protocol": "TCP"}]},
+            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}],
+             "ports": [{"port": 443, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"}]}
+        ])
+    );
+    let no_dns = cairn_operator::config::egress_policy(r#"{"dns": false}"#).expect("parses");
+    let spec = network_policy_with(cairn_operator::config::NetworkPolicyDefaults {
+        monitoring_namespace: None,
+        egress: Some(no_dns),
+    });
+    assert_eq!(spec["egress"], serde_json::json!([]), "deny all egress");
+    for bad in [
+        r#"{"to": [{"cidr": "api.openai.com"}]}"#,
+        r#"{"to": [{"cidr": "10.0.0.0/33"}]}"#,
+        r#"{"to": [{"cidr": "10.0.0.0/8", "ports": [0]}]}"#,
+        r#"{"allow": []}"#,
+    ] {
+        assert!(
+            cairn_operator::config::egress_policy(bad).is_err(),
+            "{bad} is refused"
+        );
+    }
+}

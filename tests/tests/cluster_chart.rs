@@ -148,6 +148,68 @@ fn agent_pod_values_reach_the_operator_as_json_without_the_empty_ones() {
 }
 
 #[test]
+fn agent_network_policy_values_reach_the_operator_and_the_pod_monitor_renders() {
+    let env = operator_env(&[
+        "agent.networkPolicy.monitoringNamespace=monitoring",
+        "agent.networkPolicy.egress.enabled=true",
+        "agent.networkPolicy.egress.to[0].cidr=10.96.0.1/32",
+        "agent.networkPolicy.egress.to[0].ports={443}",
+    ]);
+    let get = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    assert_eq!(
+        get("CAIRN_AGENT_MONITORING_NAMESPACE").as_deref(),
+        Some("monitoring")
+    );
+    let egress: serde_json::Value =
+        serde_json::from_str(&get("CAIRN_AGENT_EGRESS").expect("egress is passed")).expect("JSON");
+    assert_eq!(
+        egress,
+        serde_json::json!({"dns": true, "to": [{"cidr": "10.96.0.1/32", "ports": [443]}]})
+    );
+    let defaults = operator_env(&[]);
+    assert!(
+        !defaults
+            .iter()
+            .any(|(n, _)| n == "CAIRN_AGENT_EGRESS" || n == "CAIRN_AGENT_MONITORING_NAMESPACE"),
+        "egress is unrestricted and no namespace is admitted by default: {defaults:?}"
+    );
+
+    let out = Command::new(helm().expect("helm installs"))
+        .args([
+            "template",
+            "t",
+            &chart(),
+            "--set",
+            "metrics.agentPodMonitor.enabled=true",
+        ])
+        .args(["--set", "watchNamespaces={team-a}"])
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let monitor = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("rendered YAML parses"))
+        .find(|doc| doc["kind"] == "PodMonitor")
+        .expect("the chart renders a PodMonitor");
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "cairn-agent"
+    );
+    assert_eq!(
+        monitor["spec"]["namespaceSelector"]["matchNames"][0],
+        "team-a"
+    );
+    assert_eq!(
+        monitor["spec"]["podMetricsEndpoints"][0]["path"],
+        "/metrics"
+    );
+}
+
+#[test]
 fn bad_values_are_refused_by_the_schema() {
     let h = helm().expect("helm installs");
     for bad in [
@@ -167,6 +229,9 @@ fn bad_values_are_refused_by_the_schema() {
         "agent.pod.labels.cairn\\.dev/session=x",
         "agent.pod.labels.app\\.kubernetes\\.io/name=x",
         "agent.pod.unknown=1",
+        // NetworkPolicy names addresses only.
+        "agent.networkPolicy.egress.to[0].cidr=api.openai.com",
+        "agent.networkPolicy.monitoringNamespace=Not_A_Namespace",
     ] {
         let out = Command::new(&h)
             .args(["template", "t", &chart(), "--set", bad])
