@@ -252,6 +252,7 @@ async fn reconcile_session(session: Arc<AgentSession>, ctx: &Context) -> Result<
 }
 
 fn archive_state(archive: &ArchivePlan, namespace: &str, name: &str) -> Result<String, Problem> {
+    validate::archive_usable(archive).map_err(|e| Problem::new(e.label(), e.to_string()))?;
     match &archive.bucket {
         Some(bucket) => Ok(format!(
             "s3://{bucket}/{}",
@@ -259,8 +260,10 @@ fn archive_state(archive: &ArchivePlan, namespace: &str, name: &str) -> Result<S
         )),
         None => Err(Problem::new(
             "ArchiveNotConfigured",
-            "no archive bucket is configured (spec.archive.bucket or the operator default): \
-             archive and journal live on the pod's scratch volume and do not survive a restart",
+            "no archive bucket is configured: archive and journal live on the pod's scratch \
+             volume and are lost with the pod; set spec.archive.bucket, or the operator's \
+             --archive-bucket (chart value archive.bucket), with S3 credentials \
+             (spec.archive.credentials or chart value archive.credentialsSecret)",
         )),
     }
 }

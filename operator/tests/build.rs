@@ -1357,3 +1357,33 @@ fn restricted_egress_allows_dns_and_the_configured_blocks_only() {
         );
     }
 }
+
+#[test]
+fn a_bucket_without_credentials_is_refused_with_what_to_set() {
+    let with_bucket = Defaults {
+        archive: cairn_operator::config::ArchiveDefaults {
+            bucket: Some("cairn".into()),
+            ..Defaults::default().archive
+        },
+        ..defaults()
+    };
+    let err = validate(&session("chat", MINIMAL), None, &with_bucket).expect_err("refused");
+    assert_eq!(err.label(), "ArchiveCredentialsMissing");
+    let text = err.to_string();
+    for needle in [
+        "\"cairn\"",
+        "spec.archive.credentials.secretName",
+        "archive.credentialsSecret",
+        "AWS_ACCESS_KEY_ID",
+    ] {
+        assert!(text.contains(needle), "{needle} in {text}");
+    }
+    // Credentials from the session, or from the operator's default, make it usable.
+    let own = "provider: {kind: openai, model: gpt-5}\narchive: {credentials: {secretName: s3}}";
+    assert!(validate(&session("chat", own), None, &with_bucket).is_ok());
+    let mut with_default = with_bucket.clone();
+    with_default.archive.credentials_secret = Some("s3".into());
+    assert!(validate(&session("chat", MINIMAL), None, &with_default).is_ok());
+    // No bucket at all: the session runs on its scratch volume (ArchiveReady says so).
+    assert!(validate(&session("chat", MINIMAL), None, &defaults()).is_ok());
+}
