@@ -905,6 +905,144 @@ async fn template_pass_throughs_land_on_the_stateful_set_and_service_account() {
     env.teardown().await;
 }
 
+fn helm(args: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().expect("helm home");
+    Command::new(cairn_tests::harness::helm().expect("helm installs"))
+        .env("KUBECONFIG", kubeconfig())
+        .env("HELM_CACHE_HOME", dir.path().join("cache"))
+        .env("HELM_CONFIG_HOME", dir.path().join("config"))
+        .env("HELM_DATA_HOME", dir.path().join("data"))
+        .args(args)
+        .output()
+        .expect("helm runs")
+}
+
+/// The operator's flags as the Deployment of `manifest` sets them: its args, and each
+/// `CAIRN_*` variable with a value turned into the flag that reads it.
+fn operator_args_of(manifest: &str, namespace: &str) -> cairn_operator::OperatorArgs {
+    use clap::{CommandFactory, Parser};
+    use serde::Deserialize;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        operator: cairn_operator::OperatorArgs,
+    }
+    let deployment = serde_yaml::Deserializer::from_str(manifest)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("manifest parses"))
+        .find(|doc| doc["kind"] == "Deployment")
+        .expect("the chart installs a Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let mut argv = vec!["cairn-operator".to_string()];
+    argv.extend(
+        container["args"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(String::from)),
+    );
+    let command = Cli::command();
+    for var in container["env"].as_sequence().into_iter().flatten() {
+        let (Some(name), Some(value)) = (var["name"].as_str(), var["value"].as_str()) else {
+            continue;
+        };
+        let flag = command
+            .get_arguments()
+            .find(|a| a.get_env().is_some_and(|e| e == name))
+            .and_then(|a| a.get_long());
+        if let Some(flag) = flag {
+            argv.push(format!("--{flag}={value}"));
+        }
+    }
+    argv.push(format!("--operator-namespace={namespace}"));
+    Cli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("the chart's flags {argv:?} parse: {e}"))
+        .operator
+}
+
+#[tokio::test]
+async fn a_default_helm_install_runs_a_session_that_says_what_is_missing() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("the external operator was installed with its own values");
+        return;
+    }
+    // `helm install` with nothing set. The release name contains "cairn", so every object
+    // (the ClusterRole and its binding included) is named after it alone.
+    let release = format!("cairn-defaults-{}", hex_suffix());
+    let out = helm(&[
+        "install",
+        &release,
+        &cairn_tests::harness::repo_root()
+            .join("charts/cairn")
+            .to_string_lossy(),
+        "--namespace",
+        &release,
+        "--create-namespace",
+    ]);
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let notes = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        notes.contains("MISSING: an archive store") && notes.contains("archive.bucket"),
+        "NOTES say what is missing: {notes}"
+    );
+    let manifest = helm(&["get", "manifest", &release, "--namespace", &release]);
+    let args = operator_args_of(&String::from_utf8_lossy(&manifest.stdout), &release);
+    assert_eq!(args.archive_bucket, None, "no bucket by default");
+
+    // The operator as the chart configures it and with exactly the RBAC the chart grants it.
+    let mut env = TestEnv::new("defaults").await;
+    env.stop_operator().await;
+    let mut config = config().await;
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{release}:{release}"));
+    env.operator_client = Client::try_from(config).expect("impersonating client");
+    env.start_operator_with(args.defaults());
+
+    env.create_session("chat", minimal()).await;
+    let running = env.wait_phase("chat", Phase::Running).await;
+    let (status, reason) = condition(&running, "ArchiveReady").expect("ArchiveReady");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ArchiveNotConfigured")
+    );
+    let message = running
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "ArchiveReady"))
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    for needle in [
+        "no archive bucket",
+        "scratch volume",
+        "archive.bucket",
+        "archive.credentialsSecret",
+    ] {
+        assert!(message.contains(needle), "{needle:?} in {message:?}");
+    }
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    eventually("a Warning Event ArchiveNotConfigured", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("ArchiveNotConfigured")
+                && e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("chat")
+        })
+    })
+    .await;
+
+    env.teardown().await;
+    let _ = helm(&["uninstall", &release, "--namespace", &release]);
+    let namespaces: Api<Namespace> = Api::all(env_client().await);
+    let _ = namespaces.delete(&release, &DeleteParams::default()).await;
+}
+
+async fn env_client() -> Client {
+    Client::try_from(config().await).expect("client")
+}
+
 /// The harness's moto server, stopped on drop (also when the test process dies).
 struct Moto {
     _server: S3Server,

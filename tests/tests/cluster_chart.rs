@@ -209,6 +209,66 @@ fn agent_network_policy_values_reach_the_operator_and_the_pod_monitor_renders() 
     );
 }
 
+/// The rendered CRDs with `values`, as YAML documents.
+fn rendered_crds(values: &[&str]) -> Vec<serde_yaml::Value> {
+    let mut cmd = Command::new(helm().expect("helm installs"));
+    cmd.args(["template", "t", &chart()]);
+    for v in values {
+        cmd.args(["--set", v]);
+    }
+    let out = cmd.output().expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("rendered YAML parses"))
+        .filter(|doc| doc["kind"] == "CustomResourceDefinition")
+        .collect()
+}
+
+#[test]
+fn the_chart_alone_owns_the_crds_and_crds_keep_decides_uninstall() {
+    let kept = rendered_crds(&[]);
+    assert_eq!(kept.len(), 2);
+    for crd in &kept {
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+            "keep"
+        );
+    }
+    for crd in rendered_crds(&["crds.keep=false"]) {
+        assert!(
+            crd["metadata"].get("annotations").is_none(),
+            "no keep annotation: {:?}",
+            crd["metadata"]
+        );
+    }
+    assert!(rendered_crds(&["crds.install=false"]).is_empty());
+    // The operator never applies them itself.
+    let out = Command::new(helm().expect("helm installs"))
+        .args(["template", "t", &chart()])
+        .output()
+        .expect("helm runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let deployment = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("rendered YAML parses"))
+        .find(|doc| doc["kind"] == "Deployment")
+        .expect("a Deployment");
+    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_sequence()
+            .is_some_and(|a| a.iter().any(|v| v == "--skip-crd-install")),
+        "{args:?}"
+    );
+    assert!(
+        !text.contains("customresourcedefinitions"),
+        "no CRD permissions"
+    );
+}
+
 #[test]
 fn bad_values_are_refused_by_the_schema() {
     let h = helm().expect("helm installs");
@@ -216,6 +276,8 @@ fn bad_values_are_refused_by_the_schema() {
         "replicaCount=0",
         "logFormat=xml",
         "archive.bucket=Not_A_Bucket",
+        // The operator no longer applies CRDs: the old switch is gone, not ignored.
+        "operatorInstallsCrds=true",
         "metrics.port=70000",
         "unknownKey=1",
         "agent.otlp.endpoint=otel-collector:4318",
@@ -345,6 +407,24 @@ fn install_uninstall_and_dry_runs() {
     for verb in ["update", "delete", "deletecollection"] {
         assert!(!operator_may(cp, verb, None), "{verb} secrets");
     }
+    // The chart alone owns the CRDs: the operator may not write (or even read) them.
+    for verb in ["create", "patch", "get"] {
+        let out = cp
+            .kubectl(&[
+                "auth",
+                "can-i",
+                verb,
+                "customresourcedefinitions.apiextensions.k8s.io",
+                "--as",
+                "system:serviceaccount:cairn-install:cairn",
+            ])
+            .expect("kubectl runs");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "{verb} CRDs"
+        );
+    }
     let out = helm_cmd(
         cp,
         &[
@@ -374,7 +454,7 @@ fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
             "--set",
             "watchNamespaces={team-a}",
             "--set",
-            "operatorInstallsCrds=false",
+            "crds.keep=false",
         ],
         &[
             "--set",
