@@ -468,8 +468,9 @@ pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("!('app.kubernetes.io/name' in self) && !('app.kubernetes.io/instance' in self) && !('app.kubernetes.io/managed-by' in self) && !('cairn.dev/session' in self)").message("template.labels cannot set app.kubernetes.io/name, app.kubernetes.io/instance, app.kubernetes.io/managed-by or cairn.dev/session: the operator sets them and selects the pod by them"))]
     pub labels: Option<BTreeMap<String, String>>,
-    /// Annotations on the session's ServiceAccount (over the operator's defaults, key by
-    /// key), e.g. `eks.amazonaws.com/role-arn` for IRSA. In values, `{namespace}` and
+    /// Annotations on the session's ServiceAccount, e.g. `eks.amazonaws.com/role-arn` for
+    /// IRSA. Keys the operator's defaults set are the operator's (a session cannot point its
+    /// identity at another role); the rest are added. In values, `{namespace}` and
     /// `{session}` are replaced by the session's namespace and name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_annotations: Option<BTreeMap<String, String>>,
@@ -487,7 +488,8 @@ pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("template.priorityClassName must be a valid PriorityClass name"))]
     pub priority_class_name: Option<String>,
-    /// RuntimeClass of the pod (e.g. gVisor or Kata). Replaces the operator's default.
+    /// RuntimeClass of the pod (e.g. gVisor or Kata), when the operator sets none (a
+    /// sandbox the platform chose is not the session's to leave).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("template.runtimeClassName must be a valid RuntimeClass name"))]
     pub runtime_class_name: Option<String>,

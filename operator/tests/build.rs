@@ -1178,6 +1178,7 @@ template:
   imagePullSecrets: [{name: team-pull}, {name: fleet-pull}]
   serviceAccountAnnotations:
     eks.amazonaws.com/role-arn: "arn:aws:iam::999:role/{session}-special"
+    mine: "{session}"
   labels: {team: a}
   annotations: {fleet: "no", mine: "1"}
   affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 1, podAffinityTerm: {topologyKey: kubernetes.io/hostname}}]}}
@@ -1199,7 +1200,11 @@ template:
         "pull secrets add up, once each"
     );
     assert_eq!(p.priority_class_name.as_deref(), Some("interactive"));
-    assert_eq!(p.runtime_class_name.as_deref(), Some("kata"));
+    assert_eq!(
+        p.runtime_class_name.as_deref(),
+        Some("gvisor"),
+        "the platform's sandbox is not the session's to leave"
+    );
     assert_eq!(
         p.tolerations.as_deref(),
         Some(&[][..]),
@@ -1231,9 +1236,39 @@ template:
         .unwrap_or_default();
     assert_eq!(
         sa.get("eks.amazonaws.com/role-arn").map(String::as_str),
-        Some("arn:aws:iam::999:role/chat-special")
+        Some("arn:aws:iam::123:role/cairn-team-a-chat"),
+        "a session cannot point its identity at another role than the platform's"
     );
     assert_eq!(sa.get("fleet").map(String::as_str), Some("yes"));
+    assert_eq!(
+        sa.get("mine").map(String::as_str),
+        Some("chat"),
+        "it may add its own"
+    );
+
+    // Where the platform sets neither, the session's role and runtime class apply.
+    let plan = validate(
+        &session(
+            "chat",
+            "provider: {kind: openai, model: gpt-5}\ntemplate: {runtimeClassName: kata, serviceAccountAnnotations: {eks.amazonaws.com/role-arn: \"arn:aws:iam::999:role/{session}\"}}",
+        ),
+        None,
+        &defaults(),
+    )
+    .expect("validates");
+    let objects = build(&plan, &inputs());
+    assert_eq!(pod(&objects).runtime_class_name.as_deref(), Some("kata"));
+    assert_eq!(
+        objects
+            .service_account
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get("eks.amazonaws.com/role-arn")
+            .map(String::as_str),
+        Some("arn:aws:iam::999:role/chat")
+    );
 }
 
 #[test]

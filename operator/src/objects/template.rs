@@ -1,9 +1,12 @@
 //! The session pod's pass-through settings: the operator's fleet-wide pod defaults
-//! (`--agent-pod-defaults`) under the session's `spec.template`. Maps (labels, annotations,
-//! ServiceAccount annotations) merge key by key with the session winning; pull secrets are
-//! the union; affinity, tolerations, topology spread, priority class and runtime class are
-//! the session's when it sets them, else the defaults. The operator's own labels and the
-//! restart-hash annotation are set last, so nothing overrides them.
+//! (`--agent-pod-defaults`) and the session's `spec.template`. Pod labels and annotations
+//! merge key by key with the session winning; pull secrets are the union; affinity,
+//! tolerations, topology spread and priority class are the session's when it sets them, else
+//! the defaults. Two are the platform's to enforce, because a session author could use them
+//! to step out of what the platform decided: the ServiceAccount annotations the operator sets
+//! (an IRSA role per session) and its runtime class (a sandbox) win over the session's. The
+//! operator's own labels and the restart-hash annotation are set last, so nothing overrides
+//! them.
 
 use std::collections::BTreeMap;
 
@@ -50,19 +53,22 @@ pub(super) fn pod_annotations(plan: &Plan) -> BTreeMap<String, String> {
     )
 }
 
-/// The ServiceAccount's annotations, placeholders expanded; `None` when there are none.
+/// The ServiceAccount's annotations, placeholders expanded; `None` when there are none. The
+/// operator's keys win: a session adds annotations but cannot point its identity at a role
+/// the platform did not give it.
 pub(super) fn service_account_annotations(plan: &Plan) -> Option<BTreeMap<String, String>> {
     let template = plan.spec.template.as_ref();
-    let out: BTreeMap<String, String> = merged(
-        &plan.pod.service_account_annotations,
-        template.and_then(|t| t.service_account_annotations.as_ref()),
-    )
-    .into_iter()
-    .map(|(k, v)| {
-        let v = expand_placeholders(&v, &plan.namespace, &plan.name);
-        (k, v)
-    })
-    .collect();
+    let session = template
+        .and_then(|t| t.service_account_annotations.clone())
+        .unwrap_or_default();
+    let out: BTreeMap<String, String> =
+        merged(&session, Some(&plan.pod.service_account_annotations))
+            .into_iter()
+            .map(|(k, v)| {
+                let v = expand_placeholders(&v, &plan.namespace, &plan.name);
+                (k, v)
+            })
+            .collect();
     (!out.is_empty()).then_some(out)
 }
 
@@ -100,7 +106,9 @@ pub(super) fn apply_to_pod(plan: &Plan, pod: &mut PodSpec) {
     pod.priority_class_name = template
         .and_then(|t| t.priority_class_name.clone())
         .or_else(|| d.priority_class_name.clone());
-    pod.runtime_class_name = template
-        .and_then(|t| t.runtime_class_name.clone())
-        .or_else(|| d.runtime_class_name.clone());
+    // The platform's sandbox, when it sets one, is not the session's to leave.
+    pod.runtime_class_name = d
+        .runtime_class_name
+        .clone()
+        .or_else(|| template.and_then(|t| t.runtime_class_name.clone()));
 }
