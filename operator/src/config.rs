@@ -248,8 +248,8 @@ pub const RESERVED_POD_LABELS: [&str; 4] = [
 ];
 
 /// Fleet-wide settings of every agent pod and its ServiceAccount (`--agent-pod-defaults`);
-/// a session's `spec.template` overrides each (maps key by key, pull secrets added, the rest
-/// replaced).
+/// a session's `spec.template` overrides most (maps key by key, pull secrets added, the rest
+/// replaced), but not the ServiceAccount annotations and the runtime class set here.
 #[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PodDefaults {
