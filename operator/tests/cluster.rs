@@ -968,8 +968,12 @@ async fn a_default_helm_install_runs_a_session_that_says_what_is_missing() {
     // `helm install` with nothing set. The release name contains "cairn", so every object
     // (the ClusterRole and its binding included) is named after it alone.
     let release = format!("cairn-defaults-{}", hex_suffix());
+    // The CRDs may exist already (other tests of this binary apply them without Helm):
+    // `--take-ownership` lets the release adopt them, as a first install over CRDs applied by
+    // hand must (docs/operator.md, "Who owns the CRDs").
     let out = helm(&[
         "install",
+        "--take-ownership",
         &release,
         &cairn_tests::harness::repo_root()
             .join("charts/cairn")
@@ -1432,9 +1436,19 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
 #[tokio::test]
 async fn a_stuck_cleanup_says_why_and_retaining_releases_it() {
     let env = TestEnv::new("stuck").await;
+    let creds: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
+    }))
+    .expect("secret");
+    env.api::<Secret>()
+        .create(&PostParams::default(), &creds)
+        .await
+        .expect("create s3 secret");
     let mut spec = minimal();
     // Nothing listens on port 9: every purge attempt fails.
     spec["archive"] = json!({"bucket": "gone", "endpoint": "http://127.0.0.1:9",
+                             "credentials": {"secretName": "s3"},
                              "retainOnDelete": false});
     env.create_session("chat", spec).await;
     env.wait_phase("chat", Phase::Running).await;
