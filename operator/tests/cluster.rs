@@ -968,12 +968,14 @@ async fn a_default_helm_install_runs_a_session_that_says_what_is_missing() {
     // `helm install` with nothing set. The release name contains "cairn", so every object
     // (the ClusterRole and its binding included) is named after it alone.
     let release = format!("cairn-defaults-{}", hex_suffix());
-    // The CRDs may exist already (other tests of this binary apply them without Helm):
-    // `--take-ownership` lets the release adopt them, as a first install over CRDs applied by
-    // hand must (docs/operator.md, "Who owns the CRDs").
+    // The CRDs may exist already (other tests of this binary apply them without Helm, with
+    // the operator's field manager): `--take-ownership --force-conflicts` lets the release
+    // adopt them, as a first install over CRDs applied that way must (docs/operator.md,
+    // "Who owns the CRDs"). The values stay the defaults.
     let out = helm(&[
         "install",
         "--take-ownership",
+        "--force-conflicts",
         &release,
         &cairn_tests::harness::repo_root()
             .join("charts/cairn")
