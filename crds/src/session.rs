@@ -2,7 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    TopologySpreadConstraint,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
@@ -455,12 +458,42 @@ pub struct PodOverrides {
     /// Node selector of the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
-    /// Tolerations of the pod.
+    /// Tolerations of the pod. Replace the operator's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,
-    /// Extra annotations on the pod.
+    /// Extra annotations on the pod (over the operator's defaults, key by key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<BTreeMap<String, String>>,
+    /// Extra labels on the pod (over the operator's defaults, key by key). The operator's own
+    /// labels, which select the pod, cannot be set here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!('app.kubernetes.io/name' in self) && !('app.kubernetes.io/instance' in self) && !('app.kubernetes.io/managed-by' in self) && !('cairn.dev/session' in self)").message("template.labels cannot set app.kubernetes.io/name, app.kubernetes.io/instance, app.kubernetes.io/managed-by or cairn.dev/session: the operator sets them and selects the pod by them"))]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Annotations on the session's ServiceAccount, e.g. `eks.amazonaws.com/role-arn` for
+    /// IRSA. Keys the operator's defaults set are the operator's (a session cannot point its
+    /// identity at another role); the rest are added. In values, `{namespace}` and
+    /// `{session}` are replaced by the session's namespace and name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_annotations: Option<BTreeMap<String, String>>,
+    /// Pull secrets of the pod (Secrets of the session's namespace), added to the operator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Affinity of the pod. Replaces the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Topology spread constraints of the pod. Replace the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
+    /// PriorityClass of the pod. Replaces the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("template.priorityClassName must be a valid PriorityClass name"))]
+    pub priority_class_name: Option<String>,
+    /// RuntimeClass of the pod (e.g. gVisor or Kata), when the operator sets none (a
+    /// sandbox the platform chose is not the session's to leave).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$')").message("template.runtimeClassName must be a valid RuntimeClass name"))]
+    pub runtime_class_name: Option<String>,
     /// Forward proxies of this session's agent (each field replaces the operator's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxySettings>,

@@ -79,6 +79,20 @@ fn examples_and_minimal_objects_pass() {
         )),
     );
     assert_accepted(&cpol, policy(json!({})));
+    assert_accepted(
+        &session,
+        with(
+            minimal_session(),
+            "spec.template",
+            json!({
+                "labels": {"team": "a", "app.kubernetes.io/part-of": "review"},
+                "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/{session}"},
+                "imagePullSecrets": [{"name": "pull"}],
+                "priorityClassName": "agents",
+                "runtimeClassName": "gvisor",
+            }),
+        ),
+    );
 }
 
 #[test]

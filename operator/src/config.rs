@@ -4,12 +4,17 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{
+    Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// Image run for sessions that do not set `template.image`.
 pub const DEFAULT_AGENT_IMAGE: &str =
     concat!("ghcr.io/cairn-dev/cairn-agent:", env!("CARGO_PKG_VERSION"));
+
+/// Default of `--secret-wait-requeue-seconds`.
+pub const DEFAULT_SECRET_WAIT_REQUEUE_SECONDS: u64 = 10;
 
 /// How logs are written.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +98,24 @@ pub struct OperatorArgs {
     #[arg(long, env = "CAIRN_AGENT_CA_BUNDLE")]
     pub agent_ca_bundle: Option<String>,
 
+    /// Pod and ServiceAccount settings of every agent pod, as JSON (the chart's `agent.pod`):
+    /// `imagePullSecrets` (names), `serviceAccountAnnotations` (values may hold `{namespace}`
+    /// and `{session}`), `labels`, `annotations`, `affinity`, `tolerations`,
+    /// `topologySpreadConstraints`, `priorityClassName`, `runtimeClassName`. A session's
+    /// `spec.template` overrides them. Empty: none.
+    #[arg(long, env = "CAIRN_AGENT_POD_DEFAULTS", value_parser = pod_defaults, default_value = "")]
+    pub agent_pod_defaults: PodDefaults,
+
+    /// Namespace of the monitoring stack (e.g. Prometheus) that scrapes the agents' `/metrics`:
+    /// each session's NetworkPolicy admits it on the agent's port. Empty: none.
+    #[arg(long, env = "CAIRN_AGENT_MONITORING_NAMESPACE")]
+    pub agent_monitoring_namespace: Option<String>,
+    /// Egress rules of every session's NetworkPolicy, as JSON:
+    /// `{"dns": true, "to": [{"cidr": "10.0.0.0/8", "except": [], "ports": [443]}]}`. Empty:
+    /// egress is not restricted. NetworkPolicy names addresses, never hostnames.
+    #[arg(long, env = "CAIRN_AGENT_EGRESS", value_parser = egress_policy)]
+    pub agent_egress: Option<EgressPolicy>,
+
     /// Namespaces to watch, comma-separated. Empty: all namespaces.
     #[arg(
         long,
@@ -101,6 +124,22 @@ pub struct OperatorArgs {
         default_value = ""
     )]
     pub watch_namespaces: Vec<String>,
+    /// Namespaces where the operator watches the metadata of Secrets (never their values),
+    /// comma-separated, so that a Secret a session names and that appears or rotates there
+    /// is picked up at once. Empty: no Secret watch at all; the operator reads a session's
+    /// Secrets by name when it reconciles it, re-checks a session that waits for a Secret
+    /// every `--secret-wait-requeue-seconds`, and notices a rotation at the next resync.
+    #[arg(
+        long,
+        env = "CAIRN_SECRET_WATCH_NAMESPACES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub secret_watch_namespaces: Vec<String>,
+    /// Re-check period of a session that waits for a Secret (missing, or without the named
+    /// key) in a namespace without a Secret watch, in seconds.
+    #[arg(long, env = "CAIRN_SECRET_WAIT_REQUEUE_SECONDS", default_value_t = DEFAULT_SECRET_WAIT_REQUEUE_SECONDS)]
+    pub secret_wait_requeue_seconds: u64,
     /// Namespace the operator runs in: agent pods accept traffic from it (NetworkPolicy), and
     /// it holds the leader-election Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "cairn-system")]
@@ -154,6 +193,86 @@ pub struct Defaults {
     pub otlp: Option<OtlpExport>,
     /// Proxies and trusted CAs of every agent pod.
     pub network: AgentNetwork,
+    /// Scheduling, identity and metadata settings of every agent pod.
+    pub pod: PodDefaults,
+    /// Who else may reach the agents, and where the agents may connect to.
+    pub network_policy: NetworkPolicyDefaults,
+}
+
+/// The fleet-wide parts of every session's NetworkPolicy.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NetworkPolicyDefaults {
+    /// Namespace admitted on the agent's port (metrics scraping).
+    pub monitoring_namespace: Option<String>,
+    /// `None`: egress unrestricted.
+    pub egress: Option<EgressPolicy>,
+}
+
+/// Egress allowed to agent pods when egress is restricted (`--agent-egress`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressPolicy {
+    /// Allow DNS (port 53, UDP and TCP) to any destination.
+    #[serde(default = "yes")]
+    pub dns: bool,
+    /// Allowed destinations: address blocks and ports.
+    #[serde(default)]
+    pub to: Vec<EgressRule>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One allowed destination block.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressRule {
+    /// CIDR, e.g. `10.0.0.0/8` or `203.0.113.7/32`.
+    pub cidr: String,
+    /// CIDRs inside `cidr` that stay closed.
+    #[serde(default)]
+    pub except: Vec<String>,
+    /// TCP ports; empty: every port.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+}
+
+/// The labels the operator sets on a session's pod and selects it by: neither the operator's
+/// pod defaults nor a session's `template.labels` may set them.
+pub const RESERVED_POD_LABELS: [&str; 4] = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/managed-by",
+    "cairn.dev/session",
+];
+
+/// Fleet-wide settings of every agent pod and its ServiceAccount (`--agent-pod-defaults`);
+/// a session's `spec.template` overrides most (maps key by key, pull secrets added, the rest
+/// replaced), but not the ServiceAccount annotations and the runtime class set here.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodDefaults {
+    /// Names of pull Secrets (in each session's namespace).
+    #[serde(default)]
+    pub image_pull_secrets: Vec<String>,
+    /// ServiceAccount annotations; `{namespace}` and `{session}` in a value are replaced.
+    #[serde(default)]
+    pub service_account_annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub affinity: Option<Affinity>,
+    #[serde(default)]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default)]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    #[serde(default)]
+    pub priority_class_name: Option<String>,
+    #[serde(default)]
+    pub runtime_class_name: Option<String>,
 }
 
 /// The fleet-wide network path of agent pods (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY` and
@@ -212,6 +331,8 @@ impl Default for Defaults {
             operator_namespace: "cairn-system".into(),
             otlp: None,
             network: AgentNetwork::default(),
+            pod: PodDefaults::default(),
+            network_policy: NetworkPolicyDefaults::default(),
         }
     }
 }
@@ -251,21 +372,90 @@ impl OperatorArgs {
                 no_proxy: non_empty(&self.agent_no_proxy).map(|s| s.trim().to_string()),
                 ca_bundle: non_empty(&self.agent_ca_bundle),
             },
+            pod: self.agent_pod_defaults.clone(),
+            network_policy: NetworkPolicyDefaults {
+                monitoring_namespace: non_empty(&self.agent_monitoring_namespace)
+                    .map(|s| s.trim().to_string()),
+                egress: self.agent_egress.clone(),
+            },
         }
     }
 
     /// The namespaces to watch; empty means all.
     pub fn namespaces(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .watch_namespaces
-            .iter()
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty())
-            .collect();
-        out.sort();
-        out.dedup();
-        out
+        namespace_list(&self.watch_namespaces)
     }
+
+    /// The namespaces where Secret metadata is watched; empty means none.
+    pub fn secret_watch_namespaces(&self) -> Vec<String> {
+        namespace_list(&self.secret_watch_namespaces)
+    }
+}
+
+/// Trimmed, sorted, deduplicated, without empty entries.
+fn namespace_list(raw: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = raw
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `--agent-egress`: JSON of [`EgressPolicy`] (leave the flag out for unrestricted egress).
+/// Each `cidr` must be an IPv4 or IPv6 block.
+pub fn egress_policy(value: &str) -> Result<EgressPolicy, String> {
+    let parsed: EgressPolicy =
+        serde_json::from_str(value).map_err(|e| format!("not an agent egress policy: {e}"))?;
+    for block in parsed
+        .to
+        .iter()
+        .flat_map(|r| std::iter::once(&r.cidr).chain(&r.except))
+    {
+        cidr(block)?;
+    }
+    if parsed.to.iter().flat_map(|r| &r.ports).any(|p| *p == 0) {
+        return Err("egress port 0 is not a port".into());
+    }
+    Ok(parsed)
+}
+
+fn cidr(block: &str) -> Result<(), String> {
+    let (addr, len) = block
+        .split_once('/')
+        .ok_or_else(|| format!("{block:?} is not a CIDR (address/length)"))?;
+    let max = match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => 32,
+        Ok(std::net::IpAddr::V6(_)) => 128,
+        Err(_) => return Err(format!("{block:?} is not a CIDR: bad address")),
+    };
+    match len.parse::<u8>() {
+        Ok(l) if l <= max => Ok(()),
+        _ => Err(format!("{block:?} is not a CIDR: bad prefix length")),
+    }
+}
+
+/// `--agent-pod-defaults`: JSON of [`PodDefaults`]; empty stands for none. Unknown fields and
+/// the operator's own pod labels are refused, so a typo stops the operator at start-up
+/// rather than being ignored.
+pub fn pod_defaults(value: &str) -> Result<PodDefaults, String> {
+    let value = value.trim();
+    if value.is_empty() || value == "{}" || value == "null" {
+        return Ok(PodDefaults::default());
+    }
+    let parsed: PodDefaults =
+        serde_json::from_str(value).map_err(|e| format!("not agent pod defaults: {e}"))?;
+    if let Some(key) = RESERVED_POD_LABELS
+        .iter()
+        .find(|k| parsed.labels.contains_key(**k))
+    {
+        return Err(format!(
+            "labels cannot set {key}: the operator sets it and selects the pod by it"
+        ));
+    }
+    Ok(parsed)
 }
 
 /// An OTLP endpoint must be an absolute http(s) URL; empty stands for unset (the chart may

@@ -1,6 +1,7 @@
 //! The AgentSession controller: watches, the reconcile pipeline (dereference → validate →
 //! build → apply → status), the finalizer that purges a session's archive, and `error_policy`.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::core::DeserializeGuard;
+use kube::core::{DeserializeGuard, ObjectMeta, PartialObjectMeta};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, finalizer};
@@ -36,8 +37,9 @@ use crate::{apply, dereference};
 /// Finalizer that purges the session's archive and journal before the session goes away.
 pub const FINALIZER: &str = "cairn.dev/archive";
 
-/// Re-check of a session that waits for something outside it (a policy, a Secret). The watch
-/// on that object usually triggers sooner; this is the safety net, slow on purpose.
+/// Re-check of a session that waits for something outside it that is watched (a policy, a
+/// Secret in a namespace with a Secret watch). The watch usually triggers sooner; this is
+/// the safety net, slow on purpose.
 const WAITING_REQUEUE: Duration = Duration::from_secs(300);
 
 /// Applying a session's objects sends a burst of watch events for its children; waiting this
@@ -56,6 +58,11 @@ pub struct Context {
     pub purger: Arc<dyn ArchivePurger>,
     /// Period of the safety-net re-reconcile of a healthy session.
     pub resync: Duration,
+    /// Namespaces whose Secrets' metadata the controller watches; elsewhere nothing tells it
+    /// that a Secret appeared, so a session waiting for one is re-checked every `secret_wait`.
+    pub secret_watch: BTreeSet<String>,
+    /// Re-check period of a session waiting for a Secret in a namespace without a watch.
+    pub secret_wait: Duration,
 }
 
 impl Context {
@@ -78,6 +85,29 @@ impl Context {
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
             purger,
             resync,
+            secret_watch: BTreeSet::new(),
+            secret_wait: Duration::from_secs(crate::config::DEFAULT_SECRET_WAIT_REQUEUE_SECONDS),
+        }
+    }
+
+    /// Watches Secret metadata in `namespaces` (none by default) and re-checks a session
+    /// waiting for a Secret elsewhere every `wait`.
+    pub fn with_secret_watch(
+        mut self,
+        namespaces: impl IntoIterator<Item = String>,
+        wait: Duration,
+    ) -> Self {
+        self.secret_watch = namespaces.into_iter().collect();
+        self.secret_wait = wait;
+        self
+    }
+
+    /// When to look again at a session of `namespace` that waits for a Secret.
+    pub fn secret_recheck(&self, namespace: &str) -> Duration {
+        if self.secret_watch.contains(namespace) {
+            WAITING_REQUEUE
+        } else {
+            self.secret_wait
         }
     }
 
@@ -193,7 +223,12 @@ fn guard_key(guard: &Guarded) -> String {
 pub fn error_policy(guard: Arc<Guarded>, error: &Error, ctx: Arc<Context>) -> Action {
     match error.class() {
         ErrorClass::Invalid => Action::await_change(),
-        ErrorClass::Waiting => Action::requeue(WAITING_REQUEUE),
+        ErrorClass::Waiting => {
+            let namespace = guard_meta(&guard)
+                .and_then(|m| m.namespace.clone())
+                .unwrap_or_default();
+            Action::requeue(ctx.secret_recheck(&namespace))
+        }
         ErrorClass::Transient => Action::requeue(ctx.backoff.next_delay(&guard_key(&guard))),
     }
 }
@@ -217,6 +252,7 @@ async fn reconcile_session(session: Arc<AgentSession>, ctx: &Context) -> Result<
 }
 
 fn archive_state(archive: &ArchivePlan, namespace: &str, name: &str) -> Result<String, Problem> {
+    validate::archive_usable(archive).map_err(|e| Problem::new(e.label(), e.to_string()))?;
     match &archive.bucket {
         Some(bucket) => Ok(format!(
             "s3://{bucket}/{}",
@@ -224,8 +260,10 @@ fn archive_state(archive: &ArchivePlan, namespace: &str, name: &str) -> Result<S
         )),
         None => Err(Problem::new(
             "ArchiveNotConfigured",
-            "no archive bucket is configured (spec.archive.bucket or the operator default): \
-             archive and journal live on the pod's scratch volume and do not survive a restart",
+            "no archive bucket is configured: archive and journal live on the pod's scratch \
+             volume and are lost with the pod; set spec.archive.bucket, or the operator's \
+             --archive-bucket (chart value archive.bucket), with S3 credentials \
+             (spec.archive.credentials or chart value archive.credentialsSecret)",
         )),
     }
 }
@@ -266,7 +304,7 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                     Err(e) if e.class() == ErrorClass::Waiting => {
                         obs.blocker =
                             Some(Blocker::Waiting(Problem::new(e.label(), e.to_string())));
-                        Action::requeue(WAITING_REQUEUE)
+                        Action::requeue(ctx.secret_recheck(&namespace))
                     }
                     Err(e) => return Err(e),
                     Ok(inputs) => {
@@ -448,15 +486,16 @@ pub fn sessions_for_policy(
         .collect()
 }
 
-/// Sessions that read `secret`: their token Secret, provider credentials, S3 credentials
-/// (their own or the operator's default) or the OTLP export headers.
+/// Sessions that read the Secret of `secret` (its metadata): their token Secret, provider
+/// credentials, S3 credentials (their own or the operator's default) or the OTLP export
+/// headers.
 pub fn sessions_for_secret(
     sessions: &[Arc<Guarded>],
-    secret: &Secret,
+    secret: &ObjectMeta,
     defaults: &Defaults,
 ) -> Vec<ObjectRef<Guarded>> {
-    let namespace = secret.namespace();
-    let name = secret.name_any();
+    let namespace = secret.namespace.clone();
+    let name = secret.name.clone().unwrap_or_default();
     let otlp_headers = defaults
         .otlp
         .as_ref()
@@ -498,6 +537,15 @@ where
     }
 }
 
+/// The namespaces of `watched` inside `scope` (a namespace, or all).
+fn secret_scopes(watched: &BTreeSet<String>, scope: Option<&str>) -> Vec<String> {
+    watched
+        .iter()
+        .filter(|ns| scope.is_none_or(|s| s == ns.as_str()))
+        .cloned()
+        .collect()
+}
+
 /// Runs the controller for one scope (a namespace, or all) until `shutdown` resolves.
 pub async fn run(
     ctx: Arc<Context>,
@@ -511,9 +559,7 @@ pub async fn run(
     let sessions: Api<Guarded> = scoped(client.clone(), ns);
     let controller = Controller::new(sessions, watcher::Config::default().any_semantic());
     let policy_store = controller.store();
-    let secret_store = controller.store();
-    let defaults = ctx.defaults.clone();
-    controller
+    let mut controller = controller
         .owns(scoped::<StatefulSet>(client.clone(), ns), owned.clone())
         .owns(scoped::<Service>(client.clone(), ns), owned.clone())
         .owns(scoped::<ServiceAccount>(client.clone(), ns), owned.clone())
@@ -524,12 +570,19 @@ pub async fn run(
             scoped::<CompactionPolicy>(client.clone(), ns),
             watcher::Config::default(),
             move |policy| sessions_for_policy(&policy_store.state(), &policy),
-        )
-        .watches(
-            scoped::<Secret>(client, ns),
-            watcher::Config::default(),
-            move |secret| sessions_for_secret(&secret_store.state(), &secret, &defaults),
-        )
+        );
+    // Secrets: metadata only (an `Api` of `PartialObjectMeta` asks the API server for
+    // metadata, never the values), and only in the namespaces configured for it, each its
+    // own namespaced watch; elsewhere the reconcile reads a session's Secrets by name.
+    for secret_ns in secret_scopes(&ctx.secret_watch, ns) {
+        let store = controller.store();
+        let defaults = ctx.defaults.clone();
+        let api: Api<PartialObjectMeta<Secret>> = Api::namespaced(client.clone(), &secret_ns);
+        controller = controller.watches(api, watcher::Config::default(), move |secret| {
+            sessions_for_secret(&store.state(), &secret.metadata, &defaults)
+        });
+    }
+    controller
         .with_config(
             controller::Config::default()
                 .concurrency(concurrency)

@@ -1,5 +1,6 @@
-//! The operator installs and upgrades its own CRDs at start-up (server-side apply), so a chart
-//! upgrade carries CRD changes even though Helm never upgrades CRDs by itself.
+//! Without the chart, the operator installs and upgrades its own CRDs at start-up (server-side
+//! apply). The chart owns the CRDs itself (as templates) and runs the operator with
+//! `--skip-crd-install`, so exactly one mechanism writes them.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;

@@ -6,7 +6,6 @@ use kube::{Api, Client};
 
 use cairn_crds::{AgentSession, CompactionPolicy, CompactionPolicySpec};
 
-use crate::config::OTLP_HEADERS_KEY;
 use crate::error::Error;
 use crate::objects::{ApiToken, BuildInputs, TOKEN_KEY, secret_digest, token_secret_name};
 use crate::purge::S3Keys;
@@ -113,21 +112,20 @@ pub async fn build_inputs(client: &Client, plan: &Plan) -> Result<BuildInputs, E
     })
 }
 
-/// Digest of the OTLP export headers, `None` when the Secret or its key is missing: span
-/// export never keeps a session from starting (the pod's reference to it is optional).
+/// Digest of the OTLP export headers Secret, `None` when it is missing: span export never
+/// keeps a session from starting (the pod's reference to it is optional). Read as metadata
+/// only: its uid and resourceVersion change whenever it is recreated or edited, so the
+/// operator never reads the header values themselves.
 async fn otlp_headers_digest(api: &Api<Secret>, name: &str) -> Result<Option<String>, Error> {
-    let Some(secret) = api.get_opt(name).await? else {
+    let Some(meta) = api.get_metadata_opt(name).await? else {
         return Ok(None);
     };
-    let value = secret
-        .data
-        .and_then(|d| d.get(OTLP_HEADERS_KEY).map(|v| v.0.clone()))
-        .or_else(|| {
-            secret
-                .string_data
-                .and_then(|d| d.get(OTLP_HEADERS_KEY).map(|v| v.as_bytes().to_vec()))
-        });
-    Ok(value.map(|v| secret_digest([(OTLP_HEADERS_KEY, v.as_slice())])))
+    let uid = meta.metadata.uid.unwrap_or_default();
+    let version = meta.metadata.resource_version.unwrap_or_default();
+    Ok(Some(secret_digest([
+        ("uid", uid.as_bytes()),
+        ("resourceVersion", version.as_bytes()),
+    ])))
 }
 
 /// The S3 key pair of the session's archive, if it has a credentials Secret.

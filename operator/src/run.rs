@@ -100,13 +100,19 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     }
     ready.store(true, Ordering::Relaxed);
 
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        args.defaults(),
-        metrics,
-        Arc::new(S3Purger),
-        Duration::from_secs(args.resync_seconds),
-    ));
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            args.defaults(),
+            metrics,
+            Arc::new(S3Purger),
+            Duration::from_secs(args.resync_seconds),
+        )
+        .with_secret_watch(
+            args.secret_watch_namespaces(),
+            Duration::from_secs(args.secret_wait_requeue_seconds),
+        ),
+    );
 
     let lost_leadership = if args.leader_election {
         lead(client, &args, ctx, shutdown_rx).await?

@@ -48,6 +48,10 @@ pub enum ValidationError {
     ArchivePrefixNotSettable { given: String, root: String },
     #[error("spec.maxOutputTokens must be smaller than spec.contextWindow")]
     OutputExceedsWindow,
+    #[error(
+        "the archive bucket {bucket:?} is configured but no S3 credentials are, and the agent cannot start without them: set spec.archive.credentials.secretName, or the operator's --archive-credentials-secret (chart value archive.credentialsSecret), to a Secret of this namespace holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; or configure no bucket, and archive and journal stay on the pod's scratch volume"
+    )]
+    ArchiveCredentialsMissing { bucket: String },
 }
 
 impl ValidationError {
@@ -65,6 +69,7 @@ impl ValidationError {
                 "InvalidArchivePrefix"
             }
             Self::OutputExceedsWindow => "OutputExceedsWindow",
+            Self::ArchiveCredentialsMissing { .. } => "ArchiveCredentialsMissing",
         }
     }
 }
@@ -89,6 +94,10 @@ pub struct Plan {
     /// The fleet-wide proxies and CAs (the session's `template.proxy` and
     /// `provider.caBundle` add to them).
     pub network: crate::config::AgentNetwork,
+    /// The fleet-wide pod settings (the session's `template` overrides them).
+    pub pod: crate::config::PodDefaults,
+    /// The fleet-wide parts of the session's NetworkPolicy.
+    pub network_policy: crate::config::NetworkPolicyDefaults,
 }
 
 /// The session's archive settings after defaulting.
@@ -153,6 +162,7 @@ pub fn validate(
     let payload_cap = spec.payload_cap()?;
     let effective = cairn_crds::resolve(policy, spec.compaction.as_ref())?;
     let archive = archive_plan(spec.archive.as_ref(), defaults)?;
+    archive_usable(&archive)?;
 
     let template = spec.template.as_ref();
     Ok(Plan {
@@ -169,6 +179,8 @@ pub fn validate(
         operator_namespace: defaults.operator_namespace.clone(),
         otlp: defaults.otlp.clone(),
         network: defaults.network.clone(),
+        pod: defaults.pod.clone(),
+        network_policy: defaults.network_policy.clone(),
         name,
         namespace,
         owner,
@@ -227,6 +239,18 @@ pub fn archive_plan(
         credentials,
         prefix,
     })
+}
+
+/// Whether the agent can use the archive as planned: it reads a static S3 key pair only, so
+/// a bucket without a credentials Secret would stop it at start-up (a crash loop that says
+/// nothing on the session); the operator refuses it here, with what to set.
+pub fn archive_usable(archive: &ArchivePlan) -> Result<(), ValidationError> {
+    match (&archive.bucket, &archive.credentials) {
+        (Some(bucket), None) => Err(ValidationError::ArchiveCredentialsMissing {
+            bucket: bucket.clone(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// RFC 1123 label; every object name is `cairn-<name>`, so it also starts with a letter as

@@ -1122,3 +1122,346 @@ template:
         assert!(!plain.contains_key(k), "{k}");
     }
 }
+
+/// The operator's fleet-wide pod settings, as the chart passes them (`agent.pod` as JSON).
+fn pod_defaults() -> cairn_operator::config::PodDefaults {
+    cairn_operator::config::pod_defaults(
+        r#"{
+          "imagePullSecrets": ["fleet-pull"],
+          "serviceAccountAnnotations": {
+            "eks.amazonaws.com/role-arn": "arn:aws:iam::123:role/cairn-{namespace}-{session}",
+            "fleet": "yes"
+          },
+          "labels": {"team": "platform", "cost-center": "42"},
+          "annotations": {"fleet": "yes"},
+          "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}]}}},
+          "tolerations": [{"key": "agents", "operator": "Exists", "effect": "NoSchedule"}],
+          "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "cairn-agent"}}}],
+          "priorityClassName": "agents",
+          "runtimeClassName": "gvisor"
+        }"#,
+    )
+    .expect("pod defaults parse")
+}
+
+fn build_with_pod_defaults(spec: &str) -> SessionObjects {
+    let d = Defaults {
+        pod: pod_defaults(),
+        ..defaults()
+    };
+    let plan = validate(&session("chat", spec), None, &d).expect("fixture validates");
+    build(&plan, &inputs())
+}
+
+#[test]
+fn fleet_pod_defaults_land_on_the_pod_and_the_service_account() {
+    let objects = build_with_pod_defaults(MINIMAL);
+    let p = pod(&objects);
+    assert_eq!(
+        p.image_pull_secrets
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        ["fleet-pull"]
+    );
+    assert_eq!(p.priority_class_name.as_deref(), Some("agents"));
+    assert_eq!(p.runtime_class_name.as_deref(), Some("gvisor"));
+    assert_eq!(p.tolerations.as_ref().map(Vec::len), Some(1));
+    assert_eq!(
+        p.topology_spread_constraints.as_ref().map(Vec::len),
+        Some(1)
+    );
+    assert!(
+        p.affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .is_some()
+    );
+
+    let meta = objects
+        .stateful_set
+        .spec
+        .template
+        .clone()
+        .metadata
+        .unwrap_or_default();
+    let labels = meta.labels.unwrap_or_default();
+    assert_eq!(labels.get("team").map(String::as_str), Some("platform"));
+    assert_eq!(
+        labels.get("app.kubernetes.io/name").map(String::as_str),
+        Some("cairn-agent")
+    );
+    let annotations = meta.annotations.unwrap_or_default();
+    assert_eq!(annotations.get("fleet").map(String::as_str), Some("yes"));
+    assert!(annotations.contains_key(RESTART_HASH_ANNOTATION));
+
+    let sa = objects
+        .service_account
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        sa.get("eks.amazonaws.com/role-arn").map(String::as_str),
+        Some("arn:aws:iam::123:role/cairn-team-a-chat"),
+        "the placeholders name the session"
+    );
+}
+
+#[test]
+fn a_session_template_overrides_the_fleet_pod_defaults() {
+    let objects = build_with_pod_defaults(
+        r#"
+provider: {kind: openai, model: gpt-5}
+template:
+  imagePullSecrets: [{name: team-pull}, {name: fleet-pull}]
+  serviceAccountAnnotations:
+    eks.amazonaws.com/role-arn: "arn:aws:iam::999:role/{session}-special"
+    mine: "{session}"
+  labels: {team: a}
+  annotations: {fleet: "no", mine: "1"}
+  affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 1, podAffinityTerm: {topologyKey: kubernetes.io/hostname}}]}}
+  tolerations: []
+  topologySpreadConstraints: []
+  priorityClassName: interactive
+  runtimeClassName: kata
+"#,
+    );
+    let p = pod(&objects);
+    assert_eq!(
+        p.image_pull_secrets
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        ["fleet-pull", "team-pull"],
+        "pull secrets add up, once each"
+    );
+    assert_eq!(p.priority_class_name.as_deref(), Some("interactive"));
+    assert_eq!(
+        p.runtime_class_name.as_deref(),
+        Some("gvisor"),
+        "the platform's sandbox is not the session's to leave"
+    );
+    assert_eq!(
+        p.tolerations.as_deref(),
+        Some(&[][..]),
+        "an empty list replaces the default"
+    );
+    assert_eq!(p.topology_spread_constraints.as_deref(), Some(&[][..]));
+    let affinity = p.affinity.clone().unwrap_or_default();
+    assert!(affinity.node_affinity.is_none() && affinity.pod_anti_affinity.is_some());
+
+    let meta = objects
+        .stateful_set
+        .spec
+        .template
+        .clone()
+        .metadata
+        .unwrap_or_default();
+    let labels = meta.labels.unwrap_or_default();
+    assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+    assert_eq!(labels.get("cost-center").map(String::as_str), Some("42"));
+    let annotations = meta.annotations.unwrap_or_default();
+    assert_eq!(annotations.get("fleet").map(String::as_str), Some("no"));
+    assert_eq!(annotations.get("mine").map(String::as_str), Some("1"));
+
+    let sa = objects
+        .service_account
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        sa.get("eks.amazonaws.com/role-arn").map(String::as_str),
+        Some("arn:aws:iam::123:role/cairn-team-a-chat"),
+        "a session cannot point its identity at another role than the platform's"
+    );
+    assert_eq!(sa.get("fleet").map(String::as_str), Some("yes"));
+    assert_eq!(
+        sa.get("mine").map(String::as_str),
+        Some("chat"),
+        "it may add its own"
+    );
+
+    // Where the platform sets neither, the session's role and runtime class apply.
+    let plan = validate(
+        &session(
+            "chat",
+            "provider: {kind: openai, model: gpt-5}\ntemplate: {runtimeClassName: kata, serviceAccountAnnotations: {eks.amazonaws.com/role-arn: \"arn:aws:iam::999:role/{session}\"}}",
+        ),
+        None,
+        &defaults(),
+    )
+    .expect("validates");
+    let objects = build(&plan, &inputs());
+    assert_eq!(pod(&objects).runtime_class_name.as_deref(), Some("kata"));
+    assert_eq!(
+        objects
+            .service_account
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get("eks.amazonaws.com/role-arn")
+            .map(String::as_str),
+        Some("arn:aws:iam::999:role/chat")
+    );
+}
+
+#[test]
+fn without_pod_settings_nothing_extra_is_set() {
+    let objects = build(&plan("chat", MINIMAL, None), &inputs());
+    let p = pod(&objects);
+    assert!(p.image_pull_secrets.is_none() && p.affinity.is_none() && p.tolerations.is_none());
+    assert!(p.topology_spread_constraints.is_none() && p.priority_class_name.is_none());
+    assert!(p.runtime_class_name.is_none());
+    assert!(objects.service_account.metadata.annotations.is_none());
+}
+
+#[test]
+fn the_operators_selector_labels_cannot_be_overridden() {
+    // From the operator's flag: refused at start-up.
+    let refused = cairn_operator::config::pod_defaults(r#"{"labels": {"cairn.dev/session": "x"}}"#)
+        .expect_err("a reserved label");
+    assert!(refused.contains("cairn.dev/session"), "{refused}");
+    assert!(
+        cairn_operator::config::pod_defaults(r#"{"lables": {}}"#).is_err(),
+        "a misspelt field stops the operator rather than being ignored"
+    );
+    // A session stored before the API server's rule refused it (or written around it): the
+    // operator's labels still win, so the StatefulSet's selector keeps matching.
+    let objects = build(
+        &plan(
+            "chat",
+            "provider: {kind: openai, model: gpt-5}\ntemplate: {labels: {cairn.dev/session: other, app.kubernetes.io/name: evil}}",
+            None,
+        ),
+        &inputs(),
+    );
+    let labels = objects
+        .stateful_set
+        .spec
+        .template
+        .clone()
+        .metadata
+        .unwrap_or_default()
+        .labels
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get("cairn.dev/session").map(String::as_str),
+        Some("chat")
+    );
+    assert_eq!(
+        labels.get("app.kubernetes.io/name").map(String::as_str),
+        Some("cairn-agent")
+    );
+}
+
+fn network_policy_with(np: cairn_operator::config::NetworkPolicyDefaults) -> serde_json::Value {
+    let d = Defaults {
+        network_policy: np,
+        ..defaults()
+    };
+    let plan = validate(&session("chat", MINIMAL), None, &d).expect("fixture validates");
+    serde_json::to_value(build(&plan, &inputs()).network_policy.spec).expect("serializes")
+}
+
+#[test]
+fn the_monitoring_namespace_is_admitted_on_the_agent_port() {
+    let spec = network_policy_with(cairn_operator::config::NetworkPolicyDefaults {
+        monitoring_namespace: Some("monitoring".into()),
+        egress: None,
+    });
+    assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress"]));
+    assert_eq!(
+        spec["ingress"],
+        serde_json::json!([{
+            "from": [
+                {"podSelector": {}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cairn-system"}}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+            ],
+            "ports": [{"port": 8080, "protocol": "TCP"}]
+        }])
+    );
+    assert!(spec.get("egress").is_none(), "egress stays open by default");
+}
+
+#[test]
+fn restricted_egress_allows_dns_and_the_configured_blocks_only() {
+    let egress = cairn_operator::config::egress_policy(
+        r#"{"to": [{"cidr": "10.96.0.1/32", "ports": [443]},
+                   {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"], "ports": [443, 9000]}]}"#,
+    )
+    .expect("egress parses");
+    let spec = network_policy_with(cairn_operator::config::NetworkPolicyDefaults {
+        monitoring_namespace: None,
+        egress: Some(egress),
+    });
+    assert_eq!(
+        spec["policyTypes"],
+        serde_json::json!(["Ingress", "Egress"])
+    );
+    assert_eq!(
+        spec["egress"],
+        serde_json::json!([
+            {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+            {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}], "ports": [{"port": 443, "protocol": "TCP"}]},
+            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}],
+             "ports": [{"port": 443, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"}]}
+        ])
+    );
+    let no_dns = cairn_operator::config::egress_policy(r#"{"dns": false}"#).expect("parses");
+    let spec = network_policy_with(cairn_operator::config::NetworkPolicyDefaults {
+        monitoring_namespace: None,
+        egress: Some(no_dns),
+    });
+    assert_eq!(spec["egress"], serde_json::json!([]), "deny all egress");
+    for bad in [
+        r#"{"to": [{"cidr": "api.openai.com"}]}"#,
+        r#"{"to": [{"cidr": "10.0.0.0/33"}]}"#,
+        r#"{"to": [{"cidr": "10.0.0.0/8", "ports": [0]}]}"#,
+        r#"{"allow": []}"#,
+    ] {
+        assert!(
+            cairn_operator::config::egress_policy(bad).is_err(),
+            "{bad} is refused"
+        );
+    }
+}
+
+#[test]
+fn a_bucket_without_credentials_is_refused_with_what_to_set() {
+    let with_bucket = Defaults {
+        archive: cairn_operator::config::ArchiveDefaults {
+            bucket: Some("cairn".into()),
+            ..Defaults::default().archive
+        },
+        ..defaults()
+    };
+    let err = validate(&session("chat", MINIMAL), None, &with_bucket).expect_err("refused");
+    assert_eq!(err.label(), "ArchiveCredentialsMissing");
+    let text = err.to_string();
+    for needle in [
+        "\"cairn\"",
+        "spec.archive.credentials.secretName",
+        "archive.credentialsSecret",
+        "AWS_ACCESS_KEY_ID",
+    ] {
+        assert!(text.contains(needle), "{needle} in {text}");
+    }
+    // Credentials from the session, or from the operator's default, make it usable.
+    let own = "provider: {kind: openai, model: gpt-5}\narchive: {credentials: {secretName: s3}}";
+    assert!(validate(&session("chat", own), None, &with_bucket).is_ok());
+    let mut with_default = with_bucket.clone();
+    with_default.archive.credentials_secret = Some("s3".into());
+    assert!(validate(&session("chat", MINIMAL), None, &with_default).is_ok());
+    // No bucket at all: the session runs on its scratch volume (ArchiveReady says so).
+    assert!(validate(&session("chat", MINIMAL), None, &defaults()).is_ok());
+}

@@ -53,6 +53,11 @@ struct TestEnv {
     operator_client: Client,
     ns: String,
     operator: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+    /// Whether the in-process operator watches the metadata of this namespace's Secrets
+    /// (`--secret-watch-namespaces`). Off by default, like the chart.
+    secret_watch: bool,
+    /// The in-process operator's `--secret-wait-requeue-seconds`.
+    secret_wait: Duration,
 }
 
 /// The kubeconfig of the cluster under test: `KUBECONFIG`, else the harness's own.
@@ -104,6 +109,10 @@ impl TestEnv {
             operator_client,
             ns,
             operator: None,
+            secret_watch: false,
+            secret_wait: Duration::from_secs(
+                cairn_operator::config::DEFAULT_SECRET_WAIT_REQUEUE_SECONDS,
+            ),
         };
         if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_none() {
             env.start_operator();
@@ -119,13 +128,16 @@ impl TestEnv {
     }
 
     fn start_operator_with(&mut self, defaults: Defaults) {
-        let ctx = Arc::new(Context::new(
-            self.operator_client.clone(),
-            defaults,
-            Arc::new(Metrics::default()),
-            Arc::new(S3Purger),
-            Duration::from_secs(3600),
-        ));
+        let ctx = Arc::new(
+            Context::new(
+                self.operator_client.clone(),
+                defaults,
+                Arc::new(Metrics::default()),
+                Arc::new(S3Purger),
+                Duration::from_secs(3600),
+            )
+            .with_secret_watch(self.secret_watch.then(|| self.ns.clone()), self.secret_wait),
+        );
         let (tx, rx) = watch::channel(false);
         let shutdown = async move {
             let mut rx = rx;
@@ -561,8 +573,11 @@ async fn turning_on_span_export_and_adding_its_headers_roll_the_pod() {
     let plain = env.pod("chat").await.expect("pod");
     assert!(env_var(&plain, "OTEL_EXPORTER_OTLP_ENDPOINT").is_none());
 
-    // The platform team redeploys the operator with an OTLP endpoint.
+    // The platform team redeploys the operator with an OTLP endpoint, and a Secret watch on
+    // the namespace (the headers Secret is optional: nothing waits for it, only the watch
+    // sees it appear).
     env.stop_operator().await;
+    env.secret_watch = true;
     env.start_operator_with(Defaults {
         image: "cairn-agent:test".into(),
         otlp: Some(OtlpExport {
@@ -687,6 +702,351 @@ async fn a_missing_policy_is_reported_and_picked_up_once_created() {
         Some(("True".into(), "Resolved".into()))
     );
     env.teardown().await;
+}
+
+fn provider_secret(value: &str) -> Secret {
+    serde_json::from_value(json!({
+        "metadata": {"name": "provider-key"},
+        "stringData": {"api-key": value},
+    }))
+    .expect("secret fixture")
+}
+
+fn with_provider_credentials() -> serde_json::Value {
+    json!({"provider": {"kind": "openai", "model": "gpt-5",
+        "credentials": {"secretName": "provider-key"}}})
+}
+
+#[tokio::test]
+async fn without_a_secret_watch_a_session_waiting_for_its_secret_is_rechecked_by_name() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("the external operator's requeue period is the chart's");
+        return;
+    }
+    let mut env = TestEnv::new("secret-later").await;
+    // The default: no Secret watch. A short re-check (the slow safety net would take 300 s,
+    // far past this test's patience) is the only thing that can notice the Secret.
+    env.stop_operator().await;
+    env.secret_wait = Duration::from_secs(2);
+    env.start_operator();
+    env.create_session("chat", with_provider_credentials())
+        .await;
+    let api = env.api::<AgentSession>();
+    eventually("Ready=False with SecretNotFound", || async {
+        let s = api.get("chat").await.ok()?;
+        (condition(&s, "Ready")?.1 == "SecretNotFound").then_some(s)
+    })
+    .await;
+    assert!(
+        env.api::<StatefulSet>()
+            .get_opt("cairn-chat")
+            .await
+            .expect("get")
+            .is_none(),
+        "nothing is started without its credentials"
+    );
+    env.api::<Secret>()
+        .create(&PostParams::default(), &provider_secret("sk-1"))
+        .await
+        .expect("create secret");
+    env.wait_phase("chat", Phase::Running).await;
+    env.teardown().await;
+}
+
+#[tokio::test]
+async fn a_rotated_secret_rolls_the_pod_through_the_metadata_watch() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("the external operator's Secret watch is the chart's");
+        return;
+    }
+    let mut env = TestEnv::new("rotate").await;
+    env.stop_operator().await;
+    env.secret_watch = true;
+    env.start_operator();
+    env.api::<Secret>()
+        .create(&PostParams::default(), &provider_secret("sk-1"))
+        .await
+        .expect("create secret");
+    env.create_session("chat", with_provider_credentials())
+        .await;
+    env.wait_phase("chat", Phase::Running).await;
+    let before = env.pod("chat").await.expect("pod");
+    let hash = before
+        .annotations()
+        .get(RESTART_HASH_ANNOTATION)
+        .cloned()
+        .expect("hash");
+
+    // Rotation: only the Secret changes. The resync is an hour away, so the new pod can only
+    // come from the metadata watch re-triggering the session.
+    env.api::<Secret>()
+        .patch(
+            "provider-key",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"api-key": "sk-2"}})),
+        )
+        .await
+        .expect("rotate");
+    eventually("a new pod after the rotation", || async {
+        let pod = env.pod("chat").await?;
+        let rolled = pod.uid() != before.uid()
+            && pod.annotations().get(RESTART_HASH_ANNOTATION) != Some(&hash);
+        rolled.then_some(pod)
+    })
+    .await;
+    env.wait_phase("chat", Phase::Running).await;
+    env.teardown().await;
+}
+
+#[tokio::test]
+async fn template_pass_throughs_land_on_the_stateful_set_and_service_account() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("the external operator's pod defaults are the chart's");
+        return;
+    }
+    let mut env = TestEnv::new("passthrough").await;
+    env.stop_operator().await;
+    env.start_operator_with(Defaults {
+        image: "cairn-agent:test".into(),
+        pod: cairn_operator::config::pod_defaults(
+            r#"{"imagePullSecrets": ["fleet-pull"],
+                "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123:role/cairn-{namespace}-{session}"},
+                "labels": {"team": "platform"},
+                "priorityClassName": "cairn-test-agents"}"#,
+        )
+        .expect("pod defaults"),
+        ..Default::default()
+    });
+
+    // The API server refuses the operator's own labels in template.labels, saying why.
+    let mut reserved = minimal();
+    reserved["template"] = json!({"labels": {"cairn.dev/session": "other"}});
+    let session: AgentSession = serde_json::from_value(json!({
+        "apiVersion": "cairn.dev/v1alpha1", "kind": "AgentSession",
+        "metadata": {"name": "evil"}, "spec": reserved,
+    }))
+    .expect("fixture");
+    let refused = env
+        .api::<AgentSession>()
+        .create(&PostParams::default(), &session)
+        .await
+        .expect_err("reserved label refused");
+    assert!(
+        refused.to_string().contains("template.labels cannot set"),
+        "{refused}"
+    );
+
+    let mut spec = minimal();
+    spec["template"] = json!({
+        "imagePullSecrets": [{"name": "team-pull"}],
+        "labels": {"app": "chat"},
+        "annotations": {"team": "a"},
+        "tolerations": [{"key": "agents", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+            [{"weight": 1, "preference": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway"}],
+        "runtimeClassName": "runc-test",
+    });
+    env.create_session("chat", spec).await;
+    // Only the StatefulSet and ServiceAccount are looked at: the named PriorityClass and
+    // RuntimeClass do not exist here, so no pod is admitted.
+    let sts = eventually("the StatefulSet", || async {
+        env.api::<StatefulSet>()
+            .get_opt("cairn-chat")
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+    let template = sts.spec.template;
+    let meta = template.metadata.expect("pod metadata");
+    let labels = meta.labels.expect("labels");
+    assert_eq!(labels.get("app").map(String::as_str), Some("chat"));
+    assert_eq!(labels.get("team").map(String::as_str), Some("platform"));
+    assert_eq!(
+        labels.get("cairn.dev/session").map(String::as_str),
+        Some("chat")
+    );
+    assert_eq!(
+        meta.annotations
+            .expect("annotations")
+            .get("team")
+            .map(String::as_str),
+        Some("a")
+    );
+    let pod = template.spec.expect("pod spec");
+    let pull: Vec<String> = pod
+        .image_pull_secrets
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(pull, ["fleet-pull", "team-pull"]);
+    assert_eq!(pod.tolerations.map(|t| t.len()), Some(1));
+    assert!(pod.affinity.and_then(|a| a.node_affinity).is_some());
+    assert_eq!(pod.topology_spread_constraints.map(|t| t.len()), Some(1));
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("runc-test"));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("cairn-test-agents")
+    );
+    let sa = env
+        .api::<ServiceAccount>()
+        .get("cairn-chat")
+        .await
+        .expect("service account");
+    assert_eq!(
+        sa.annotations()
+            .get("eks.amazonaws.com/role-arn")
+            .map(String::as_str),
+        Some(format!("arn:aws:iam::123:role/cairn-{}-chat", env.ns).as_str())
+    );
+    env.teardown().await;
+}
+
+fn helm(args: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().expect("helm home");
+    Command::new(cairn_tests::harness::helm().expect("helm installs"))
+        .env("KUBECONFIG", kubeconfig())
+        .env("HELM_CACHE_HOME", dir.path().join("cache"))
+        .env("HELM_CONFIG_HOME", dir.path().join("config"))
+        .env("HELM_DATA_HOME", dir.path().join("data"))
+        .args(args)
+        .output()
+        .expect("helm runs")
+}
+
+/// The operator's flags as the Deployment of `manifest` sets them: its args, and each
+/// `CAIRN_*` variable with a value turned into the flag that reads it.
+fn operator_args_of(manifest: &str, namespace: &str) -> cairn_operator::OperatorArgs {
+    use clap::{CommandFactory, Parser};
+    use serde::Deserialize;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        operator: cairn_operator::OperatorArgs,
+    }
+    let deployment = serde_yaml::Deserializer::from_str(manifest)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("manifest parses"))
+        .find(|doc| doc["kind"] == "Deployment")
+        .expect("the chart installs a Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let mut argv = vec!["cairn-operator".to_string()];
+    argv.extend(
+        container["args"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(String::from)),
+    );
+    let command = Cli::command();
+    for var in container["env"].as_sequence().into_iter().flatten() {
+        let (Some(name), Some(value)) = (var["name"].as_str(), var["value"].as_str()) else {
+            continue;
+        };
+        let flag = command
+            .get_arguments()
+            .find(|a| a.get_env().is_some_and(|e| e == name))
+            .and_then(|a| a.get_long());
+        if let Some(flag) = flag {
+            argv.push(format!("--{flag}={value}"));
+        }
+    }
+    argv.push(format!("--operator-namespace={namespace}"));
+    Cli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("the chart's flags {argv:?} parse: {e}"))
+        .operator
+}
+
+#[tokio::test]
+async fn a_default_helm_install_runs_a_session_that_says_what_is_missing() {
+    if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
+        eprintln!("the external operator was installed with its own values");
+        return;
+    }
+    // `helm install` with nothing set. The release name contains "cairn", so every object
+    // (the ClusterRole and its binding included) is named after it alone.
+    let release = format!("cairn-defaults-{}", hex_suffix());
+    // The CRDs may exist already (other tests of this binary apply them without Helm, with
+    // the operator's field manager): `--take-ownership --force-conflicts` lets the release
+    // adopt them, as a first install over CRDs applied that way must (docs/operator.md,
+    // "Who owns the CRDs"). The values stay the defaults.
+    let out = helm(&[
+        "install",
+        "--take-ownership",
+        "--force-conflicts",
+        &release,
+        &cairn_tests::harness::repo_root()
+            .join("charts/cairn")
+            .to_string_lossy(),
+        "--namespace",
+        &release,
+        "--create-namespace",
+    ]);
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let notes = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        notes.contains("MISSING: an archive store") && notes.contains("archive.bucket"),
+        "NOTES say what is missing: {notes}"
+    );
+    let manifest = helm(&["get", "manifest", &release, "--namespace", &release]);
+    let args = operator_args_of(&String::from_utf8_lossy(&manifest.stdout), &release);
+    assert_eq!(args.archive_bucket, None, "no bucket by default");
+
+    // The operator as the chart configures it and with exactly the RBAC the chart grants it.
+    let mut env = TestEnv::new("defaults").await;
+    env.stop_operator().await;
+    let mut config = config().await;
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{release}:{release}"));
+    env.operator_client = Client::try_from(config).expect("impersonating client");
+    env.start_operator_with(args.defaults());
+
+    env.create_session("chat", minimal()).await;
+    let running = env.wait_phase("chat", Phase::Running).await;
+    let (status, reason) = condition(&running, "ArchiveReady").expect("ArchiveReady");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ArchiveNotConfigured")
+    );
+    let message = running
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "ArchiveReady"))
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    for needle in [
+        "no archive bucket",
+        "scratch volume",
+        "archive.bucket",
+        "archive.credentialsSecret",
+    ] {
+        assert!(message.contains(needle), "{needle:?} in {message:?}");
+    }
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    eventually("a Warning Event ArchiveNotConfigured", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("ArchiveNotConfigured")
+                && e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("chat")
+        })
+    })
+    .await;
+
+    env.teardown().await;
+    let _ = helm(&["uninstall", &release, "--namespace", &release]);
+    let namespaces: Api<Namespace> = Api::all(env_client().await);
+    let _ = namespaces.delete(&release, &DeleteParams::default()).await;
+}
+
+async fn env_client() -> Client {
+    Client::try_from(config().await).expect("client")
 }
 
 /// The harness's moto server, stopped on drop (also when the test process dies).
@@ -1078,9 +1438,19 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
 #[tokio::test]
 async fn a_stuck_cleanup_says_why_and_retaining_releases_it() {
     let env = TestEnv::new("stuck").await;
+    let creds: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
+    }))
+    .expect("secret");
+    env.api::<Secret>()
+        .create(&PostParams::default(), &creds)
+        .await
+        .expect("create s3 secret");
     let mut spec = minimal();
     // Nothing listens on port 9: every purge attempt fails.
     spec["archive"] = json!({"bucket": "gone", "endpoint": "http://127.0.0.1:9",
+                             "credentials": {"secretName": "s3"},
                              "retainOnDelete": false});
     env.create_session("chat", spec).await;
     env.wait_phase("chat", Phase::Running).await;

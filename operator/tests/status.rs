@@ -8,7 +8,6 @@ use cairn_operator::Defaults;
 use cairn_operator::config::OtlpExport;
 use cairn_operator::controller::{sessions_for_policy, sessions_for_secret};
 use cairn_operator::status::{self, Blocker, Observed, Problem};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::core::DeserializeGuard;
@@ -363,12 +362,9 @@ fn secret_changes_map_to_the_sessions_that_read_them() {
             "provider: {kind: anthropic, model: m, credentials: {secretName: key}}",
         ),
     ];
-    let secret = |name: &str| Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("team-a".into()),
-            ..Default::default()
-        },
+    let secret = |name: &str| ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some("team-a".into()),
         ..Default::default()
     };
     let d = Defaults::default();

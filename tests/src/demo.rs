@@ -178,6 +178,8 @@ pub fn start(opts: &DemoOptions, say: &mut dyn FnMut(&str)) -> Result<Demo, Harn
             "--set",
             &format!("archive.endpoint={s3_endpoint}"),
             "--set",
+            "archive.bucket=cairn",
+            "--set",
             "archive.credentialsSecret=cairn-s3",
         ])
         .args(["--set", "logFormat=text"])
@@ -190,14 +192,10 @@ pub fn start(opts: &DemoOptions, say: &mut dyn FnMut(&str)) -> Result<Demo, Harn
             String::from_utf8_lossy(&out.stderr)
         )));
     }
-    wait(
-        "the operator to install its CRDs",
-        Duration::from_secs(60),
-        || {
-            cp.kubectl(&["get", "crd", "agentsessions.cairn.dev"])
-                .is_ok_and(|o| o.status.success())
-        },
-    )?;
+    wait("the chart's CRDs", Duration::from_secs(60), || {
+        cp.kubectl(&["get", "crd", "agentsessions.cairn.dev"])
+            .is_ok_and(|o| o.status.success())
+    })?;
 
     say("creating the demo AgentSession (64k-token window, behind a 20k proxy)");
     let template = if opts.real_node {

@@ -116,12 +116,168 @@ fn otlp_values_reach_the_operator_only_when_an_endpoint_is_set() {
 }
 
 #[test]
+fn agent_pod_values_reach_the_operator_as_json_without_the_empty_ones() {
+    let env = operator_env(&[
+        "agent.pod.imagePullSecrets={fleet-pull}",
+        "agent.pod.serviceAccountAnnotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::123:role/cairn-{namespace}-{session}",
+        "agent.pod.priorityClassName=agents",
+    ]);
+    let json = env
+        .iter()
+        .find(|(n, _)| n == "CAIRN_AGENT_POD_DEFAULTS")
+        .map(|(_, v)| v.clone())
+        .expect("the pod defaults are passed");
+    let parsed: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(
+        parsed,
+        serde_json::json!({
+            "imagePullSecrets": ["fleet-pull"],
+            "serviceAccountAnnotations": {
+                "eks.amazonaws.com/role-arn": "arn:aws:iam::123:role/cairn-{namespace}-{session}"
+            },
+            "priorityClassName": "agents",
+        })
+    );
+    let defaults = operator_env(&[]);
+    assert!(
+        !defaults
+            .iter()
+            .any(|(n, _)| n == "CAIRN_AGENT_POD_DEFAULTS"),
+        "{defaults:?}"
+    );
+}
+
+#[test]
+fn agent_network_policy_values_reach_the_operator_and_the_pod_monitor_renders() {
+    let env = operator_env(&[
+        "agent.networkPolicy.monitoringNamespace=monitoring",
+        "agent.networkPolicy.egress.enabled=true",
+        "agent.networkPolicy.egress.to[0].cidr=10.96.0.1/32",
+        "agent.networkPolicy.egress.to[0].ports={443}",
+    ]);
+    let get = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    assert_eq!(
+        get("CAIRN_AGENT_MONITORING_NAMESPACE").as_deref(),
+        Some("monitoring")
+    );
+    let egress: serde_json::Value =
+        serde_json::from_str(&get("CAIRN_AGENT_EGRESS").expect("egress is passed")).expect("JSON");
+    assert_eq!(
+        egress,
+        serde_json::json!({"dns": true, "to": [{"cidr": "10.96.0.1/32", "ports": [443]}]})
+    );
+    let defaults = operator_env(&[]);
+    assert!(
+        !defaults
+            .iter()
+            .any(|(n, _)| n == "CAIRN_AGENT_EGRESS" || n == "CAIRN_AGENT_MONITORING_NAMESPACE"),
+        "egress is unrestricted and no namespace is admitted by default: {defaults:?}"
+    );
+
+    let out = Command::new(helm().expect("helm installs"))
+        .args([
+            "template",
+            "t",
+            &chart(),
+            "--set",
+            "metrics.agentPodMonitor.enabled=true",
+        ])
+        .args(["--set", "watchNamespaces={team-a}"])
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let monitor = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("rendered YAML parses"))
+        .find(|doc| doc["kind"] == "PodMonitor")
+        .expect("the chart renders a PodMonitor");
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "cairn-agent"
+    );
+    assert_eq!(
+        monitor["spec"]["namespaceSelector"]["matchNames"][0],
+        "team-a"
+    );
+    assert_eq!(
+        monitor["spec"]["podMetricsEndpoints"][0]["path"],
+        "/metrics"
+    );
+}
+
+/// The rendered CRDs with `values`, as YAML documents.
+fn rendered_crds(values: &[&str]) -> Vec<serde_yaml::Value> {
+    let mut cmd = Command::new(helm().expect("helm installs"));
+    cmd.args(["template", "t", &chart()]);
+    for v in values {
+        cmd.args(["--set", v]);
+    }
+    let out = cmd.output().expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("rendered YAML parses"))
+        .filter(|doc| doc["kind"] == "CustomResourceDefinition")
+        .collect()
+}
+
+#[test]
+fn the_chart_alone_owns_the_crds_and_crds_keep_decides_uninstall() {
+    let kept = rendered_crds(&[]);
+    assert_eq!(kept.len(), 2);
+    for crd in &kept {
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+            "keep"
+        );
+    }
+    for crd in rendered_crds(&["crds.keep=false"]) {
+        assert!(
+            crd["metadata"].get("annotations").is_none(),
+            "no keep annotation: {:?}",
+            crd["metadata"]
+        );
+    }
+    assert!(rendered_crds(&["crds.install=false"]).is_empty());
+    // The operator never applies them itself.
+    let out = Command::new(helm().expect("helm installs"))
+        .args(["template", "t", &chart()])
+        .output()
+        .expect("helm runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let deployment = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("rendered YAML parses"))
+        .find(|doc| doc["kind"] == "Deployment")
+        .expect("a Deployment");
+    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_sequence()
+            .is_some_and(|a| a.iter().any(|v| v == "--skip-crd-install")),
+        "{args:?}"
+    );
+    assert!(
+        !text.contains("customresourcedefinitions"),
+        "no CRD permissions"
+    );
+}
+
+#[test]
 fn bad_values_are_refused_by_the_schema() {
     let h = helm().expect("helm installs");
     for bad in [
         "replicaCount=0",
         "logFormat=xml",
         "archive.bucket=Not_A_Bucket",
+        // The operator no longer applies CRDs: the old switch is gone, not ignored.
+        "operatorInstallsCrds=true",
         "metrics.port=70000",
         "unknownKey=1",
         "agent.otlp.endpoint=otel-collector:4318",
@@ -131,6 +287,13 @@ fn bad_values_are_refused_by_the_schema() {
         "agent.otlp.resourceAttributes.team=a\\,b",
         // Headers without an endpoint have nothing to apply to.
         "agent.otlp.headersSecret=otlp-auth",
+        // The operator selects its pods by its own labels.
+        "agent.pod.labels.cairn\\.dev/session=x",
+        "agent.pod.labels.app\\.kubernetes\\.io/name=x",
+        "agent.pod.unknown=1",
+        // NetworkPolicy names addresses only.
+        "agent.networkPolicy.egress.to[0].cidr=api.openai.com",
+        "agent.networkPolicy.monitoringNamespace=Not_A_Namespace",
     ] {
         let out = Command::new(&h)
             .args(["template", "t", &chart(), "--set", bad])
@@ -143,11 +306,39 @@ fn bad_values_are_refused_by_the_schema() {
     }
 }
 
+/// What the API server's authorizer answers for `verb` on Secrets as the chart's operator
+/// ServiceAccount, cluster-wide (`namespace` `None`) or in one namespace.
+fn operator_may(cp: &ControlPlane, verb: &str, namespace: Option<&str>) -> bool {
+    let mut args = vec![
+        "auth",
+        "can-i",
+        verb,
+        "secrets",
+        "--as",
+        "system:serviceaccount:cairn-install:cairn",
+    ];
+    match namespace {
+        Some(ns) => args.extend(["--namespace", ns]),
+        None => args.push("--all-namespaces"),
+    }
+    let out = cp.kubectl(&args).expect("kubectl runs");
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        answer == "yes" || answer == "no",
+        "kubectl auth can-i {verb} secrets: {answer:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answer == "yes"
+}
+
 /// One cluster, in order: install (which creates the CRDs), uninstall (which keeps them),
 /// then dry runs of every shape of values against the kept CRDs.
 #[test]
 fn install_uninstall_and_dry_runs() {
     let cp = shared_cluster();
+    // The namespace whose Secret metadata the operator may watch exists before the install
+    // renders its Role there.
+    let _ = cp.kubectl(&["create", "namespace", "cairn-install-watched"]);
     let out = helm_cmd(
         cp,
         &[
@@ -157,6 +348,8 @@ fn install_uninstall_and_dry_runs() {
             "--namespace",
             "cairn-install",
             "--create-namespace",
+            "--set",
+            "secretWatchNamespaces={cairn-install-watched}",
             "--wait",
             "--timeout",
             "120s",
@@ -192,6 +385,46 @@ fn install_uninstall_and_dry_runs() {
         ])
         .expect("get");
     assert_eq!(keep, "keep");
+
+    // Least privilege on Secrets, as the API server's RBAC authorizer decides it for the
+    // operator's ServiceAccount: no cluster-wide list or watch, list/watch only in the
+    // namespace listed in secretWatchNamespaces, get (by name) and the token Secret's
+    // create/patch everywhere.
+    for verb in ["list", "watch"] {
+        assert!(!operator_may(cp, verb, None), "cluster-wide {verb} secrets");
+        assert!(
+            !operator_may(cp, verb, Some("default")),
+            "{verb} secrets in an unlisted namespace"
+        );
+        assert!(
+            operator_may(cp, verb, Some("cairn-install-watched")),
+            "{verb} secrets where secretWatchNamespaces lists it"
+        );
+    }
+    for verb in ["get", "create", "patch"] {
+        assert!(operator_may(cp, verb, Some("default")), "{verb} secrets");
+    }
+    for verb in ["update", "delete", "deletecollection"] {
+        assert!(!operator_may(cp, verb, None), "{verb} secrets");
+    }
+    // The chart alone owns the CRDs: the operator may not write (or even read) them.
+    for verb in ["create", "patch", "get"] {
+        let out = cp
+            .kubectl(&[
+                "auth",
+                "can-i",
+                verb,
+                "customresourcedefinitions.apiextensions.k8s.io",
+                "--as",
+                "system:serviceaccount:cairn-install:cairn",
+            ])
+            .expect("kubectl runs");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "{verb} CRDs"
+        );
+    }
     let out = helm_cmd(
         cp,
         &[
@@ -221,7 +454,7 @@ fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
             "--set",
             "watchNamespaces={team-a}",
             "--set",
-            "operatorInstallsCrds=false",
+            "crds.keep=false",
         ],
         &[
             "--set",
@@ -238,6 +471,16 @@ fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
             "agent.otlp.headersSecret=otlp-auth",
             "--set",
             "agent.otlp.resourceAttributes.k8s\\.cluster\\.name=prod-eu",
+        ],
+        &[
+            "--set",
+            "secretWatchNamespaces={team-a}",
+            "--set",
+            "agent.pod.imagePullSecrets={fleet-pull}",
+            "--set",
+            "agent.pod.labels.team=platform",
+            "--set",
+            "agent.pod.runtimeClassName=gvisor",
         ],
     ];
     // The CRDs exist (kept from the install): a dry run of a CRD would not make it servable

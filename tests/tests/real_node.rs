@@ -1149,6 +1149,8 @@ fn shared_operator() -> &'static Operator {
                 "--set",
                 &format!("archive.endpoint=http://{s3_addr}"),
                 "--set",
+                "archive.bucket=cairn",
+                "--set",
                 "archive.credentialsSecret=cairn-s3",
                 "--set",
                 "logFormat=text",

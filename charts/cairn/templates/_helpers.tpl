@@ -33,3 +33,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{/* agent.pod without its empty settings, as JSON (--agent-pod-defaults); empty: none set. */}}
+{{- define "cairn.agentPodDefaults" -}}
+{{- $out := dict -}}
+{{- range $key, $value := .Values.agent.pod -}}
+{{- if $value -}}{{- $_ := set $out $key $value -}}{{- end -}}
+{{- end -}}
+{{- if $out -}}{{ toJson $out }}{{- end -}}
+{{- end -}}

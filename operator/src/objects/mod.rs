@@ -4,6 +4,7 @@
 
 mod network;
 mod rbac;
+mod template;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use sha2::{Digest, Sha256};
 use crate::validate::Plan;
 
 pub use rbac::lease_name;
+pub use template::expand_placeholders;
 pub use workload::{RESTART_HASH_ANNOTATION, provider_key_env, restart_hash};
 
 /// Port of the agent's HTTP API (and its probes).

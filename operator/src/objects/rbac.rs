@@ -13,8 +13,10 @@ pub fn lease_name(session: &str) -> String {
 }
 
 pub(super) fn service_account(plan: &Plan) -> ServiceAccount {
+    let mut metadata = meta(plan, object_name(&plan.name));
+    metadata.annotations = super::template::service_account_annotations(plan);
     ServiceAccount {
-        metadata: meta(plan, object_name(&plan.name)),
+        metadata,
         // The agent talks to the API server with this identity.
         automount_service_account_token: Some(true),
         ..Default::default()

@@ -161,15 +161,13 @@ pub fn restart_hash(plan: &Plan, inputs: &BuildInputs) -> String {
 pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
     let name = object_name(&plan.name);
     let template = plan.spec.template.as_ref();
-    let mut annotations = template
-        .and_then(|t| t.annotations.clone())
-        .unwrap_or_default();
+    let mut annotations = super::template::pod_annotations(plan);
     annotations.insert(
         RESTART_HASH_ANNOTATION.to_string(),
         restart_hash(plan, inputs),
     );
 
-    let pod = PodSpec {
+    let mut pod = PodSpec {
         service_account_name: Some(name.clone()),
         automount_service_account_token: Some(true),
         enable_service_links: Some(false),
@@ -184,10 +182,10 @@ pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
         containers: vec![agent_container(plan)],
         volumes: Some(volumes(plan)),
         node_selector: template.and_then(|t| t.node_selector.clone()),
-        tolerations: template.and_then(|t| t.tolerations.clone()),
         termination_grace_period_seconds: Some(i64::from(grace_seconds(plan))),
         ..Default::default()
     };
+    super::template::apply_to_pod(plan, &mut pod);
 
     StatefulSet {
         metadata: meta(plan, name.clone()),
@@ -200,7 +198,7 @@ pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels(&plan.name)),
+                    labels: Some(super::template::pod_labels(plan, labels(&plan.name))),
                     annotations: Some(annotations),
                     ..Default::default()
                 }),
