@@ -14,8 +14,8 @@ use serde::Deserialize;
 use crate::catalog::{self, Limits};
 use crate::ccr::stats::ArchiveCounters;
 use crate::ccr::{
-    DEFAULT_IN_FLIGHT, LayeredStore, LocalLimits, LocalStore, S3Config, S3Credentials, S3Store,
-    S3Timeouts, SessionScope, Store,
+    DEFAULT_IN_FLIGHT, LayeredStore, LocalLimits, LocalStore, S3Config, S3Store, S3Timeouts,
+    SessionScope, Store,
 };
 use crate::journal::{DirObjects, ObjectStore, S3Objects};
 
@@ -271,17 +271,8 @@ impl StorageSettings {
         let s3 = match bucket {
             None => None,
             Some(bucket) => {
-                let credentials = S3Credentials {
-                    access_key_id: var("AWS_ACCESS_KEY_ID").ok_or_else(|| {
-                        ConfigError::Archive("S3 bucket set but AWS_ACCESS_KEY_ID is not".into())
-                    })?,
-                    secret_access_key: var("AWS_SECRET_ACCESS_KEY").ok_or_else(|| {
-                        ConfigError::Archive(
-                            "S3 bucket set but AWS_SECRET_ACCESS_KEY is not".into(),
-                        )
-                    })?,
-                    session_token: var("AWS_SESSION_TOKEN"),
-                };
+                let credentials = crate::aws::AwsIdentity::from_lookup(&var, "CAIRN_S3")
+                    .map_err(|e| ConfigError::Archive(format!("S3 credentials: {e}")))?;
                 Some(S3Config {
                     bucket,
                     endpoint: var("CAIRN_S3_ENDPOINT").or(a.endpoint.clone()),
