@@ -271,7 +271,7 @@ impl StorageSettings {
         let s3 = match bucket {
             None => None,
             Some(bucket) => {
-                let credentials = crate::aws::AwsIdentity::from_lookup(&var, "CAIRN_S3")
+                let credentials = crate::aws::AwsIdentity::from_lookup(var, "CAIRN_S3")
                     .map_err(|e| ConfigError::Archive(format!("S3 credentials: {e}")))?;
                 Some(S3Config {
                     bucket,
