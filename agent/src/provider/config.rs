@@ -350,6 +350,15 @@ mod tests {
         .err()
         .map(|e| e.label());
         assert_eq!(e, Some("bad_base_url"));
+        // Nothing named: Bedrock falls through to the default chain instead of failing.
+        let chain = build(
+            &spec(ProviderKind::Bedrock, Some("eu-west-1")),
+            Credentials::default(),
+            ClientOptions::default(),
+        );
+        assert!(chain.is_ok(), "bedrock without keys builds");
+        let auth = BedrockAuth::sigv4(&AwsIdentity::Chain, "eu-west-1", &Default::default());
+        assert!(format!("{auth:?}").contains("LazyChain"), "{auth:?}");
         let p = build(
             &spec(ProviderKind::Bedrock, Some("eu-west-1")),
             Credentials::api_key("k"),
