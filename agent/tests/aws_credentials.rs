@@ -248,6 +248,7 @@ async fn scenarios(moto: &Moto, scratch: &Path) {
     let set2 = access_key(moto, &setup).await;
 
     bedrock_signs_with_the_chains_session_token().await;
+    bedrock_follows_a_rotating_directory(scratch).await;
     s3_through_web_identity(moto).await;
     s3_keys_rotate_in_a_directory(moto, scratch, &set1, &set2).await;
 }
@@ -297,6 +298,56 @@ async fn bedrock_signs_with_the_chains_session_token() {
         assert!(sig.session_token, "the session token is signed");
         assert_eq!(sig.verdict, "valid", "stream={stream}");
         assert_eq!(seen.outcome, "ok");
+    }
+}
+
+/// Bedrock's identity from a credentials directory follows the directory's swap with no
+/// new client: the simulator sees (and verifies) the new key on the next call.
+async fn bedrock_follows_a_rotating_directory(scratch: &Path) {
+    let sim = Sim::start().await.unwrap();
+    let dir = scratch.join("bedrock-credentials");
+    std::fs::create_dir(&dir).unwrap();
+    let a = AwsKeys::new("AKIAROTATEA", "secret-a", None, None, "test");
+    let b = AwsKeys::new("AKIAROTATEB", "secret-b", None, None, "test");
+    sim.add_aws_key(a.access_key_id(), a.secret_access_key());
+    sim.add_aws_key(b.access_key_id(), b.secret_access_key());
+    publish(&dir, 1, &a, None);
+    let spec = ProviderSpec {
+        kind: ProviderKind::Bedrock,
+        model: "anthropic.claude-3-haiku-20240307-v1:0".into(),
+        base_url: Some(sim.url()),
+        credentials: None,
+        region: Some("us-east-1".into()),
+        ca_bundle: None,
+    };
+    // Looked at again on every call (the default is a minute).
+    let identity = DirectoryCredentials::new(&dir).with_recheck(Duration::from_secs(1));
+    let credentials = Credentials {
+        api_key: None,
+        aws: Some(AwsIdentity::Directory(identity)),
+    };
+    let options = ClientOptions {
+        retry: RetryPolicy::none(),
+        ..ClientOptions::default()
+    };
+    let p = build(&spec, credentials, options).unwrap();
+    let req = ChatRequest {
+        model: spec.model.clone(),
+        messages: vec![Message::user("hi")],
+        tools: vec![],
+        max_output_tokens: 64,
+        stream: false,
+        controls: Default::default(),
+        context: None,
+    };
+    for keys in [&a, &b] {
+        if keys.access_key_id() == b.access_key_id() {
+            publish(&dir, 2, &b, None);
+        }
+        p.send(&req).await.expect("bedrock answers");
+        let sig = sim.requests().pop().unwrap().sigv4.expect("SigV4");
+        assert_eq!(sig.access_key_id, keys.access_key_id());
+        assert_eq!(sig.verdict, "valid");
     }
 }
 
