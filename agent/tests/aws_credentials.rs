@@ -382,7 +382,7 @@ async fn s3_keys_rotate_in_a_directory(
 ) {
     let dir = scratch.join("s3-credentials");
     std::fs::create_dir(&dir).unwrap();
-    let expires = SystemTime::now() + Duration::from_secs(12);
+    let expires = SystemTime::now() + Duration::from_secs(15);
     publish(&dir, 1, set1, Some(expires));
     let s = store(
         moto,
