@@ -14,8 +14,8 @@ use serde::Deserialize;
 use crate::catalog::{self, Limits};
 use crate::ccr::stats::ArchiveCounters;
 use crate::ccr::{
-    DEFAULT_IN_FLIGHT, LayeredStore, LocalLimits, LocalStore, S3Config, S3Credentials, S3Store,
-    S3Timeouts, SessionScope, Store,
+    DEFAULT_IN_FLIGHT, LayeredStore, LocalLimits, LocalStore, S3Config, S3Store, S3Timeouts,
+    SessionScope, Store,
 };
 use crate::journal::{DirObjects, ObjectStore, S3Objects};
 
@@ -271,17 +271,8 @@ impl StorageSettings {
         let s3 = match bucket {
             None => None,
             Some(bucket) => {
-                let credentials = S3Credentials {
-                    access_key_id: var("AWS_ACCESS_KEY_ID").ok_or_else(|| {
-                        ConfigError::Archive("S3 bucket set but AWS_ACCESS_KEY_ID is not".into())
-                    })?,
-                    secret_access_key: var("AWS_SECRET_ACCESS_KEY").ok_or_else(|| {
-                        ConfigError::Archive(
-                            "S3 bucket set but AWS_SECRET_ACCESS_KEY is not".into(),
-                        )
-                    })?,
-                    session_token: var("AWS_SESSION_TOKEN"),
-                };
+                let credentials = crate::aws::AwsIdentity::from_lookup(var, "CAIRN_S3")
+                    .map_err(|e| ConfigError::Archive(format!("S3 credentials: {e}")))?;
                 Some(S3Config {
                     bucket,
                     endpoint: var("CAIRN_S3_ENDPOINT").or(a.endpoint.clone()),
@@ -342,7 +333,8 @@ pub struct Storage {
 /// The durable tier, as [`Storage::check`] reaches it (past any cache).
 #[derive(Clone)]
 enum Probe {
-    S3(S3Store),
+    /// The store and where its AWS identity comes from.
+    S3(S3Store, String),
     Local(PathBuf),
 }
 
@@ -350,17 +342,23 @@ impl Storage {
     /// Whether the archive answers: a probe object written, read back and deleted on the
     /// durable tier with the agent's own credentials (for S3: past the local cache).
     pub async fn check(&self) -> cairn_crds::session::ArchiveCheck {
-        let (location, result) = match &self.probe {
-            Probe::S3(s3) => (s3.location(), s3.probe().await.map_err(|e| e.to_string())),
+        let (location, result, credentials) = match &self.probe {
+            Probe::S3(s3, source) => (
+                s3.location(),
+                s3.probe().await.map_err(|e| e.to_string()),
+                Some(source.clone()),
+            ),
             Probe::Local(dir) => (
                 format!("local:{}", dir.display()),
                 probe_dir(dir).map_err(|e| format!("local archive {}: {e}", dir.display())),
+                None,
             ),
         };
         cairn_crds::session::ArchiveCheck {
             ok: result.is_ok(),
             location,
             message: result.err(),
+            credentials,
             at: crate::session::rfc3339(std::time::SystemTime::now()),
         }
     }
@@ -395,7 +393,7 @@ impl Storage {
                     .map_err(|e| ConfigError::Archive(e.to_string()))?;
                 let remote = S3Store::with_client(client.clone(), &cfg.bucket, scope.clone())
                     .with_in_flight(settings.in_flight);
-                let probe = Probe::S3(remote.clone());
+                let probe = Probe::S3(remote.clone(), cfg.credentials.describe());
                 let layered =
                     LayeredStore::open(&settings.cache_dir, settings.cache_limits, remote)
                         .map_err(archive_err)?;

@@ -22,6 +22,7 @@ pub mod tokens;
 
 // The running agent: settings, journal, session loop, HTTP API, cluster integration.
 pub mod app;
+pub mod aws;
 pub mod config;
 pub mod journal;
 pub mod kube;

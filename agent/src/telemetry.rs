@@ -115,11 +115,19 @@ fn provider(session: Option<(&str, &str)>) -> Result<Option<SdkTracerProvider>, 
     ))
 }
 
+/// The log filter directive that keeps the SigV4 signer's traces out.
+pub const SIGNER_QUIET: &str = "aws_sigv4=debug";
+
 /// Installs the global subscriber: logs on stderr, and spans over OTLP when configured.
 /// `session` names the session in the exported resource.
 pub fn init(json_default: bool, session: Option<(&str, &str)>) -> Telemetry {
-    let filter = EnvFilter::try_from_default_env()
+    // The SigV4 signer traces canonical requests, session tokens included: never shown,
+    // whatever RUST_LOG says.
+    let mut filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(if json_default { "info" } else { "warn" }));
+    if let Ok(quiet) = SIGNER_QUIET.parse() {
+        filter = filter.add_directive(quiet);
+    }
     let json = std::env::var("CAIRN_LOG_FORMAT").map_or(json_default, |v| v == "json");
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let logs = if json {

@@ -32,6 +32,7 @@ async fn the_archive_check_proves_the_bucket_answers_or_says_why_not() {
     assert!(check.ok, "{check:?}");
     assert_eq!(check.location, "s3://cairn-test/cairn/tests/probe/");
     assert_eq!(check.message, None);
+    assert_eq!(check.credentials.as_deref(), Some("static keys"));
 
     let mut missing = env.clone();
     for (k, v) in &mut missing {
@@ -48,6 +49,7 @@ async fn the_archive_check_proves_the_bucket_answers_or_says_why_not() {
     let local = storage(&storage_env(dir.path(), None)).check().await;
     assert!(local.ok, "{local:?}");
     assert!(local.location.starts_with("local:"), "{local:?}");
+    assert_eq!(local.credentials, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,10 +1,10 @@
 //! Every provider client against cairn-sim: plain turn, tool-call round trip, streaming,
 //! usage, `max_tokens` stop, and the provider's genuine overflow error with the request size.
 
+use cairn_agent::aws::AwsIdentity;
 use cairn_agent::history::Message;
 use cairn_agent::provider::{
-    AwsCredentials, ChatRequest, ClientOptions, Credentials, Provider, RetryPolicy, Secret,
-    StopReason, ToolSpec, build,
+    ChatRequest, ClientOptions, Credentials, Provider, RetryPolicy, StopReason, ToolSpec, build,
 };
 use cairn_crds::{ProviderKind, ProviderSpec};
 use cairn_sim::{ScriptedReply, Sim, Stop};
@@ -44,14 +44,16 @@ fn client(sim: &Sim, kind: ProviderKind) -> Box<dyn Provider> {
         region: Some("us-east-1".into()),
         ca_bundle: None,
     };
+    // The simulator checks Bedrock's signatures against this secret.
+    sim.add_aws_key("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY");
     let credentials = match kind {
         ProviderKind::Bedrock => Credentials {
             api_key: None,
-            aws: Some(AwsCredentials {
-                access_key_id: "AKIDEXAMPLE".into(),
-                secret_access_key: Secret::new("wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"),
-                session_token: None,
-            }),
+            aws: Some(AwsIdentity::fixed(
+                "AKIDEXAMPLE",
+                "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+                None,
+            )),
         },
         _ => Credentials::api_key("sk-test-secret"),
     };
@@ -130,6 +132,11 @@ async fn plain_turn_with_usage_and_exact_request_size() {
                 _ => "bearer",
             };
             assert_eq!(auth, Some(expected), "{kind:?}");
+            if kind == ProviderKind::Bedrock {
+                let sig = seen.sigv4.as_ref().expect("a SigV4 request");
+                assert_eq!(sig.verdict, "valid", "{kind:?} stream={stream}");
+                assert_eq!(sig.access_key_id, "AKIDEXAMPLE");
+            }
             assert!(
                 !seen.body.contains("sk-test-secret"),
                 "the key must not travel in the body"

@@ -4,10 +4,9 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use cairn_agent::aws::AwsIdentity;
 use cairn_agent::history::Message;
-use cairn_agent::provider::{
-    AwsCredentials, ChatRequest, ClientOptions, Credentials, RetryPolicy, Secret, build,
-};
+use cairn_agent::provider::{ChatRequest, ClientOptions, Credentials, RetryPolicy, Secret, build};
 use cairn_crds::{ProviderKind, ProviderSpec};
 use cairn_sim::{Fault, ScriptedReply, Sim};
 
@@ -67,11 +66,11 @@ async fn no_secret_in_traces_errors_or_debug() {
         };
         let credentials = Credentials {
             api_key: (kind != ProviderKind::Bedrock).then(|| Secret::new(KEY)),
-            aws: Some(AwsCredentials {
-                access_key_id: "AKIDEXAMPLE".into(),
-                secret_access_key: Secret::new(AWS_SECRET),
-                session_token: Some(Secret::new(AWS_TOKEN)),
-            }),
+            aws: Some(AwsIdentity::fixed(
+                "AKIDEXAMPLE",
+                AWS_SECRET,
+                Some(AWS_TOKEN.into()),
+            )),
         };
         shown.push_str(&format!("{credentials:?}"));
         let options = ClientOptions {

@@ -763,6 +763,10 @@ pub struct ArchiveCheck {
     /// The error of a failed check (the S3 error as the client reported it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Where the S3 client's AWS identity comes from: `static keys`, `directory PATH` or
+    /// `default chain (...)` (never a key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
     /// When (RFC 3339, UTC).
     pub at: String,
 }

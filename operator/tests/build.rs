@@ -291,7 +291,7 @@ fn minimal_session_builds_hardened_owned_objects() {
     assert_eq!(env["CAIRN_API_TOKEN"], "secret:cairn-chat-api-token/token");
     assert!(!env.contains_key("OPENAI_API_KEY"), "no credentials set");
     assert!(!env.contains_key("CAIRN_S3_BUCKET"), "no bucket anywhere");
-    assert!(!env.contains_key("AWS_ACCESS_KEY_ID"));
+    assert!(!env.contains_key("CAIRN_S3_ACCESS_KEY_ID"));
     assert_eq!(env["CAIRN_S3_PREFIX"], "cairn");
 
     assert_eq!(
@@ -376,11 +376,11 @@ fn full_session_wires_policy_credentials_archive_and_template() {
     assert_eq!(env["CAIRN_S3_REGION"], "eu-west-1");
     assert_eq!(env["CAIRN_S3_FORCE_PATH_STYLE"], "true");
     assert_eq!(
-        env["AWS_ACCESS_KEY_ID"],
+        env["CAIRN_S3_ACCESS_KEY_ID"],
         "secret:s3-creds/AWS_ACCESS_KEY_ID"
     );
     assert_eq!(
-        env["AWS_SECRET_ACCESS_KEY"],
+        env["CAIRN_S3_SECRET_ACCESS_KEY"],
         "secret:s3-creds/AWS_SECRET_ACCESS_KEY"
     );
     assert_eq!(env["CAIRN_ARCHIVE_TTL"], "24h");
@@ -579,7 +579,7 @@ fn operator_archive_defaults_fill_unset_fields() {
     let env = env(&objects);
     assert_eq!(env["CAIRN_S3_BUCKET"], "shared");
     assert_eq!(
-        env["AWS_ACCESS_KEY_ID"],
+        env["CAIRN_S3_ACCESS_KEY_ID"],
         "secret:cairn-s3/AWS_ACCESS_KEY_ID"
     );
 }

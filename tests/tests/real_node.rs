@@ -583,8 +583,8 @@ fn agent_stateful_set(ns: &str, provider_url: &str, s3: &str) -> String {
         ("CAIRN_S3_PREFIX", "cairn".into()),
         ("CAIRN_S3_REGION", "us-east-1".into()),
         ("CAIRN_S3_FORCE_PATH_STYLE", "true".into()),
-        ("AWS_ACCESS_KEY_ID", "testing".into()),
-        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("CAIRN_S3_ACCESS_KEY_ID", "testing".into()),
+        ("CAIRN_S3_SECRET_ACCESS_KEY", "testing".into()),
     ]
     .iter()
     .map(|(k, v)| format!("    - {{name: {k}, value: \"{v}\"}}\n"))

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 pub use layered::LayeredStore;
 pub use local::{LimitsError, LocalLimits, LocalStore};
 pub use recall::{RecallError, Recalled, extract_keys, recall};
-pub use s3::{S3Config, S3Credentials, S3Store, S3Timeouts, SessionScope};
+pub use s3::{S3Config, S3Store, S3Timeouts, SessionScope};
 pub use stats::{ArchiveCounters, ArchiveReport, ArchiveSnapshot, CompressionCounters, StoreUsage};
 
 /// Prefix of a marker; a marker is `<<ccr:` + 16 lowercase hex + `>>`.

@@ -7,7 +7,6 @@
 //! of hanging a turn.
 
 use std::fmt;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,14 +15,14 @@ use aws_sdk_s3::Client;
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{
-    BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+    BehaviorVersion, Region, RequestChecksumCalculation, ResponseChecksumValidation,
 };
 use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
-use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
 use super::stats::ArchiveCounters;
 use super::{ArchiveError, DEFAULT_IN_FLIGHT, Hashed, Key, Store};
+use crate::aws::AwsIdentity;
 
 /// Where one session's objects live inside a bucket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,35 +138,9 @@ fn is_object_name(s: &str) -> bool {
         && !s.contains("..")
 }
 
-/// A static access key pair.
-#[derive(Clone, PartialEq, Eq)]
-pub struct S3Credentials {
-    pub access_key_id: String,
-    pub secret_access_key: String,
-    pub session_token: Option<String>,
-}
-
-impl fmt::Debug for S3Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("S3Credentials")
-            .field("access_key_id", &self.access_key_id)
-            .field("secret_access_key", &"<redacted>")
-            .finish()
-    }
-}
-
 /// Why an S3 tier could not be configured.
 #[derive(Debug, thiserror::Error)]
 pub enum S3ConfigError {
-    #[error("S3 credentials: {0} is not set")]
-    MissingVariable(&'static str),
-    #[error("S3 credentials: cannot read {path}: {source}")]
-    SecretFile {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("S3 credentials: {0} is empty")]
-    Empty(String),
     #[error("S3 endpoint {0:?} must be an http:// or https:// URL")]
     Endpoint(String),
     #[error(transparent)]
@@ -177,56 +150,9 @@ pub enum S3ConfigError {
 impl S3ConfigError {
     pub fn label(&self) -> &'static str {
         match self {
-            Self::MissingVariable(_) => "missing_variable",
-            Self::SecretFile { .. } => "secret_file",
-            Self::Empty(_) => "empty_credential",
             Self::Endpoint(_) => "invalid_endpoint",
             Self::Scope(e) => e.label(),
         }
-    }
-}
-
-impl S3Credentials {
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and optionally `AWS_SESSION_TOKEN`.
-    pub fn from_env() -> Result<Self, S3ConfigError> {
-        let var = |name: &'static str| {
-            std::env::var(name)
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .ok_or(S3ConfigError::MissingVariable(name))
-        };
-        Ok(Self {
-            access_key_id: var("AWS_ACCESS_KEY_ID")?,
-            secret_access_key: var("AWS_SECRET_ACCESS_KEY")?,
-            session_token: var("AWS_SESSION_TOKEN").ok(),
-        })
-    }
-
-    /// A mounted Secret: one file per key, named as in the Secret (`AWS_ACCESS_KEY_ID`,
-    /// `AWS_SECRET_ACCESS_KEY` by default). Trailing newlines are ignored.
-    pub fn from_dir(
-        dir: &Path,
-        access_key_id_file: &str,
-        secret_access_key_file: &str,
-    ) -> Result<Self, S3ConfigError> {
-        let read = |name: &str| {
-            let path = dir.join(name);
-            let value =
-                std::fs::read_to_string(&path).map_err(|source| S3ConfigError::SecretFile {
-                    path: path.display().to_string(),
-                    source,
-                })?;
-            let value = value.trim_end_matches(['\r', '\n']).to_owned();
-            if value.is_empty() {
-                return Err(S3ConfigError::Empty(path.display().to_string()));
-            }
-            Ok(value)
-        };
-        Ok(Self {
-            access_key_id: read(access_key_id_file)?,
-            secret_access_key: read(secret_access_key_file)?,
-            session_token: None,
-        })
     }
 }
 
@@ -264,7 +190,8 @@ pub struct S3Config {
     pub region: String,
     /// `endpoint/bucket/key` addressing, which most self-hosted stores need.
     pub force_path_style: bool,
-    pub credentials: S3Credentials,
+    /// Static keys, a mounted directory, or the SDK's default chain (`crate::aws`).
+    pub credentials: AwsIdentity,
     pub timeouts: S3Timeouts,
     /// Trusted authorities and forward proxies (`crate::net`).
     pub net: crate::net::NetPath,
@@ -281,7 +208,7 @@ impl S3Config {
     /// configured: the session then archives to a local directory only.
     pub fn from_spec(
         spec: &cairn_crds::session::ArchiveSpec,
-        credentials: S3Credentials,
+        credentials: AwsIdentity,
     ) -> Result<Option<Self>, S3ConfigError> {
         let Some(bucket) = spec.bucket.clone() else {
             return Ok(None);
@@ -306,7 +233,8 @@ impl S3Config {
         }))
     }
 
-    /// An SDK client for these settings (rustls with ring; no ambient credential chain).
+    /// An SDK client for these settings (rustls with ring); its identity cache refreshes
+    /// expiring credentials.
     pub fn client(&self) -> Result<Client, S3ConfigError> {
         if let Some(endpoint) = &self.endpoint
             && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
@@ -314,35 +242,8 @@ impl S3Config {
             return Err(S3ConfigError::Endpoint(endpoint.clone()));
         }
         let t = &self.timeouts;
-        let http = match (self.net.s3_tls(), self.net.s3_proxy()) {
-            (None, None) => aws_smithy_http_client::Builder::new()
-                .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
-                .build_https(),
-            (tls_context, proxy) => aws_smithy_http_client::Builder::new().build_with_connector_fn(
-                move |settings, components| {
-                    let mut b = aws_smithy_http_client::Connector::builder();
-                    b.set_connector_settings(settings.cloned());
-                    if let Some(c) = components {
-                        b.set_sleep_impl(c.sleep_impl());
-                    }
-                    let mut b = b.tls_provider(tls::Provider::Rustls(CryptoMode::Ring));
-                    if let Some(ctx) = &tls_context {
-                        b = b.tls_context(ctx.clone());
-                    }
-                    if let Some(p) = &proxy {
-                        b = b.proxy_config(p.clone());
-                    }
-                    b.build()
-                },
-            ),
-        };
-        let creds = Credentials::new(
-            &self.credentials.access_key_id,
-            &self.credentials.secret_access_key,
-            self.credentials.session_token.clone(),
-            None,
-            "cairn-static",
-        );
+        let http = crate::aws::http_client(&self.net);
+        let creds = self.credentials.provider("s3", &self.region, http.clone());
         let mut builder = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
             .http_client(http)
@@ -613,11 +514,7 @@ mod tests {
     #[test]
     fn config_from_the_spec() {
         use cairn_crds::session::ArchiveSpec;
-        let creds = S3Credentials {
-            access_key_id: "a".into(),
-            secret_access_key: "s".into(),
-            session_token: None,
-        };
+        let creds = AwsIdentity::fixed("a", "s", None);
         assert!(
             S3Config::from_spec(&ArchiveSpec::default(), creds.clone())
                 .expect("ok")
@@ -662,19 +559,5 @@ mod tests {
         ] {
             assert!(SessionScope::new(p, n, s).is_err(), "{p:?} {n:?} {s:?}");
         }
-    }
-
-    #[test]
-    fn credentials_from_a_mounted_secret() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("AWS_ACCESS_KEY_ID"), "AKID\n").expect("write");
-        std::fs::write(dir.path().join("AWS_SECRET_ACCESS_KEY"), "s3cr3t").expect("write");
-        let c = S3Credentials::from_dir(dir.path(), "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-            .expect("creds");
-        assert_eq!(c.access_key_id, "AKID");
-        assert_eq!(c.secret_access_key, "s3cr3t");
-        assert!(!format!("{c:?}").contains("s3cr3t"));
-        let missing = S3Credentials::from_dir(dir.path(), "AWS_ACCESS_KEY_ID", "nope");
-        assert_eq!(missing.map_err(|e| e.label()).err(), Some("secret_file"));
     }
 }

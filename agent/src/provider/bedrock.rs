@@ -1,37 +1,44 @@
 //! AWS Bedrock Converse (`POST /model/{modelId}/converse`) and ConverseStream
 //! (`/converse-stream`, AWS event-stream framing), signed with SigV4 or a Bedrock API key.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
+use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+use aws_sigv4::sign::v4;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::config::{BuildError, ClientOptions, Secret};
-use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
-use super::sigv4::{PATH_SEGMENT, SigningInput, sign};
+use super::http::{
+    DecodeError, HttpClient, PATH_SEGMENT, Reply, StreamState, parse_json, secret_header,
+};
 use super::sse::SseEvent;
 use super::wire::{Arguments, Turn, merge_turns, system_prompts};
 use super::{
     ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError, StopReason, ToolChoice, Usage,
 };
+use crate::aws::{AwsIdentity, CachedCredentials};
 use crate::history::{Message, Role, ToolCall};
 
-/// AWS access keys.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AwsCredentials {
-    pub access_key_id: String,
-    pub secret_access_key: Secret,
-    pub session_token: Option<Secret>,
-}
-
 /// How Bedrock requests authenticate.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum BedrockAuth {
-    SigV4(AwsCredentials),
+    /// SigV4 with the identity of a credentials provider (static keys, a mounted directory,
+    /// the default chain), cached until shortly before it expires.
+    SigV4(Arc<CachedCredentials>),
     /// A Bedrock API key, sent as a bearer token.
     ApiKey(Secret),
+}
+
+impl BedrockAuth {
+    /// SigV4 with `identity`, reaching STS or IMDS (for the chain) over `net`.
+    pub fn sigv4(identity: &AwsIdentity, region: &str, net: &crate::net::NetPath) -> Self {
+        let provider = identity.provider("bedrock", region, crate::aws::http_client(net));
+        Self::SigV4(Arc::new(CachedCredentials::new(provider)))
+    }
 }
 
 pub struct Bedrock {
@@ -85,14 +92,6 @@ impl Bedrock {
                 "converse"
             }
         )
-    }
-
-    fn host(&self) -> String {
-        let host = self.base.host_str().unwrap_or_default();
-        match self.base.port() {
-            Some(p) => format!("{host}:{p}"),
-            None => host.to_string(),
-        }
     }
 
     /// The exact JSON body sent for `request`.
@@ -274,39 +273,47 @@ impl Provider for Bedrock {
         let path = self.path(&request.model, request.stream);
         let mut url = self.base.clone();
         url.set_path(&path);
-        let host = self.host();
+        let credentials = match &self.auth {
+            BedrockAuth::SigV4(c) => Some(c.get().await.map_err(|e| {
+                ProviderError::transport(
+                    "bedrock",
+                    format!(
+                        "no AWS credentials: {}",
+                        aws_sdk_s3::error::DisplayErrorContext(&e)
+                    ),
+                    0,
+                )
+            })?),
+            BedrockAuth::ApiKey(_) => None,
+        };
         let headers = |payload: &[u8]| -> Result<HeaderMap, String> {
             let mut h = HeaderMap::new();
-            match &self.auth {
-                BedrockAuth::ApiKey(k) => {
+            match (&self.auth, &credentials) {
+                (BedrockAuth::ApiKey(k), _) => {
                     secret_header(&mut h, AUTHORIZATION, &format!("Bearer {}", k.expose()))?;
                 }
-                BedrockAuth::SigV4(c) => {
-                    let signed = sign(&SigningInput {
-                        method: "POST",
-                        host: &host,
-                        path: &path,
-                        query: "",
-                        headers: &[("content-type", "application/json")],
+                (BedrockAuth::SigV4(_), Some(c)) => {
+                    let signed = sigv4_headers(
+                        "POST",
+                        url.as_str(),
+                        &[("content-type", "application/json")],
                         payload,
-                        region: &self.region,
-                        service: "bedrock",
-                        time: SystemTime::now(),
-                        access_key_id: &c.access_key_id,
-                        secret_access_key: c.secret_access_key.expose(),
-                        session_token: c.session_token.as_ref().map(Secret::expose),
-                        double_encode_path: true,
-                    });
-                    for (k, v) in signed {
+                        &self.region,
+                        "bedrock",
+                        c,
+                        SystemTime::now(),
+                    )?;
+                    for (k, v, sensitive) in signed {
                         let name =
                             HeaderName::from_bytes(k.as_bytes()).map_err(|e| e.to_string())?;
                         let mut value = HeaderValue::from_str(&v).map_err(
                             |_| "credentials contain characters not allowed in a header",
                         )?;
-                        value.set_sensitive(k != "x-amz-date");
+                        value.set_sensitive(sensitive);
                         h.insert(name, value);
                     }
                 }
+                (BedrockAuth::SigV4(_), None) => return Err("no AWS credentials".into()),
             }
             Ok(h)
         };
@@ -513,6 +520,56 @@ impl StreamState for ConverseStream {
     }
 }
 
+/// SigV4 headers (`x-amz-date`, `x-amz-security-token` with a session token,
+/// `authorization`) for a request to `url` (as sent: path already percent-encoded, which the
+/// signature encodes once more), with whether each is sensitive.
+#[allow(clippy::too_many_arguments)]
+pub fn sigv4_headers(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    payload: &[u8],
+    region: &str,
+    service: &str,
+    credentials: &aws_credential_types::Credentials,
+    time: SystemTime,
+) -> Result<Vec<(String, String, bool)>, String> {
+    let identity = credentials.clone().into();
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region(region)
+        .name(service)
+        .time(time)
+        .settings(SigningSettings::default())
+        .build()
+        .map_err(|e| format!("cannot sign: {e}"))?
+        .into();
+    let request = SignableRequest::new(
+        method,
+        url,
+        headers.iter().copied(),
+        SignableBody::Bytes(payload),
+    )
+    .map_err(|e| format!("cannot sign: {e}"))?;
+    // The signer traces the canonical request, session token included: no subscriber sees it.
+    let signed =
+        tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+            sign(request, &params)
+        });
+    let (instructions, _) = signed
+        .map_err(|e| format!("cannot sign: {e}"))?
+        .into_parts();
+    Ok(instructions
+        .into_parts()
+        .0
+        .into_iter()
+        .map(|h| {
+            let sensitive = h.sensitive() || h.name() != "x-amz-date";
+            (h.name().to_string(), h.value().to_string(), sensitive)
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::wire::fixture;
@@ -526,6 +583,81 @@ mod tests {
         assert_eq!(
             streamed, body,
             "streaming is chosen by the path, not the body"
+        );
+    }
+
+    fn example_keys(token: Option<&str>) -> aws_credential_types::Credentials {
+        aws_credential_types::Credentials::new(
+            "AKIDEXAMPLE",
+            "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+            token.map(str::to_string),
+            None,
+            "test",
+        )
+    }
+
+    fn authorization(headers: &[(String, String, bool)]) -> &str {
+        &headers
+            .iter()
+            .find(|(k, ..)| k == "authorization")
+            .expect("authorization")
+            .1
+    }
+
+    /// The worked example of AWS's Signature Version 4 documentation (IAM ListUsers).
+    #[test]
+    fn signing_matches_the_documented_example() {
+        let out = sigv4_headers(
+            "GET",
+            "https://iam.amazonaws.com/?Action=ListUsers&Version=2010-05-08",
+            &[(
+                "content-type",
+                "application/x-www-form-urlencoded; charset=utf-8",
+            )],
+            b"",
+            "us-east-1",
+            "iam",
+            &example_keys(None),
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_440_938_160),
+        )
+        .unwrap();
+        assert_eq!(
+            authorization(&out),
+            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/iam/aws4_request, \
+             SignedHeaders=content-type;host;x-amz-date, \
+             Signature=5d672d79c15b13162d9279b0855cfba6789a8edb4c82c400e06b5924a6f2b5d7"
+        );
+        assert!(
+            out.iter()
+                .any(|(k, v, s)| k == "x-amz-date" && v == "20150830T123600Z" && !s)
+        );
+    }
+
+    /// A Bedrock Converse request signed by botocore (the AWS SDK for Python): the model id's
+    /// `:` travels as `%3A` and is signed as `%253A`; the session token is signed.
+    #[test]
+    fn signing_matches_botocore_for_a_bedrock_request() {
+        let body = br#"{"messages":[{"role":"user","content":[{"text":"hi"}]}],"inferenceConfig":{"maxTokens":64}}"#;
+        let out = sigv4_headers(
+            "POST",
+            "https://bedrock-runtime.us-east-1.amazonaws.com/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/converse",
+            &[("content-type", "application/json")],
+            body,
+            "us-east-1",
+            "bedrock",
+            &example_keys(Some("session-token-xyz")),
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_796_031_248),
+        )
+        .unwrap();
+        assert_eq!(
+            authorization(&out),
+            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261130/us-east-1/bedrock/aws4_request, \
+             SignedHeaders=content-type;host;x-amz-date;x-amz-security-token, \
+             Signature=deb1800b25e2cdfa7c7fc42a12f3f2ff0fdb37665d2211ec677a55aa7a81d192"
+        );
+        assert!(
+            out.iter()
+                .any(|(k, v, s)| k == "x-amz-security-token" && v == "session-token-xyz" && *s)
         );
     }
 

@@ -6,9 +6,10 @@ use std::time::Duration;
 use cairn_crds::{ProviderKind, ProviderSpec};
 use tokio_util::sync::CancellationToken;
 
-use super::bedrock::{AwsCredentials, Bedrock, BedrockAuth};
+use super::bedrock::{Bedrock, BedrockAuth};
 use super::retry::RetryPolicy;
 use super::{Anthropic, Gemini, OpenAiChat, OpenAiResponses, Provider};
+use crate::aws::AwsIdentity;
 
 /// A credential string. Its `Debug` and `Display` never show the value.
 #[derive(Clone, PartialEq, Eq)]
@@ -38,12 +39,12 @@ impl std::fmt::Display for Secret {
 }
 
 /// What a provider authenticates with.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Credentials {
     /// API key (OpenAI, Anthropic, Gemini, OpenAI-compatible) or Bedrock API key (bearer).
     pub api_key: Option<Secret>,
-    /// AWS access keys for SigV4 (Bedrock).
-    pub aws: Option<AwsCredentials>,
+    /// The AWS identity for SigV4 (Bedrock); `None` is the SDK's default chain.
+    pub aws: Option<AwsIdentity>,
 }
 
 impl Credentials {
@@ -56,8 +57,9 @@ impl Credentials {
 
     /// The conventional environment variables of each provider: `OPENAI_API_KEY`,
     /// `ANTHROPIC_API_KEY`, `GEMINI_API_KEY` (or `GOOGLE_API_KEY`), and for Bedrock
-    /// `AWS_BEARER_TOKEN_BEDROCK` or `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/
-    /// `AWS_SESSION_TOKEN`.
+    /// `AWS_BEARER_TOKEN_BEDROCK`, else a credentials directory `CAIRN_BEDROCK_CREDENTIALS_DIR`,
+    /// else the SDK's default chain (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`/
+    /// `AWS_SESSION_TOKEN`, a web identity token, the container endpoint, IMDS).
     pub fn from_env(kind: ProviderKind) -> Self {
         Self::from_lookup(kind, |name| std::env::var(name).ok())
     }
@@ -90,18 +92,13 @@ impl Credentials {
             },
             ProviderKind::Bedrock => Self {
                 api_key: first(&["AWS_BEARER_TOKEN_BEDROCK"]),
-                aws: match (get("AWS_ACCESS_KEY_ID"), get("AWS_SECRET_ACCESS_KEY")) {
-                    (Some(id), Some(secret)) if !id.is_empty() && !secret.is_empty() => {
-                        Some(AwsCredentials {
-                            access_key_id: id,
-                            secret_access_key: Secret::new(secret),
-                            session_token: get("AWS_SESSION_TOKEN")
-                                .filter(|t| !t.is_empty())
-                                .map(Secret::new),
-                        })
-                    }
-                    _ => None,
-                },
+                aws: Some(
+                    get("CAIRN_BEDROCK_CREDENTIALS_DIR")
+                        .filter(|d| !d.trim().is_empty())
+                        .map_or(AwsIdentity::Chain, |d| {
+                            AwsIdentity::Directory(crate::aws::DirectoryCredentials::new(d))
+                        }),
+                ),
             },
         }
     }
@@ -238,14 +235,8 @@ pub fn build(
             let region = spec.region.clone().ok_or(BuildError::MissingRegion)?;
             let auth = match (credentials.api_key, credentials.aws) {
                 (Some(key), _) => BedrockAuth::ApiKey(key),
-                (None, Some(aws)) => BedrockAuth::SigV4(aws),
-                (None, None) => {
-                    return Err(BuildError::MissingCredentials {
-                        kind: "bedrock",
-                        hint: "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or \
-                               AWS_BEARER_TOKEN_BEDROCK"
-                            .into(),
-                    });
+                (None, aws) => {
+                    BedrockAuth::sigv4(&aws.unwrap_or(AwsIdentity::Chain), &region, &options.net)
                 }
             };
             Box::new(Bedrock::new(base, region, auth, options)?)
@@ -261,11 +252,11 @@ mod tests {
     fn secrets_never_show_in_debug_or_display() {
         let c = Credentials {
             api_key: Some(Secret::new("sk-live-123")),
-            aws: Some(AwsCredentials {
-                access_key_id: "AKIDEXAMPLE".into(),
-                secret_access_key: Secret::new("wJalrXUtnFEMI"),
-                session_token: Some(Secret::new("tok-abc")),
-            }),
+            aws: Some(AwsIdentity::fixed(
+                "AKIDEXAMPLE",
+                "wJalrXUtnFEMI",
+                Some("tok-abc".into()),
+            )),
         };
         let text = format!("{c:?} {}", Secret::new("sk-live-123"));
         for s in ["sk-live-123", "wJalrXUtnFEMI", "tok-abc"] {
@@ -306,8 +297,7 @@ mod tests {
         let env = |n: &str| match n {
             "ANTHROPIC_API_KEY" => Some("a".to_string()),
             "GOOGLE_API_KEY" => Some("g".to_string()),
-            "AWS_ACCESS_KEY_ID" => Some("id".to_string()),
-            "AWS_SECRET_ACCESS_KEY" => Some("sec".to_string()),
+            "CAIRN_BEDROCK_CREDENTIALS_DIR" => Some("/run/bedrock".to_string()),
             _ => None,
         };
         let a = Credentials::from_lookup(ProviderKind::Anthropic, env);
@@ -316,7 +306,9 @@ mod tests {
         assert_eq!(g.api_key.as_ref().map(Secret::expose), Some("g"));
         let b = Credentials::from_lookup(ProviderKind::Bedrock, env);
         assert!(b.api_key.is_none());
-        assert_eq!(b.aws.map(|a| a.access_key_id), Some("id".to_string()));
+        assert!(
+            matches!(&b.aws, Some(AwsIdentity::Directory(d)) if d.dir() == std::path::Path::new("/run/bedrock"))
+        );
         assert!(
             Credentials::from_lookup(ProviderKind::Openai, env)
                 .api_key
@@ -358,6 +350,15 @@ mod tests {
         .err()
         .map(|e| e.label());
         assert_eq!(e, Some("bad_base_url"));
+        // Nothing named: Bedrock falls through to the default chain instead of failing.
+        let chain = build(
+            &spec(ProviderKind::Bedrock, Some("eu-west-1")),
+            Credentials::default(),
+            ClientOptions::default(),
+        );
+        assert!(chain.is_ok(), "bedrock without keys builds");
+        let auth = BedrockAuth::sigv4(&AwsIdentity::Chain, "eu-west-1", &Default::default());
+        assert!(format!("{auth:?}").contains("LazyChain"), "{auth:?}");
         let p = build(
             &spec(ProviderKind::Bedrock, Some("eu-west-1")),
             Credentials::api_key("k"),

@@ -45,7 +45,7 @@ impl Gemini {
 
     fn url(&self, model: &str, stream: bool) -> String {
         let model = model.strip_prefix("models/").unwrap_or(model);
-        let model = percent_encoding::utf8_percent_encode(model, super::sigv4::PATH_SEGMENT);
+        let model = percent_encoding::utf8_percent_encode(model, super::http::PATH_SEGMENT);
         if stream {
             format!(
                 "{}/v1beta/models/{model}:streamGenerateContent?alt=sse",

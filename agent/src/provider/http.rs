@@ -206,6 +206,14 @@ pub(crate) fn decode_sse_bytes<S: StreamState>(
 }
 
 /// Builds the request headers for one attempt (Bedrock signs each attempt anew).
+/// Characters left unencoded in a URL path segment (RFC 3986 unreserved): model ids and ARNs
+/// in Bedrock and Gemini paths carry `:` and `/` encoded.
+pub(crate) const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 pub(crate) type HeaderFn<'a> = &'a (dyn Fn(&[u8]) -> Result<HeaderMap, String> + Send + Sync);
 
 /// Adds a credential header, marked sensitive so it never shows in debug output.

@@ -22,12 +22,11 @@ pub mod live;
 mod openai;
 mod responses;
 pub mod retry;
-pub mod sigv4;
 pub mod sse;
 mod wire;
 
 pub use anthropic::Anthropic;
-pub use bedrock::{AwsCredentials, Bedrock, BedrockAuth};
+pub use bedrock::{Bedrock, BedrockAuth};
 pub use config::{BuildError, ClientOptions, Credentials, Secret, build, default_base_url};
 pub use controls::{Effort, OutputFormat, unsupported_by};
 pub use gemini::Gemini;

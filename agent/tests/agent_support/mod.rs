@@ -48,8 +48,9 @@ pub fn storage_env(data: &Path, s3_endpoint: Option<&str>) -> Vec<(String, Strin
             ("CAIRN_S3_REGION", "us-east-1"),
             ("CAIRN_S3_FORCE_PATH_STYLE", "true"),
             ("CAIRN_S3_TIMEOUT_SECS", "4"),
-            ("AWS_ACCESS_KEY_ID", "testing"),
-            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            // The archive's own names, as the operator sets them.
+            ("CAIRN_S3_ACCESS_KEY_ID", "testing"),
+            ("CAIRN_S3_SECRET_ACCESS_KEY", "testing"),
         ] {
             v.push((k.to_string(), val.to_string()));
         }

@@ -7,7 +7,8 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::Duration;
 
-use cairn_agent::ccr::{S3Config, S3Credentials, S3Timeouts};
+use cairn_agent::aws::AwsIdentity;
+use cairn_agent::ccr::{S3Config, S3Timeouts};
 use cairn_tests::harness::S3Server;
 
 pub const BUCKET: &str = "cairn-test";
@@ -46,11 +47,7 @@ pub fn config_for(endpoint: &str, timeouts: S3Timeouts) -> S3Config {
         region: "us-east-1".into(),
         force_path_style: true,
         net: Default::default(),
-        credentials: S3Credentials {
-            access_key_id: "testing".into(),
-            secret_access_key: "testing".into(),
-            session_token: None,
-        },
+        credentials: AwsIdentity::fixed("testing", "testing", None),
         timeouts,
     }
 }

@@ -554,15 +554,17 @@ fn archive_env(a: &ArchivePlan) -> Vec<EnvVar> {
         value("CAIRN_ARCHIVE_CACHE_SIZE", a.local_cache_size.clone()),
         value("CAIRN_ARCHIVE_TTL", a.ttl.clone()),
     ]);
+    // The archive's own names, so that the standard AWS_* variables (and the default chain
+    // they feed) stay free for another identity, e.g. Bedrock's.
     if let Some(creds) = &a.credentials {
         env.push(secret_ref(
-            "AWS_ACCESS_KEY_ID",
+            "CAIRN_S3_ACCESS_KEY_ID",
             &creds.secret_name,
             &creds.access_key_id_key,
             false,
         ));
         env.push(secret_ref(
-            "AWS_SECRET_ACCESS_KEY",
+            "CAIRN_S3_SECRET_ACCESS_KEY",
             &creds.secret_name,
             &creds.secret_access_key_key,
             false,

@@ -26,6 +26,7 @@ pub mod context;
 pub mod nginx;
 pub mod proxies;
 pub mod script;
+pub mod sigv4;
 pub mod wire;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -66,7 +67,11 @@ pub struct RecordedRequest {
     /// Authentication scheme seen (`bearer`, `x-api-key`, `x-goog-api-key`,
     /// `aws4-hmac-sha256`); never the credential.
     pub auth: Option<String>,
-    /// `ok`, `overflow`, `fault:<kind>`, `bad_request`, `unauthorized`.
+    /// SigV4 (Bedrock): the access key named, whether a session token was signed, and the
+    /// signature's verdict against the secret registered with [`Sim::add_aws_key`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sigv4: Option<sigv4::SigV4Seen>,
+    /// `ok`, `overflow`, `fault:<kind>`, `bad_request`, `unauthorized`, `bad_signature`.
     pub outcome: String,
     /// Whether the body contains the `contains` query text (admin endpoint only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -90,6 +95,8 @@ struct SimState {
     dialects: BTreeMap<String, String>,
     requests: Vec<RecordedRequest>,
     seq: u64,
+    /// SigV4 secrets by access key id.
+    aws_keys: BTreeMap<String, String>,
 }
 
 type Shared = Arc<Mutex<SimState>>;
@@ -167,6 +174,14 @@ impl Sim {
         let mut s = lock(&self.state);
         s.bytes_per_token.insert(model.to_string(), ratio);
         s.dialects.insert(model.to_string(), "llama.cpp".into());
+    }
+
+    /// Makes SigV4 requests naming `access_key_id` verified against `secret`: a wrong
+    /// signature is answered as unauthorized.
+    pub fn add_aws_key(&self, access_key_id: &str, secret: &str) {
+        lock(&self.state)
+            .aws_keys
+            .insert(access_key_id.to_string(), secret.to_string());
     }
 
     pub fn requests(&self) -> Vec<RecordedRequest> {
@@ -281,20 +296,24 @@ async fn gemini(
 async fn converse(
     State(s): State<Shared>,
     Path(model): Path<String>,
+    uri: axum::http::Uri,
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let path = format!("/model/{model}/converse");
+    // The path as sent (the model id percent-encoded), which SigV4 signs.
+    let path = uri.path().to_string();
     handle(s, Wire::Bedrock, path, Some(model), false, h, body).await
 }
 
 async fn converse_stream(
     State(s): State<Shared>,
     Path(model): Path<String>,
+    uri: axum::http::Uri,
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let path = format!("/model/{model}/converse-stream");
+    // The path as sent (the model id percent-encoded), which SigV4 signs.
+    let path = uri.path().to_string();
     handle(s, Wire::Bedrock, path, Some(model), true, h, body).await
 }
 
@@ -379,8 +398,16 @@ async fn handle(
             p.stream &= !ignore_stream;
             p
         });
-    let (seq, fault, window, reply, estimated_tokens, llama, edits) = {
+    let (seq, fault, window, reply, estimated_tokens, llama, edits, sigv4) = {
         let mut s = lock(&state);
+        let sigv4 = (wire == Wire::Bedrock)
+            .then(|| {
+                sigv4::check("POST", &path, &headers, &body, |id| {
+                    s.aws_keys.get(id).cloned()
+                })
+            })
+            .flatten();
+        let bad_signature = sigv4.as_ref().is_some_and(|c| c.verdict == "invalid");
         s.seq += 1;
         let seq = s.seq;
         let fault = header_fault.or_else(|| s.faults.pop_front());
@@ -425,11 +452,12 @@ async fn handle(
         let llama = s.dialects.get(&model).is_some_and(|d| d == "llama.cpp");
         let fits = estimated_tokens <= window;
         let failing = matches!(fault, Some(Fault::Status { .. }));
-        let reply = (auth.is_some() && parsed.is_ok() && fits && !failing).then(|| {
-            s.replies
-                .pop_front()
-                .unwrap_or_else(|| ScriptedReply::text("ok"))
-        });
+        let reply =
+            (auth.is_some() && !bad_signature && parsed.is_ok() && fits && !failing).then(|| {
+                s.replies
+                    .pop_front()
+                    .unwrap_or_else(|| ScriptedReply::text("ok"))
+            });
         let p = parsed.as_ref().ok();
         s.requests.push(RecordedRequest {
             seq,
@@ -442,11 +470,21 @@ async fn handle(
             max_tokens: p.map_or(0, |p| p.max_tokens),
             estimated_tokens,
             auth: auth.clone(),
+            sigv4: sigv4.clone(),
             outcome: String::new(),
             contains: None,
             body: String::from_utf8_lossy(&body).into_owned(),
         });
-        (seq, fault, window, reply, estimated_tokens, llama, edits)
+        (
+            seq,
+            fault,
+            window,
+            reply,
+            estimated_tokens,
+            llama,
+            edits,
+            sigv4,
+        )
     };
     let outcome = |o: String| {
         let mut s = lock(&state);
@@ -456,6 +494,10 @@ async fn handle(
     };
     if auth.is_none() {
         outcome("unauthorized".into());
+        return respond(wire::render_error(wire, &ApiError::Unauthorized, seq), None);
+    }
+    if sigv4.as_ref().is_some_and(|c| c.verdict == "invalid") {
+        outcome("bad_signature".into());
         return respond(wire::render_error(wire, &ApiError::Unauthorized, seq), None);
     }
     let parsed = match parsed {
