@@ -22,6 +22,10 @@ use crate::journal::{DirObjects, ObjectStore, S3Objects};
 /// The default S3 key prefix (the operator's default too).
 pub const DEFAULT_PREFIX: &str = "cairn";
 
+/// Directory of a mounted S3 credentials Secret (one file per key); when set, the archive's
+/// credentials come from there instead of `AWS_*` variables.
+pub const S3_CREDENTIALS_DIR_ENV: &str = "CAIRN_S3_CREDENTIALS_DIR";
+
 /// A settings problem: bad input, exit code 2 in `run`.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -271,7 +275,16 @@ impl StorageSettings {
         let s3 = match bucket {
             None => None,
             Some(bucket) => {
-                let credentials = S3Credentials {
+                let credentials = match var(S3_CREDENTIALS_DIR_ENV) {
+                    // A mounted Secret (the operator's scoped mode): the files, not the
+                    // environment, so rotated credentials can be read again.
+                    Some(dir) => S3Credentials::from_dir(
+                        Path::new(&dir),
+                        "AWS_ACCESS_KEY_ID",
+                        "AWS_SECRET_ACCESS_KEY",
+                    )
+                    .map_err(|e| ConfigError::Archive(e.to_string()))?,
+                    None => S3Credentials {
                     access_key_id: var("AWS_ACCESS_KEY_ID").ok_or_else(|| {
                         ConfigError::Archive("S3 bucket set but AWS_ACCESS_KEY_ID is not".into())
                     })?,
@@ -281,6 +294,7 @@ impl StorageSettings {
                         )
                     })?,
                     session_token: var("AWS_SESSION_TOKEN"),
+                    },
                 };
                 Some(S3Config {
                     bucket,

@@ -46,6 +46,14 @@ pub enum ValidationError {
         "spec.archive.prefix {given:?} cannot be set on an AgentSession: every session's objects live under the operator's archive prefix {root:?} as {root}/<namespace>/<session>/, so a session's prefix could alias another's"
     )]
     ArchivePrefixNotSettable { given: String, root: String },
+    #[error(
+        "spec.archive.{field} {given:?} differs from the operator's {configured:?}: the operator mints scoped credentials for its own archive only; name a credentials Secret of your own (spec.archive.credentials) to use another store"
+    )]
+    ScopedArchiveOverride {
+        field: &'static str,
+        given: String,
+        configured: String,
+    },
     #[error("spec.maxOutputTokens must be smaller than spec.contextWindow")]
     OutputExceedsWindow,
 }
@@ -64,6 +72,7 @@ impl ValidationError {
             Self::ArchivePrefix(_) | Self::ArchivePrefixNotSettable { .. } => {
                 "InvalidArchivePrefix"
             }
+            Self::ScopedArchiveOverride { .. } => "ScopedArchiveOverride",
             Self::OutputExceedsWindow => "OutputExceedsWindow",
         }
     }
@@ -100,6 +109,9 @@ pub struct ArchivePlan {
     pub region: String,
     pub force_path_style: bool,
     pub credentials: Option<S3CredentialsRef>,
+    /// The operator mints the session's credentials (`Defaults::archive.scoped`) into the
+    /// session's own Secret; `credentials` is then `None`.
+    pub scoped: bool,
     pub retain_on_delete: bool,
     pub local_cache_size: String,
     pub ttl: String,
@@ -108,12 +120,7 @@ pub struct ArchivePlan {
 impl ArchivePlan {
     /// Key prefix of everything the session stores: `<prefix>/<namespace>/<session>/`.
     pub fn session_prefix(&self, namespace: &str, name: &str) -> String {
-        let base = self.prefix.trim_matches('/');
-        if base.is_empty() {
-            format!("{namespace}/{name}/")
-        } else {
-            format!("{base}/{namespace}/{name}/")
-        }
+        cairn_crds::session::archive_root(&self.prefix, namespace, name)
     }
 }
 
@@ -206,7 +213,30 @@ pub fn archive_plan(
         .force_path_style
         .or(d.force_path_style)
         .unwrap_or(endpoint.is_some());
+    let bucket = spec.bucket.clone().or_else(|| d.bucket.clone());
+    // Scoped credentials serve the operator's own archive: a session that names no
+    // credentials of its own cannot point them at another bucket or store.
+    let scoped = spec.credentials.is_none() && d.scoped.is_some() && bucket.is_some();
+    if scoped {
+        for (field, given, configured) in [
+            ("bucket", &spec.bucket, &d.bucket),
+            ("endpoint", &spec.endpoint, &d.endpoint),
+        ] {
+            if let Some(given) = given
+                && Some(given) != configured.as_ref()
+            {
+                return Err(ValidationError::ScopedArchiveOverride {
+                    field,
+                    given: given.clone(),
+                    configured: configured.clone().unwrap_or_else(|| "(AWS)".into()),
+                });
+            }
+        }
+    }
     let credentials = spec.credentials.clone().or_else(|| {
+        if d.scoped.is_some() {
+            return None;
+        }
         d.credentials_secret.as_ref().map(|name| S3CredentialsRef {
             secret_name: name.clone(),
             access_key_id_key: "AWS_ACCESS_KEY_ID".into(),
@@ -214,7 +244,8 @@ pub fn archive_plan(
         })
     });
     Ok(ArchivePlan {
-        bucket: spec.bucket.clone().or_else(|| d.bucket.clone()),
+        bucket,
+        scoped,
         region: spec.region.clone().unwrap_or_else(|| d.region.clone()),
         retain_on_delete: spec.retain_on_delete.unwrap_or(true),
         local_cache_size: spec

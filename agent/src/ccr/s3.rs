@@ -97,11 +97,7 @@ impl SessionScope {
 
     /// `<prefix>/<namespace>/<session>/`: everything the session owns (archive and journal).
     pub fn root(&self) -> String {
-        if self.prefix.is_empty() {
-            format!("{}/{}/", self.namespace, self.session)
-        } else {
-            format!("{}/{}/{}/", self.prefix, self.namespace, self.session)
-        }
+        cairn_crds::session::archive_root(&self.prefix, &self.namespace, &self.session)
     }
 
     /// `<root>ccr/`.
@@ -203,7 +199,9 @@ impl S3Credentials {
     }
 
     /// A mounted Secret: one file per key, named as in the Secret (`AWS_ACCESS_KEY_ID`,
-    /// `AWS_SECRET_ACCESS_KEY` by default). Trailing newlines are ignored.
+    /// `AWS_SECRET_ACCESS_KEY` by default), and the session token of temporary credentials
+    /// under `AWS_SESSION_TOKEN` when that file exists (the operator's scoped mode writes
+    /// it). Trailing newlines are ignored.
     pub fn from_dir(
         dir: &Path,
         access_key_id_file: &str,
@@ -222,10 +220,16 @@ impl S3Credentials {
             }
             Ok(value)
         };
+        let token = dir.join(cairn_crds::session::S3_SESSION_TOKEN_KEY);
+        let session_token = if token.exists() {
+            Some(read(cairn_crds::session::S3_SESSION_TOKEN_KEY)?)
+        } else {
+            None
+        };
         Ok(Self {
             access_key_id: read(access_key_id_file)?,
             secret_access_key: read(secret_access_key_file)?,
-            session_token: None,
+            session_token,
         })
     }
 }
@@ -674,7 +678,14 @@ mod tests {
         assert_eq!(c.access_key_id, "AKID");
         assert_eq!(c.secret_access_key, "s3cr3t");
         assert!(!format!("{c:?}").contains("s3cr3t"));
+        assert_eq!(c.session_token, None);
         let missing = S3Credentials::from_dir(dir.path(), "AWS_ACCESS_KEY_ID", "nope");
         assert_eq!(missing.map_err(|e| e.label()).err(), Some("secret_file"));
+        // Temporary credentials carry their session token in the same directory.
+        std::fs::write(dir.path().join("AWS_SESSION_TOKEN"), "tok3n\n").expect("write");
+        let c = S3Credentials::from_dir(dir.path(), "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+            .expect("creds");
+        assert_eq!(c.session_token.as_deref(), Some("tok3n"));
+        assert!(!format!("{c:?}").contains("tok3n"));
     }
 }

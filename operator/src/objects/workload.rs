@@ -272,6 +272,7 @@ fn volumes(plan: &Plan) -> Vec<Volume> {
             ..Default::default()
         });
     }
+    volumes.extend(crate::scoped::volume(plan));
     volumes
 }
 
@@ -307,6 +308,7 @@ fn volume_mounts(plan: &Plan) -> Vec<VolumeMount> {
             ..Default::default()
         });
     }
+    mounts.extend(crate::scoped::volume_mount(plan));
     mounts
 }
 
@@ -433,6 +435,7 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
         env.push(value("AWS_REGION", region.clone()));
     }
     env.extend(archive_env(&plan.archive));
+    env.extend(crate::scoped::env(plan));
     env.extend([
         value("CAIRN_CACHE_DIR", CACHE_DIR.to_string()),
         value("XDG_DATA_HOME", CACHE_DIR.to_string()),
