@@ -21,9 +21,10 @@ use super::proc::{Proc, free_port, wait_until};
 pub const ADMIN_ACCESS_KEY_ID: &str = "cairnadmin";
 pub const ADMIN_SECRET_ACCESS_KEY: &str = "cairn-admin-secret-key";
 /// The role the admin assumes for scoped credentials.
-pub const ROLE_ARN: &str = "arn:aws:iam::111122223333:role/cairn-archive";
+pub const ROLE_ARN: &str = "arn:aws:iam::000000000000:role/cairn-archive";
 pub const REGION: &str = "us-east-1";
-const ACCOUNT: &str = "111122223333";
+/// The account SeaweedFS gives every static identity.
+const ACCOUNT: &str = "000000000000";
 const ADMIN_NAME: &str = "cairn-admin";
 
 /// How to configure the server.
@@ -64,10 +65,17 @@ impl SeaweedFs {
         let s3_config = write("s3.json", identities())?;
         let iam_config = write("iam.json", iam(options))?;
 
-        let [master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc] =
-            [(); 8].map(|()| free_port());
-        let (master, master_grpc, volume, volume_grpc) = (master?, master_grpc?, volume?, volume_grpc?);
-        let (filer, filer_grpc, s3, s3_grpc) = (filer?, filer_grpc?, s3?, s3_grpc?);
+        // Every listener on a port of its own: the defaults are fixed ports, which two
+        // servers of parallel tests would share.
+        let mut ports = Vec::new();
+        for _ in 0..10 {
+            ports.push(free_port()?);
+        }
+        let [master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, admin, admin_grpc] =
+            ports[..]
+        else {
+            return Err(HarnessError::Setup("free ports".into()));
+        };
         let mut cmd = Command::new(&weed);
         cmd.arg("mini").args([
             format!("-dir={}", dir.join("data").display()),
@@ -91,6 +99,10 @@ impl SeaweedFs {
             format!("-bucket={}", buckets.join(",")),
             "-webdav=false".into(),
             "-admin.ui=false".into(),
+            format!("-admin.port={admin}"),
+            format!("-admin.port.grpc={admin_grpc}"),
+            "-admin.port.legacy=0".into(),
+            format!("-admin.dataDir={}", dir.join("admin").display()),
         ]);
         // Its own working directory: nothing lands in the caller's.
         cmd.current_dir(&dir);
