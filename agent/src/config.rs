@@ -285,15 +285,17 @@ impl StorageSettings {
                     )
                     .map_err(|e| ConfigError::Archive(e.to_string()))?,
                     None => S3Credentials {
-                    access_key_id: var("AWS_ACCESS_KEY_ID").ok_or_else(|| {
-                        ConfigError::Archive("S3 bucket set but AWS_ACCESS_KEY_ID is not".into())
-                    })?,
-                    secret_access_key: var("AWS_SECRET_ACCESS_KEY").ok_or_else(|| {
-                        ConfigError::Archive(
-                            "S3 bucket set but AWS_SECRET_ACCESS_KEY is not".into(),
-                        )
-                    })?,
-                    session_token: var("AWS_SESSION_TOKEN"),
+                        access_key_id: var("AWS_ACCESS_KEY_ID").ok_or_else(|| {
+                            ConfigError::Archive(
+                                "S3 bucket set but AWS_ACCESS_KEY_ID is not".into(),
+                            )
+                        })?,
+                        secret_access_key: var("AWS_SECRET_ACCESS_KEY").ok_or_else(|| {
+                            ConfigError::Archive(
+                                "S3 bucket set but AWS_SECRET_ACCESS_KEY is not".into(),
+                            )
+                        })?,
+                        session_token: var("AWS_SESSION_TOKEN"),
                     },
                 };
                 Some(S3Config {
@@ -565,5 +567,42 @@ mod tests {
         assert_eq!(s.in_flight, 1);
         assert!(parse_session_ref("ns/a").is_ok());
         assert!(parse_session_ref("a").is_err());
+    }
+
+    #[test]
+    fn a_mounted_credentials_directory_wins_over_the_environment() {
+        let c = ConfigFile::parse(
+            "name: demo\nprovider: {kind: openai-compatible, model: m}\narchive: {bucket: b}\n",
+            "t",
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for (k, v) in [
+            ("AWS_ACCESS_KEY_ID", "ASIA-SCOPED"),
+            ("AWS_SECRET_ACCESS_KEY", "scoped-secret"),
+            ("AWS_SESSION_TOKEN", "scoped-token"),
+            ("AWS_CREDENTIAL_EXPIRATION", "2030-01-01T00:00:00Z"),
+        ] {
+            std::fs::write(dir.path().join(k), v).unwrap();
+        }
+        let path = dir.path().display().to_string();
+        let env = |k: &str| match k {
+            "AWS_ACCESS_KEY_ID" | "AWS_SECRET_ACCESS_KEY" => Some("static".to_string()),
+            S3_CREDENTIALS_DIR_ENV => Some(path.clone()),
+            _ => None,
+        };
+        let creds = StorageSettings::from_spec(&c.spec, env)
+            .unwrap()
+            .s3
+            .unwrap()
+            .credentials;
+        assert_eq!(creds.access_key_id, "ASIA-SCOPED");
+        assert_eq!(creds.secret_access_key, "scoped-secret");
+        assert_eq!(creds.session_token.as_deref(), Some("scoped-token"));
+        // A directory without the keys is a configuration error, not a fallback.
+        let empty = tempfile::tempdir().unwrap();
+        let path = empty.path().display().to_string();
+        let env = |k: &str| (k == S3_CREDENTIALS_DIR_ENV).then(|| path.clone());
+        assert!(StorageSettings::from_spec(&c.spec, env).is_err());
     }
 }

@@ -73,7 +73,11 @@ pub struct OperatorArgs {
     pub archive_scoped_duration_seconds: u32,
     /// Refresh the scoped credentials this many seconds before they expire. 0 (or a value
     /// not shorter than the lifetime): at half the lifetime.
-    #[arg(long, env = "CAIRN_ARCHIVE_SCOPED_REFRESH_BEFORE_SECONDS", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "CAIRN_ARCHIVE_SCOPED_REFRESH_BEFORE_SECONDS",
+        default_value_t = 0
+    )]
     pub archive_scoped_refresh_before_seconds: u64,
     /// Directory of the operator's own mounted Secret with the bucket's admin key pair
     /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`), read at each minting and purge. It

@@ -319,7 +319,11 @@ async fn scoped_credentials(
     ctx: &Context,
 ) -> Result<Option<Duration>, scoped::Failure> {
     let (Some(config), Some(target)) = (
-        ctx.defaults.archive.scoped.as_ref().filter(|_| plan.archive.scoped),
+        ctx.defaults
+            .archive
+            .scoped
+            .as_ref()
+            .filter(|_| plan.archive.scoped),
         scoped::MintTarget::for_plan(plan),
     ) else {
         return Ok(None);
@@ -440,7 +444,13 @@ async fn cleanup_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Ac
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     // Scoped mode: the purge runs with the operator's admin credentials (the session's own
     // may have expired, and DeleteObjects is not theirs to call).
-    let keys = match ctx.defaults.archive.scoped.as_ref().filter(|_| archive.scoped) {
+    let keys = match ctx
+        .defaults
+        .archive
+        .scoped
+        .as_ref()
+        .filter(|_| archive.scoped)
+    {
         Some(config) => scoped::admin_keys(&config.admin_credentials_dir)
             .map(Some)
             .map_err(Error::from),

@@ -175,9 +175,13 @@ impl Stored {
             .and_then(|d| d.get(S3_EXPIRATION_KEY))
             .and_then(|v| std::str::from_utf8(&v.0).ok().and_then(parse_time));
         let complete = secret.data.as_ref().is_some_and(|d| {
-            [ACCESS_KEY_ID_KEY, SECRET_ACCESS_KEY_KEY, S3_SESSION_TOKEN_KEY]
-                .iter()
-                .all(|k| d.get(*k).is_some_and(|v| !v.0.is_empty()))
+            [
+                ACCESS_KEY_ID_KEY,
+                SECRET_ACCESS_KEY_KEY,
+                S3_SESSION_TOKEN_KEY,
+            ]
+            .iter()
+            .all(|k| d.get(*k).is_some_and(|v| !v.0.is_empty()))
         });
         Self {
             scope: annotation(SCOPE_ANNOTATION),
@@ -599,7 +603,10 @@ mod tests {
             expiration: at(200),
         };
         let secret = credentials_secret(&plan, &creds, "s3://b/x/", at(100));
-        assert_eq!(secret.metadata.name.as_deref(), Some("cairn-s-archive-credentials"));
+        assert_eq!(
+            secret.metadata.name.as_deref(),
+            Some("cairn-s-archive-credentials")
+        );
         assert_eq!(
             secret.metadata.owner_references.as_ref().map(Vec::len),
             Some(1)
@@ -632,6 +639,9 @@ mod tests {
         std::fs::write(dir.path().join("AWS_ACCESS_KEY_ID"), "AK\n").unwrap();
         std::fs::write(dir.path().join("AWS_SECRET_ACCESS_KEY"), "SK\n").unwrap();
         let k = admin_keys(dir.path()).unwrap();
-        assert_eq!((k.access_key_id.as_str(), k.secret_access_key.as_str()), ("AK", "SK"));
+        assert_eq!(
+            (k.access_key_id.as_str(), k.secret_access_key.as_str()),
+            ("AK", "SK")
+        );
     }
 }

@@ -22,7 +22,9 @@ use cairn_operator::controller::{self, Context};
 use cairn_operator::metrics::Metrics;
 use cairn_operator::purge::S3Purger;
 use cairn_operator::scoped::{self, MintTarget, TempCredentials};
-use cairn_tests::harness::seaweedfs::{ADMIN_ACCESS_KEY_ID, ADMIN_SECRET_ACCESS_KEY, REGION, ROLE_ARN};
+use cairn_tests::harness::seaweedfs::{
+    ADMIN_ACCESS_KEY_ID, ADMIN_SECRET_ACCESS_KEY, REGION, ROLE_ARN,
+};
 use cairn_tests::harness::{SeaweedFs, SeaweedOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret};
@@ -208,7 +210,9 @@ async fn session_b_is_denied_everything_on_session_a_prefix_and_a_can_do_all_of_
         ])
     );
     assert_eq!(
-        list(&ca, Some("cairn/team-a/alpha/journal/")).await.map(|k| k.len()),
+        list(&ca, Some("cairn/team-a/alpha/journal/"))
+            .await
+            .map(|k| k.len()),
         Ok(1)
     );
     assert_eq!(delete(&ca, "cairn/team-a/alpha/journal/0001").await, "ok");
@@ -220,7 +224,11 @@ async fn session_b_is_denied_everything_on_session_a_prefix_and_a_can_do_all_of_
         "AccessDenied",
         "PUT new"
     );
-    assert_eq!(put(&cb, a_key, "overwritten").await, "AccessDenied", "PUT over");
+    assert_eq!(
+        put(&cb, a_key, "overwritten").await,
+        "AccessDenied",
+        "PUT over"
+    );
     assert_eq!(delete(&cb, a_key).await, "AccessDenied", "DELETE");
     assert_eq!(
         list(&cb, Some("cairn/team-a/alpha/")).await,
@@ -228,7 +236,12 @@ async fn session_b_is_denied_everything_on_session_a_prefix_and_a_can_do_all_of_
         "LIST A's prefix"
     );
     // Nor any listing wider than B's own prefix (which would name A's keys).
-    for wider in [None, Some("cairn/"), Some("cairn/team-a/"), Some("cairn/team-a/alpha")] {
+    for wider in [
+        None,
+        Some("cairn/"),
+        Some("cairn/team-a/"),
+        Some("cairn/team-a/alpha"),
+    ] {
         assert_eq!(
             list(&cb, wider).await,
             Err("AccessDenied".into()),
@@ -261,7 +274,11 @@ async fn session_b_is_denied_everything_on_session_a_prefix_and_a_can_do_all_of_
     );
 
     // Admin keys that are wrong mint nothing.
-    let bad = admin_dir(&dir.path().join("bad"), ADMIN_ACCESS_KEY_ID, "not-the-secret");
+    let bad = admin_dir(
+        &dir.path().join("bad"),
+        ADMIN_ACCESS_KEY_ID,
+        "not-the-secret",
+    );
     let bad_config = ScopedArchive {
         admin_credentials_dir: bad,
         ..config.clone()
@@ -304,7 +321,10 @@ impl TestEnv {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        let ns = format!("cairn-{name}-{:06x}", (nanos ^ std::process::id()) & 0xff_ffff);
+        let ns = format!(
+            "cairn-{name}-{:06x}",
+            (nanos ^ std::process::id()) & 0xff_ffff
+        );
         Api::<Namespace>::all(client.clone())
             .create(
                 &PostParams::default(),
@@ -375,7 +395,10 @@ impl TestEnv {
             .await
             .ok()??;
         let data = secret.data.clone()?;
-        let text = |k: &str| data.get(k).map(|v| String::from_utf8_lossy(&v.0).into_owned());
+        let text = |k: &str| {
+            data.get(k)
+                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        };
         let expiration = text("AWS_CREDENTIAL_EXPIRATION")?
             .parse::<k8s_openapi::jiff::Timestamp>()
             .ok()?;
@@ -450,9 +473,17 @@ fn minimal() -> serde_json::Value {
 /// Every Secret name a pod spec refers to (env, envFrom, volumes, projected volumes).
 fn referenced_secrets(pod: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
     let mut out = Vec::new();
-    for c in pod.containers.iter().chain(pod.init_containers.iter().flatten()) {
+    for c in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
         for e in c.env.iter().flatten() {
-            if let Some(r) = e.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()) {
+            if let Some(r) = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+            {
                 out.push(r.name.clone());
             }
         }
@@ -509,7 +540,11 @@ async fn an_agent_pod_holds_only_its_own_scoped_credentials() {
         .flatten()
         .map(|e| e.name.as_str())
         .collect();
-    for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"] {
+    for var in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    ] {
         assert!(!env_names.contains(&var), "{var} in the pod's env");
     }
     let dump = serde_json::to_string(&pod).expect("pod json");
@@ -522,10 +557,16 @@ async fn an_agent_pod_holds_only_its_own_scoped_credentials() {
         .find(|m| m.mount_path == scoped::MOUNT_DIR)
         .expect("credentials mount");
     assert_eq!(mount.read_only, Some(true));
-    assert!(mount.sub_path.is_none(), "a subPath mount is never refreshed");
     assert!(
-        container.env.iter().flatten().any(|e| e.name == scoped::DIR_ENV
-            && e.value.as_deref() == Some(scoped::MOUNT_DIR))
+        mount.sub_path.is_none(),
+        "a subPath mount is never refreshed"
+    );
+    assert!(
+        container
+            .env
+            .iter()
+            .flatten()
+            .any(|e| e.name == scoped::DIR_ENV && e.value.as_deref() == Some(scoped::MOUNT_DIR))
     );
 
     // What the pod mounts reaches its own prefix and nothing of session two's.
@@ -550,11 +591,7 @@ async fn an_agent_pod_holds_only_its_own_scoped_credentials() {
     assert_eq!(put(&c1, &one_key, "one's").await, "ok");
     assert_eq!(get(&c1, &one_key).await.as_deref(), Ok("one's"));
     // Session one's Role grants no read of any credentials Secret through the API either.
-    let role: k8s_openapi::api::rbac::v1::Role = env
-        .api()
-        .get("cairn-one")
-        .await
-        .expect("role");
+    let role: k8s_openapi::api::rbac::v1::Role = env.api().get("cairn-one").await.expect("role");
     for rule in role.rules.iter().flatten() {
         if rule.resources.iter().flatten().any(|r| r == "secrets") {
             assert_eq!(
@@ -595,7 +632,10 @@ async fn credentials_are_refreshed_before_expiry_without_rolling_the_pod() {
         .unwrap_or_default();
     assert!(granted <= Duration::from_secs(31), "{granted:?}");
     let key = format!("cairn/{}/r/ccr/k", env.ns);
-    assert_eq!(put(&temp_client(&store.endpoint, &first), &key, "v1").await, "ok");
+    assert_eq!(
+        put(&temp_client(&store.endpoint, &first), &key, "v1").await,
+        "ok"
+    );
 
     // Rewritten before the first ones expire.
     let (second_secret, second) = eventually("the scoped Secret to be refreshed", || async {
@@ -627,7 +667,9 @@ async fn credentials_are_refreshed_before_expiry_without_rolling_the_pod() {
     assert!(stale.is_err(), "expired credentials still read: {stale:?}");
     let (_, current) = env.credentials("r").await.expect("scoped Secret");
     assert_eq!(
-        get(&temp_client(&store.endpoint, &current), &key).await.as_deref(),
+        get(&temp_client(&store.endpoint, &current), &key)
+            .await
+            .as_deref(),
         Ok("v2")
     );
 
@@ -694,7 +736,9 @@ async fn a_failed_minting_is_reported_and_retried_until_it_works() {
             .any(|e| {
                 e.reason.as_deref() == Some("ScopedCredentialsFailed")
                     && e.type_.as_deref() == Some("Warning")
-                    && e.message.as_deref().is_some_and(|m| m.contains("AssumeRole"))
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("AssumeRole"))
             })
             .then_some(())
     })
@@ -705,7 +749,10 @@ async fn a_failed_minting_is_reported_and_retried_until_it_works() {
     env.wait_phase("f", Phase::Running).await;
     let (_, creds) = env.credentials("f").await.expect("scoped Secret");
     let key = format!("cairn/{}/f/ccr/k", env.ns);
-    assert_eq!(put(&temp_client(&store.endpoint, &creds), &key, "ok").await, "ok");
+    assert_eq!(
+        put(&temp_client(&store.endpoint, &creds), &key, "ok").await,
+        "ok"
+    );
     env.teardown().await;
     drop(store);
 }

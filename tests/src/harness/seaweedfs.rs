@@ -71,8 +71,18 @@ impl SeaweedFs {
         for _ in 0..10 {
             ports.push(free_port()?);
         }
-        let [master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, admin, admin_grpc] =
-            ports[..]
+        let [
+            master,
+            master_grpc,
+            volume,
+            volume_grpc,
+            filer,
+            filer_grpc,
+            s3,
+            s3_grpc,
+            admin,
+            admin_grpc,
+        ] = ports[..]
         else {
             return Err(HarnessError::Setup("free ports".into()));
         };
@@ -116,9 +126,9 @@ impl SeaweedFs {
                 // Any S3 answer (an anonymous request is refused) from this port, and every
                 // bucket present in this server's filer.
                 status(s3, "GET", "/").is_ok_and(|c| c == 403)
-                    && buckets
-                        .iter()
-                        .all(|b| status(filer, "GET", &format!("/buckets/{b}/")).is_ok_and(|c| c == 200))
+                    && buckets.iter().all(|b| {
+                        status(filer, "GET", &format!("/buckets/{b}/")).is_ok_and(|c| c == 200)
+                    })
             },
         )?;
         Ok(Self {
