@@ -756,3 +756,56 @@ async fn a_failed_minting_is_reported_and_retried_until_it_works() {
     env.teardown().await;
     drop(store);
 }
+
+#[tokio::test]
+async fn deleting_a_scoped_session_purges_exactly_its_prefix_with_the_admin_keys() {
+    let (store, dir) = start_store("purge", &SeaweedOptions::default());
+    let admin = admin_dir(dir.path(), ADMIN_ACCESS_KEY_ID, ADMIN_SECRET_ACCESS_KEY);
+    let env = TestEnv::new(
+        "scoped-purge",
+        defaults(&store, &admin, Duration::from_secs(3600)),
+    )
+    .await;
+    let mut spec = minimal();
+    spec["archive"] = json!({"retainOnDelete": false});
+    env.create_session("p", spec).await;
+    env.create_session("p2", minimal()).await;
+    env.wait_phase("p", Phase::Running).await;
+    env.wait_phase("p2", Phase::Running).await;
+    let (_, own) = env.credentials("p").await.expect("scoped Secret");
+    let c = temp_client(&store.endpoint, &own);
+    let root = format!("cairn/{}/p/", env.ns);
+    for k in ["ccr/a", "ccr/b", "journal/0001"] {
+        assert_eq!(put(&c, &format!("{root}{k}"), "x").await, "ok");
+    }
+    // A namesake sibling's object, which a purge of `p` must not touch.
+    let sibling = format!("cairn/{}/p2/ccr/a", env.ns);
+    let admin_s3 = admin_client(&store.endpoint);
+    assert_eq!(put(&admin_s3, &sibling, "keep").await, "ok");
+
+    env.api::<AgentSession>()
+        .delete("p", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the session to be gone", || async {
+        env.api::<AgentSession>()
+            .get_opt("p")
+            .await
+            .ok()
+            .and_then(|s| s.is_none().then_some(()))
+    })
+    .await;
+    assert_eq!(list(&admin_s3, Some(&root)).await, Ok(vec![]));
+    assert_eq!(get(&admin_s3, &sibling).await.as_deref(), Ok("keep"));
+    // Its credentials Secret goes with it (owned by the session).
+    eventually("the scoped Secret to be collected", || async {
+        env.api::<Secret>()
+            .get_opt(&scoped::secret_name("p"))
+            .await
+            .ok()
+            .and_then(|s| s.is_none().then_some(()))
+    })
+    .await;
+    env.teardown().await;
+    drop(store);
+}
