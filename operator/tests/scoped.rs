@@ -248,6 +248,25 @@ async fn session_b_is_denied_everything_on_session_a_prefix_and_a_can_do_all_of_
             "LIST {wider:?}"
         );
     }
+    // HEAD (no error body, so no code: the status says it) and the v1 listing likewise.
+    let head = cb.head_object().bucket(BUCKET).key(a_key).send().await;
+    let status = head
+        .as_ref()
+        .err()
+        .and_then(|e| e.raw_response())
+        .map(|r| r.status().as_u16());
+    assert_eq!(status, Some(403), "HEAD: {head:?}");
+    assert_eq!(
+        outcome(
+            cb.list_objects()
+                .bucket(BUCKET)
+                .prefix("cairn/team-a/alpha/")
+                .send()
+                .await
+        ),
+        "AccessDenied",
+        "LIST v1"
+    );
     assert_eq!(get(&cadmin, a_key).await.as_deref(), Ok("A's original"));
     assert_eq!(
         list(&cadmin, Some("cairn/team-a/alpha/")).await,
