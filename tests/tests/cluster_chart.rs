@@ -239,6 +239,14 @@ fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
             "--set",
             "agent.otlp.resourceAttributes.k8s\\.cluster\\.name=prod-eu",
         ],
+        &[
+            "--set",
+            "archive.scoped.enabled=true",
+            "--set",
+            "archive.scoped.adminCredentialsSecret=archive-admin",
+            "--set",
+            "archive.scoped.roleArn=arn:aws:iam::123456789012:role/cairn-archive",
+        ],
     ];
     // The CRDs exist (kept from the install): a dry run of a CRD would not make it servable
     // for the rest of the stream.
