@@ -828,3 +828,60 @@ async fn deleting_a_scoped_session_purges_exactly_its_prefix_with_the_admin_keys
     env.teardown().await;
     drop(store);
 }
+
+#[tokio::test]
+async fn a_failed_refresh_keeps_the_running_pod_and_says_so_until_it_works_again() {
+    let (store, dir) = start_store(
+        "refresh-fail",
+        &SeaweedOptions {
+            max_session: Some(Duration::from_secs(30)),
+        },
+    );
+    let admin = admin_dir(dir.path(), ADMIN_ACCESS_KEY_ID, ADMIN_SECRET_ACCESS_KEY);
+    let env = TestEnv::new(
+        "scoped-refail",
+        defaults(&store, &admin, Duration::from_secs(900)),
+    )
+    .await;
+    env.create_session("g", minimal()).await;
+    env.wait_phase("g", Phase::Running).await;
+    let (_, first) = env.credentials("g").await.expect("scoped Secret");
+    // The admin Secret goes bad before the refresh is due.
+    std::fs::write(admin.join("AWS_SECRET_ACCESS_KEY"), "rotated-wrongly").expect("write");
+    let api = env.api::<AgentSession>();
+    let s = eventually("the failed refresh in status", || async {
+        let s = api.get("g").await.ok()?;
+        (condition(&s, "ArchiveReady")?.1 == "ScopedCredentialsFailed").then_some(s)
+    })
+    .await;
+    // The credentials in place still work, so the pod is left running on them.
+    if SystemTime::now() < first.expiration {
+        assert_eq!(condition(&s, "Ready").map(|c| c.0).as_deref(), Some("True"));
+    }
+    assert!(
+        env.api::<StatefulSet>()
+            .get_opt("cairn-g")
+            .await
+            .expect("get")
+            .is_some()
+    );
+    // Fixed again: the next retry mints, and the failure clears.
+    std::fs::write(admin.join("AWS_SECRET_ACCESS_KEY"), ADMIN_SECRET_ACCESS_KEY).expect("write");
+    let (_, next) = eventually("credentials minted after the fix", || async {
+        let (s, c) = env.credentials("g").await?;
+        (c.access_key_id != first.access_key_id).then_some((s, c))
+    })
+    .await;
+    eventually("the failure to clear", || async {
+        let s = api.get("g").await.ok()?;
+        (condition(&s, "ArchiveReady")?.1 != "ScopedCredentialsFailed").then_some(())
+    })
+    .await;
+    let key = format!("cairn/{}/g/ccr/k", env.ns);
+    assert_eq!(
+        put(&temp_client(&store.endpoint, &next), &key, "ok").await,
+        "ok"
+    );
+    env.teardown().await;
+    drop(store);
+}
