@@ -274,9 +274,9 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                                 // Without credentials the pod could not start: wait for them.
                                 obs.blocker = Some(Blocker::Waiting(problem));
                             }
-                            let usable = failure.usable;
                             scoped_failure = Some(failure.error);
-                            if usable { ctx.resync } else { WAITING_REQUEUE }
+                            // Retried with the per-session backoff instead (see below).
+                            ctx.resync
                         }
                     };
                     if obs.blocker.is_some() {
