@@ -123,9 +123,14 @@ impl SeaweedFs {
             Duration::from_secs(90),
             &mut [&mut proc],
             || {
-                // Any S3 answer (an anonymous request is refused) from this port, and every
-                // bucket present in this server's filer.
-                status(s3, "GET", "/").is_ok_and(|c| c == 403)
+                // This process says everything runs and names its S3 port (another test's
+                // server that took a probed port first must not count), the port gives an
+                // S3 answer (an anonymous request is refused), and every bucket is present
+                // in this server's filer.
+                std::fs::read_to_string(&log).is_ok_and(|l| {
+                    l.contains("All enabled components are running")
+                        && l.contains(&format!("http://127.0.0.1:{s3}"))
+                }) && status(s3, "GET", "/").is_ok_and(|c| c == 403)
                     && buckets.iter().all(|b| {
                         status(filer, "GET", &format!("/buckets/{b}/")).is_ok_and(|c| c == 200)
                     })
