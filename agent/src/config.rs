@@ -22,6 +22,10 @@ use crate::journal::{DirObjects, ObjectStore, S3Objects};
 /// The default S3 key prefix (the operator's default too).
 pub const DEFAULT_PREFIX: &str = "cairn";
 
+/// Directory of a mounted S3 credentials Secret (one file per key); when set, the archive's
+/// credentials come from there instead of `AWS_*` variables.
+pub const S3_CREDENTIALS_DIR_ENV: &str = "CAIRN_S3_CREDENTIALS_DIR";
+
 /// A settings problem: bad input, exit code 2 in `run`.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -549,5 +553,28 @@ mod tests {
         assert_eq!(s.in_flight, 1);
         assert!(parse_session_ref("ns/a").is_ok());
         assert!(parse_session_ref("a").is_err());
+    }
+
+    #[test]
+    fn a_mounted_credentials_directory_wins_over_static_keys() {
+        let c = ConfigFile::parse(
+            "name: demo\nprovider: {kind: openai-compatible, model: m}\narchive: {bucket: b}\n",
+            "t",
+        )
+        .unwrap();
+        let env = |k: &str| match k {
+            "CAIRN_S3_ACCESS_KEY_ID" | "CAIRN_S3_SECRET_ACCESS_KEY" => Some("static".to_string()),
+            S3_CREDENTIALS_DIR_ENV => Some("/var/run/cairn/archive-credentials".to_string()),
+            _ => None,
+        };
+        let creds = StorageSettings::from_spec(&c.spec, env)
+            .unwrap()
+            .s3
+            .unwrap()
+            .credentials;
+        assert!(
+            matches!(creds, crate::aws::AwsIdentity::Directory(_)),
+            "{creds:?}"
+        );
     }
 }

@@ -435,6 +435,25 @@ pub struct S3CredentialsRef {
     pub secret_access_key_key: String,
 }
 
+/// Key of the session token in an S3 credentials Secret holding temporary credentials (the
+/// operator's scoped mode writes it beside the key pair).
+pub const S3_SESSION_TOKEN_KEY: &str = "AWS_SESSION_TOKEN";
+/// Key of the instant temporary S3 credentials expire at (RFC 3339, UTC).
+pub const S3_EXPIRATION_KEY: &str = "AWS_CREDENTIAL_EXPIRATION";
+
+/// `<prefix>/<namespace>/<session>/`: every object of one session (archive and journal)
+/// lives under this key prefix. The one spelling of the layout: the agent's store, the
+/// operator's purge and the operator's scoped session policy all call it, so the prefix a
+/// session's credentials are scoped to is the prefix its agent writes to.
+pub fn archive_root(prefix: &str, namespace: &str, session: &str) -> String {
+    let base = prefix.trim_matches('/');
+    if base.is_empty() {
+        format!("{namespace}/{session}/")
+    } else {
+        format!("{base}/{namespace}/{session}/")
+    }
+}
+
 fn default_access_key_key() -> String {
     "AWS_ACCESS_KEY_ID".into()
 }

@@ -50,6 +50,60 @@ pub struct OperatorArgs {
     /// `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
     #[arg(long, env = "CAIRN_ARCHIVE_CREDENTIALS_SECRET")]
     pub archive_credentials_secret: Option<String>,
+    /// The agent pods get their S3 identity from their environment (IRSA, EKS Pod Identity,
+    /// a node role through IMDS): a session with a bucket and no credentials Secret then
+    /// uses the AWS default credential chain instead of being refused. A session whose
+    /// ServiceAccount gets an `eks.amazonaws.com/role-arn` annotation counts as such
+    /// without this flag.
+    #[arg(
+        long,
+        env = "CAIRN_ARCHIVE_AMBIENT_CREDENTIALS",
+        default_value_t = false
+    )]
+    pub archive_ambient_credentials: bool,
+    /// Scoped archive credentials: for each session the operator calls STS `AssumeRole` with
+    /// its own admin credentials and a session policy that allows only that session's
+    /// prefix, and writes the temporary credentials into the session's own Secret (mounted
+    /// into its pod, refreshed before they expire). Replaces `--archive-credentials-secret`
+    /// for sessions that name no credentials of their own. The recommended mode wherever
+    /// sessions of different tenants share a bucket.
+    #[arg(long, env = "CAIRN_ARCHIVE_SCOPED", default_value_t = false, action = clap::ArgAction::Set)]
+    pub archive_scoped: bool,
+    /// Role the scoped credentials assume (`arn:aws:iam::<account>:role/<name>`); its own
+    /// policies bound what any session policy can grant. Unset: the admin identity assumes
+    /// a session of itself (stores that allow it, e.g. SeaweedFS; AWS needs a role).
+    #[arg(long, env = "CAIRN_ARCHIVE_SCOPED_ROLE_ARN")]
+    pub archive_scoped_role_arn: Option<String>,
+    /// STS endpoint. Unset: the archive endpoint when one is configured (self-hosted stores
+    /// serve STS on their S3 port), else AWS STS of the archive region.
+    #[arg(long, env = "CAIRN_ARCHIVE_SCOPED_STS_ENDPOINT")]
+    pub archive_scoped_sts_endpoint: Option<String>,
+    /// Lifetime asked for the scoped credentials, in seconds (STS allows 900 to 43200; the
+    /// store may grant less, the operator follows the expiry it gets).
+    #[arg(
+        long,
+        env = "CAIRN_ARCHIVE_SCOPED_DURATION_SECONDS",
+        default_value_t = SCOPED_DURATION_SECONDS,
+        value_parser = clap::value_parser!(u32).range(900..=43200)
+    )]
+    pub archive_scoped_duration_seconds: u32,
+    /// Refresh the scoped credentials this many seconds before they expire. 0 (or a value
+    /// not shorter than the lifetime): at half the lifetime.
+    #[arg(
+        long,
+        env = "CAIRN_ARCHIVE_SCOPED_REFRESH_BEFORE_SECONDS",
+        default_value_t = 0
+    )]
+    pub archive_scoped_refresh_before_seconds: u64,
+    /// Directory of the operator's own mounted Secret with the bucket's admin key pair
+    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`), read at each minting and purge. It
+    /// stays in the operator's pod: no agent pod ever mounts it.
+    #[arg(
+        long,
+        env = "CAIRN_ARCHIVE_SCOPED_ADMIN_CREDENTIALS_DIR",
+        default_value = "/var/run/cairn/archive-admin"
+    )]
+    pub archive_scoped_admin_credentials_dir: std::path::PathBuf,
     /// Default size of the pod-local archive cache (also bounds the pod's scratch volume).
     #[arg(long, env = "CAIRN_ARCHIVE_LOCAL_CACHE_SIZE", default_value = "256Mi")]
     pub archive_local_cache_size: String,
@@ -309,8 +363,28 @@ pub struct ArchiveDefaults {
     pub region: String,
     pub force_path_style: Option<bool>,
     pub credentials_secret: Option<String>,
+    /// Pods have an S3 identity of their own (`--archive-ambient-credentials`).
+    pub ambient_credentials: bool,
+    /// Per-session credentials minted by the operator; `None`: sessions get the static
+    /// `credentials_secret` (or their own).
+    pub scoped: Option<ScopedArchive>,
     pub local_cache_size: String,
     pub ttl: String,
+}
+
+/// Lifetime the operator asks for scoped credentials by default.
+pub const SCOPED_DURATION_SECONDS: u32 = 3600;
+
+/// How the operator mints a session's scoped archive credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScopedArchive {
+    pub role_arn: Option<String>,
+    /// `None`: the archive endpoint, else AWS STS.
+    pub sts_endpoint: Option<String>,
+    pub duration: std::time::Duration,
+    /// `None`: at half the lifetime.
+    pub refresh_before: Option<std::time::Duration>,
+    pub admin_credentials_dir: std::path::PathBuf,
 }
 
 impl Default for Defaults {
@@ -324,6 +398,8 @@ impl Default for Defaults {
                 region: "us-east-1".into(),
                 force_path_style: None,
                 credentials_secret: None,
+                ambient_credentials: false,
+                scoped: None,
                 local_cache_size: "256Mi".into(),
                 ttl: "168h".into(),
             },
@@ -349,6 +425,19 @@ impl OperatorArgs {
                 region: self.archive_region.clone(),
                 force_path_style: self.archive_force_path_style,
                 credentials_secret: non_empty(&self.archive_credentials_secret),
+                ambient_credentials: self.archive_ambient_credentials,
+                scoped: self.archive_scoped.then(|| ScopedArchive {
+                    role_arn: non_empty(&self.archive_scoped_role_arn).map(|s| s.trim().into()),
+                    sts_endpoint: non_empty(&self.archive_scoped_sts_endpoint)
+                        .map(|s| s.trim().into()),
+                    duration: std::time::Duration::from_secs(
+                        self.archive_scoped_duration_seconds.into(),
+                    ),
+                    refresh_before: (self.archive_scoped_refresh_before_seconds > 0).then(|| {
+                        std::time::Duration::from_secs(self.archive_scoped_refresh_before_seconds)
+                    }),
+                    admin_credentials_dir: self.archive_scoped_admin_credentials_dir.clone(),
+                }),
                 local_cache_size: self.archive_local_cache_size.clone(),
                 ttl: self.archive_ttl.clone(),
             },

@@ -32,7 +32,7 @@ use crate::objects::{self, FIELD_MANAGER};
 use crate::purge::{ArchivePurger, PurgeTarget};
 use crate::status::{self, Blocker, Observed, Problem};
 use crate::validate::{self, ArchivePlan};
-use crate::{apply, dereference};
+use crate::{apply, dereference, scoped};
 
 /// Finalizer that purges the session's archive and journal before the session goes away.
 pub const FINALIZER: &str = "cairn.dev/archive";
@@ -286,6 +286,7 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
             .and_then(|a| archive_state(&a, &namespace, &name)),
     };
 
+    let mut scoped_failure = None;
     let action = match policy {
         Err(problem) => {
             obs.policy = Err(problem);
@@ -300,27 +301,100 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                     obs.blocker = Some(Blocker::Invalid(Problem::new(e.label(), e.to_string())));
                     Action::await_change()
                 }
-                Ok(plan) => match dereference::build_inputs(&ctx.client, &plan).await {
-                    Err(e) if e.class() == ErrorClass::Waiting => {
-                        obs.blocker =
-                            Some(Blocker::Waiting(Problem::new(e.label(), e.to_string())));
-                        Action::requeue(ctx.secret_recheck(&namespace))
+                Ok(plan) => {
+                    let requeue = match scoped_credentials(&plan, ctx).await {
+                        Ok(refresh) => refresh.map_or(ctx.resync, |r| r.min(ctx.resync)),
+                        Err(failure) => {
+                            let problem =
+                                Problem::new(failure.error.label(), failure.error.to_string());
+                            obs.archive = Err(problem.clone());
+                            if !failure.usable {
+                                // Without credentials the pod could not start: wait for them.
+                                obs.blocker = Some(Blocker::Waiting(problem));
+                            }
+                            scoped_failure = Some(failure.error);
+                            // Retried with the per-session backoff instead (see below).
+                            ctx.resync
+                        }
+                    };
+                    if obs.blocker.is_some() {
+                        Action::requeue(requeue)
+                    } else {
+                        match dereference::build_inputs(&ctx.client, &plan).await {
+                            Err(e) if e.class() == ErrorClass::Waiting => {
+                                obs.blocker =
+                                    Some(Blocker::Waiting(Problem::new(e.label(), e.to_string())));
+                                Action::requeue(ctx.secret_recheck(&namespace))
+                            }
+                            Err(e) => return Err(e),
+                            Ok(inputs) => {
+                                let built = objects::build(&plan, &inputs);
+                                let sts = apply::apply_all(&ctx.client, &built).await?;
+                                obs.ready_replicas =
+                                    Some(sts.status.and_then(|s| s.ready_replicas).unwrap_or(0));
+                                Action::requeue(requeue)
+                            }
+                        }
                     }
-                    Err(e) => return Err(e),
-                    Ok(inputs) => {
-                        let built = objects::build(&plan, &inputs);
-                        let sts = apply::apply_all(&ctx.client, &built).await?;
-                        obs.ready_replicas =
-                            Some(sts.status.and_then(|s| s.ready_replicas).unwrap_or(0));
-                        Action::requeue(ctx.resync)
-                    }
-                },
+                }
             }
         }
     };
 
     write_status(&session, &obs, ctx).await?;
+    // A failed minting is retried with the per-session backoff (and reported as an Event by
+    // `reconcile`), after the status says what is wrong.
+    if let Some(e) = scoped_failure {
+        return Err(e.into());
+    }
     Ok(action)
+}
+
+/// In scoped mode, keeps the session's credentials Secret fresh; returns how long until the
+/// next refresh is due (`None`: not in scoped mode).
+async fn scoped_credentials(
+    plan: &validate::Plan,
+    ctx: &Context,
+) -> Result<Option<Duration>, scoped::Failure> {
+    let (Some(config), Some(target)) = (
+        ctx.defaults
+            .archive
+            .scoped
+            .as_ref()
+            .filter(|_| plan.archive.scoped),
+        scoped::MintTarget::for_plan(plan),
+    ) else {
+        return Ok(None);
+    };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &plan.namespace);
+    let ensured = scoped::ensure(&secrets, plan, config, &target).await?;
+    if let Some(expiration) = ensured.minted {
+        let reference = ObjectReference {
+            api_version: Some(AgentSession::api_version(&()).into()),
+            kind: Some(AgentSession::kind(&()).into()),
+            name: Some(plan.name.clone()),
+            namespace: Some(plan.namespace.clone()),
+            uid: Some(plan.owner.uid.clone()),
+            ..Default::default()
+        };
+        ctx.publish(
+            &reference,
+            false,
+            "ScopedCredentialsIssued",
+            format!(
+                "credentials for {} only, valid until {}, refreshed at {}",
+                target.scope(),
+                scoped::rfc3339(expiration),
+                scoped::rfc3339(ensured.refresh_at)
+            ),
+        )
+        .await;
+    }
+    let wait = ensured
+        .refresh_at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    Ok(Some(wait.max(Duration::from_secs(1))))
 }
 
 /// Writes the status if the operator's part changed, and publishes an Event per transition.
@@ -406,7 +480,21 @@ async fn cleanup_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Ac
     };
 
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let target = match dereference::s3_keys(&secrets, &namespace, &archive).await {
+    // Scoped mode: the purge runs with the operator's admin credentials (the session's own
+    // may have expired, and DeleteObjects is not theirs to call).
+    let keys = match ctx
+        .defaults
+        .archive
+        .scoped
+        .as_ref()
+        .filter(|_| archive.scoped)
+    {
+        Some(config) => scoped::admin_keys(&config.admin_credentials_dir)
+            .map(Some)
+            .map_err(Error::from),
+        None => dereference::s3_keys(&secrets, &namespace, &archive).await,
+    };
+    let target = match keys {
         Ok(credentials) => PurgeTarget {
             endpoint: archive.endpoint.clone(),
             bucket,

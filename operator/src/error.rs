@@ -2,6 +2,7 @@
 //! decides how `error_policy` retries it.
 
 use crate::purge::PurgeError;
+use crate::scoped::ScopedError;
 use crate::validate::ValidationError;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,8 @@ pub enum Error {
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     #[error("encoding {0}")]
     Encode(#[from] serde_json::Error),
+    #[error("scoped archive credentials: {0}")]
+    Scoped(#[from] ScopedError),
 }
 
 /// How an error is retried.
@@ -51,6 +54,7 @@ impl Error {
                 _ => "Finalizer",
             },
             Self::Encode(_) => "Encode",
+            Self::Scoped(e) => e.label(),
         }
     }
 
@@ -63,7 +67,9 @@ impl Error {
                 | kube::runtime::finalizer::Error::CleanupFailed(inner) => inner.class(),
                 _ => ErrorClass::Transient,
             },
-            Self::Kube(_) | Self::Purge(_) | Self::Encode(_) => ErrorClass::Transient,
+            Self::Kube(_) | Self::Purge(_) | Self::Encode(_) | Self::Scoped(_) => {
+                ErrorClass::Transient
+            }
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod objects;
 pub mod purge;
 pub mod run;
+pub mod scoped;
 pub mod status;
 pub mod validate;
 

@@ -46,10 +46,18 @@ pub enum ValidationError {
         "spec.archive.prefix {given:?} cannot be set on an AgentSession: every session's objects live under the operator's archive prefix {root:?} as {root}/<namespace>/<session>/, so a session's prefix could alias another's"
     )]
     ArchivePrefixNotSettable { given: String, root: String },
+    #[error(
+        "spec.archive.{field} {given:?} differs from the operator's {configured:?}: the operator mints scoped credentials for its own archive only; name a credentials Secret of your own (spec.archive.credentials) to use another store"
+    )]
+    ScopedArchiveOverride {
+        field: &'static str,
+        given: String,
+        configured: String,
+    },
     #[error("spec.maxOutputTokens must be smaller than spec.contextWindow")]
     OutputExceedsWindow,
     #[error(
-        "the archive bucket {bucket:?} is configured but no S3 credentials are, and the agent cannot start without them: set spec.archive.credentials.secretName, or the operator's --archive-credentials-secret (chart value archive.credentialsSecret), to a Secret of this namespace holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; or configure no bucket, and archive and journal stay on the pod's scratch volume"
+        "the archive bucket {bucket:?} is configured but no S3 identity is: set spec.archive.credentials.secretName, or the operator's --archive-credentials-secret (chart value archive.credentialsSecret), to a Secret of this namespace holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; or turn on the operator's scoped credentials (chart archive.scoped); or give the pods an identity of their own (an eks.amazonaws.com/role-arn ServiceAccount annotation, or --archive-ambient-credentials, chart archive.ambientCredentials); or configure no bucket, and archive and journal stay on the pod's scratch volume"
     )]
     ArchiveCredentialsMissing { bucket: String },
 }
@@ -68,6 +76,7 @@ impl ValidationError {
             Self::ArchivePrefix(_) | Self::ArchivePrefixNotSettable { .. } => {
                 "InvalidArchivePrefix"
             }
+            Self::ScopedArchiveOverride { .. } => "ScopedArchiveOverride",
             Self::OutputExceedsWindow => "OutputExceedsWindow",
             Self::ArchiveCredentialsMissing { .. } => "ArchiveCredentialsMissing",
         }
@@ -109,6 +118,12 @@ pub struct ArchivePlan {
     pub region: String,
     pub force_path_style: bool,
     pub credentials: Option<S3CredentialsRef>,
+    /// The operator mints the session's credentials (`Defaults::archive.scoped`) into the
+    /// session's own Secret; `credentials` is then `None`.
+    pub scoped: bool,
+    /// The pod has an S3 identity of its own (IRSA and friends), which the agent takes
+    /// through the AWS default chain; `credentials` is then `None`.
+    pub ambient: bool,
     pub retain_on_delete: bool,
     pub local_cache_size: String,
     pub ttl: String,
@@ -117,12 +132,7 @@ pub struct ArchivePlan {
 impl ArchivePlan {
     /// Key prefix of everything the session stores: `<prefix>/<namespace>/<session>/`.
     pub fn session_prefix(&self, namespace: &str, name: &str) -> String {
-        let base = self.prefix.trim_matches('/');
-        if base.is_empty() {
-            format!("{namespace}/{name}/")
-        } else {
-            format!("{base}/{namespace}/{name}/")
-        }
+        cairn_crds::session::archive_root(&self.prefix, namespace, name)
     }
 }
 
@@ -161,7 +171,16 @@ pub fn validate(
     }
     let payload_cap = spec.payload_cap()?;
     let effective = cairn_crds::resolve(policy, spec.compaction.as_ref())?;
-    let archive = archive_plan(spec.archive.as_ref(), defaults)?;
+    let mut archive = archive_plan(spec.archive.as_ref(), defaults)?;
+    // A session's own IRSA role is an identity of its own too.
+    let own_role = spec
+        .template
+        .as_ref()
+        .and_then(|t| t.service_account_annotations.as_ref())
+        .is_some_and(|a| a.contains_key(IRSA_ROLE_ANNOTATION));
+    if own_role && archive.credentials.is_none() && !archive.scoped {
+        archive.ambient = true;
+    }
     archive_usable(&archive)?;
 
     let template = spec.template.as_ref();
@@ -218,15 +237,45 @@ pub fn archive_plan(
         .force_path_style
         .or(d.force_path_style)
         .unwrap_or(endpoint.is_some());
+    let bucket = spec.bucket.clone().or_else(|| d.bucket.clone());
+    // Scoped credentials serve the operator's own archive: a session that names no
+    // credentials of its own cannot point them at another bucket or store.
+    let scoped = spec.credentials.is_none() && d.scoped.is_some() && bucket.is_some();
+    if scoped {
+        for (field, given, configured) in [
+            ("bucket", &spec.bucket, &d.bucket),
+            ("endpoint", &spec.endpoint, &d.endpoint),
+        ] {
+            if let Some(given) = given
+                && Some(given) != configured.as_ref()
+            {
+                return Err(ValidationError::ScopedArchiveOverride {
+                    field,
+                    given: given.clone(),
+                    configured: configured.clone().unwrap_or_else(|| "(AWS)".into()),
+                });
+            }
+        }
+    }
     let credentials = spec.credentials.clone().or_else(|| {
+        if d.scoped.is_some() {
+            return None;
+        }
         d.credentials_secret.as_ref().map(|name| S3CredentialsRef {
             secret_name: name.clone(),
             access_key_id_key: "AWS_ACCESS_KEY_ID".into(),
             secret_access_key_key: "AWS_SECRET_ACCESS_KEY".into(),
         })
     });
+    let ambient = d.ambient_credentials
+        || defaults
+            .pod
+            .service_account_annotations
+            .contains_key(IRSA_ROLE_ANNOTATION);
     Ok(ArchivePlan {
-        bucket: spec.bucket.clone().or_else(|| d.bucket.clone()),
+        ambient: credentials.is_none() && !scoped && ambient,
+        bucket,
+        scoped,
         region: spec.region.clone().unwrap_or_else(|| d.region.clone()),
         retain_on_delete: spec.retain_on_delete.unwrap_or(true),
         local_cache_size: spec
@@ -241,14 +290,21 @@ pub fn archive_plan(
     })
 }
 
-/// Whether the agent can use the archive as planned: it reads a static S3 key pair only, so
-/// a bucket without a credentials Secret would stop it at start-up (a crash loop that says
-/// nothing on the session); the operator refuses it here, with what to set.
+/// The ServiceAccount annotation that gives a pod an IAM role on EKS (IRSA).
+pub const IRSA_ROLE_ANNOTATION: &str = "eks.amazonaws.com/role-arn";
+
+/// Whether the agent can use the archive as planned. A bucket needs an identity: a
+/// credentials Secret, the operator's scoped credentials, or one the pod has of its own
+/// (declared by `--archive-ambient-credentials` or an IRSA role on its ServiceAccount).
+/// Without any, the agent's credential chain would find nothing and every archive write
+/// would fail; the operator refuses it here, with what to set.
 pub fn archive_usable(archive: &ArchivePlan) -> Result<(), ValidationError> {
     match (&archive.bucket, &archive.credentials) {
-        (Some(bucket), None) => Err(ValidationError::ArchiveCredentialsMissing {
-            bucket: bucket.clone(),
-        }),
+        (Some(bucket), None) if !archive.scoped && !archive.ambient => {
+            Err(ValidationError::ArchiveCredentialsMissing {
+                bucket: bucket.clone(),
+            })
+        }
         _ => Ok(()),
     }
 }

@@ -1464,4 +1464,177 @@ fn a_bucket_without_credentials_is_refused_with_what_to_set() {
     assert!(validate(&session("chat", MINIMAL), None, &with_default).is_ok());
     // No bucket at all: the session runs on its scratch volume (ArchiveReady says so).
     assert!(validate(&session("chat", MINIMAL), None, &defaults()).is_ok());
+    // An identity of the pod's own: declared fleet-wide, or an IRSA role (the fleet's or the
+    // session's own ServiceAccount annotation). The agent then takes the default chain.
+    for needle in ["archive.scoped", "archive.ambientCredentials"] {
+        assert!(text.contains(needle), "{needle} in {text}");
+    }
+    let mut ambient = with_bucket.clone();
+    ambient.archive.ambient_credentials = true;
+    let plan = validate(&session("chat", MINIMAL), None, &ambient).expect("ambient");
+    assert!(plan.archive.ambient && plan.archive.credentials.is_none());
+    let mut fleet_role = with_bucket.clone();
+    fleet_role.pod.service_account_annotations.insert(
+        "eks.amazonaws.com/role-arn".into(),
+        "arn:aws:iam::123:role/cairn-{namespace}-{session}".into(),
+    );
+    assert!(validate(&session("chat", MINIMAL), None, &fleet_role).is_ok());
+    let own_role = "provider: {kind: openai, model: gpt-5}\ntemplate:\n  serviceAccountAnnotations: {eks.amazonaws.com/role-arn: 'arn:aws:iam::123:role/team'}";
+    assert!(validate(&session("chat", own_role), None, &with_bucket).is_ok());
+    // An annotation that is not a role does not count.
+    let other = "provider: {kind: openai, model: gpt-5}\ntemplate:\n  serviceAccountAnnotations: {team: search}";
+    assert!(validate(&session("chat", other), None, &with_bucket).is_err());
+    // The agent gets no key variables then.
+    let objects = build(&plan, &inputs());
+    assert!(!env(&objects).keys().any(|k| k.contains("ACCESS_KEY")));
+}
+
+fn scoped_defaults() -> Defaults {
+    parse(&[
+        "--agent-image=registry.local/cairn-agent:1.0",
+        "--archive-bucket=cairn",
+        "--archive-endpoint=http://s3.storage.svc:8333",
+        "--archive-credentials-secret=shared-s3",
+        "--archive-scoped=true",
+        "--archive-scoped-role-arn=arn:aws:iam::000000000000:role/cairn-archive",
+        "--archive-scoped-refresh-before-seconds=600",
+        "--archive-scoped-admin-credentials-dir=/var/run/cairn/archive-admin",
+    ])
+    .expect("scoped flags parse")
+}
+
+#[test]
+fn scoped_flags_resolve_and_bad_lifetimes_are_refused() {
+    let d = scoped_defaults();
+    let scoped = d.archive.scoped.expect("scoped mode");
+    assert_eq!(
+        scoped.role_arn.as_deref(),
+        Some("arn:aws:iam::000000000000:role/cairn-archive")
+    );
+    assert_eq!(scoped.sts_endpoint, None);
+    assert_eq!(scoped.duration, std::time::Duration::from_secs(3600));
+    assert_eq!(
+        scoped.refresh_before,
+        Some(std::time::Duration::from_secs(600))
+    );
+    assert_eq!(parse(&[]).expect("parses").archive.scoped, None);
+    // STS grants 15 minutes to 12 hours.
+    for bad in ["899", "43201", "abc"] {
+        assert!(
+            parse(&[
+                "--archive-scoped=true",
+                &format!("--archive-scoped-duration-seconds={bad}")
+            ])
+            .is_err(),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn a_scoped_session_mounts_its_own_credentials_and_holds_no_key_pair() {
+    let d = scoped_defaults();
+    let plan = validate(&session("s", MINIMAL), None, &d).expect("validates");
+    assert!(plan.archive.scoped);
+    assert_eq!(
+        plan.archive.credentials, None,
+        "the shared Secret is not used"
+    );
+    let objects = build(&plan, &inputs());
+    let env = env(&objects);
+    for var in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    ] {
+        assert!(!env.contains_key(var), "{var}");
+    }
+    assert_eq!(
+        env.get("CAIRN_S3_CREDENTIALS_DIR").map(String::as_str),
+        Some("/var/run/cairn/archive-credentials")
+    );
+    let pod = pod(&objects);
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "archive-credentials")
+        .expect("volume");
+    let secret = volume.secret.as_ref().expect("a Secret volume");
+    assert_eq!(
+        secret.secret_name.as_deref(),
+        Some("cairn-s-archive-credentials")
+    );
+    assert_eq!(secret.default_mode, Some(0o440));
+    let mount = container(&objects)
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "archive-credentials")
+        .expect("mount");
+    assert_eq!(mount.mount_path, "/var/run/cairn/archive-credentials");
+    assert_eq!(
+        (mount.read_only, mount.sub_path.as_ref()),
+        (Some(true), None)
+    );
+    // The agent's Role reads no credentials Secret through the API.
+    let rules = rules_json(&objects).to_string();
+    assert!(
+        !rules.contains("archive-credentials") && !rules.contains("shared-s3"),
+        "{rules}"
+    );
+    // Nothing about the credentials' contents is in the restart hash: a refresh (new keys,
+    // same Secret) builds the same StatefulSet.
+    let again = build(&plan, &inputs());
+    assert_eq!(objects.stateful_set, again.stateful_set);
+}
+
+#[test]
+fn a_scoped_session_cannot_point_the_minted_credentials_elsewhere() {
+    let d = scoped_defaults();
+    for (spec, field) in [
+        ("archive: {bucket: other-bucket}", "bucket"),
+        (
+            "archive: {endpoint: 'http://evil.example:9000'}",
+            "endpoint",
+        ),
+    ] {
+        let err =
+            validate(&session("s", &format!("{MINIMAL}\n{spec}")), None, &d).expect_err("refused");
+        assert!(
+            matches!(&err, ValidationError::ScopedArchiveOverride { field: f, .. } if *f == field),
+            "{err:?}"
+        );
+        assert_eq!(err.label(), "ScopedArchiveOverride");
+    }
+    // The same values as the operator's are fine.
+    let same = validate(
+        &session("s", &format!("{MINIMAL}\narchive: {{bucket: cairn}}")),
+        None,
+        &d,
+    )
+    .expect("validates");
+    assert!(same.archive.scoped);
+    // A session with credentials of its own uses them, anywhere.
+    let own = validate(
+        &session(
+            "s",
+            &format!(
+                "{MINIMAL}\narchive: {{bucket: other-bucket, credentials: {{secretName: mine}}}}"
+            ),
+        ),
+        None,
+        &d,
+    )
+    .expect("validates");
+    assert!(!own.archive.scoped);
+    assert_eq!(
+        own.archive
+            .credentials
+            .as_ref()
+            .map(|c| c.secret_name.as_str()),
+        Some("mine")
+    );
+    let own_env = env(&build(&own, &inputs()));
+    assert!(!own_env.contains_key("CAIRN_S3_CREDENTIALS_DIR"));
 }

@@ -482,6 +482,14 @@ fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
             "--set",
             "agent.pod.runtimeClassName=gvisor",
         ],
+        &[
+            "--set",
+            "archive.scoped.enabled=true",
+            "--set",
+            "archive.scoped.adminCredentialsSecret=archive-admin",
+            "--set",
+            "archive.scoped.roleArn=arn:aws:iam::123456789012:role/cairn-archive",
+        ],
     ];
     // The CRDs exist (kept from the install): a dry run of a CRD would not make it servable
     // for the rest of the stream.
@@ -517,5 +525,91 @@ fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
             "server-side dry run of helm template {extra:?} failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+#[test]
+fn scoped_credentials_values_mount_the_admin_secret_into_the_operator_only() {
+    let scoped = [
+        "archive.scoped.enabled=true",
+        "archive.scoped.adminCredentialsSecret=archive-admin",
+        "archive.scoped.roleArn=arn:aws:iam::123456789012:role/cairn-archive",
+        "archive.scoped.refreshBeforeSeconds=600",
+    ];
+    let env = operator_env(&scoped);
+    let get = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+    assert_eq!(get("CAIRN_ARCHIVE_SCOPED"), Some("true"));
+    assert_eq!(
+        get("CAIRN_ARCHIVE_SCOPED_ROLE_ARN"),
+        Some("arn:aws:iam::123456789012:role/cairn-archive")
+    );
+    assert_eq!(get("CAIRN_ARCHIVE_SCOPED_DURATION_SECONDS"), Some("3600"));
+    assert_eq!(
+        get("CAIRN_ARCHIVE_SCOPED_REFRESH_BEFORE_SECONDS"),
+        Some("600")
+    );
+    assert_eq!(
+        get("CAIRN_ARCHIVE_SCOPED_ADMIN_CREDENTIALS_DIR"),
+        Some("/var/run/cairn/archive-admin")
+    );
+    // The admin keys are a file mount of the operator's own pod, never a variable.
+    assert!(!env.iter().any(|(n, _)| n.starts_with("AWS_")), "{env:?}");
+    let out = Command::new(helm().expect("helm installs"))
+        .args(["template", "t", &chart()])
+        .args(scoped.iter().flat_map(|v| ["--set", v]))
+        .output()
+        .expect("helm runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let deployment = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("rendered YAML parses"))
+        .find(|doc| doc["kind"] == "Deployment")
+        .expect("a Deployment");
+    let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+    let admin = volumes
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "archive-admin")
+        .expect("the admin Secret volume");
+    assert_eq!(admin["secret"]["secretName"], "archive-admin");
+    let mounts = &deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"];
+    assert!(
+        mounts
+            .as_sequence()
+            .expect("mounts")
+            .iter()
+            .any(|m| m["name"] == "archive-admin"
+                && m["mountPath"] == "/var/run/cairn/archive-admin"
+                && m["readOnly"] == true)
+    );
+    // Off by default: no admin mount at all.
+    let plain = operator_env(&[]);
+    assert!(
+        !plain
+            .iter()
+            .any(|(n, _)| n.starts_with("CAIRN_ARCHIVE_SCOPED"))
+    );
+
+    let h = helm().expect("helm installs");
+    for bad in [
+        // Scoped mode needs the admin Secret.
+        vec!["archive.scoped.enabled=true"],
+        vec![
+            "archive.scoped.enabled=true",
+            "archive.scoped.adminCredentialsSecret=a",
+            "archive.scoped.durationSeconds=60",
+        ],
+        vec![
+            "archive.scoped.enabled=true",
+            "archive.scoped.adminCredentialsSecret=a",
+            "archive.scoped.roleArn=cairn-archive",
+        ],
+    ] {
+        let out = Command::new(&h)
+            .args(["template", "t", &chart()])
+            .args(bad.iter().flat_map(|v| ["--set", *v]))
+            .output()
+            .expect("helm runs");
+        assert!(!out.status.success(), "{bad:?} should be refused");
     }
 }

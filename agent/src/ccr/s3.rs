@@ -96,11 +96,7 @@ impl SessionScope {
 
     /// `<prefix>/<namespace>/<session>/`: everything the session owns (archive and journal).
     pub fn root(&self) -> String {
-        if self.prefix.is_empty() {
-            format!("{}/{}/", self.namespace, self.session)
-        } else {
-            format!("{}/{}/{}/", self.prefix, self.namespace, self.session)
-        }
+        cairn_crds::session::archive_root(&self.prefix, &self.namespace, &self.session)
     }
 
     /// `<root>ccr/`.

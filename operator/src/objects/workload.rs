@@ -270,6 +270,7 @@ fn volumes(plan: &Plan) -> Vec<Volume> {
             ..Default::default()
         });
     }
+    volumes.extend(crate::scoped::volume(plan));
     volumes
 }
 
@@ -305,6 +306,7 @@ fn volume_mounts(plan: &Plan) -> Vec<VolumeMount> {
             ..Default::default()
         });
     }
+    mounts.extend(crate::scoped::volume_mount(plan));
     mounts
 }
 
@@ -431,6 +433,7 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
         env.push(value("AWS_REGION", region.clone()));
     }
     env.extend(archive_env(&plan.archive));
+    env.extend(crate::scoped::env(plan));
     env.extend([
         value("CAIRN_CACHE_DIR", CACHE_DIR.to_string()),
         value("XDG_DATA_HOME", CACHE_DIR.to_string()),

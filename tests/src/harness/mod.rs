@@ -9,6 +9,7 @@ pub mod pki;
 pub mod proc;
 pub mod runtime;
 pub mod s3;
+pub mod seaweedfs;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,6 +19,7 @@ pub use llama::{LlamaServer, RecordingProxy};
 pub use node::RealNode;
 pub use runtime::PodRuntime;
 pub use s3::S3Server;
+pub use seaweedfs::{SeaweedFs, SeaweedOptions};
 
 /// Everything that can go wrong while bringing the environment up, with enough context to
 /// act on (which component, its log tail).
