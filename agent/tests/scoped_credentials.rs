@@ -2,7 +2,8 @@
 //! (SeaweedFS, `tests/harness/build-seaweedfs.sh`): credentials minted by the operator's code
 //! for two sessions, laid out as the pod mounts their Secrets (one file per key, the
 //! directory named by `CAIRN_S3_CREDENTIALS_DIR`). The agent's own archive client and the
-//! real `cairn-agent` binary reach their session's prefix and nothing of the other's.
+//! real `cairn-agent` binary reach their session's prefix and nothing of the other's, and a
+//! running agent follows credentials the operator refreshed, without a restart.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -54,6 +55,46 @@ async fn mounted_credentials(defaults: &Defaults, root: &Path, session: &str) ->
         std::fs::write(dir.join(k), v.0).expect("write key");
     }
     dir
+}
+
+/// A fresh minting for `session` as its Secret's data (key → bytes).
+async fn minted_data(defaults: &Defaults, session: &str) -> Vec<(String, Vec<u8>)> {
+    let mut s = cairn_crds::AgentSession::new(
+        session,
+        serde_json::from_value(serde_json::json!({"provider": {"kind": "openai", "model": "m"}}))
+            .expect("spec"),
+    );
+    s.metadata.namespace = Some(NS.into());
+    s.metadata.uid = Some(format!("uid-{session}"));
+    let plan = cairn_operator::validate(&s, None, defaults).expect("plan");
+    let config = defaults.archive.scoped.clone().expect("scoped");
+    let target = MintTarget::for_plan(&plan).expect("target");
+    let creds = scoped::mint(&config, &target).await.expect("mint");
+    let secret = scoped::credentials_secret(&plan, &creds, &target.scope(), SystemTime::now());
+    secret
+        .data
+        .expect("data")
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect()
+}
+
+/// Publishes `data` in `dir` the way the kubelet updates a Secret volume: a new timestamped
+/// directory, the `..data` link swapped to it in one rename, each key a link through
+/// `..data`.
+fn publish(dir: &Path, generation: u32, data: &[(String, Vec<u8>)]) {
+    let stamped = format!("..gen{generation}");
+    std::fs::create_dir_all(dir.join(&stamped)).expect("generation dir");
+    for (name, value) in data {
+        std::fs::write(dir.join(&stamped).join(name), value).expect("write key");
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link).expect("key link");
+        }
+    }
+    let staging = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(&stamped, &staging).expect("staging link");
+    std::fs::rename(&staging, dir.join("..data")).expect("swap ..data");
 }
 
 /// Storage of `session` as the agent opens it, with the credentials in `creds`.
@@ -153,5 +194,94 @@ async fn the_agent_reaches_its_own_prefix_with_scoped_credentials_and_not_anothe
     let out = recall(key.as_str(), &config_b, &creds_b, &data("b-bin2"));
     assert!(!out.status.success());
     assert!(out.stdout.is_empty());
+    drop(store);
+}
+
+/// The operator refreshes scoped credentials before they expire by rewriting the session's
+/// Secret; the kubelet swaps the mounted files. The store here caps every STS session at 30 s,
+/// so within the test the first credentials really expire: the same open archive client
+/// keeps working on the second ones, and the first are refused by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_agent_follows_refreshed_scoped_credentials_without_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lifetime = Duration::from_secs(30);
+    let options = SeaweedOptions {
+        max_session: Some(lifetime),
+    };
+    let store = SeaweedFs::start(dir.path(), &["cairn"], &options).expect("seaweedfs starts");
+    let admin = dir.path().join("admin");
+    std::fs::create_dir_all(&admin).expect("admin dir");
+    std::fs::write(admin.join("AWS_ACCESS_KEY_ID"), ADMIN_ACCESS_KEY_ID).expect("write");
+    std::fs::write(admin.join("AWS_SECRET_ACCESS_KEY"), ADMIN_SECRET_ACCESS_KEY).expect("write");
+    let mut defaults = Defaults::default();
+    defaults.archive.bucket = Some("cairn".into());
+    defaults.archive.endpoint = Some(store.endpoint.clone());
+    defaults.archive.scoped = Some(ScopedArchive {
+        role_arn: Some(ROLE_ARN.into()),
+        sts_endpoint: None,
+        duration: Duration::from_secs(900),
+        refresh_before: None,
+        admin_credentials_dir: admin,
+    });
+    let config_a = config(dir.path(), "alpha", &store.endpoint);
+    let data = |name: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).expect("data dir");
+        d
+    };
+
+    // The first minting, mounted; the agent's archive client opens once.
+    let first = minted_data(&defaults, "alpha").await;
+    let minted_at = std::time::Instant::now();
+    let mounted = dir.path().join("mounted");
+    publish(&mounted, 1, &first);
+    let a = storage(&config_a, &mounted, &data("a"));
+    assert!(a.check().await.ok);
+    let before = b"archived with the first credentials".to_vec();
+    let key_before = a.store.archive(&before).await.expect("archive");
+
+    // The refresh, well before the first expire.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let second = minted_data(&defaults, "alpha").await;
+    assert_ne!(
+        first.iter().find(|(k, _)| k == "AWS_ACCESS_KEY_ID"),
+        second.iter().find(|(k, _)| k == "AWS_ACCESS_KEY_ID"),
+        "a new key pair"
+    );
+    publish(&mounted, 2, &second);
+
+    // Past the first credentials' lifetime.
+    let past = lifetime + Duration::from_secs(4);
+    if let Some(left) = past.checked_sub(minted_at.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
+    let stale = dir.path().join("stale");
+    publish(&stale, 1, &first);
+    let check = storage(&config_a, &stale, &data("stale")).check().await;
+    assert!(!check.ok, "the first credentials still work: {check:?}");
+
+    // The same client: writes and reads on the refreshed credentials.
+    let after = b"archived after the first credentials expired".to_vec();
+    let key_after = a
+        .store
+        .archive(&after)
+        .await
+        .expect("archive after the refresh");
+    assert_eq!(
+        a.store.fetch(&key_after).await.expect("fetch").as_deref(),
+        Some(after.as_slice())
+    );
+    // And the first original, from the store (an empty cache: a fresh client on the same
+    // mounted directory).
+    let fresh = storage(&config_a, &mounted, &data("fresh"));
+    assert_eq!(
+        fresh
+            .store
+            .fetch(&key_before)
+            .await
+            .expect("fetch")
+            .as_deref(),
+        Some(before.as_slice())
+    );
     drop(store);
 }
