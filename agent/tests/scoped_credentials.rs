@@ -29,30 +29,34 @@ fn config(dir: &Path, session: &str, endpoint: &str) -> PathBuf {
     path
 }
 
+/// SeaweedFS with the `cairn` bucket, and the operator's defaults in scoped mode against it
+/// (the admin key pair in a directory, as the operator's pod mounts it).
+fn scoped_store(dir: &Path, options: &SeaweedOptions) -> (SeaweedFs, Defaults) {
+    let store = SeaweedFs::start(dir, &["cairn"], options).expect("seaweedfs starts");
+    let admin = dir.join("admin");
+    std::fs::create_dir_all(&admin).expect("admin dir");
+    std::fs::write(admin.join("AWS_ACCESS_KEY_ID"), ADMIN_ACCESS_KEY_ID).expect("write");
+    std::fs::write(admin.join("AWS_SECRET_ACCESS_KEY"), ADMIN_SECRET_ACCESS_KEY).expect("write");
+    let mut defaults = Defaults::default();
+    defaults.archive.bucket = Some("cairn".into());
+    defaults.archive.endpoint = Some(store.endpoint.clone());
+    defaults.archive.scoped = Some(ScopedArchive {
+        role_arn: Some(ROLE_ARN.into()),
+        sts_endpoint: None,
+        duration: Duration::from_secs(900),
+        refresh_before: None,
+        admin_credentials_dir: admin,
+    });
+    (store, defaults)
+}
+
 /// Mints the session's credentials with the operator's code and writes its Secret's data as
-/// the kubelet mounts it; returns the directory.
+/// files of a directory; returns the directory.
 async fn mounted_credentials(defaults: &Defaults, root: &Path, session: &str) -> PathBuf {
-    let mut s = cairn_crds::AgentSession::new(
-        session,
-        serde_json::from_value(serde_json::json!({"provider": {"kind": "openai", "model": "m"}}))
-            .expect("spec"),
-    );
-    s.metadata.namespace = Some(NS.into());
-    s.metadata.uid = Some(format!("uid-{session}"));
-    let plan = cairn_operator::validate(&s, None, defaults).expect("plan");
-    let config = defaults.archive.scoped.clone().expect("scoped");
-    let target = MintTarget::for_plan(&plan).expect("target");
-    let creds = scoped::mint(&config, &target).await.expect("mint");
-    let secret = scoped::credentials_secret(
-        &plan,
-        &creds,
-        &target.scope(),
-        SystemTime::now() + Duration::from_secs(450),
-    );
     let dir = root.join(format!("creds-{session}"));
     std::fs::create_dir_all(&dir).expect("dir");
-    for (k, v) in secret.data.expect("data") {
-        std::fs::write(dir.join(k), v.0).expect("write key");
+    for (k, v) in minted_data(defaults, session).await {
+        std::fs::write(dir.join(k), v).expect("write key");
     }
     dir
 }
@@ -131,22 +135,7 @@ fn recall(key: &str, config: &Path, creds: &Path, data: &Path) -> std::process::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_reaches_its_own_prefix_with_scoped_credentials_and_not_another_sessions() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = SeaweedFs::start(dir.path(), &["cairn"], &SeaweedOptions::default())
-        .expect("seaweedfs starts");
-    let admin = dir.path().join("admin");
-    std::fs::create_dir_all(&admin).expect("admin dir");
-    std::fs::write(admin.join("AWS_ACCESS_KEY_ID"), ADMIN_ACCESS_KEY_ID).expect("write");
-    std::fs::write(admin.join("AWS_SECRET_ACCESS_KEY"), ADMIN_SECRET_ACCESS_KEY).expect("write");
-    let mut defaults = Defaults::default();
-    defaults.archive.bucket = Some("cairn".into());
-    defaults.archive.endpoint = Some(store.endpoint.clone());
-    defaults.archive.scoped = Some(ScopedArchive {
-        role_arn: Some(ROLE_ARN.into()),
-        sts_endpoint: None,
-        duration: Duration::from_secs(900),
-        refresh_before: None,
-        admin_credentials_dir: admin,
-    });
+    let (store, defaults) = scoped_store(dir.path(), &SeaweedOptions::default());
     let creds_a = mounted_credentials(&defaults, dir.path(), "alpha").await;
     let creds_b = mounted_credentials(&defaults, dir.path(), "beta").await;
     assert!(creds_a.join("AWS_SESSION_TOKEN").is_file());
@@ -208,21 +197,7 @@ async fn a_running_agent_follows_refreshed_scoped_credentials_without_a_restart(
     let options = SeaweedOptions {
         max_session: Some(lifetime),
     };
-    let store = SeaweedFs::start(dir.path(), &["cairn"], &options).expect("seaweedfs starts");
-    let admin = dir.path().join("admin");
-    std::fs::create_dir_all(&admin).expect("admin dir");
-    std::fs::write(admin.join("AWS_ACCESS_KEY_ID"), ADMIN_ACCESS_KEY_ID).expect("write");
-    std::fs::write(admin.join("AWS_SECRET_ACCESS_KEY"), ADMIN_SECRET_ACCESS_KEY).expect("write");
-    let mut defaults = Defaults::default();
-    defaults.archive.bucket = Some("cairn".into());
-    defaults.archive.endpoint = Some(store.endpoint.clone());
-    defaults.archive.scoped = Some(ScopedArchive {
-        role_arn: Some(ROLE_ARN.into()),
-        sts_endpoint: None,
-        duration: Duration::from_secs(900),
-        refresh_before: None,
-        admin_credentials_dir: admin,
-    });
+    let (store, defaults) = scoped_store(dir.path(), &options);
     let config_a = config(dir.path(), "alpha", &store.endpoint);
     let data = |name: &str| {
         let d = dir.path().join(name);

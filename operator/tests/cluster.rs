@@ -17,6 +17,9 @@
 //! names a reachable S3 server (credentials `CAIRN_TEST_S3_ACCESS_KEY` /
 //! `CAIRN_TEST_S3_SECRET_KEY`, default `testing`/`testing`).
 
+mod support;
+use support::condition;
+
 use std::future::Future;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -255,31 +258,12 @@ fn hex_suffix() -> String {
     format!("{:06x}", (nanos ^ std::process::id()) & 0xff_ffff)
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+async fn eventually<T, F, Fut>(what: &str, probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn condition(s: &AgentSession, kind: &str) -> Option<(String, String)> {
-    s.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == kind)
-        .map(|c| (c.status.clone(), c.reason.clone()))
+    support::eventually(WAIT, what, probe).await
 }
 
 fn restart_hash(sts: &StatefulSet) -> String {

@@ -8,6 +8,9 @@
 //! cargo test -p cairn-operator --test scoped
 //! ```
 
+mod support;
+use support::condition;
+
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -458,31 +461,12 @@ impl TestEnv {
     }
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+async fn eventually<T, F, Fut>(what: &str, probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn condition(s: &AgentSession, kind: &str) -> Option<(String, String)> {
-    s.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == kind)
-        .map(|c| (c.status.clone(), c.reason.clone()))
+    support::eventually(WAIT, what, probe).await
 }
 
 fn minimal() -> serde_json::Value {
