@@ -75,7 +75,7 @@ fn main() -> ExitCode {
 fn chart_yaml() -> Result<String, serde_yaml::Error> {
     let mut out = String::from(CHART_HEADER);
     for crd in cairn_crds::crds() {
-        let yaml = serde_yaml::to_string(&crd)?;
+        let yaml = cairn_crds::to_yaml(&crd)?;
         out.push_str("---\n");
         out.push_str(&yaml.replacen("\nmetadata:\n", KEEP_ANNOTATION, 1));
     }
