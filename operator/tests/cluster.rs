@@ -230,6 +230,22 @@ impl TestEnv {
             .flatten()
     }
 
+    /// Waits for the session's pod to be replaced by one with another restart hash than
+    /// `hash` (a roll, not a restart of the same pod).
+    async fn rolled_pod(&self, session: &str, before: &Pod, hash: &str, what: &str) -> Pod {
+        eventually(what, || async {
+            let pod = self.pod(session).await?;
+            let rolled = pod.uid() != before.uid()
+                && pod
+                    .annotations()
+                    .get(RESTART_HASH_ANNOTATION)
+                    .map(String::as_str)
+                    != Some(hash);
+            rolled.then_some(pod)
+        })
+        .await
+    }
+
     async fn teardown(mut self) {
         self.stop_operator().await;
         // Drop the finalizers first: the namespace must go even when a test failed mid-way.
@@ -608,12 +624,12 @@ async fn turning_on_span_export_and_adding_its_headers_roll_the_pod() {
         .create(&PostParams::default(), &secret)
         .await
         .expect("create secret");
-    eventually("a new pod after the headers Secret appeared", || async {
-        let pod = env.pod("chat").await?;
-        let rolled = pod.uid() != exporting.uid()
-            && pod.annotations().get(RESTART_HASH_ANNOTATION) != Some(&hash);
-        rolled.then_some(pod)
-    })
+    env.rolled_pod(
+        "chat",
+        &exporting,
+        &hash,
+        "a new pod after the headers Secret appeared",
+    )
     .await;
     env.wait_phase("chat", Phase::Running).await;
     env.teardown().await;
@@ -771,13 +787,8 @@ async fn a_rotated_secret_rolls_the_pod_through_the_metadata_watch() {
         )
         .await
         .expect("rotate");
-    eventually("a new pod after the rotation", || async {
-        let pod = env.pod("chat").await?;
-        let rolled = pod.uid() != before.uid()
-            && pod.annotations().get(RESTART_HASH_ANNOTATION) != Some(&hash);
-        rolled.then_some(pod)
-    })
-    .await;
+    env.rolled_pod("chat", &before, &hash, "a new pod after the rotation")
+        .await;
     env.wait_phase("chat", Phase::Running).await;
     env.teardown().await;
 }
