@@ -1,10 +1,12 @@
-//! The archive and the journal on S3 across a network: a real S3-compatible server (moto)
-//! behind a proxy that delays every request by 20 ms.
+//! The archive and the journal on S3 across a network: a real S3-compatible server behind
+//! a proxy that delays every request by 20 ms. Two servers: moto (Python, the test suite's
+//! S3) and SeaweedFS (Go, a production S3 server), because on this two-core machine moto's
+//! own time per request is a large part of what is measured.
 //!
-//! - `s3_20ms/first_compaction/4MB` — the first compaction of a never-compacted 4 MiB
+//! - `s3_20ms/first_compaction/4MB` (moto) and `s3_20ms_seaweedfs/first_compaction/4MB` — the first compaction of a never-compacted 4 MiB
 //!   coding-session history (the engine bench's pipeline) on the store a session runs with
 //!   in a cluster: S3 written through, a local cache directory in front.
-//! - `s3_20ms/journal_write/4MB` — one turn's journal entry (the two new messages of a turn
+//! - `s3_20ms{,_seaweedfs}/journal_write/4MB` — one turn's journal entry (the two new messages of a turn
 //!   on a journaled 4 MiB history): the entry's PUT and the fencing check's LIST.
 //!
 //! Each sample uses its own session prefix and a fresh cache directory, so every original
@@ -31,12 +33,17 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
+use cairn_agent::aws::AwsIdentity;
+use cairn_agent::ccr::S3Config;
 use cairn_agent::ccr::{
     DEFAULT_IN_FLIGHT, LayeredStore, LocalLimits, LocalStore, S3Store, S3Timeouts, SessionScope,
 };
 use cairn_agent::history::Message;
 use cairn_agent::journal::{Change, Journal, ObjectStore, S3Objects};
 use cairn_crds::EffectivePolicy;
+use cairn_tests::harness::seaweedfs::{
+    ADMIN_ACCESS_KEY_ID, ADMIN_SECRET_ACCESS_KEY, SeaweedFs, SeaweedOptions,
+};
 use pipeline::{pipeline, window_for};
 
 #[global_allocator]
@@ -57,6 +64,7 @@ fn timeouts() -> S3Timeouts {
 
 struct Remote {
     client: aws_sdk_s3::Client,
+    bucket: &'static str,
     sessions: AtomicU64,
 }
 
@@ -70,7 +78,7 @@ impl Remote {
         let dir = tempfile::tempdir().expect("tempdir");
         let limits = LocalLimits::from_spec(None, None).expect("limits");
         let local = LocalStore::open_cache(dir.path(), limits).expect("cache");
-        let remote = S3Store::with_client(self.client.clone(), moto::BUCKET, self.scope())
+        let remote = S3Store::with_client(self.client.clone(), self.bucket, self.scope())
             .with_in_flight(in_flight);
         (LayeredStore::new(local, remote), dir)
     }
@@ -78,29 +86,70 @@ impl Remote {
     fn journal(&self) -> Arc<dyn ObjectStore> {
         Arc::new(S3Objects::new(
             self.client.clone(),
-            moto::BUCKET,
+            self.bucket,
             self.scope().journal_prefix(),
         ))
     }
 }
 
-fn benches(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("runtime");
+        .expect("runtime")
+}
+
+fn moto_bench(c: &mut Criterion) {
+    let rt = runtime();
     let server = rt.block_on(moto::Moto::start());
     let proxy = rt.block_on(faults::FaultProxy::start(
         server.port,
         Duration::from_secs(5),
     ));
-    proxy.set_latency(LATENCY);
     let cfg = moto::config_for(&proxy.endpoint, timeouts());
     let remote = Remote {
         client: cfg.client().expect("client"),
+        bucket: moto::BUCKET,
         sessions: AtomicU64::new(0),
     };
+    benches(c, "s3_20ms", &rt, &proxy, &remote);
+}
+
+fn seaweedfs_bench(c: &mut Criterion) {
+    let rt = runtime();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = SeaweedFs::start(dir.path(), &["cairn"], &SeaweedOptions::default())
+        .expect("seaweedfs starts (built by tests/harness/build-seaweedfs.sh)");
+    let proxy = rt.block_on(faults::FaultProxy::start(
+        server.port,
+        Duration::from_secs(5),
+    ));
+    let cfg = S3Config {
+        bucket: "cairn".into(),
+        endpoint: Some(proxy.endpoint.clone()),
+        region: "us-east-1".into(),
+        force_path_style: true,
+        net: Default::default(),
+        credentials: AwsIdentity::fixed(ADMIN_ACCESS_KEY_ID, ADMIN_SECRET_ACCESS_KEY, None),
+        timeouts: timeouts(),
+    };
+    let remote = Remote {
+        client: cfg.client().expect("client"),
+        bucket: "cairn",
+        sessions: AtomicU64::new(0),
+    };
+    benches(c, "s3_20ms_seaweedfs", &rt, &proxy, &remote);
+}
+
+fn benches(
+    c: &mut Criterion,
+    group: &str,
+    rt: &tokio::runtime::Runtime,
+    proxy: &faults::FaultProxy,
+    remote: &Remote,
+) {
+    proxy.set_latency(LATENCY);
     let policy = EffectivePolicy::default();
     let h = core_support::session(4 * MB);
     let window = window_for(&h);
@@ -113,7 +162,7 @@ fn benches(c: &mut Criterion) {
         let started = Instant::now();
         rt.block_on(pipeline(&mut run, &policy, &store, window));
         eprintln!(
-            "s3_20ms first compaction of 4MB, {in_flight} in flight: {:.0} ms, {} requests",
+            "{group} first compaction of 4MB, {in_flight} in flight: {:.0} ms, {} requests",
             started.elapsed().as_secs_f64() * 1e3,
             proxy.count() - before
         );
@@ -126,13 +175,13 @@ fn benches(c: &mut Criterion) {
         let started = Instant::now();
         rt.block_on(pipeline(&mut run, &policy, &store, window));
         eprintln!(
-            "s3_0ms first compaction of 4MB, {DEFAULT_IN_FLIGHT} in flight: {:.0} ms",
+            "{group} with no added latency, first compaction of 4MB, {DEFAULT_IN_FLIGHT} in flight: {:.0} ms",
             started.elapsed().as_secs_f64() * 1e3
         );
     }
     proxy.set_latency(LATENCY);
 
-    let mut g = c.benchmark_group("s3_20ms");
+    let mut g = c.benchmark_group(group);
     g.sample_size(10);
     g.bench_function("first_compaction/4MB", |b| {
         b.iter_batched(
@@ -178,5 +227,5 @@ fn benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(s3, benches);
+criterion_group!(s3, moto_bench, seaweedfs_bench);
 criterion_main!(s3);

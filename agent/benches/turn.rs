@@ -19,7 +19,7 @@ use cairn_agent::history::Message;
 use cairn_agent::journal::{DirObjects, JournalError, ObjectStore};
 use cairn_agent::metrics::Metrics;
 use cairn_agent::provider::{
-    Anthropic, ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage,
+    Anthropic, ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage, WireCache,
 };
 use cairn_agent::session::{Session, SessionParts};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -34,9 +34,11 @@ use fixture::history;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Answers immediately; with `serialize`, the request body is still built and serialized
-/// exactly as the Anthropic client does before sending (`Anthropic::body` straight to bytes).
+/// exactly as the Anthropic client does before sending (`Anthropic::body` straight to bytes,
+/// through the client's cache of escaped texts).
 struct Immediate {
     serialize: bool,
+    wire: WireCache,
 }
 
 #[async_trait]
@@ -47,7 +49,9 @@ impl Provider for Immediate {
 
     async fn send(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
         let request_bytes = if self.serialize {
-            serde_json::to_vec(&Anthropic::body(request)).map_or(0, |b| b.len() as u64)
+            self.wire
+                .to_vec(&Anthropic::body(request))
+                .map_or(0, |b| b.len() as u64)
         } else {
             cairn_agent::history::weight(&request.messages) as u64
         };
@@ -124,7 +128,10 @@ fn session(
             name: "bench".into(),
             holder: "bench".into(),
             live: rx,
-            provider: Arc::new(Immediate { serialize }),
+            provider: Arc::new(Immediate {
+                serialize,
+                wire: WireCache::new(),
+            }),
             summarizer_provider: None,
             store: Arc::new(store),
             journal: if on_disk {

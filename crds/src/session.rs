@@ -414,11 +414,15 @@ pub struct ArchiveSpec {
     pub ttl: Option<String>,
     /// Archive writes (or reads) one compaction pass keeps in flight at once; the pass
     /// still applies its edits only after every original is stored. 1 writes them one
-    /// after another. Default: 16.
+    /// after another. Default: 32.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 256").message("archive.maxInFlight must be between 1 and 256"))]
     pub max_in_flight: Option<u32>,
 }
+
+/// `archive.maxInFlight` when the session sets none: at 20 ms per request, the ~300
+/// originals of a first compaction of a 4 MiB history take about 10 round trips.
+pub const DEFAULT_ARCHIVE_MAX_IN_FLIGHT: u32 = 32;
 
 /// Keys of a Secret holding S3 credentials.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

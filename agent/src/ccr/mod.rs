@@ -142,7 +142,7 @@ impl ArchiveError {
 
 /// Originals of one pass a store writes (or reads) at once when the session sets no
 /// `archive.maxInFlight`.
-pub const DEFAULT_IN_FLIGHT: usize = 16;
+pub const DEFAULT_IN_FLIGHT: usize = cairn_crds::session::DEFAULT_ARCHIVE_MAX_IN_FLIGHT as usize;
 
 /// Durable, content-addressed storage of originals, scoped to one session.
 ///

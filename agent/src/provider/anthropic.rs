@@ -143,6 +143,7 @@ enum ContentBlock<'a> {
         source: ImageSource<'a>,
     },
     Text {
+        #[serde(serialize_with = "super::wire_cache::text")]
         text: &'a str,
     },
     ToolUse {
@@ -152,6 +153,7 @@ enum ContentBlock<'a> {
     },
     ToolResult {
         tool_use_id: &'a str,
+        #[serde(serialize_with = "super::wire_cache::text")]
         content: &'a str,
     },
 }
@@ -161,6 +163,7 @@ struct ImageSource<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     media_type: &'a str,
+    #[serde(serialize_with = "super::wire_cache::text")]
     data: &'a str,
 }
 

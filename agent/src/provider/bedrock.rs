@@ -159,6 +159,7 @@ struct InferenceConfig {
 
 #[derive(Serialize)]
 struct Text<'a> {
+    #[serde(serialize_with = "super::wire_cache::text")]
     text: &'a str,
 }
 
@@ -191,6 +192,7 @@ struct Schema<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 enum Block<'a> {
+    #[serde(serialize_with = "super::wire_cache::text")]
     Text(&'a str),
     Image {
         format: &'a str,
@@ -211,6 +213,7 @@ enum Block<'a> {
 
 #[derive(Serialize)]
 struct ImageBytes<'a> {
+    #[serde(serialize_with = "super::wire_cache::text")]
     bytes: &'a str,
 }
 

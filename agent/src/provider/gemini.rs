@@ -148,6 +148,7 @@ struct SystemInstruction<'a> {
 
 #[derive(Serialize)]
 struct Text<'a> {
+    #[serde(serialize_with = "super::wire_cache::text")]
     text: &'a str,
 }
 
@@ -173,10 +174,12 @@ struct Content<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 enum Part<'a> {
+    #[serde(serialize_with = "super::wire_cache::text")]
     Text(&'a str),
     #[serde(rename_all = "camelCase")]
     InlineData {
         mime_type: &'a str,
+        #[serde(serialize_with = "super::wire_cache::text")]
         data: &'a str,
     },
     FunctionCall {
@@ -191,6 +194,7 @@ enum Part<'a> {
 
 #[derive(Serialize)]
 struct FunctionOutput<'a> {
+    #[serde(serialize_with = "super::wire_cache::text")]
     content: &'a str,
 }
 

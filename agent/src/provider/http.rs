@@ -13,6 +13,7 @@ use super::config::{BuildError, ClientOptions};
 use super::eventstream::EventStreamDecoder;
 use super::retry::{Decision, is_quota_exhausted, parse_retry_after};
 use super::sse::{SseDecoder, SseEvent};
+use super::wire_cache::WireCache;
 use super::{ChatRequest, ChatResponse, Delta, DeltaSink, ProviderError, StopReason, Usage};
 use crate::history::{Message, ToolCall};
 
@@ -234,6 +235,8 @@ pub(crate) struct HttpClient {
     client: reqwest::Client,
     provider: String,
     options: ClientOptions,
+    /// The escaped long texts of the last body, reused by the next.
+    wire: WireCache,
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -266,6 +269,7 @@ impl HttpClient {
             client,
             provider: provider.to_string(),
             options,
+            wire: WireCache::new(),
         })
     }
 
@@ -280,7 +284,9 @@ impl HttpClient {
         body: &(impl serde::Serialize + Sync),
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = serde_json::to_vec(body)
+        let body = self
+            .wire
+            .to_vec(body)
             .map_err(|e| ProviderError::transport(&self.provider, e.to_string(), 0))?;
         if request.stream {
             self.post_sse(url, headers, body, S::default(), on_delta)

@@ -24,6 +24,7 @@ mod responses;
 pub mod retry;
 pub mod sse;
 mod wire;
+mod wire_cache;
 
 pub use anthropic::Anthropic;
 pub use bedrock::{Bedrock, BedrockAuth};
@@ -34,6 +35,7 @@ pub use live::{LiveProvider, summarizer_provider};
 pub use openai::OpenAiChat;
 pub use responses::OpenAiResponses;
 pub use retry::RetryPolicy;
+pub use wire_cache::WireCache;
 
 /// Response decoders exposed for fuzzing and tests: each takes raw bytes as a provider would
 /// send them and never panics.

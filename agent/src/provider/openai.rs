@@ -151,6 +151,7 @@ struct Function<'a> {
 #[serde(tag = "role", rename_all = "lowercase")]
 enum OutMessage<'a> {
     System {
+        #[serde(serialize_with = "super::wire_cache::text")]
         content: &'a str,
     },
     User {
@@ -158,12 +159,14 @@ enum OutMessage<'a> {
     },
     Assistant {
         /// `null` when the message only calls tools.
+        #[serde(serialize_with = "super::wire_cache::opt_text")]
         content: Option<&'a str>,
         #[serde(skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<OutCall<'a>>,
     },
     Tool {
         tool_call_id: &'a str,
+        #[serde(serialize_with = "super::wire_cache::text")]
         content: &'a str,
     },
 }
@@ -171,6 +174,7 @@ enum OutMessage<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum UserContent<'a> {
+    #[serde(serialize_with = "super::wire_cache::text")]
     Text(&'a str),
     Parts(Vec<Part<'a>>),
 }
@@ -178,8 +182,13 @@ enum UserContent<'a> {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Part<'a> {
-    Text { text: &'a str },
-    ImageUrl { image_url: ImageUrl<'a> },
+    Text {
+        #[serde(serialize_with = "super::wire_cache::text")]
+        text: &'a str,
+    },
+    ImageUrl {
+        image_url: ImageUrl<'a>,
+    },
 }
 
 #[derive(Serialize)]
@@ -198,6 +207,7 @@ struct OutCall<'a> {
 #[derive(Serialize)]
 struct OutFunction<'a> {
     name: &'a str,
+    #[serde(serialize_with = "super::wire_cache::text")]
     arguments: &'a str,
 }
 

@@ -187,10 +187,12 @@ enum TypedItem<'a> {
     FunctionCall {
         call_id: &'a str,
         name: &'a str,
+        #[serde(serialize_with = "super::wire_cache::text")]
         arguments: &'a str,
     },
     FunctionCallOutput {
         call_id: &'a str,
+        #[serde(serialize_with = "super::wire_cache::text")]
         output: &'a str,
     },
 }
@@ -198,9 +200,17 @@ enum TypedItem<'a> {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Part<'a> {
-    InputText { text: &'a str },
-    InputImage { image_url: DataUrl<'a> },
-    OutputText { text: &'a str },
+    InputText {
+        #[serde(serialize_with = "super::wire_cache::text")]
+        text: &'a str,
+    },
+    InputImage {
+        image_url: DataUrl<'a>,
+    },
+    OutputText {
+        #[serde(serialize_with = "super::wire_cache::text")]
+        text: &'a str,
+    },
 }
 
 #[async_trait]
