@@ -17,8 +17,8 @@ use kube::core::{DeserializeGuard, ObjectMeta, PartialObjectMeta};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, finalizer};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -32,7 +32,7 @@ use crate::objects::{self, FIELD_MANAGER};
 use crate::purge::{ArchivePurger, PurgeTarget};
 use crate::status::{self, Blocker, Observed, Problem};
 use crate::validate::{self, ArchivePlan};
-use crate::{apply, dereference, scoped};
+use crate::{apply, cache, dereference, scoped};
 
 /// Finalizer that purges the session's archive and journal before the session goes away.
 pub const FINALIZER: &str = "cairn.dev/archive";
@@ -63,6 +63,8 @@ pub struct Context {
     pub secret_watch: BTreeSet<String>,
     /// Re-check period of a session waiting for a Secret in a namespace without a watch.
     pub secret_wait: Duration,
+    /// The owned-object caches of each running controller, by scope (a namespace, or all).
+    caches: std::sync::RwLock<Vec<(Option<String>, cache::Stores)>>,
 }
 
 impl Context {
@@ -87,7 +89,21 @@ impl Context {
             resync,
             secret_watch: BTreeSet::new(),
             secret_wait: Duration::from_secs(crate::config::DEFAULT_SECRET_WAIT_REQUEUE_SECONDS),
+            caches: std::sync::RwLock::new(Vec::new()),
         }
+    }
+
+    /// The caches of the controller that watches `namespace`, once they are synced; `None`
+    /// (apply everything) without a running controller or before the first list arrived.
+    async fn stores_for(&self, namespace: &str) -> Option<cache::Stores> {
+        let stores = self
+            .caches
+            .read()
+            .ok()?
+            .iter()
+            .find(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace))
+            .map(|(_, s)| s.clone())?;
+        stores.ready(cache::READY_WAIT).await.then_some(stores)
     }
 
     /// Watches Secret metadata in `namespaces` (none by default) and re-checks a session
@@ -320,7 +336,14 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                     if obs.blocker.is_some() {
                         Action::requeue(requeue)
                     } else {
-                        match dereference::build_inputs(&ctx.client, &plan).await {
+                        let stores = ctx.stores_for(&namespace).await;
+                        let token = apply::TokenSecret::plan(
+                            &objects::token_secret(&plan, &objects::ApiToken::generate()),
+                            stores.as_ref(),
+                        );
+                        match dereference::build_inputs(&ctx.client, &plan, token.reads_token())
+                            .await
+                        {
                             Err(e) if e.class() == ErrorClass::Waiting => {
                                 obs.blocker =
                                     Some(Blocker::Waiting(Problem::new(e.label(), e.to_string())));
@@ -329,7 +352,9 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                             Err(e) => return Err(e),
                             Ok(inputs) => {
                                 let built = objects::build(&plan, &inputs);
-                                let sts = apply::apply_all(&ctx.client, &built).await?;
+                                let sts =
+                                    apply::apply_all(&ctx.client, &built, stores.as_ref(), token)
+                                        .await?;
                                 obs.ready_replicas =
                                     Some(sts.status.and_then(|s| s.ready_replicas).unwrap_or(0));
                                 Action::requeue(requeue)
@@ -634,6 +659,33 @@ fn secret_scopes(watched: &BTreeSet<String>, scope: Option<&str>) -> Vec<String>
         .collect()
 }
 
+/// A cache of one owned kind and the watch stream that fills it (managed fields dropped:
+/// the operator never reads them, and they are most of an object's size).
+fn owned_cache<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects();
+    (reader, stream)
+}
+
 /// Runs the controller for one scope (a namespace, or all) until `shutdown` resolves.
 pub async fn run(
     ctx: Arc<Context>,
@@ -647,13 +699,53 @@ pub async fn run(
     let sessions: Api<Guarded> = scoped(client.clone(), ns);
     let controller = Controller::new(sessions, watcher::Config::default().any_semantic());
     let policy_store = controller.store();
+    // Each owned kind is watched once: the watch both triggers the owner's reconcile and
+    // fills the cache that lets a reconcile skip what is current.
+    let (stateful_sets, sts_stream) =
+        owned_cache(scoped::<StatefulSet>(client.clone(), ns), owned.clone());
+    let (services, svc_stream) = owned_cache(scoped::<Service>(client.clone(), ns), owned.clone());
+    let (service_accounts, sa_stream) =
+        owned_cache(scoped::<ServiceAccount>(client.clone(), ns), owned.clone());
+    let (roles, role_stream) = owned_cache(scoped::<Role>(client.clone(), ns), owned.clone());
+    let (role_bindings, rb_stream) =
+        owned_cache(scoped::<RoleBinding>(client.clone(), ns), owned.clone());
+    let (network_policies, np_stream) =
+        owned_cache(scoped::<NetworkPolicy>(client.clone(), ns), owned.clone());
+    // The operator's own Secrets (the token Secrets): metadata only.
+    let (secrets_writer, secrets) = {
+        let (reader, writer) = reflector::store();
+        (writer, reader)
+    };
+    let secret_stream = watcher(
+        scoped::<PartialObjectMeta<Secret>>(client.clone(), ns),
+        owned,
+    )
+    .default_backoff()
+    .modify(|s| s.managed_fields_mut().clear())
+    .reflect(secrets_writer)
+    .touched_objects();
+    if let Ok(mut caches) = ctx.caches.write() {
+        caches.push((
+            namespace.clone(),
+            cache::Stores {
+                service_accounts,
+                roles,
+                role_bindings,
+                secrets,
+                services,
+                network_policies,
+                stateful_sets,
+            },
+        ));
+    }
     let mut controller = controller
-        .owns(scoped::<StatefulSet>(client.clone(), ns), owned.clone())
-        .owns(scoped::<Service>(client.clone(), ns), owned.clone())
-        .owns(scoped::<ServiceAccount>(client.clone(), ns), owned.clone())
-        .owns(scoped::<Role>(client.clone(), ns), owned.clone())
-        .owns(scoped::<RoleBinding>(client.clone(), ns), owned.clone())
-        .owns(scoped::<NetworkPolicy>(client.clone(), ns), owned)
+        .owns_stream(sts_stream)
+        .owns_stream(svc_stream)
+        .owns_stream(sa_stream)
+        .owns_stream(role_stream)
+        .owns_stream(rb_stream)
+        .owns_stream(np_stream)
+        .owns_stream(secret_stream)
         .watches(
             scoped::<CompactionPolicy>(client.clone(), ns),
             watcher::Config::default(),

@@ -6,6 +6,7 @@
 
 pub mod apply;
 pub mod backoff;
+pub mod cache;
 pub mod client;
 pub mod config;
 pub mod controller;

@@ -335,8 +335,12 @@ pub fn transitions(
 ) -> Vec<Transition> {
     let mut out = Vec::new();
     let prev_phase = prev.and_then(|s| s.phase);
+    // A new session starting out Pending is what every creation does: not news (at scale
+    // every Event is a write).
+    let first_pending = prev_phase.is_none() && next.phase == Some(Phase::Pending);
     if let Some(phase) = next.phase
         && prev_phase != Some(phase)
+        && !first_pending
     {
         out.push(Transition {
             warning: matches!(phase, Phase::Failed | Phase::Degraded),
