@@ -32,7 +32,7 @@ use crate::objects::{self, FIELD_MANAGER};
 use crate::purge::{ArchivePurger, PurgeTarget};
 use crate::status::{self, Blocker, Observed, Problem};
 use crate::validate::{self, ArchivePlan};
-use crate::{apply, cache, dereference, scoped};
+use crate::{apply, cache, dereference, idle, scoped};
 
 /// Finalizer that purges the session's archive and journal before the session goes away.
 pub const FINALIZER: &str = "cairn.dev/archive";
@@ -288,12 +288,14 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
     let name = session.name_any();
     let namespace = session.namespace().unwrap_or_default();
     let policy = dereference::policy(&ctx.client, &namespace, &session).await?;
+    let idle = idle_decision(&session);
 
     let mut obs = Observed {
         name: name.clone(),
         namespace: namespace.clone(),
         generation: session.metadata.generation,
-        suspended: session.spec.suspend,
+        suspended: session.spec.suspend || idle.suspended,
+        idle: idle.condition.clone(),
         policy: Err(Problem::new("Unknown", "")),
         blocker: None,
         ready_replicas: None,
@@ -317,7 +319,9 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                     obs.blocker = Some(Blocker::Invalid(Problem::new(e.label(), e.to_string())));
                     Action::await_change()
                 }
-                Ok(plan) => {
+                Ok(mut plan) => {
+                    // An idle-suspended session stops its pod exactly as `spec.suspend` does.
+                    plan.spec.suspend = obs.suspended;
                     let requeue = match scoped_credentials(&plan, ctx).await {
                         Ok(refresh) => refresh.map_or(ctx.resync, |r| r.min(ctx.resync)),
                         Err(failure) => {
@@ -357,6 +361,10 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                                         .await?;
                                 obs.ready_replicas =
                                     Some(sts.status.and_then(|s| s.ready_replicas).unwrap_or(0));
+                                // The idle deadline, a moment after it so that it has passed.
+                                let requeue = idle
+                                    .recheck
+                                    .map_or(requeue, |r| requeue.min(r + Duration::from_secs(1)));
                                 Action::requeue(requeue)
                             }
                         }
@@ -373,6 +381,53 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
         return Err(e.into());
     }
     Ok(action)
+}
+
+/// The idle rule's decision for `session` now (see [`idle`]).
+fn idle_decision(session: &AgentSession) -> idle::Decision {
+    let text = session
+        .spec
+        .idle
+        .as_ref()
+        .and_then(|i| i.suspend_after.as_deref());
+    let suspend_after = text.and_then(cairn_crds::session::parse_duration);
+    let status = session.status.as_ref();
+    let condition = |kind: &str| status.and_then(|s| s.conditions.iter().find(|c| c.type_ == kind));
+    let decision = idle::decide(
+        &idle::Inputs {
+            suspend_after: suspend_after.filter(|d| !d.is_zero()),
+            manual: session.spec.suspend,
+            previous: condition(idle::IDLE),
+            last_activity: status
+                .and_then(|s| s.session.as_ref())
+                .and_then(|s| s.last_activity.as_deref()),
+            ready: condition(status::READY),
+            wake_requested: session
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(cairn_crds::session::WAKE_ANNOTATION))
+                .map(String::as_str),
+        },
+        Timestamp::now(),
+    );
+    match (text, suspend_after) {
+        // The CRD's validation keeps this out; an object written around it is reported.
+        (Some(t), None) => idle::Decision {
+            condition: Some((
+                false,
+                Problem::new(
+                    "InvalidSuspendAfter",
+                    format!(
+                        "idle.suspendAfter {t:?} is not a duration like 30s, 15m or 1h30m: the \
+                         session is never suspended for being idle"
+                    ),
+                ),
+            )),
+            ..decision
+        },
+        _ => decision,
+    }
 }
 
 /// In scoped mode, keeps the session's credentials Secret fresh; returns how long until the

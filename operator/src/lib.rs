@@ -14,6 +14,7 @@ pub mod crds;
 pub mod dereference;
 pub mod error;
 pub mod http;
+pub mod idle;
 pub mod metrics;
 pub mod objects;
 pub mod purge;

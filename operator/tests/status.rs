@@ -26,6 +26,7 @@ fn observed() -> Observed {
         blocker: None,
         ready_replicas: Some(1),
         archive: Ok("s3://b/cairn/team-a/chat/".into()),
+        idle: None,
     }
 }
 
