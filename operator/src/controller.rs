@@ -65,6 +65,10 @@ pub struct Context {
     pub secret_wait: Duration,
     /// The owned-object caches of each running controller, by scope (a namespace, or all).
     caches: std::sync::RwLock<Vec<(Option<String>, cache::Stores)>>,
+    /// Per session, the digest of the operator's part of the status it last wrote (transition
+    /// times left out): a reconcile that sees an object older than its own last write (the
+    /// watch lags under load) does not write the same status, nor its Events, again.
+    written: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Context {
@@ -90,6 +94,24 @@ impl Context {
             secret_watch: BTreeSet::new(),
             secret_wait: Duration::from_secs(crate::config::DEFAULT_SECRET_WAIT_REQUEUE_SECONDS),
             caches: std::sync::RwLock::new(Vec::new()),
+            written: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Whether `digest` is what the operator last wrote for `key`.
+    fn already_written(&self, key: &str, digest: &str) -> bool {
+        let Ok(written) = self.written.lock() else {
+            return false;
+        };
+        written.get(key).is_some_and(|d| d == digest)
+    }
+
+    fn record_written(&self, key: &str, digest: Option<String>) {
+        if let Ok(mut written) = self.written.lock() {
+            match digest {
+                Some(d) => written.insert(key.to_string(), d),
+                None => written.remove(key),
+            };
         }
     }
 
@@ -486,12 +508,28 @@ async fn write_status(session: &AgentSession, obs: &Observed, ctx: &Context) -> 
     if prev.map(status::operator_part) == Some(status::operator_part(&next)) {
         return Ok(());
     }
+    let key = key_of(&session.metadata);
+    let digest = written_digest(&next);
+    if ctx.already_written(&key, &digest) {
+        return Ok(());
+    }
     patch_status(session, &next, ctx).await?;
+    ctx.record_written(&key, Some(digest));
     let reference = session_reference(&session.metadata);
     for t in status::transitions(prev, &next) {
         ctx.publish(&reference, t.warning, &t.reason, t.note).await;
     }
     Ok(())
+}
+
+/// Digest of the operator's part of `status` without the conditions' transition times (which
+/// a reconcile of an outdated object computes anew).
+fn written_digest(status: &AgentSessionStatus) -> String {
+    let mut part = status::operator_part(status);
+    for c in &mut part.conditions {
+        c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+    }
+    cache::digest(&serde_json::to_value(&part).unwrap_or_default())
 }
 
 async fn patch_status(
@@ -530,6 +568,7 @@ async fn cleanup_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Ac
     let namespace = session.namespace().unwrap_or_default();
     let reference = session_reference(&session.metadata);
     ctx.metrics.set_phase(&key_of(&session.metadata), None);
+    ctx.record_written(&key_of(&session.metadata), None);
 
     let archive = match validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults) {
         Ok(a) => a,

@@ -190,6 +190,21 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
     let after_idle = scrape(port).await;
     let idle_writes = writes(&after_idle) - writes(&at_convergence);
     let idle_reads = requests(&after_idle, "GET") - requests(&at_convergence, "GET");
+    let idle_by_method: Vec<String> = ["POST", "PUT", "PATCH", "DELETE"]
+        .iter()
+        .map(|m| {
+            format!(
+                "{m}:{}",
+                requests(&after_idle, m) - requests(&at_convergence, m)
+            )
+        })
+        .collect();
+    let reconciles = |m: &BTreeMap<String, f64>| {
+        m.get("cairn_operator_reconciles_total{result=\"ok\"}")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let idle_reconciles = reconciles(&after_idle) - reconciles(&at_convergence);
 
     // A fleet of active agents: each writes its status.session at the agent's real cadence
     // (once per status interval while in use), spread over the interval. The first round
@@ -261,7 +276,8 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
         "sessions={sessions_wanted} create_secs={:.1} converge_secs={:.1} peak_rss_mib={:.1} \
          api_requests={total} per_session={:.2} get_per_session={:.2} patch_per_session={:.2} \
          post_per_session={:.2} reconciles={} idle_secs={} idle_writes={idle_writes} \
-         idle_reads={idle_reads} active_agents={active} status_interval_secs={} \
+         idle_reads={idle_reads} idle_writes_by_method={} idle_reconciles={idle_reconciles} \
+         active_agents={active} status_interval_secs={} \
          active_window_secs={measured:.1} agent_status_writes={agent_in_window} \
          operator_writes_while_active={operator_active_writes} \
          status_writes_per_sec={status_writes_per_sec:.1} peak_rss_mib_after_fleet={:.1}",
@@ -277,6 +293,7 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
             .copied()
             .unwrap_or(0.0),
         idle.as_secs(),
+        idle_by_method.join(","),
         interval.as_secs(),
         rss_peak as f64 / 1024.0,
     );
