@@ -485,6 +485,11 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
                     namespace.clone(),
                     name.clone(),
                     state.stats(),
+                    crate::kube::status_interval(
+                        std::env::var(crate::kube::STATUS_INTERVAL_ENV)
+                            .ok()
+                            .as_deref(),
+                    ),
                 ));
                 let keeper = Arc::clone(&hold);
                 let st = state.clone();
@@ -514,12 +519,19 @@ async fn recheck_archive(
         if !check.ok {
             tracing::error!(location = %check.location, error = ?check.message, "the archive does not answer");
         }
+        // Only a changed outcome is news: an idle session writes no status for a check
+        // that says what the last one said (`at` is then when that outcome was first seen).
         if let Ok(mut s) = slot.write() {
-            *s = Some(check);
+            let same = s.as_ref().is_some_and(|c| {
+                c.ok == check.ok && c.location == check.location && c.message == check.message
+            });
+            if !same {
+                *s = Some(check);
+            }
         }
         // A turn in flight publishes it when it ends.
         if let Ok(session) = state.session.try_lock() {
-            state.publish(&session);
+            state.refresh(&session);
         }
     }
 }

@@ -24,8 +24,11 @@ use crate::config::{ConfigError, Live};
 
 /// Field manager of everything the agent writes.
 pub const FIELD_MANAGER: &str = "cairn-agent";
-/// Status is written at most this often.
-pub const STATUS_INTERVAL: Duration = Duration::from_secs(3);
+/// Status is written at most this often by default.
+pub const STATUS_INTERVAL: Duration =
+    Duration::from_secs(cairn_crds::session::DEFAULT_STATUS_INTERVAL_SECONDS);
+/// Environment variable overriding [`STATUS_INTERVAL`] (whole seconds, at least 1).
+pub const STATUS_INTERVAL_ENV: &str = "CAIRN_STATUS_INTERVAL_SECS";
 /// How long a Lease holds without renewal.
 pub const LEASE_SECONDS: i32 = 15;
 /// Annotation on the Lease carrying the holder's journal epoch (its fencing token).
@@ -157,13 +160,30 @@ async fn next_policy(
     }
 }
 
+/// The status interval: `value` (of [`STATUS_INTERVAL_ENV`]) in whole seconds, at least 1;
+/// [`STATUS_INTERVAL`] when absent or not a number.
+pub fn status_interval(value: Option<&str>) -> Duration {
+    match value.map(str::trim).map(str::parse::<u64>) {
+        Some(Ok(secs)) => Duration::from_secs(secs.max(1)),
+        Some(Err(_)) => {
+            tracing::warn!(
+                variable = STATUS_INTERVAL_ENV,
+                "not a whole number of seconds; using the default status interval"
+            );
+            STATUS_INTERVAL
+        }
+        None => STATUS_INTERVAL,
+    }
+}
+
 /// Writes `status.session` (server-side apply, field manager [`FIELD_MANAGER`]) whenever the
-/// counters change, at most every [`STATUS_INTERVAL`].
+/// counters change, at most once per `interval`: an idle session writes nothing.
 pub async fn write_status(
     client: Client,
     ns: String,
     name: String,
     mut stats: watch::Receiver<Option<SessionStats>>,
+    interval: Duration,
 ) {
     let api: Api<AgentSession> = Api::namespaced(client, &ns);
     let mut last: Option<SessionStats> = None;
@@ -187,7 +207,7 @@ pub async fn write_status(
                 Err(e) => tracing::warn!(error = %e, "writing status.session"),
             }
         }
-        tokio::time::sleep(STATUS_INTERVAL).await;
+        tokio::time::sleep(interval).await;
         if stats.changed().await.is_err() {
             return;
         }

@@ -130,19 +130,56 @@ async fn a_patched_session_changes_the_live_policy_and_status_is_written() {
         ..SessionStats::default()
     };
     let (stx, srx) = watch::channel(Some(stats));
-    tokio::spawn(write_status(client.clone(), ns.clone(), "s2".into(), srx));
+    // At most one write per interval while the counters change, none while they do not.
+    let interval = Duration::from_secs(4);
+    tokio::spawn(write_status(
+        client.clone(),
+        ns.clone(),
+        "s2".into(),
+        srx,
+        interval,
+    ));
+    let turns = |s: &AgentSession| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.session.as_ref())
+            .map(|x| x.turns)
+    };
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let s = api.get_status("s2").await.expect("get");
-        if s.status
-            .and_then(|st| st.session)
-            .is_some_and(|x| x.turns == 7)
-        {
+        if turns(&s) == Some(7) {
             break;
         }
         assert!(Instant::now() < deadline, "status.session never written");
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let first_seen = Instant::now();
+    stx.send_replace(Some(SessionStats {
+        turns: 8,
+        ..SessionStats::default()
+    }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = api.get_status("s2").await.expect("get");
+    if first_seen.elapsed() < interval / 2 {
+        assert_eq!(turns(&s), Some(7), "a second write within the interval");
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let written = loop {
+        let s = api.get_status("s2").await.expect("get");
+        if turns(&s) == Some(8) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the change was never written");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Nothing changes: nothing is written.
+    tokio::time::sleep(interval + Duration::from_secs(1)).await;
+    let later = api.get_status("s2").await.expect("get");
+    assert_eq!(
+        later.metadata.resource_version, written.metadata.resource_version,
+        "an idle session wrote its status"
+    );
     drop(stx);
     let _ = Api::<Namespace>::all(client)
         .delete(&ns, &DeleteParams::default())

@@ -96,6 +96,12 @@ pub struct AgentSessionSpec {
     #[serde(default)]
     pub suspend: bool,
 
+    /// Idle suspend: the operator stops the pod of a session nobody used for a while (journal
+    /// and archive stay, as with suspend) and starts it again when a request for it arrives
+    /// at the gateway. Absent: never suspended for being idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleSpec>,
+
     /// Overrides for the session's pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodOverrides>,
@@ -104,6 +110,50 @@ pub struct AgentSessionSpec {
     /// `compress` and the function tools an API client declares.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<ToolsSpec>,
+}
+
+/// When an unused session is suspended.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct IdleSpec {
+    /// How long the session may go without client work (a turn, a compaction, a rewind;
+    /// status.session.lastActivity) before its pod is stopped: a duration like `30s`, `15m`
+    /// or `1h30m`. Counted from the later of the last activity, the pod's start and the last
+    /// wake-up. Keep it above the agent's status interval (30 s by default), which is how
+    /// stale the operator's view of the last activity can be while the session is in use.
+    /// Absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(h|m|s))+$') && size(self) <= 32").message("idle.suspendAfter must be a duration like 30s, 15m or 1h30m"))]
+    #[x_kube(validation = Rule::new("!self.matches('^(0+(h|m|s))+$')").message("idle.suspendAfter must be longer than 0s"))]
+    pub suspend_after: Option<String>,
+}
+
+/// Annotation by which the gateway asks the operator to wake an idle-suspended session: an
+/// RFC 3339 UTC time, newer than the suspension.
+pub const WAKE_ANNOTATION: &str = "cairn.dev/wake-requested-at";
+
+/// A duration of the form `1h30m`, `15m`, `30s` (the shape `idle.suspendAfter` is validated
+/// against); `None` for anything else or an overflow.
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    for c in text.chars() {
+        match c {
+            '0'..='9' => digits.push(c),
+            'h' | 'm' | 's' if !digits.is_empty() => {
+                let n: u64 = digits.parse().ok()?;
+                let unit = match c {
+                    'h' => 3600,
+                    'm' => 60,
+                    _ => 1,
+                };
+                total = total.checked_add(n.checked_mul(unit)?)?;
+                digits.clear();
+            }
+            _ => return None,
+        }
+    }
+    (digits.is_empty() && !text.is_empty()).then(|| std::time::Duration::from_secs(total))
 }
 
 /// Server-side tools of a session.
@@ -696,7 +746,17 @@ pub struct SessionStats {
     /// with what it does instead (the operator's PolicySupported condition follows it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unsupported: Vec<UnsupportedSetting>,
+    /// When the agent last started or finished work for a client (a turn, a compaction, a
+    /// rewind; never a health or metrics probe), RFC 3339 UTC. The operator's idle suspend
+    /// (spec.idle.suspendAfter) counts from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity: Option<String>,
 }
+
+/// Default of the agent's status interval (`CAIRN_STATUS_INTERVAL_SECS`): `status.session`
+/// is written at most once per this many seconds while the session is in use, never while
+/// it is idle; the counters a dashboard follows closely are in the agent's `/metrics`.
+pub const DEFAULT_STATUS_INTERVAL_SECONDS: u64 = 30;
 
 /// What the cheap passes did (counted over the session's life, journaled).
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -155,6 +155,33 @@ fn payload_cap_forms_accepted_by_cel_match_the_parser() {
 }
 
 #[test]
+fn idle_durations_accepted_by_cel_match_the_parser() {
+    let session = schema_of::<AgentSession>();
+    for (good, secs) in [("30s", 30), ("15m", 900), ("1h30m", 5400), ("2h", 7200)] {
+        assert_accepted(
+            &session,
+            with(minimal_session(), "spec.idle.suspendAfter", json!(good)),
+        );
+        assert_eq!(
+            cairn_crds::session::parse_duration(good),
+            Some(std::time::Duration::from_secs(secs)),
+            "{good}"
+        );
+    }
+    for bad in ["30", "s", "1d", "-5s", "5 s", ""] {
+        assert!(
+            !messages(
+                &session,
+                &with(minimal_session(), "spec.idle.suspendAfter", json!(bad))
+            )
+            .is_empty(),
+            "{bad}"
+        );
+        assert_eq!(cairn_crds::session::parse_duration(bad), None, "{bad}");
+    }
+}
+
+#[test]
 fn provider_kind_is_an_enum() {
     let crd = serde_json::to_string(&AgentSession::crd()).expect("serializes");
     for kind in cairn_crds::ProviderKind::ALL {

@@ -58,6 +58,7 @@ fn bench(c: &mut Criterion) {
             blocker: None,
             ready_replicas: Some(1),
             archive: Ok("s3://b/cairn/team-a/research/".into()),
+            idle: None,
         };
         let prev = status::desired(None, &obs, &now);
         b.iter(|| {

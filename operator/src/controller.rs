@@ -17,8 +17,8 @@ use kube::core::{DeserializeGuard, ObjectMeta, PartialObjectMeta};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, finalizer};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -32,7 +32,7 @@ use crate::objects::{self, FIELD_MANAGER};
 use crate::purge::{ArchivePurger, PurgeTarget};
 use crate::status::{self, Blocker, Observed, Problem};
 use crate::validate::{self, ArchivePlan};
-use crate::{apply, dereference, scoped};
+use crate::{apply, cache, dereference, idle, scoped};
 
 /// Finalizer that purges the session's archive and journal before the session goes away.
 pub const FINALIZER: &str = "cairn.dev/archive";
@@ -63,6 +63,12 @@ pub struct Context {
     pub secret_watch: BTreeSet<String>,
     /// Re-check period of a session waiting for a Secret in a namespace without a watch.
     pub secret_wait: Duration,
+    /// The owned-object caches of each running controller, by scope (a namespace, or all).
+    caches: std::sync::RwLock<Vec<(Option<String>, cache::Stores)>>,
+    /// Per session, the digest of the operator's part of the status it last wrote (transition
+    /// times left out): a reconcile that sees an object older than its own last write (the
+    /// watch lags under load) does not write the same status, nor its Events, again.
+    written: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Context {
@@ -87,7 +93,39 @@ impl Context {
             resync,
             secret_watch: BTreeSet::new(),
             secret_wait: Duration::from_secs(crate::config::DEFAULT_SECRET_WAIT_REQUEUE_SECONDS),
+            caches: std::sync::RwLock::new(Vec::new()),
+            written: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// Whether `digest` is what the operator last wrote for `key`.
+    fn already_written(&self, key: &str, digest: &str) -> bool {
+        let Ok(written) = self.written.lock() else {
+            return false;
+        };
+        written.get(key).is_some_and(|d| d == digest)
+    }
+
+    fn record_written(&self, key: &str, digest: Option<String>) {
+        if let Ok(mut written) = self.written.lock() {
+            match digest {
+                Some(d) => written.insert(key.to_string(), d),
+                None => written.remove(key),
+            };
+        }
+    }
+
+    /// The caches of the controller that watches `namespace`, once they are synced; `None`
+    /// (apply everything) without a running controller or before the first list arrived.
+    async fn stores_for(&self, namespace: &str) -> Option<cache::Stores> {
+        let stores = self
+            .caches
+            .read()
+            .ok()?
+            .iter()
+            .find(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace))
+            .map(|(_, s)| s.clone())?;
+        stores.ready(cache::READY_WAIT).await.then_some(stores)
     }
 
     /// Watches Secret metadata in `namespaces` (none by default) and re-checks a session
@@ -272,12 +310,14 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
     let name = session.name_any();
     let namespace = session.namespace().unwrap_or_default();
     let policy = dereference::policy(&ctx.client, &namespace, &session).await?;
+    let idle = idle_decision(&session);
 
     let mut obs = Observed {
         name: name.clone(),
         namespace: namespace.clone(),
         generation: session.metadata.generation,
-        suspended: session.spec.suspend,
+        suspended: session.spec.suspend || idle.suspended,
+        idle: idle.condition.clone(),
         policy: Err(Problem::new("Unknown", "")),
         blocker: None,
         ready_replicas: None,
@@ -301,7 +341,9 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                     obs.blocker = Some(Blocker::Invalid(Problem::new(e.label(), e.to_string())));
                     Action::await_change()
                 }
-                Ok(plan) => {
+                Ok(mut plan) => {
+                    // An idle-suspended session stops its pod exactly as `spec.suspend` does.
+                    plan.spec.suspend = obs.suspended;
                     let requeue = match scoped_credentials(&plan, ctx).await {
                         Ok(refresh) => refresh.map_or(ctx.resync, |r| r.min(ctx.resync)),
                         Err(failure) => {
@@ -320,7 +362,14 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                     if obs.blocker.is_some() {
                         Action::requeue(requeue)
                     } else {
-                        match dereference::build_inputs(&ctx.client, &plan).await {
+                        let stores = ctx.stores_for(&namespace).await;
+                        let token = apply::TokenSecret::plan(
+                            &objects::token_secret(&plan, &objects::ApiToken::generate()),
+                            stores.as_ref(),
+                        );
+                        match dereference::build_inputs(&ctx.client, &plan, token.reads_token())
+                            .await
+                        {
                             Err(e) if e.class() == ErrorClass::Waiting => {
                                 obs.blocker =
                                     Some(Blocker::Waiting(Problem::new(e.label(), e.to_string())));
@@ -329,9 +378,15 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                             Err(e) => return Err(e),
                             Ok(inputs) => {
                                 let built = objects::build(&plan, &inputs);
-                                let sts = apply::apply_all(&ctx.client, &built).await?;
+                                let sts =
+                                    apply::apply_all(&ctx.client, &built, stores.as_ref(), token)
+                                        .await?;
                                 obs.ready_replicas =
                                     Some(sts.status.and_then(|s| s.ready_replicas).unwrap_or(0));
+                                // The idle deadline, a moment after it so that it has passed.
+                                let requeue = idle
+                                    .recheck
+                                    .map_or(requeue, |r| requeue.min(r + Duration::from_secs(1)));
                                 Action::requeue(requeue)
                             }
                         }
@@ -348,6 +403,53 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
         return Err(e.into());
     }
     Ok(action)
+}
+
+/// The idle rule's decision for `session` now (see [`idle`]).
+fn idle_decision(session: &AgentSession) -> idle::Decision {
+    let text = session
+        .spec
+        .idle
+        .as_ref()
+        .and_then(|i| i.suspend_after.as_deref());
+    let suspend_after = text.and_then(cairn_crds::session::parse_duration);
+    let status = session.status.as_ref();
+    let condition = |kind: &str| status.and_then(|s| s.conditions.iter().find(|c| c.type_ == kind));
+    let decision = idle::decide(
+        &idle::Inputs {
+            suspend_after: suspend_after.filter(|d| !d.is_zero()),
+            manual: session.spec.suspend,
+            previous: condition(idle::IDLE),
+            last_activity: status
+                .and_then(|s| s.session.as_ref())
+                .and_then(|s| s.last_activity.as_deref()),
+            ready: condition(status::READY),
+            wake_requested: session
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(cairn_crds::session::WAKE_ANNOTATION))
+                .map(String::as_str),
+        },
+        Timestamp::now(),
+    );
+    match (text, suspend_after) {
+        // The CRD's validation keeps this out; an object written around it is reported.
+        (Some(t), None) => idle::Decision {
+            condition: Some((
+                false,
+                Problem::new(
+                    "InvalidSuspendAfter",
+                    format!(
+                        "idle.suspendAfter {t:?} is not a duration like 30s, 15m or 1h30m: the \
+                         session is never suspended for being idle"
+                    ),
+                ),
+            )),
+            ..decision
+        },
+        _ => decision,
+    }
 }
 
 /// In scoped mode, keeps the session's credentials Secret fresh; returns how long until the
@@ -406,12 +508,28 @@ async fn write_status(session: &AgentSession, obs: &Observed, ctx: &Context) -> 
     if prev.map(status::operator_part) == Some(status::operator_part(&next)) {
         return Ok(());
     }
+    let key = key_of(&session.metadata);
+    let digest = written_digest(&next);
+    if ctx.already_written(&key, &digest) {
+        return Ok(());
+    }
     patch_status(session, &next, ctx).await?;
+    ctx.record_written(&key, Some(digest));
     let reference = session_reference(&session.metadata);
     for t in status::transitions(prev, &next) {
         ctx.publish(&reference, t.warning, &t.reason, t.note).await;
     }
     Ok(())
+}
+
+/// Digest of the operator's part of `status` without the conditions' transition times (which
+/// a reconcile of an outdated object computes anew).
+fn written_digest(status: &AgentSessionStatus) -> String {
+    let mut part = status::operator_part(status);
+    for c in &mut part.conditions {
+        c.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+    }
+    cache::digest(&serde_json::to_value(&part).unwrap_or_default())
 }
 
 async fn patch_status(
@@ -450,6 +568,7 @@ async fn cleanup_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Ac
     let namespace = session.namespace().unwrap_or_default();
     let reference = session_reference(&session.metadata);
     ctx.metrics.set_phase(&key_of(&session.metadata), None);
+    ctx.record_written(&key_of(&session.metadata), None);
 
     let archive = match validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults) {
         Ok(a) => a,
@@ -634,6 +753,33 @@ fn secret_scopes(watched: &BTreeSet<String>, scope: Option<&str>) -> Vec<String>
         .collect()
 }
 
+/// A cache of one owned kind and the watch stream that fills it (managed fields dropped:
+/// the operator never reads them, and they are most of an object's size).
+fn owned_cache<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects();
+    (reader, stream)
+}
+
 /// Runs the controller for one scope (a namespace, or all) until `shutdown` resolves.
 pub async fn run(
     ctx: Arc<Context>,
@@ -647,13 +793,53 @@ pub async fn run(
     let sessions: Api<Guarded> = scoped(client.clone(), ns);
     let controller = Controller::new(sessions, watcher::Config::default().any_semantic());
     let policy_store = controller.store();
+    // Each owned kind is watched once: the watch both triggers the owner's reconcile and
+    // fills the cache that lets a reconcile skip what is current.
+    let (stateful_sets, sts_stream) =
+        owned_cache(scoped::<StatefulSet>(client.clone(), ns), owned.clone());
+    let (services, svc_stream) = owned_cache(scoped::<Service>(client.clone(), ns), owned.clone());
+    let (service_accounts, sa_stream) =
+        owned_cache(scoped::<ServiceAccount>(client.clone(), ns), owned.clone());
+    let (roles, role_stream) = owned_cache(scoped::<Role>(client.clone(), ns), owned.clone());
+    let (role_bindings, rb_stream) =
+        owned_cache(scoped::<RoleBinding>(client.clone(), ns), owned.clone());
+    let (network_policies, np_stream) =
+        owned_cache(scoped::<NetworkPolicy>(client.clone(), ns), owned.clone());
+    // The operator's own Secrets (the token Secrets): metadata only.
+    let (secrets_writer, secrets) = {
+        let (reader, writer) = reflector::store();
+        (writer, reader)
+    };
+    let secret_stream = watcher(
+        scoped::<PartialObjectMeta<Secret>>(client.clone(), ns),
+        owned,
+    )
+    .default_backoff()
+    .modify(|s| s.managed_fields_mut().clear())
+    .reflect(secrets_writer)
+    .touched_objects();
+    if let Ok(mut caches) = ctx.caches.write() {
+        caches.push((
+            namespace.clone(),
+            cache::Stores {
+                service_accounts,
+                roles,
+                role_bindings,
+                secrets,
+                services,
+                network_policies,
+                stateful_sets,
+            },
+        ));
+    }
     let mut controller = controller
-        .owns(scoped::<StatefulSet>(client.clone(), ns), owned.clone())
-        .owns(scoped::<Service>(client.clone(), ns), owned.clone())
-        .owns(scoped::<ServiceAccount>(client.clone(), ns), owned.clone())
-        .owns(scoped::<Role>(client.clone(), ns), owned.clone())
-        .owns(scoped::<RoleBinding>(client.clone(), ns), owned.clone())
-        .owns(scoped::<NetworkPolicy>(client.clone(), ns), owned)
+        .owns_stream(sts_stream)
+        .owns_stream(svc_stream)
+        .owns_stream(sa_stream)
+        .owns_stream(role_stream)
+        .owns_stream(rb_stream)
+        .owns_stream(np_stream)
+        .owns_stream(secret_stream)
         .watches(
             scoped::<CompactionPolicy>(client.clone(), ns),
             watcher::Config::default(),

@@ -66,16 +66,24 @@ async fn secret_values(
 }
 
 /// The existing API token (never regenerated: clients hold it), or a fresh one, and the digests
-/// of the credentials the pod will see.
-pub async fn build_inputs(client: &Client, plan: &Plan) -> Result<BuildInputs, Error> {
+/// of the credentials the pod will see. With `read_token` false the token Secret is not read
+/// (the caller does not apply it, or only creates it) and the token is a fresh one.
+pub async fn build_inputs(
+    client: &Client,
+    plan: &Plan,
+    read_token: bool,
+) -> Result<BuildInputs, Error> {
     let api: Api<Secret> = Api::namespaced(client.clone(), &plan.namespace);
-    let existing = api
-        .get_opt(&token_secret_name(&plan.name))
-        .await?
-        .and_then(|s| s.data)
-        .and_then(|d| d.get(TOKEN_KEY).cloned())
-        .and_then(|v| String::from_utf8(v.0).ok())
-        .filter(|t| !t.is_empty());
+    let existing = if read_token {
+        api.get_opt(&token_secret_name(&plan.name))
+            .await?
+            .and_then(|s| s.data)
+            .and_then(|d| d.get(TOKEN_KEY).cloned())
+            .and_then(|v| String::from_utf8(v.0).ok())
+            .filter(|t| !t.is_empty())
+    } else {
+        None
+    };
     let api_token = match existing {
         Some(token) => ApiToken::from_existing(token),
         None => ApiToken::generate(),

@@ -6,6 +6,7 @@
 
 pub mod apply;
 pub mod backoff;
+pub mod cache;
 pub mod client;
 pub mod config;
 pub mod controller;
@@ -13,6 +14,7 @@ pub mod crds;
 pub mod dereference;
 pub mod error;
 pub mod http;
+pub mod idle;
 pub mod metrics;
 pub mod objects;
 pub mod purge;

@@ -51,6 +51,9 @@ pub struct Observed {
     pub ready_replicas: Option<i32>,
     /// Where the archive lives, or why it is not durable / not healthy.
     pub archive: Result<String, Problem>,
+    /// The `Idle` condition of a session with an idle rule (`crate::idle`); True: the pod is
+    /// stopped for being idle (and `suspended` is true).
+    pub idle: Option<(bool, Problem)>,
 }
 
 /// The status the operator wants, given the previous one (whose agent-written `session` block
@@ -72,6 +75,14 @@ pub fn desired(
 
     let ready_cond = match (&obs.blocker, &obs.policy) {
         (Some(Blocker::Invalid(p) | Blocker::Waiting(p)), _) => (false, p.clone()),
+        (None, _) if obs.suspended && matches!(obs.idle, Some((true, _))) => (
+            false,
+            Problem::new(
+                "IdleSuspended",
+                "idle (see the Idle condition): the pod is stopped, journal and archive are \
+                 kept; a request at the gateway wakes it",
+            ),
+        ),
         (None, _) if obs.suspended => (
             false,
             Problem::new(
@@ -118,6 +129,10 @@ pub fn desired(
         .map(|h| (CONTEXT_HEADROOM, headroom_status(h)));
     // What the running agent said it cannot honour; absent until an agent reported.
     let supported_cond = agent.map(|s| (POLICY_SUPPORTED, supported_status(&s.unsupported)));
+    let idle_cond = obs
+        .idle
+        .clone()
+        .map(|(asleep, p)| (crate::idle::IDLE, (bool_status(asleep), p)));
 
     let prev_conditions = prev.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let conditions = [
@@ -127,7 +142,7 @@ pub fn desired(
     ]
     .into_iter()
     .chain(
-        [headroom_cond, supported_cond]
+        [headroom_cond, supported_cond, idle_cond]
             .into_iter()
             .flatten()
             .map(|(kind, (status, p))| (kind, status, p)),
@@ -335,8 +350,12 @@ pub fn transitions(
 ) -> Vec<Transition> {
     let mut out = Vec::new();
     let prev_phase = prev.and_then(|s| s.phase);
+    // A new session starting out Pending is what every creation does: not news (at scale
+    // every Event is a write).
+    let first_pending = prev_phase.is_none() && next.phase == Some(Phase::Pending);
     if let Some(phase) = next.phase
         && prev_phase != Some(phase)
+        && !first_pending
     {
         out.push(Transition {
             warning: matches!(phase, Phase::Failed | Phase::Degraded),
@@ -355,7 +374,13 @@ pub fn transitions(
         // Not ready while starting or suspended is expected, not a warning.
         let expected = matches!(
             c.reason.as_str(),
-            "PodNotReady" | "Suspended" | "ArchiveNotChecked"
+            "PodNotReady"
+                | "Suspended"
+                | "IdleSuspended"
+                | "ArchiveNotChecked"
+                | "Active"
+                | "Woken"
+                | "ManuallySuspended"
         );
         let warning = c.status != "True" && !expected;
         // At scale every Event is a write: a condition that starts out fine, and Ready

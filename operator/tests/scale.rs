@@ -1,5 +1,6 @@
 //! Scale test: many AgentSessions created at once converge to Running; then an idle minute
-//! must produce no writes from the operator (no hot loop).
+//! must produce no writes from the operator (no hot loop), nor may a fleet of active agents
+//! writing their status.
 //!
 //! Runs the real `cairn-operator` binary (so its peak RSS is its own) against the cluster that
 //! `KUBECONFIG` points at (the local control plane with kwok), scoped to a fresh namespace:
@@ -11,17 +12,23 @@
 //! ```
 //!
 //! `CAIRN_SCALE_SESSIONS` (default 1000) sets the number of sessions, `CAIRN_SCALE_IDLE_SECS`
-//! (default 60) the idle window. Results are printed as one line of `key=value` pairs.
+//! (default 60) the idle window. Then `CAIRN_SCALE_ACTIVE` (default 1000) simulated agents
+//! write their `status.session` at the agent's cadence (`CAIRN_SCALE_STATUS_INTERVAL_SECS`,
+//! default the agent's 30 s) for `CAIRN_SCALE_ACTIVE_SECS` (default 60) after their first
+//! round, and the status writes per second (theirs and the operator's) are measured. Results
+//! are printed as one line of `key=value` pairs.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cairn_crds::{AgentSession, Phase};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -183,6 +190,82 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
     let after_idle = scrape(port).await;
     let idle_writes = writes(&after_idle) - writes(&at_convergence);
     let idle_reads = requests(&after_idle, "GET") - requests(&at_convergence, "GET");
+    let idle_by_method: Vec<String> = ["POST", "PUT", "PATCH", "DELETE"]
+        .iter()
+        .map(|m| {
+            format!(
+                "{m}:{}",
+                requests(&after_idle, m) - requests(&at_convergence, m)
+            )
+        })
+        .collect();
+    let reconciles = |m: &BTreeMap<String, f64>| {
+        m.get("cairn_operator_reconciles_total{result=\"ok\"}")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let idle_reconciles = reconciles(&after_idle) - reconciles(&at_convergence);
+
+    // A fleet of active agents: each writes its status.session at the agent's real cadence
+    // (once per status interval while in use), spread over the interval. The first round
+    // is the agents' first report (news to the operator: PolicySupported appears); the
+    // window after it measures the steady state.
+    let active = env_or("CAIRN_SCALE_ACTIVE", 1000).min(sessions_wanted);
+    let window = Duration::from_secs(env_or("CAIRN_SCALE_ACTIVE_SECS", 60));
+    let interval = Duration::from_secs(env_or(
+        "CAIRN_SCALE_STATUS_INTERVAL_SECS",
+        cairn_crds::session::DEFAULT_STATUS_INTERVAL_SECONDS,
+    ));
+    let agent_writes = Arc::new(AtomicU64::new(0));
+    let fleet_started = Instant::now();
+    let agents: Vec<_> = (0..active)
+        .map(|i| {
+            let api = api.clone();
+            let count = agent_writes.clone();
+            let offset = interval.mul_f64(i as f64 / active.max(1) as f64);
+            tokio::spawn(async move {
+                tokio::time::sleep(offset).await;
+                let mut turns = 0u64;
+                loop {
+                    turns += 1;
+                    let patch = json!({
+                        "apiVersion": "cairn.dev/v1alpha1",
+                        "kind": "AgentSession",
+                        "status": {"session": {
+                            "turns": turns,
+                            "lastActivity": k8s_openapi::jiff::Timestamp::now().to_string(),
+                        }},
+                    });
+                    if api
+                        .patch_status(
+                            &format!("s{i:05}"),
+                            &PatchParams::apply("cairn-agent").force(),
+                            &Patch::Apply(&patch),
+                        )
+                        .await
+                        .is_ok()
+                    {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(interval).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(interval.saturating_sub(fleet_started.elapsed())).await;
+    let window_start = scrape(port).await;
+    let agent_start = agent_writes.load(Ordering::Relaxed);
+    let measured = Instant::now();
+    tokio::time::sleep(window).await;
+    let window_end = scrape(port).await;
+    let agent_in_window = agent_writes.load(Ordering::Relaxed) - agent_start;
+    let measured = measured.elapsed().as_secs_f64();
+    for agent in &agents {
+        agent.abort();
+    }
+    let operator_active_writes = writes(&window_end) - writes(&window_start);
+    let status_writes_per_sec = (agent_in_window as f64 + operator_active_writes) / measured;
+    let rss_peak = peak_rss_kib(pid);
 
     let total: f64 = ["GET", "POST", "PUT", "PATCH", "DELETE"]
         .iter()
@@ -192,18 +275,27 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
     println!(
         "sessions={sessions_wanted} create_secs={:.1} converge_secs={:.1} peak_rss_mib={:.1} \
          api_requests={total} per_session={:.2} get_per_session={:.2} patch_per_session={:.2} \
-         reconciles={} idle_secs={} idle_writes={idle_writes} idle_reads={idle_reads}",
+         post_per_session={:.2} reconciles={} idle_secs={} idle_writes={idle_writes} \
+         idle_reads={idle_reads} idle_writes_by_method={} idle_reconciles={idle_reconciles} \
+         active_agents={active} status_interval_secs={} \
+         active_window_secs={measured:.1} agent_status_writes={agent_in_window} \
+         operator_writes_while_active={operator_active_writes} \
+         status_writes_per_sec={status_writes_per_sec:.1} peak_rss_mib_after_fleet={:.1}",
         created.as_secs_f64(),
         converged.as_secs_f64(),
         rss_converged as f64 / 1024.0,
         total / n,
         requests(&at_convergence, "GET") / n,
         requests(&at_convergence, "PATCH") / n,
+        requests(&at_convergence, "POST") / n,
         at_convergence
             .get("cairn_operator_reconciles_total{result=\"ok\"}")
             .copied()
             .unwrap_or(0.0),
         idle.as_secs(),
+        idle_by_method.join(","),
+        interval.as_secs(),
+        rss_peak as f64 / 1024.0,
     );
     // The operator still runs its finalizers while the namespace goes.
     let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
@@ -218,4 +310,8 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
     }
     drop(operator);
     assert_eq!(idle_writes, 0.0, "the operator wrote while nothing changed");
+    assert_eq!(
+        operator_active_writes, 0.0,
+        "the operator wrote for agents' status writes that changed nothing of its own"
+    );
 }

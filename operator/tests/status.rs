@@ -26,6 +26,7 @@ fn observed() -> Observed {
         blocker: None,
         ready_replicas: Some(1),
         archive: Ok("s3://b/cairn/team-a/chat/".into()),
+        idle: None,
     }
 }
 
@@ -243,7 +244,21 @@ fn transitions_name_the_new_phase_and_changed_conditions() {
         status::desired(None, &o, &at(0))
     };
     let first = status::transitions(None, &pending);
-    assert!(first.iter().any(|t| t.reason == "Pending" && !t.warning));
+    assert!(
+        !first.iter().any(|t| t.reason == "Pending"),
+        "a new session starting Pending is not news"
+    );
+    let suspended = {
+        let mut o = observed();
+        o.suspended = true;
+        status::desired(None, &o, &at(0))
+    };
+    assert!(
+        status::transitions(None, &suspended)
+            .iter()
+            .any(|t| t.reason == "Suspended"),
+        "any other first phase is"
+    );
     let running = status::desired(Some(&pending), &observed(), &at(10));
     let t = status::transitions(Some(&pending), &running);
     assert_eq!(

@@ -266,6 +266,7 @@ pub async fn create(
                 }
             }
         };
+        task_state.touch();
         let (result, ()) = tokio::join!(turn, forward);
         task_state.publish(&session);
         drop(session);

@@ -50,6 +50,8 @@ pub struct AppState {
     view: Arc<RwLock<Value>>,
     lost: Arc<RwLock<Option<String>>>,
     stats_tx: Arc<watch::Sender<Option<SessionStats>>>,
+    /// When work for a client last started or ended (`status.session.lastActivity`).
+    last_activity: Arc<RwLock<Option<String>>>,
     /// The ids of the newest stored Response objects, oldest first, for `GET
     /// /v1/responses/{id}`: with the object when this process answered it, `None` for one of
     /// an earlier run (read from the store).
@@ -98,6 +100,7 @@ impl AppState {
             view,
             lost: Arc::new(RwLock::new(None)),
             stats_tx: Arc::new(stats_tx),
+            last_activity: Arc::new(RwLock::new(None)),
             recent: Arc::new(RwLock::new(recent)),
             responses,
             swept: Arc::new(AtomicBool::new(false)),
@@ -213,8 +216,27 @@ impl AppState {
         }
     }
 
-    /// Refreshes the cached view after the session changed.
+    /// Records that work for a client starts or ends now (`status.session.lastActivity`).
+    pub fn touch(&self) {
+        let now = crate::session::rfc3339(std::time::SystemTime::now());
+        if let Ok(mut l) = self.last_activity.write() {
+            *l = Some(now.clone());
+        }
+        self.stats_tx.send_modify(|s| {
+            if let Some(s) = s.as_mut() {
+                s.last_activity = Some(now);
+            }
+        });
+    }
+
+    /// Refreshes the cached view after work for a client changed the session.
     pub fn publish(&self, session: &Session) {
+        self.touch();
+        self.refresh(session);
+    }
+
+    /// Refreshes the cached view (no client activity: a background check changed it).
+    pub fn refresh(&self, session: &Session) {
         let status = if session.fenced().is_some() {
             self.set_ready(false);
             "fenced"
@@ -224,7 +246,9 @@ impl AppState {
         if let Ok(mut v) = self.view.write() {
             *v = view_of(session, status);
         }
-        self.stats_tx.send_replace(Some(session.stats()));
+        let mut stats = session.stats();
+        stats.last_activity = self.last_activity.read().ok().and_then(|l| l.clone());
+        self.stats_tx.send_replace(Some(stats));
     }
 }
 
@@ -288,6 +312,7 @@ async fn detached_turn(
 ) -> Result<crate::session::TurnOutcome, ApiError> {
     let task_state = state.clone();
     let turn = tokio::spawn(async move {
+        task_state.touch();
         let result = session.turn_with_options(input, options, None).await;
         task_state.publish(&session);
         result

@@ -384,6 +384,7 @@ pub async fn create(
                 out.on_event(ev).await;
             }
         };
+        task_state.touch();
         let (result, ()) = tokio::join!(turn, forward);
         task_state.publish(&session);
         drop(session);

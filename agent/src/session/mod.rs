@@ -812,6 +812,8 @@ impl Session {
             headroom: Some(self.headroom()),
             compression: self.compression_counters.session_stats(),
             unsupported: crate::config::unsupported(&self.live),
+            // The server knows when a client last had work done (`AppState::touch`).
+            last_activity: None,
         }
     }
 

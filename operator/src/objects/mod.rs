@@ -145,6 +145,11 @@ pub fn build(plan: &Plan, inputs: &BuildInputs) -> SessionObjects {
     }
 }
 
+/// The session's token Secret alone; everything but its value depends on the plan only.
+pub fn token_secret(plan: &Plan, token: &ApiToken) -> Secret {
+    workload::token_secret(plan, token)
+}
+
 /// Metadata every owned object carries: name, namespace, labels and the controller owner
 /// reference that garbage-collects it with the session.
 fn meta(plan: &Plan, name: String) -> ObjectMeta {

@@ -1,0 +1,309 @@
+//! Idle suspend and wake-up (`spec.idle.suspendAfter`), as a pure function of what the
+//! session says: its spec, the agent's last activity, its conditions and the wake-up
+//! annotation the gateway sets.
+//!
+//! A session is idle-suspended when nobody used it for `suspendAfter`, counted from the
+//! latest of the agent's `status.session.lastActivity`, the time its pod became ready and
+//! its last wake-up. The `Idle` condition records it (True, reason `IdleTimeout`); its
+//! `lastTransitionTime` is the time of the suspension. A wake-up annotation newer than that
+//! starts the pod again (`Idle` False, reason `Woken`, the wake-up counting as activity). A
+//! manual `spec.suspend: true` always wins: neither idle suspend nor wake-up applies then, and
+//! the operator never changes `spec.suspend` itself.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::status::Problem;
+
+/// Type of the condition that says why a session sleeps or woke.
+pub const IDLE: &str = "Idle";
+
+/// What the idle rule decided for one reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// Whether the pod is to be stopped for being idle.
+    pub suspended: bool,
+    /// The `Idle` condition (`None`: the session has no idle rule).
+    pub condition: Option<(bool, Problem)>,
+    /// When to look again: the idle deadline, if one is running.
+    pub recheck: Option<Duration>,
+    /// Set when this reconcile woke the session: the wake-up request's time.
+    pub woken_at: Option<String>,
+}
+
+/// Inputs of [`decide`], read from the session.
+#[derive(Clone, Debug, Default)]
+pub struct Inputs<'a> {
+    /// `spec.idle.suspendAfter`, parsed (`None`: no idle rule).
+    pub suspend_after: Option<Duration>,
+    /// `spec.suspend`.
+    pub manual: bool,
+    /// The previous `Idle` condition.
+    pub previous: Option<&'a Condition>,
+    /// `status.session.lastActivity`.
+    pub last_activity: Option<&'a str>,
+    /// The previous `Ready` condition (its transition to True is the pod's start).
+    pub ready: Option<&'a Condition>,
+    /// The wake-up annotation.
+    pub wake_requested: Option<&'a str>,
+}
+
+fn parse(text: &str) -> Option<Timestamp> {
+    text.trim().parse().ok()
+}
+
+fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    match (secs / 3600, (secs % 3600) / 60, secs % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, s) => format!("{h}h{m}m{s}s"),
+    }
+}
+
+/// What to do about idleness at `now`.
+pub fn decide(inputs: &Inputs<'_>, now: Timestamp) -> Decision {
+    let Some(after) = inputs.suspend_after else {
+        return Decision {
+            suspended: false,
+            condition: None,
+            recheck: None,
+            woken_at: None,
+        };
+    };
+    if inputs.manual {
+        return Decision {
+            suspended: false,
+            condition: Some((
+                false,
+                Problem::new(
+                    "ManuallySuspended",
+                    "spec.suspend is true: the session stays suspended until it is set back to \
+                     false; idle suspend and wake-up do not apply",
+                ),
+            )),
+            recheck: None,
+            woken_at: None,
+        };
+    }
+    let previous = inputs.previous;
+    let asleep = previous.filter(|c| c.status == "True");
+    if let Some(sleep) = asleep {
+        let since = sleep.last_transition_time.0;
+        let wake = inputs
+            .wake_requested
+            .and_then(|w| parse(w).map(|t| (w, t)))
+            .filter(|(_, t)| *t > since);
+        return match wake {
+            Some((text, _)) => Decision {
+                suspended: false,
+                condition: Some((
+                    false,
+                    Problem::new(
+                        "Woken",
+                        format!("woken by a request at the gateway at {}", text.trim()),
+                    ),
+                )),
+                recheck: Some(after),
+                woken_at: Some(text.trim().to_string()),
+            },
+            None => Decision {
+                suspended: true,
+                condition: Some((true, Problem::new(&sleep.reason, &sleep.message))),
+                recheck: None,
+                woken_at: None,
+            },
+        };
+    }
+
+    // Awake: the idle clock runs from the latest sign of use.
+    let ready_since = inputs
+        .ready
+        .filter(|c| c.status == "True")
+        .map(|c| c.last_transition_time.0);
+    let woke = previous
+        .filter(|c| c.status == "False" && c.reason == "Woken")
+        .map(|c| c.last_transition_time.0);
+    let activity = inputs.last_activity.and_then(parse);
+    let awake_condition = previous
+        .filter(|c| c.status == "False" && c.reason != "ManuallySuspended")
+        .map(|c| Problem::new(&c.reason, &c.message))
+        .unwrap_or_else(|| {
+            Problem::new(
+                "Active",
+                format!(
+                    "the pod is stopped after {} without client activity",
+                    human(after)
+                ),
+            )
+        });
+    // A pod that is not ready (starting, after a wake-up or a manual resume) is not idle.
+    let Some(reference) =
+        ready_since.and_then(|r| [activity, Some(r), woke].into_iter().flatten().max())
+    else {
+        return Decision {
+            suspended: false,
+            condition: Some((false, awake_condition)),
+            recheck: None,
+            woken_at: None,
+        };
+    };
+    let idle_for = Duration::try_from(now.duration_since(reference)).unwrap_or_default();
+    if idle_for >= after {
+        return Decision {
+            suspended: true,
+            condition: Some((
+                true,
+                Problem::new(
+                    "IdleTimeout",
+                    format!(
+                        "no client activity for {} (idle.suspendAfter {}): the pod is stopped, \
+                         journal and archive are kept; a request at the gateway wakes it",
+                        human(idle_for),
+                        human(after)
+                    ),
+                ),
+            )),
+            recheck: None,
+            woken_at: None,
+        };
+    }
+    Decision {
+        suspended: false,
+        condition: Some((false, awake_condition)),
+        recheck: Some(after - idle_for),
+        woken_at: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap_or(Timestamp::UNIX_EPOCH)
+    }
+
+    fn cond(kind: &str, status: &str, reason: &str, secs: i64) -> Condition {
+        Condition {
+            type_: kind.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: "m".into(),
+            observed_generation: None,
+            last_transition_time: Time(at(secs)),
+        }
+    }
+
+    #[test]
+    fn idle_for_long_enough_suspends_and_the_deadline_is_rechecked() {
+        let ready = cond("Ready", "True", "AgentReady", 0);
+        let activity = at(10).to_string();
+        let inputs = Inputs {
+            suspend_after: Some(Duration::from_secs(30)),
+            ready: Some(&ready),
+            last_activity: Some(&activity),
+            ..Inputs::default()
+        };
+        let d = decide(&inputs, at(25));
+        assert!(!d.suspended);
+        assert_eq!(d.recheck, Some(Duration::from_secs(15)));
+        let d = decide(&inputs, at(40));
+        assert!(d.suspended);
+        let (status, p) = d.condition.expect("condition");
+        assert!(status);
+        assert_eq!(p.reason, "IdleTimeout");
+        assert!(p.message.contains("30s"), "{}", p.message);
+    }
+
+    #[test]
+    fn a_newer_wake_request_wakes_and_counts_as_activity() {
+        let asleep = cond(IDLE, "True", "IdleTimeout", 100);
+        let old = at(90).to_string();
+        let inputs = Inputs {
+            suspend_after: Some(Duration::from_secs(30)),
+            previous: Some(&asleep),
+            wake_requested: Some(&old),
+            ..Inputs::default()
+        };
+        assert!(
+            decide(&inputs, at(200)).suspended,
+            "an older request does not wake"
+        );
+        let new = at(150).to_string();
+        let d = decide(
+            &Inputs {
+                wake_requested: Some(&new),
+                ..inputs.clone()
+            },
+            at(151),
+        );
+        assert!(!d.suspended);
+        assert_eq!(
+            d.condition.as_ref().map(|c| c.1.reason.as_str()),
+            Some("Woken")
+        );
+        assert_eq!(d.woken_at.as_deref(), Some(new.as_str()));
+        // Once woken (the condition's transition is the wake-up), the clock starts again.
+        let woken = cond(IDLE, "False", "Woken", 151);
+        let starting = Inputs {
+            previous: Some(&woken),
+            ..inputs.clone()
+        };
+        assert!(
+            !decide(&starting, at(500)).suspended,
+            "a starting pod is not idle"
+        );
+        let ready = cond("Ready", "True", "AgentReady", 140);
+        let awake = Inputs {
+            previous: Some(&woken),
+            ready: Some(&ready),
+            ..inputs
+        };
+        let d = decide(&awake, at(170));
+        assert!(!d.suspended);
+        assert_eq!(d.recheck, Some(Duration::from_secs(11)));
+        assert_eq!(d.condition.map(|c| c.1.reason), Some("Woken".to_string()));
+        assert!(decide(&awake, at(181)).suspended);
+    }
+
+    #[test]
+    fn manual_suspend_wins_and_no_rule_means_no_condition() {
+        let asleep = cond(IDLE, "True", "IdleTimeout", 100);
+        let wake = at(150).to_string();
+        let d = decide(
+            &Inputs {
+                suspend_after: Some(Duration::from_secs(30)),
+                manual: true,
+                previous: Some(&asleep),
+                wake_requested: Some(&wake),
+                ..Inputs::default()
+            },
+            at(200),
+        );
+        assert!(d.woken_at.is_none());
+        assert_eq!(
+            d.condition.map(|c| c.1.reason),
+            Some("ManuallySuspended".to_string())
+        );
+        let d = decide(&Inputs::default(), at(0));
+        assert_eq!(d.condition, None);
+        assert!(!d.suspended);
+    }
+
+    #[test]
+    fn never_ready_never_idle() {
+        let d = decide(
+            &Inputs {
+                suspend_after: Some(Duration::from_secs(5)),
+                ..Inputs::default()
+            },
+            at(1000),
+        );
+        assert!(!d.suspended);
+        assert_eq!(d.recheck, None);
+    }
+}
