@@ -251,6 +251,15 @@ struct Success {
     response: reqwest::Response,
 }
 
+/// The body bytes of a request: what [`HttpClient::exchange`] sends and
+/// [`super::Provider::render`] shows.
+pub(crate) fn encode(
+    provider: &str,
+    body: &(impl serde::Serialize + ?Sized),
+) -> Result<Vec<u8>, ProviderError> {
+    serde_json::to_vec(body).map_err(|e| ProviderError::transport(provider, e.to_string(), 0))
+}
+
 impl HttpClient {
     pub fn new(provider: &str, options: ClientOptions) -> Result<Self, BuildError> {
         let builder = reqwest::Client::builder()
@@ -280,8 +289,7 @@ impl HttpClient {
         body: &(impl serde::Serialize + Sync),
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = serde_json::to_vec(body)
-            .map_err(|e| ProviderError::transport(&self.provider, e.to_string(), 0))?;
+        let body = encode(&self.provider, body)?;
         if request.stream {
             self.post_sse(url, headers, body, S::default(), on_delta)
                 .await
