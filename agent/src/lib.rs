@@ -15,6 +15,7 @@ pub mod provider;
 // Classification, compaction and recovery.
 pub mod classify;
 pub mod compact;
+pub mod inspect;
 pub mod overflow;
 pub mod recovery;
 pub mod replay;

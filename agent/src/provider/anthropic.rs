@@ -254,6 +254,22 @@ impl Provider for Anthropic {
             .exchange::<MessageStream>(&self.url, &headers, request, &Self::body(request), on_delta)
             .await
     }
+
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+        let mut headers = vec![
+            ("x-api-key", super::REDACTED),
+            ("anthropic-version", API_VERSION),
+        ];
+        if request
+            .context
+            .as_ref()
+            .is_some_and(|c| c.anthropic_body().is_some())
+        {
+            headers.push(("anthropic-beta", super::engine::ANTHROPIC_BETA));
+        }
+        let body = super::http::encode(self.name(), &Self::body(request))?;
+        Ok(super::Rendered::post(&self.url, &headers, body))
+    }
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]

@@ -330,6 +330,23 @@ impl Provider for Bedrock {
             )
             .await
     }
+
+    /// The SigV4 signature (or the API key) is redacted: signing needs the credentials and
+    /// the moment of the send.
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+        let mut url = self.base.clone();
+        url.set_path(&self.path(&request.model, request.stream));
+        let body = super::http::encode(self.name(), &Self::body(request))?;
+        let auth = match self.auth {
+            BedrockAuth::SigV4(_) => format!("AWS4-HMAC-SHA256 {}", super::REDACTED),
+            BedrockAuth::ApiKey(_) => format!("Bearer {}", super::REDACTED),
+        };
+        Ok(super::Rendered::post(
+            url.as_str(),
+            &[("authorization", &auth)],
+            body,
+        ))
+    }
 }
 
 #[derive(Deserialize)]

@@ -56,6 +56,10 @@ impl Provider for Deadlined {
         }
     }
 
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+        self.inner.render(request)
+    }
+
     async fn send_streaming(
         &self,
         request: &ChatRequest,

@@ -285,6 +285,15 @@ impl Provider for Gemini {
             .exchange::<ChunkStream>(&url, &headers, request, &Self::body(request), on_delta)
             .await
     }
+
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+        let body = super::http::encode(self.name(), &Self::body(request))?;
+        Ok(super::Rendered::post(
+            self.url(&request.model, request.stream),
+            &[("x-goog-api-key", super::REDACTED)],
+            body,
+        ))
+    }
 }
 
 #[derive(Deserialize)]

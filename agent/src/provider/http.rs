@@ -254,6 +254,15 @@ struct Success {
     response: reqwest::Response,
 }
 
+/// The body bytes of a request: what [`HttpClient::exchange`] sends and
+/// [`super::Provider::render`] shows.
+pub(crate) fn encode(
+    provider: &str,
+    body: &(impl serde::Serialize + ?Sized),
+) -> Result<Vec<u8>, ProviderError> {
+    serde_json::to_vec(body).map_err(|e| ProviderError::transport(provider, e.to_string(), 0))
+}
+
 impl HttpClient {
     pub fn new(provider: &str, options: ClientOptions) -> Result<Self, BuildError> {
         let builder = reqwest::Client::builder()
@@ -284,6 +293,7 @@ impl HttpClient {
         body: &(impl serde::Serialize + Sync),
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
+        // The same bytes `encode` gives, with the long texts' escaping reused.
         let body = self
             .wire
             .to_vec(body)

@@ -196,4 +196,8 @@ impl Provider for LiveProvider {
         let client = self.client().map_err(|e| *e)?;
         client.send_streaming(request, on_delta).await
     }
+
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+        self.client().map_err(|e| *e)?.render(request)
+    }
 }

@@ -126,6 +126,34 @@ pub struct ChatRequest {
     pub context: Option<engine::ServerContext>,
 }
 
+/// A request as the provider client would send it, built by the same code as a real send
+/// but not sent ([`Provider::render`]): the URL, the headers with every credential replaced
+/// by [`REDACTED`], and the exact body bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rendered {
+    pub method: &'static str,
+    pub url: String,
+    /// Lower-case names; credential values read [`REDACTED`].
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// What a credential header of a [`Rendered`] request reads.
+pub const REDACTED: &str = "[redacted]";
+
+impl Rendered {
+    fn post(url: impl Into<String>, headers: &[(&str, &str)], body: Vec<u8>) -> Self {
+        let mut h = vec![("content-type".to_owned(), "application/json".to_owned())];
+        h.extend(headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        Self {
+            method: "POST",
+            url: url.into(),
+            headers: h,
+            body,
+        }
+    }
+}
+
 /// Why the model stopped, normalised across providers.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -299,6 +327,18 @@ pub trait Provider: Send + Sync {
         let r = self.send(request).await?;
         emit_whole(&r, on_delta);
         Ok(r)
+    }
+
+    /// The request [`Provider::send`] would send for `request`, without sending it: the same
+    /// body builder and serializer, credentials redacted. Clients that cannot show their
+    /// requests say so.
+    fn render(&self, request: &ChatRequest) -> Result<Rendered, ProviderError> {
+        let _ = request;
+        Err(ProviderError::transport(
+            self.name(),
+            "this provider client cannot show the requests it would send",
+            0,
+        ))
     }
 }
 

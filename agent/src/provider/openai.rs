@@ -276,6 +276,16 @@ impl Provider for OpenAiChat {
             .exchange::<ChatStream>(&self.url, &headers, request, &self.body(request), on_delta)
             .await
     }
+
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+        let auth = format!("Bearer {}", super::REDACTED);
+        let headers: &[(&str, &str)] = match self.key {
+            Some(_) => &[("authorization", &auth)],
+            None => &[],
+        };
+        let body = super::http::encode(&self.name, &self.body(request))?;
+        Ok(super::Rendered::post(&self.url, headers, body))
+    }
 }
 
 #[derive(Deserialize, Default)]

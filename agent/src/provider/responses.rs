@@ -247,6 +247,16 @@ impl Provider for OpenAiResponses {
             )
             .await
     }
+
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+        let auth = format!("Bearer {}", super::REDACTED);
+        let body = super::http::encode(self.name(), &Self::body(request))?;
+        Ok(super::Rendered::post(
+            &self.url,
+            &[("authorization", &auth)],
+            body,
+        ))
+    }
 }
 
 #[derive(Deserialize)]

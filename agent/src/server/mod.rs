@@ -9,6 +9,7 @@
 //! ones 400; every error is a JSON `{"error": {"message", "type", "code"}}`.
 
 mod chat;
+mod context;
 mod items;
 mod listen;
 mod responses;
@@ -478,6 +479,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/v1/responses/{id}", get(responses::get))
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/session", get(get_session))
+        .route("/v1/session/context", get(context::get_context))
         .route("/v1/session/compact", post(compact))
         .route("/v1/session/rewind", post(rewind))
         .route("/v1/session/reset-payload-cap", post(reset_payload_cap))

@@ -7,6 +7,7 @@
 //! whose outcome stayed unknown is settled before the next operation starts, and the history
 //! then becomes whatever the journal turned out to hold: what a restart would rebuild.
 
+mod inspect;
 mod summarizer;
 pub mod tools;
 mod turn;
@@ -38,6 +39,7 @@ use crate::provider::{Provider, Usage};
 use crate::replay::Ledger;
 
 pub use summarizer::ProviderSummarizer;
+pub use inspect::{ContextReport, InspectOptions};
 pub use turn::{LedgerTurn, McpSelection, Notice, TurnEvent, TurnEvents, TurnOptions, TurnOutcome};
 
 /// Why a turn (or a compaction, or a rewind) failed. The history is as before it.
@@ -161,6 +163,9 @@ pub struct Session {
     ledger: Ledger,
     /// The client's part of the turn in progress (its tools, instructions, controls).
     options: TurnOptions,
+    /// The client's part of the latest turn (without its ledger items): the context
+    /// inspector assumes the next turn brings the same tools, instructions and controls.
+    last_options: TurnOptions,
     /// What the cheap passes did over the session's life.
     passes: PassCounters,
     /// The MCP tool servers of the spec (connected on first use).
@@ -248,6 +253,7 @@ impl Session {
             archive_check: Arc::default(),
             ledger: rebuilt.state.replay.clone(),
             options: TurnOptions::default(),
+            last_options: TurnOptions::default(),
             passes: rebuilt.state.passes,
             mcp,
             net: parts.net,

@@ -145,9 +145,9 @@ pub enum TurnEvent {
 pub type TurnEvents = tokio::sync::mpsc::UnboundedSender<TurnEvent>;
 
 /// The notices of a turn, forwarded as they happen when the turn streams.
-struct Notices {
-    list: Vec<Notice>,
-    live: Option<TurnEvents>,
+pub(super) struct Notices {
+    pub(super) list: Vec<Notice>,
+    pub(super) live: Option<TurnEvents>,
 }
 
 fn notice(notices: &mut Notices, kind: &'static str, message: String) {
@@ -283,6 +283,10 @@ impl Session {
         let span = tracing::info_span!("turn", namespace = %self.namespace, session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
         let started = Instant::now();
         let mut provider_time = Duration::ZERO;
+        self.last_options = TurnOptions {
+            ledger: None,
+            ..options.clone()
+        };
         self.options = options;
         let result = self
             .turn_inner(input, events, &mut provider_time)
@@ -373,7 +377,7 @@ impl Session {
     }
 
     /// The system prompt leads the history; a changed prompt replaces the old one.
-    fn ensure_system_prompt(&mut self) {
+    pub(super) fn ensure_system_prompt(&mut self) {
         let Some(prompt) = self.live.system_prompt.clone() else {
             return;
         };
@@ -551,17 +555,9 @@ impl Session {
         let store = Arc::clone(&self.store);
 
         // 2. Cheap passes.
-        let idle_for = self.last_reply_at.and_then(|t| t.elapsed().ok());
-        let mut reports: Vec<PassReport> = Vec::new();
-        reports.push(microcompact(&mut self.history, policy, idle_for, store.as_ref()).await);
-        reports.push(dedup_reads(&mut self.history, store.as_ref()).await);
+        let reports = self.cheap_passes().await;
         self.passes.microcompacted += (reports[0].changed + reports[0].removed) as u64;
         self.passes.deduplicated += (reports[1].changed + reports[1].removed) as u64;
-        reports.push(
-            pairing::repair_archived(&mut self.history, store.as_ref(), Trigger::Turn)
-                .await
-                .0,
-        );
         for r in reports.iter().filter(|r| r.is_change()) {
             tracing::debug!(
                 pass = r.pass.label(),
@@ -571,40 +567,8 @@ impl Session {
             );
         }
 
-        // One catalog: the built-in tools, the MCP servers' tools, the client's tools. An
-        // MCP tool whose name is taken is offered as `<server>__<tool>`.
-        self.mcp_catalog = if self.mcp.is_empty() {
-            McpCatalog::default()
-        } else {
-            let client: Vec<&str> = self.options.tools.iter().map(|t| t.name.as_str()).collect();
-            let mut taken = vec![tools::RECALL, tools::COMPRESS];
-            taken.extend(client);
-            let only: Option<Vec<String>> = self
-                .options
-                .mcp_servers
-                .as_ref()
-                .map(|s| s.iter().map(|x| x.label.clone()).collect());
-            self.mcp.catalog(only.as_deref(), &taken).await
-        };
-        for why in self.mcp_catalog.unavailable.clone() {
-            notice(
-                notices,
-                "tools",
-                format!("{why}; its tools are not offered this turn"),
-            );
-        }
-        let mut tool_specs = tools::catalog();
-        tool_specs.extend(self.mcp_catalog.specs.iter().cloned());
-        tool_specs.extend(self.options.tools.iter().cloned());
-        // The client's tools, instructions and output format are as uncompactable as the
-        // built-in catalog.
-        let tools_bytes: usize = tool_specs.iter().map(ToolSpec::weight).sum::<usize>()
-            + self.options.instructions.as_ref().map_or(0, String::len)
-            + self.options.controls.weight();
-        let model_max = match self.options.max_output_tokens {
-            Some(client) => live.limits.max_output_tokens.min(client).max(1),
-            None => live.limits.max_output_tokens.max(1),
-        };
+        let (tool_specs, tools_bytes) = self.offer_tools(notices).await;
+        let model_max = self.model_max();
         let mut max_out = model_max.min(INITIAL_OUTPUT_TOKENS);
         let mut usage = Usage::default();
         let mut guard = StagnationGuard::default();
@@ -739,6 +703,69 @@ impl Session {
                 });
             }
         }
+    }
+
+    /// The cheap passes of a turn's start (microcompact, read dedup, archived-pair repair),
+    /// in place; their reports in that order.
+    pub(super) async fn cheap_passes(&mut self) -> Vec<PassReport> {
+        let live = Arc::clone(&self.live);
+        let store = Arc::clone(&self.store);
+        let idle_for = self.last_reply_at.and_then(|t| t.elapsed().ok());
+        let mut reports: Vec<PassReport> = Vec::new();
+        reports
+            .push(microcompact(&mut self.history, &live.policy, idle_for, store.as_ref()).await);
+        reports.push(dedup_reads(&mut self.history, store.as_ref()).await);
+        reports.push(
+            pairing::repair_archived(&mut self.history, store.as_ref(), Trigger::Turn)
+                .await
+                .0,
+        );
+        reports
+    }
+
+    /// The output-token ceiling of the turn's model calls: the model's, lowered by the
+    /// client's.
+    pub(super) fn model_max(&self) -> u64 {
+        match self.options.max_output_tokens {
+            Some(client) => self.live.limits.max_output_tokens.min(client).max(1),
+            None => self.live.limits.max_output_tokens.max(1),
+        }
+    }
+
+    /// The turn's tool catalog and the bytes it, the client's instructions and its output
+    /// format add to every request.
+    pub(super) async fn offer_tools(&mut self, notices: &mut Notices) -> (Vec<ToolSpec>, usize) {
+        // One catalog: the built-in tools, the MCP servers' tools, the client's tools. An
+        // MCP tool whose name is taken is offered as `<server>__<tool>`.
+        self.mcp_catalog = if self.mcp.is_empty() {
+            McpCatalog::default()
+        } else {
+            let client: Vec<&str> = self.options.tools.iter().map(|t| t.name.as_str()).collect();
+            let mut taken = vec![tools::RECALL, tools::COMPRESS];
+            taken.extend(client);
+            let only: Option<Vec<String>> = self
+                .options
+                .mcp_servers
+                .as_ref()
+                .map(|s| s.iter().map(|x| x.label.clone()).collect());
+            self.mcp.catalog(only.as_deref(), &taken).await
+        };
+        for why in self.mcp_catalog.unavailable.clone() {
+            notice(
+                notices,
+                "tools",
+                format!("{why}; its tools are not offered this turn"),
+            );
+        }
+        let mut tool_specs = tools::catalog();
+        tool_specs.extend(self.mcp_catalog.specs.iter().cloned());
+        tool_specs.extend(self.options.tools.iter().cloned());
+        // The client's tools, instructions and output format are as uncompactable as the
+        // built-in catalog.
+        let tools_bytes: usize = tool_specs.iter().map(ToolSpec::weight).sum::<usize>()
+            + self.options.instructions.as_ref().map_or(0, String::len)
+            + self.options.controls.weight();
+        (tool_specs, tools_bytes)
     }
 
     /// Pre-flight against a known payload cap, then the ladder when over budget; a request
@@ -892,45 +919,20 @@ impl Session {
         let live = Arc::clone(&self.live);
         let policy = &live.policy;
         let store = Arc::clone(&self.store);
+        let provider = Arc::clone(&self.provider);
         loop {
-            let limits = self.state.tool_result_limits(policy);
-            let (cuts, cut_report) = budget::cut(&mut self.history, limits, store.as_ref()).await;
-            self.passes.tool_results_cut += cut_report.changed as u64;
-            // What this request weighs as cairn measures it: the basis every token count of
-            // the server is converted with.
-            let sent_weight = history::weight(&self.history) + tools_bytes;
-            let limit = output_limit(*max_out, self.window(), &self.state, sent_weight);
-            let mut messages = std::mem::take(&mut self.history);
-            // The turn's instructions follow the system prompt in this request only.
-            let instructions = self.options.instructions.as_ref().map(|text| {
-                let at = messages.iter().take_while(|m| m.is_system()).count();
-                messages.insert(at, Message::system(text.clone()));
-                at
-            });
-            let loan = Loan {
-                request: ChatRequest {
-                    model: live.spec.provider.model.clone(),
-                    messages,
-                    tools: tool_specs.to_vec(),
-                    max_output_tokens: limit,
-                    stream: notices.live.is_some(),
-                    controls: self.options.controls.clone(),
-                    context: crate::provider::engine::server_context(
-                        live.spec.provider.kind,
-                        policy,
-                        self.state.chars_per_token.tokens(
-                            Budget::compute(&self.budget_inputs(), policy, &self.state).chars,
-                        ),
-                    ),
-                },
-                cuts,
-                instructions,
-                home: &mut self.history,
-            };
+            let Lent {
+                loan,
+                sent_weight,
+                limit,
+                cuts_made,
+            } = self
+                .lend_request(tool_specs, tools_bytes, *max_out, notices.live.is_some())
+                .await;
             let request = &loan.request;
             let span = tracing::info_span!(
                 "provider_call",
-                provider = self.provider.name(),
+                provider = provider.name(),
                 max_out = *max_out
             );
             let t = Instant::now();
@@ -948,14 +950,15 @@ impl Session {
                             let _ = tx.send(TurnEvent::Text(text.to_owned()));
                         }
                     };
-                    self.provider
+                    provider
                         .send_streaming(request, &sink)
                         .instrument(span)
                         .await
                 }
-                None => self.provider.send(request).instrument(span).await,
+                None => provider.send(request).instrument(span).await,
             };
             drop(loan);
+            self.passes.tool_results_cut += cuts_made;
             *provider_time += t.elapsed();
             if result.is_err()
                 && streamed.load(Ordering::Relaxed)
@@ -1193,6 +1196,73 @@ impl Session {
     }
 }
 
+impl Session {
+    /// The next request of the turn, the history lent to it with that request's tool-result
+    /// cuts: what [`Session::send`] sends and what the context inspector renders (one
+    /// assembly for both).
+    pub(super) async fn lend_request(
+        &mut self,
+        tool_specs: &[ToolSpec],
+        tools_bytes: usize,
+        max_out: u64,
+        stream: bool,
+    ) -> Lent<'_> {
+        let live = Arc::clone(&self.live);
+        let policy = &live.policy;
+        let limits = self.state.tool_result_limits(policy);
+        let (cuts, cut_report) =
+            budget::cut(&mut self.history, limits, self.store.as_ref()).await;
+        // What this request weighs as cairn measures it: the basis every token count of
+        // the server is converted with.
+        let sent_weight = history::weight(&self.history) + tools_bytes;
+        let limit = output_limit(max_out, self.window(), &self.state, sent_weight);
+        let mut messages = std::mem::take(&mut self.history);
+        // The turn's instructions follow the system prompt in this request only.
+        let instructions = self.options.instructions.as_ref().map(|text| {
+            let at = messages.iter().take_while(|m| m.is_system()).count();
+            messages.insert(at, Message::system(text.clone()));
+            at
+        });
+        let context = crate::provider::engine::server_context(
+            live.spec.provider.kind,
+            policy,
+            self.state
+                .chars_per_token
+                .tokens(Budget::compute(&self.budget_inputs(), policy, &self.state).chars),
+        );
+        Lent {
+            loan: Loan {
+                request: ChatRequest {
+                    model: live.spec.provider.model.clone(),
+                    messages,
+                    tools: tool_specs.to_vec(),
+                    max_output_tokens: limit,
+                    stream,
+                    controls: self.options.controls.clone(),
+                    context,
+                },
+                cuts,
+                instructions,
+                home: &mut self.history,
+            },
+            sent_weight,
+            limit,
+            cuts_made: cut_report.changed as u64,
+        }
+    }
+}
+
+/// One request's [`Loan`] and what its assembly measured.
+pub(super) struct Lent<'h> {
+    pub(super) loan: Loan<'h>,
+    /// The request's weight as cairn measures it (history after the cuts plus the reserve).
+    pub(super) sent_weight: usize,
+    /// The output-token limit sent.
+    pub(super) limit: u64,
+    /// Tool results the request carries cut.
+    pub(super) cuts_made: u64,
+}
+
 /// The least output room a request asks for, even when the estimate says the window is
 /// nearly full.
 pub const MIN_OUTPUT_TOKENS: u64 = 128;
@@ -1365,11 +1435,11 @@ fn tool_label(name: &str) -> &'static str {
 /// The history lent to one provider request: the request's messages are the session's
 /// history with that request's tool-result cuts applied in place. Dropping the loan — after
 /// the call, or when the turn is cancelled in the middle of it — puts the history back whole.
-struct Loan<'h> {
-    request: ChatRequest,
+pub(super) struct Loan<'h> {
+    pub(super) request: ChatRequest,
     cuts: budget::Cuts,
     /// Where the turn's instructions were inserted (they are not part of the history).
-    instructions: Option<usize>,
+    pub(super) instructions: Option<usize>,
     home: &'h mut Vec<Message>,
 }
 
