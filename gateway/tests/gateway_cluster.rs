@@ -350,8 +350,8 @@ print("B2=" + text)
 
 # A JWT allowing the namespace is as good as the session's token.
 j = client("beta", os.environ["JWT_OK"])
-r = j.chat.completions.create(model="m-1", messages=[{"role": "user", "content": "beta by jwt"}])
-print("BJ=" + r.choices[0].message.content)
+r = j.responses.create(model="m-1", input="beta by jwt")
+print("BJ=" + r.output_text)
 
 def denied(c):
     try:
@@ -476,7 +476,7 @@ async fn the_openai_sdk_drives_two_sessions_through_one_gateway_url_and_denials_
         "{m}"
     );
     assert!(
-        m.contains(r#"cairn_gateway_requests_total{route="responses",code="200"} 1"#),
+        m.contains(r#"cairn_gateway_requests_total{route="responses",code="200"} 2"#),
         "{m}"
     );
     assert!(!m.contains(ta) && !m.contains(tb));
