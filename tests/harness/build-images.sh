@@ -5,6 +5,7 @@
 #   harness.local/busybox:cairn         a client pod's shell and nc (Debian's busybox-static)
 #   ghcr.io/cairn-dev/cairn-agent:V     the `agent` stage of deploy/Dockerfile
 #   ghcr.io/cairn-dev/cairn-operator:V  the `operator` stage of deploy/Dockerfile
+#   ghcr.io/cairn-dev/cairn-gateway:V   the `gateway` stage of deploy/Dockerfile
 # The cairn images follow deploy/Dockerfile's final stages: the binary at the path its COPY
 # names, its USER and ENTRYPOINT, and what the distroless base provides that the binaries
 # use (CA certificates, /etc/passwd with nonroot, PATH). The binaries are built statically
