@@ -242,6 +242,14 @@ async fn authenticate(
             )),
         };
     }
+    // Only sessions the reflector knows get a Secret read: a request naming anything else
+    // costs the API server nothing.
+    if gw.dir.lookup(namespace, session).is_none() {
+        return Err(GatewayError::unauthorized(
+            "invalid_token",
+            format!("the bearer token is not the token of session {namespace}/{session}"),
+        ));
+    }
     gw.tokens
         .check(gw.dir.as_ref(), namespace, session, presented)
         .await
