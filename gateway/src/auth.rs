@@ -206,11 +206,14 @@ async fn fetch_jwks(http: &reqwest::Client, source: &JwksSource) -> Result<JwkSe
     serde_json::from_str(&text).map_err(|e| OidcError::Parse(name, e.to_string()))
 }
 
+/// A session's token as read (`None`: no Secret or key) and when it was read, by session.
+type Entries = HashMap<(String, String), (Option<Arc<str>>, Instant)>;
+
 /// Sessions' tokens, read from their Secrets and trusted for a short time.
 pub struct TokenCache {
     ttl: Duration,
     refresh_min: Duration,
-    entries: std::sync::Mutex<HashMap<(String, String), (Option<Arc<str>>, Instant)>>,
+    entries: std::sync::Mutex<Entries>,
 }
 
 impl TokenCache {

@@ -637,12 +637,11 @@ async fn a_request_for_an_idle_session_wakes_it_and_a_manually_suspended_one_is_
     assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
     let stopped = api.get("stopped").await.expect("get");
     assert!(
-        stopped
+        !stopped
             .metadata
             .annotations
             .unwrap_or_default()
-            .get(WAKE_ANNOTATION)
-            .is_none()
+            .contains_key(WAKE_ANNOTATION)
     );
 
     // A session that never wakes: 503 wake_timeout after the bounded wait.
