@@ -5,6 +5,7 @@
 #   harness.local/busybox:cairn         a client pod's shell and nc (Debian's busybox-static)
 #   ghcr.io/cairn-dev/cairn-agent:V     the `agent` stage of deploy/Dockerfile
 #   ghcr.io/cairn-dev/cairn-operator:V  the `operator` stage of deploy/Dockerfile
+#   ghcr.io/cairn-dev/cairn-gateway:V   the `gateway` stage of deploy/Dockerfile
 # The cairn images follow deploy/Dockerfile's final stages: the binary at the path its COPY
 # names, its USER and ENTRYPOINT, and what the distroless base provides that the binaries
 # use (CA certificates, /etc/passwd with nonroot, PATH). The binaries are built statically
@@ -128,23 +129,26 @@ build_cairn() {
     # Cargo run from inside `cargo test` sees a different environment and may rebuild the
     # whole tree: skip it when both binaries are newer than every source.
     local newer=""
-    if [ -x "$bindir/cairn-agent" ] && [ -x "$bindir/cairn-operator" ]; then
+    if [ -x "$bindir/cairn-agent" ] && [ -x "$bindir/cairn-operator" ] && [ -x "$bindir/cairn-gateway" ]; then
       newer="$(find "$ROOT/agent" "$ROOT/operator" "$ROOT/crds" "$ROOT/Cargo.lock" "$ROOT/Cargo.toml" \
         -newer "$bindir/cairn-agent" -print -quit 2>/dev/null)"
       [ -z "$newer" ] && newer="$(find "$ROOT/agent" "$ROOT/operator" "$ROOT/crds" -newer "$bindir/cairn-operator" -print -quit 2>/dev/null)"
+      [ -z "$newer" ] && newer="$(find "$ROOT/gateway" "$ROOT/crds" -newer "$bindir/cairn-gateway" -print -quit 2>/dev/null)"
     else
       newer=missing
     fi
     if [ -n "$newer" ]; then
-      log "cargo build --release --target $MUSL (cairn-agent, cairn-operator)"
+      log "cargo build --release --target $MUSL (cairn-agent, cairn-operator, cairn-gateway)"
       # A clean environment: the variables `cargo test` sets would make it rebuild the tree.
       (cd "$ROOT" && env -i PATH="$PATH" HOME="$HOME" CARGO_TARGET_DIR="$target_dir" \
         ${CARGO_HOME:+CARGO_HOME="$CARGO_HOME"} ${RUSTUP_HOME:+RUSTUP_HOME="$RUSTUP_HOME"} \
-        nice -n 10 cargo build --quiet --release --locked --target "$MUSL" -p cairn-agent -p cairn-operator >&2)
+        nice -n 10 cargo build --quiet --release --locked --target "$MUSL" -p cairn-agent -p cairn-operator -p cairn-gateway >&2)
     fi
   fi
-  local c
-  for c in agent operator; do
+  local c cs=(agent operator)
+  # The gateway's image when its binary is there (a CAIRN_IMAGE_BIN_DIR may predate it).
+  [ -x "$bindir/cairn-gateway" ] && cs+=(gateway)
+  for c in "${cs[@]}"; do
     local dest user entrypoint r="$WORK/rootfs-$c"
     dest="$(stage "$c" dest)"; user="$(stage "$c" user)"; entrypoint="$(stage "$c" entrypoint)"
     [ -n "$dest" ] && [ -n "$user" ] && [ -n "$entrypoint" ] ||

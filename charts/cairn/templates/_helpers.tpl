@@ -42,3 +42,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- if $out -}}{{ toJson $out }}{{- end -}}
 {{- end -}}
+
+{{- define "cairn.gateway.fullname" -}}{{ include "cairn.fullname" . | trunc 55 | trimSuffix "-" }}-gateway{{- end }}
+
+{{- define "cairn.gateway.selectorLabels" -}}
+app.kubernetes.io/name: cairn-gateway
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "cairn.gateway.labels" -}}
+{{ include "cairn.gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}

@@ -1,0 +1,355 @@
+//! Who may talk to a session: its own bearer token (read from its Secret, cached, compared in
+//! constant time) or a JWT of the configured issuer whose claim lists the namespace.
+//! No token is ever logged or put in an error message.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::HeaderMap;
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{DecodingKey, Validation, decode, decode_header};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::sync::RwLock;
+
+use crate::config::{JwksSource, OidcSettings};
+use crate::directory::Directory;
+use crate::error::GatewayError;
+
+/// The bearer token of a request, if it carries one.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Equal tokens, compared in time independent of where they differ (and, through the
+/// digests, of their lengths).
+pub fn tokens_equal(a: &str, b: &str) -> bool {
+    let da = Sha256::digest(a.as_bytes());
+    let db = Sha256::digest(b.as_bytes());
+    da.ct_eq(&db).into()
+}
+
+/// Whether a bearer looks like a JWT (three base64url parts), to be checked as one.
+pub fn looks_like_jwt(token: &str) -> bool {
+    let mut parts = token.split('.');
+    let ok = |p: Option<&str>| {
+        p.is_some_and(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+    };
+    ok(parts.next()) && ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
+}
+
+/// Namespaces a claim value allows. Pure.
+pub fn namespaces_of(claim: Option<&Value>, prefix: &str) -> Vec<String> {
+    let values: Vec<&str> = match claim {
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+        Some(Value::String(s)) => s.split([' ', ',']).filter(|s| !s.is_empty()).collect(),
+        _ => Vec::new(),
+    };
+    values
+        .into_iter()
+        .filter_map(|v| v.strip_prefix(prefix))
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// A verified JWT's caller.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub subject: Option<String>,
+    pub namespaces: Vec<String>,
+}
+
+impl Caller {
+    pub fn may_use(&self, namespace: &str) -> bool {
+        self.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+/// JWKS refetched on an unknown key id at most this often.
+const JWKS_REFETCH_MIN: Duration = Duration::from_secs(30);
+
+/// The configured issuer and its keys.
+pub struct Oidc {
+    settings: OidcSettings,
+    keys: RwLock<(JwkSet, Instant)>,
+    http: reqwest::Client,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OidcError {
+    #[error("reading the JWKS {0}: {1}")]
+    Read(String, String),
+    #[error("the JWKS {0} is not a JSON Web Key Set: {1}")]
+    Parse(String, String),
+}
+
+impl Oidc {
+    pub async fn load(settings: OidcSettings) -> Result<Self, OidcError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| OidcError::Read("client".into(), e.to_string()))?;
+        let keys = fetch_jwks(&http, &settings.jwks).await?;
+        Ok(Self {
+            settings,
+            keys: RwLock::new((keys, Instant::now())),
+            http,
+        })
+    }
+
+    /// Verifies a JWT: signature by a key of the set, issuer, audience, expiry.
+    pub async fn verify(&self, token: &str) -> Result<Caller, GatewayError> {
+        let invalid = |why: &str| {
+            GatewayError::unauthorized("invalid_token", format!("the bearer JWT is invalid: {why}"))
+        };
+        let header = decode_header(token).map_err(|_| invalid("its header does not decode"))?;
+        let key = match self.key(header.kid.as_deref()).await {
+            Some(k) => k,
+            None => return Err(invalid("it is signed by no key of the issuer")),
+        };
+        let mut validation = Validation::new(header.alg);
+        validation.set_issuer(&[self.settings.issuer.as_str()]);
+        match &self.settings.audience {
+            Some(aud) => validation.set_audience(&[aud.as_str()]),
+            None => validation.validate_aud = false,
+        }
+        validation.set_required_spec_claims(&["exp", "iss"]);
+        let data = decode::<Value>(token, &key, &validation).map_err(|e| {
+            use jsonwebtoken::errors::ErrorKind as K;
+            match e.kind() {
+                K::ExpiredSignature => invalid("it has expired"),
+                K::InvalidIssuer => invalid("it is from another issuer"),
+                K::InvalidAudience => invalid("it is for another audience"),
+                K::InvalidAlgorithm => invalid("its algorithm does not match the key"),
+                K::InvalidSignature => invalid("its signature does not verify"),
+                _ => invalid("it does not verify"),
+            }
+        })?;
+        Ok(Caller {
+            subject: data
+                .claims
+                .get("sub")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            namespaces: namespaces_of(
+                data.claims.get(&self.settings.namespace_claim),
+                &self.settings.namespace_prefix,
+            ),
+        })
+    }
+
+    async fn key(&self, kid: Option<&str>) -> Option<DecodingKey> {
+        if let Some(k) = self.find(kid).await {
+            return Some(k);
+        }
+        // An unknown key id: the issuer may have rotated its keys.
+        let stale = self.keys.read().await.1.elapsed() >= JWKS_REFETCH_MIN;
+        if stale {
+            match fetch_jwks(&self.http, &self.settings.jwks).await {
+                Ok(set) => *self.keys.write().await = (set, Instant::now()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "refreshing the JWKS");
+                    self.keys.write().await.1 = Instant::now();
+                }
+            }
+            return self.find(kid).await;
+        }
+        None
+    }
+
+    async fn find(&self, kid: Option<&str>) -> Option<DecodingKey> {
+        let keys = self.keys.read().await;
+        let jwk = match kid {
+            Some(kid) => keys.0.find(kid),
+            None if keys.0.keys.len() == 1 => keys.0.keys.first(),
+            None => None,
+        }?;
+        DecodingKey::from_jwk(jwk).ok()
+    }
+}
+
+async fn fetch_jwks(http: &reqwest::Client, source: &JwksSource) -> Result<JwkSet, OidcError> {
+    let (name, text) = match source {
+        JwksSource::File(p) => (
+            p.display().to_string(),
+            tokio::fs::read_to_string(p)
+                .await
+                .map_err(|e| OidcError::Read(p.display().to_string(), e.to_string()))?,
+        ),
+        JwksSource::Url(u) => {
+            let r = http
+                .get(u)
+                .send()
+                .await
+                .and_then(|r| r.error_for_status())
+                .map_err(|e| OidcError::Read(u.clone(), e.to_string()))?;
+            (
+                u.clone(),
+                r.text()
+                    .await
+                    .map_err(|e| OidcError::Read(u.clone(), e.to_string()))?,
+            )
+        }
+    };
+    serde_json::from_str(&text).map_err(|e| OidcError::Parse(name, e.to_string()))
+}
+
+/// A session's token as read (`None`: no Secret or key) and when it was read, by session.
+type Entries = HashMap<(String, String), (Option<Arc<str>>, Instant)>;
+
+/// Sessions' tokens, read from their Secrets and trusted for a short time.
+pub struct TokenCache {
+    ttl: Duration,
+    refresh_min: Duration,
+    entries: std::sync::Mutex<Entries>,
+}
+
+impl TokenCache {
+    pub fn new(ttl: Duration, refresh_min: Duration) -> Self {
+        Self {
+            ttl,
+            refresh_min,
+            entries: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cached(&self, ns: &str, name: &str) -> Option<(Option<Arc<str>>, Duration)> {
+        let entries = self.entries.lock().ok()?;
+        entries
+            .get(&(ns.to_string(), name.to_string()))
+            .map(|(t, at)| (t.clone(), at.elapsed()))
+    }
+
+    async fn refresh(
+        &self,
+        dir: &dyn Directory,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Arc<str>>, GatewayError> {
+        let token = dir.fetch_token(ns, name).await.map_err(|e| {
+            tracing::warn!(namespace = ns, session = name, error = %e, "reading the session's token Secret");
+            GatewayError::new(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "token_unavailable",
+                "the session's token could not be read; retry",
+            )
+        })?;
+        let token: Option<Arc<str>> = token.map(Arc::from);
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.insert(
+                (ns.to_string(), name.to_string()),
+                (token.clone(), Instant::now()),
+            );
+        }
+        Ok(token)
+    }
+
+    /// The session's token (for the upstream request), read or cached.
+    pub async fn token(
+        &self,
+        dir: &dyn Directory,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Arc<str>>, GatewayError> {
+        match self.cached(ns, name) {
+            Some((t, age)) if age < self.ttl => Ok(t),
+            _ => self.refresh(dir, ns, name).await,
+        }
+    }
+
+    /// Checks `presented` against the session's token; a mismatch re-reads the Secret once
+    /// (a rotated token), at most every `refresh_min`. Gives the session's token.
+    pub async fn check(
+        &self,
+        dir: &dyn Directory,
+        ns: &str,
+        name: &str,
+        presented: &str,
+    ) -> Result<Arc<str>, GatewayError> {
+        let denied = || {
+            GatewayError::unauthorized(
+                "invalid_token",
+                format!("the bearer token is not the token of session {ns}/{name}"),
+            )
+        };
+        let (token, age) = match self.cached(ns, name) {
+            Some((t, age)) if age < self.ttl => (t, age),
+            _ => (self.refresh(dir, ns, name).await?, Duration::ZERO),
+        };
+        if let Some(t) = &token
+            && tokens_equal(t, presented)
+        {
+            return Ok(Arc::clone(t));
+        }
+        if age < self.refresh_min {
+            return Err(denied());
+        }
+        match self.refresh(dir, ns, name).await? {
+            Some(t) if tokens_equal(&t, presented) => Ok(t),
+            _ => Err(denied()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn bearer_is_read_case_insensitively_and_empty_is_none() {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::AUTHORIZATION, "bearer abc".parse().unwrap());
+        assert_eq!(bearer(&h), Some("abc"));
+        h.insert(http::header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(bearer(&h), None);
+        h.insert(http::header::AUTHORIZATION, "Bearer ".parse().unwrap());
+        assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn tokens_compare_by_content() {
+        assert!(tokens_equal("abc", "abc"));
+        assert!(!tokens_equal("abc", "abd"));
+        assert!(!tokens_equal("abc", "abcd"));
+    }
+
+    #[test]
+    fn jwts_are_told_from_plain_tokens() {
+        assert!(looks_like_jwt("eyJh.eyJz.c2ln"));
+        assert!(!looks_like_jwt("a8f3e0c1d2"));
+        assert!(!looks_like_jwt("a.b"));
+        assert!(!looks_like_jwt("a.b.c.d"));
+        assert!(!looks_like_jwt("a..c"));
+    }
+
+    #[test]
+    fn namespaces_come_from_arrays_strings_and_prefixed_groups() {
+        assert_eq!(
+            namespaces_of(Some(&json!(["team-a", "team-b"])), ""),
+            ["team-a", "team-b"]
+        );
+        assert_eq!(
+            namespaces_of(Some(&json!("team-a team-b")), ""),
+            ["team-a", "team-b"]
+        );
+        assert_eq!(
+            namespaces_of(Some(&json!(["cairn:team-a", "admins"])), "cairn:"),
+            ["team-a"]
+        );
+        assert!(namespaces_of(Some(&json!(42)), "").is_empty());
+        assert!(namespaces_of(None, "").is_empty());
+    }
+}
