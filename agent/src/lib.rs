@@ -7,6 +7,7 @@
 
 pub mod catalog;
 pub mod ccr;
+pub mod cost;
 pub mod compress;
 pub mod history;
 pub mod images;

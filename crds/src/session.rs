@@ -692,6 +692,32 @@ pub struct SessionStats {
     /// with what it does instead (the operator's PolicySupported condition follows it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unsupported: Vec<UnsupportedSetting>,
+    /// What the session's provider calls cost in USD by the model price table (the catalog's,
+    /// or the fleet's ConfigMap), the session model's and the summarizer's apart.
+    #[serde(
+        default,
+        rename = "costUSD",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cost_usd: Option<CostStats>,
+}
+
+/// The cost of a session's provider calls in USD.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CostStats {
+    /// Session model plus summarizer.
+    #[serde(default)]
+    pub total: f64,
+    /// The session model's replies.
+    #[serde(default)]
+    pub session: f64,
+    /// The level-2 summarizer's calls.
+    #[serde(default)]
+    pub summarizer: f64,
+    /// Models the price table has no prices for: their calls are not in the cost.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unpriced: Vec<String>,
 }
 
 /// What the cheap passes did (counted over the session's life, journaled).
@@ -830,6 +856,12 @@ pub struct TokenStats {
     /// Input tokens served from the provider's prompt cache.
     #[serde(default)]
     pub cache_read: u64,
+    /// Input tokens written to the provider's prompt cache (Anthropic, Bedrock).
+    #[serde(default)]
+    pub cache_write: u64,
+    /// The session model these tokens are of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Tokens of the level-2 summarizer's calls since the agent started, counted apart from
     /// the session's (on the summarizer's own provider when it has one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -846,6 +878,15 @@ pub struct SummarizerTokens {
     /// Output tokens of the summarizer's calls.
     #[serde(default)]
     pub output: u64,
+    /// Input tokens of the summarizer's calls served from the prompt cache.
+    #[serde(default)]
+    pub cache_read: u64,
+    /// Input tokens of the summarizer's calls written to the prompt cache.
+    #[serde(default)]
+    pub cache_write: u64,
+    /// The summarizer's model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 impl AgentSessionSpec {

@@ -95,30 +95,38 @@ impl Bedrock {
     }
 
     /// The exact JSON body sent for `request`.
+    ///
+    /// For models with prompt caching on Bedrock (Claude, Nova; see [`caches_prompts`]),
+    /// `cachePoint` blocks end the cacheable prefixes, at most four: after the tools, after
+    /// the system prompts, after the newest compaction summary and after the conversation.
     pub fn body(request: &ChatRequest) -> impl Serialize + '_ {
+        let cache = caches_prompts(&request.model);
+        let mut system: Vec<SystemBlock<'_>> = system_prompts(&request.messages)
+            .map(SystemBlock::Text)
+            .collect();
+        if cache && !system.is_empty() {
+            system.push(SystemBlock::CachePoint(DEFAULT_CACHE_POINT));
+        }
         Body {
-            messages: wire_messages(&request.messages),
+            messages: wire_messages(&request.messages, cache),
             inference_config: InferenceConfig {
                 max_tokens: request.max_output_tokens,
                 temperature: request.controls.temperature,
                 top_p: request.controls.top_p,
             },
-            system: system_prompts(&request.messages)
-                .map(|text| Text { text })
-                .collect(),
+            system,
             tool_config: (!request.tools.is_empty()).then(|| ToolConfig {
                 tools: request
                     .tools
                     .iter()
-                    .map(|t| Tool {
-                        tool_spec: ToolSpec {
-                            name: &t.name,
-                            description: &t.description,
-                            input_schema: Schema {
-                                json: &t.parameters,
-                            },
+                    .map(|t| Tool::ToolSpec(ToolSpec {
+                        name: &t.name,
+                        description: &t.description,
+                        input_schema: Schema {
+                            json: &t.parameters,
                         },
-                    })
+                    }))
+                    .chain(cache.then_some(Tool::CachePoint(DEFAULT_CACHE_POINT)))
                     .collect(),
                 tool_choice: request.controls.choice(true).and_then(bedrock_tool_choice),
             }),
@@ -142,7 +150,7 @@ struct Body<'a> {
     messages: Vec<Turn<Block<'a>>>,
     inference_config: InferenceConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    system: Vec<Text<'a>>,
+    system: Vec<SystemBlock<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_config: Option<ToolConfig<'a>>,
 }
@@ -171,8 +179,32 @@ struct ToolConfig<'a> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Tool<'a> {
-    tool_spec: ToolSpec<'a>,
+enum Tool<'a> {
+    ToolSpec(ToolSpec<'a>),
+    CachePoint(CachePoint),
+}
+
+/// A prompt-cache checkpoint: the prompt up to here is cached.
+#[derive(Serialize, Clone, Copy)]
+struct CachePoint {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+const DEFAULT_CACHE_POINT: CachePoint = CachePoint { kind: "default" };
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+enum SystemBlock<'a> {
+    Text(&'a str),
+    CachePoint(CachePoint),
+}
+
+/// Whether Bedrock caches prompts for `model` (Anthropic Claude and Amazon Nova); other
+/// models refuse `cachePoint` blocks.
+pub(crate) fn caches_prompts(model: &str) -> bool {
+    let m = model.to_ascii_lowercase();
+    m.contains("claude") || m.contains("nova")
 }
 
 #[derive(Serialize)]
@@ -207,6 +239,7 @@ enum Block<'a> {
         tool_use_id: &'a str,
         content: [Text<'a>; 1],
     },
+    CachePoint(CachePoint),
 }
 
 #[derive(Serialize)]
@@ -218,8 +251,33 @@ fn image_format(media_type: &str) -> &str {
     media_type.strip_prefix("image/").unwrap_or(media_type)
 }
 
-fn wire_messages(messages: &[Message]) -> Vec<Turn<Block<'_>>> {
-    let turns = messages.iter().filter_map(|m| match m.role {
+/// The conversation in Converse turns; with `cache`, a `cachePoint` follows the newest
+/// summary and ends the last turn.
+fn wire_messages(messages: &[Message], cache: bool) -> Vec<Turn<Block<'_>>> {
+    let summary = messages
+        .iter()
+        .rposition(|m| m.meta.is_summary && !m.is_system())
+        .filter(|_| cache);
+    let turns = messages.iter().enumerate().filter_map(|(i, m)| {
+        let (role, mut blocks) = blocks_of(m)?;
+        if Some(i) == summary && !blocks.is_empty() {
+            blocks.push(Block::CachePoint(DEFAULT_CACHE_POINT));
+        }
+        Some((role, blocks))
+    });
+    let mut turns = merge_turns(turns);
+    if cache
+        && let Some(last) = turns.last_mut()
+        && !matches!(last.content.last(), Some(Block::CachePoint(_)))
+    {
+        last.content.push(Block::CachePoint(DEFAULT_CACHE_POINT));
+    }
+    turns
+}
+
+/// The role and content blocks of one message (`None` for a system message).
+fn blocks_of(m: &Message) -> Option<(&'static str, Vec<Block<'_>>)> {
+    match m.role {
         Role::System => None,
         Role::User => {
             let mut blocks = Vec::with_capacity(1 + m.images.len());
@@ -251,8 +309,7 @@ fn wire_messages(messages: &[Message]) -> Vec<Turn<Block<'_>>> {
                 content: [Text { text: &m.content }],
             }],
         )),
-    });
-    merge_turns(turns)
+    }
 }
 
 #[async_trait]
@@ -348,6 +405,8 @@ struct WireUsage {
     output_tokens: u64,
     #[serde(default)]
     cache_read_input_tokens: u64,
+    #[serde(default)]
+    cache_write_input_tokens: u64,
 }
 
 fn stop_reason(s: &str) -> StopReason {
@@ -359,11 +418,14 @@ fn stop_reason(s: &str) -> StopReason {
     }
 }
 
+/// Converse's `inputTokens` leaves the cache reads and writes out; the normalised [`Usage`]
+/// counts them in.
 fn usage(u: WireUsage) -> Usage {
     Usage {
-        input_tokens: u.input_tokens,
+        input_tokens: u.input_tokens + u.cache_read_input_tokens + u.cache_write_input_tokens,
         output_tokens: u.output_tokens,
         cache_read_tokens: u.cache_read_input_tokens,
+        cache_write_tokens: u.cache_write_input_tokens,
     }
 }
 

@@ -140,6 +140,8 @@ pub struct Session {
     tokens: Usage,
     /// Tokens of the level-2 summarizer's calls since the agent started, counted apart.
     summarizer_tokens: Usage,
+    /// Cache writes and cost of the session's and the summarizer's calls.
+    accounting: crate::cost::Accounting,
     last_reply_at: Option<SystemTime>,
     last_recovery: Option<LastRecovery>,
     /// History length before the input of the turn that failed last, until the write it
@@ -232,12 +234,15 @@ impl Session {
                 input_tokens: rebuilt.state.input_tokens,
                 output_tokens: rebuilt.state.output_tokens,
                 cache_read_tokens: rebuilt.state.cache_read_tokens,
+                cache_write_tokens: rebuilt.state.accounting.cache_write_tokens[0],
             },
             summarizer_tokens: Usage {
                 input_tokens: rebuilt.state.summarizer_tokens[0],
                 output_tokens: rebuilt.state.summarizer_tokens[1],
                 cache_read_tokens: rebuilt.state.summarizer_tokens[2],
+                cache_write_tokens: rebuilt.state.accounting.cache_write_tokens[1],
             },
+            accounting: rebuilt.state.accounting.clone(),
             last_reply_at: None,
             last_recovery: None,
             failed_turn: None,
@@ -452,6 +457,7 @@ impl Session {
             self.summarizer_tokens.output_tokens,
             self.summarizer_tokens.cache_read_tokens,
         ];
+        state.accounting = self.accounting.clone();
         let change = Change {
             state,
             compactions,
@@ -598,6 +604,15 @@ impl Session {
             &self.metrics,
             "summarizer",
         );
+        if used != Usage::default() {
+            self.accounting.charge(
+                crate::cost::Client::Summarizer,
+                summarizer.model(),
+                &used,
+                crate::catalog::PriceTable::fleet(),
+                &self.metrics,
+            );
+        }
         let Some((count, sent)) = summarizer.take_learned() else {
             return;
         };
@@ -801,13 +816,20 @@ impl Session {
                 input: self.tokens.input_tokens,
                 output: self.tokens.output_tokens,
                 cache_read: self.tokens.cache_read_tokens,
-                summarizer: (self.summarizer_tokens != Usage::default()).then_some(
+                cache_write: self.tokens.cache_write_tokens,
+                model: Some(self.live.spec.provider.model.clone()),
+                summarizer: (self.summarizer_tokens != Usage::default()).then(|| {
                     cairn_crds::session::SummarizerTokens {
                         input: self.summarizer_tokens.input_tokens,
                         output: self.summarizer_tokens.output_tokens,
-                    },
-                ),
+                        cache_read: self.summarizer_tokens.cache_read_tokens,
+                        cache_write: self.summarizer_tokens.cache_write_tokens,
+                        model: self.accounting.summarizer_model.clone(),
+                    }
+                }),
             },
+            cost_usd: (self.tokens != Usage::default() || self.summarizer_tokens != Usage::default())
+                .then(|| self.accounting.status()),
             passes: self.passes,
             headroom: Some(self.headroom()),
             compression: self.compression_counters.session_stats(),
@@ -849,16 +871,30 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Counts a reply of the session model: its tokens, and its cost at the model's prices.
+    pub(crate) fn count_session_tokens(&mut self, used: &Usage) {
+        count_tokens(&mut self.tokens, used, &self.metrics, "session");
+        let model = self.live.spec.provider.model.clone();
+        self.accounting.charge(
+            crate::cost::Client::Session,
+            &model,
+            used,
+            crate::catalog::PriceTable::fleet(),
+            &self.metrics,
+        );
+    }
+}
+
 /// Adds `used` to `total` and to `cairn_agent_tokens_total{client}` (`session` for the
 /// session's replies, `summarizer` for level-2 summaries).
 pub(crate) fn count_tokens(total: &mut Usage, used: &Usage, metrics: &Metrics, client: &str) {
-    total.input_tokens += used.input_tokens;
-    total.output_tokens += used.output_tokens;
-    total.cache_read_tokens += used.cache_read_tokens;
+    total.add(used);
     for (kind, v) in [
         ("input", used.input_tokens),
         ("output", used.output_tokens),
         ("cache_read", used.cache_read_tokens),
+        ("cache_write", used.cache_write_tokens),
     ] {
         if v > 0 {
             metrics.inc(
