@@ -594,6 +594,49 @@ mod tests {
     }
 
     #[test]
+    fn breakpoints_end_the_tools_the_system_the_newest_summary_and_the_conversation() {
+        let mut request = fixture::request(false);
+        let mut summary = Message::user("summary of what came before");
+        summary.meta.is_summary = true;
+        request.messages.insert(2, summary);
+        let body = serde_json::to_value(Anthropic::body(&request)).unwrap();
+        let marked: Vec<String> = {
+            let mut at = Vec::new();
+            let mut walk = |place: String, v: &Value| {
+                if v.get("cache_control") == Some(&serde_json::json!({"type": "ephemeral"})) {
+                    at.push(place);
+                }
+            };
+            for (i, t) in body["tools"].as_array().unwrap().iter().enumerate() {
+                walk(format!("tools[{i}]"), t);
+            }
+            for (i, t) in body["system"].as_array().unwrap().iter().enumerate() {
+                walk(format!("system[{i}]"), t);
+            }
+            for (i, m) in body["messages"].as_array().unwrap().iter().enumerate() {
+                for (j, b) in m["content"].as_array().unwrap().iter().enumerate() {
+                    walk(format!("messages[{i}].content[{j}]"), b);
+                }
+            }
+            at
+        };
+        // The summary leads the first user turn, which the image message joins.
+        assert_eq!(
+            marked,
+            [
+                "tools[0]",
+                "system[0]",
+                "messages[0].content[0]",
+                "messages[4].content[0]"
+            ]
+        );
+        assert_eq!(
+            body["messages"][0]["content"][0]["text"],
+            "summary of what came before"
+        );
+    }
+
+    #[test]
     fn stream_handles_thinking_text_and_tool_blocks() {
         let s = concat!(
             "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":4,\"cache_creation_input_tokens\":2,\"output_tokens\":1}}}\n\n",

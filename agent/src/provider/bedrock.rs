@@ -638,6 +638,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn claude_and_nova_get_cache_points_after_tools_system_summary_and_conversation() {
+        let mut request = fixture::request(false);
+        request.model = "us.anthropic.claude-sonnet-4-5-20250929-v1:0".into();
+        let mut summary = Message::user("summary of what came before");
+        summary.meta.is_summary = true;
+        request.messages.insert(2, summary);
+        let body = serde_json::to_value(Bedrock::body(&request)).unwrap();
+        let point = serde_json::json!({"cachePoint": {"type": "default"}});
+        let tools = body["toolConfig"]["tools"].as_array().unwrap();
+        assert_eq!(tools.last(), Some(&point));
+        assert_eq!(tools.len(), 2);
+        let system = body["system"].as_array().unwrap();
+        assert_eq!(system.len(), 3, "two prompts and the point");
+        assert_eq!(system.last(), Some(&point));
+        let messages = body["messages"].as_array().unwrap();
+        let first = messages[0]["content"].as_array().unwrap();
+        assert_eq!(first[0], serde_json::json!({"text": "summary of what came before"}));
+        assert_eq!(first[1], point, "after the summary");
+        let last = messages.last().unwrap()["content"].as_array().unwrap();
+        assert_eq!(last.last(), Some(&point));
+        let points = body.to_string().matches("cachePoint").count();
+        assert_eq!(points, 4, "at most four");
+        // Other models refuse the blocks: none is sent.
+        request.model = "meta.llama3-1-70b-instruct-v1:0".into();
+        let body = serde_json::to_string(&Bedrock::body(&request)).unwrap();
+        assert!(!body.contains("cachePoint"), "{body}");
+    }
+
+    #[test]
     fn body_matches_the_pinned_wire_json() {
         let body = serde_json::to_vec(&Bedrock::body(&fixture::request(false))).unwrap();
         fixture::assert_body(&body, include_str!("testdata/bedrock.json"));
