@@ -187,6 +187,14 @@ pub struct MicrocompactSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0").message("idleMinutes must not be negative"))]
     pub idle_minutes: Option<u32>,
+    /// Turns over which a microcompaction's saving is counted against the prompt-cache
+    /// rebuild it causes: rewriting an old tool result invalidates the provider's cached
+    /// prefix from that message on, so the age rule only runs when the tokens it saves over
+    /// this many later requests, at the cache-read price, pay for writing the rest of the
+    /// prompt to the cache again (see docs/agent.md). 0 rewrites regardless. Default: 20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 10000").message("cacheHorizonTurns must be between 0 and 10000"))]
+    pub cache_horizon_turns: Option<u32>,
 }
 
 /// Per-request tool-result budgets (largest results are shrunk first).
@@ -424,6 +432,24 @@ pub struct Microcompact {
     pub tail_chars: u32,
     pub min_content_chars: u32,
     pub idle_minutes: u32,
+    /// Left out of the canonical form at its default (the policy hash of a session that
+    /// never set it did not change when the field was added).
+    #[serde(
+        default = "default_cache_horizon",
+        skip_serializing_if = "is_default_cache_horizon"
+    )]
+    pub cache_horizon_turns: u32,
+}
+
+/// `microcompact.cacheHorizonTurns` when no layer sets it.
+pub const DEFAULT_CACHE_HORIZON_TURNS: u32 = 20;
+
+fn default_cache_horizon() -> u32 {
+    DEFAULT_CACHE_HORIZON_TURNS
+}
+
+fn is_default_cache_horizon(v: &u32) -> bool {
+    *v == DEFAULT_CACHE_HORIZON_TURNS
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -487,6 +513,7 @@ impl Default for EffectivePolicy {
                 tail_chars: 500,
                 min_content_chars: 3_000,
                 idle_minutes: 60,
+                cache_horizon_turns: DEFAULT_CACHE_HORIZON_TURNS,
             },
             tool_results: ToolResults {
                 per_turn_chars: 200_000,
@@ -558,6 +585,7 @@ impl EffectivePolicy {
             set(&mut t.tail_chars, m.tail_chars);
             set(&mut t.min_content_chars, m.min_content_chars);
             set(&mut t.idle_minutes, m.idle_minutes);
+            set(&mut t.cache_horizon_turns, m.cache_horizon_turns);
         }
         if let Some(r) = &o.tool_results {
             set(&mut self.tool_results.per_turn_chars, r.per_turn_chars);
