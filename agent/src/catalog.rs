@@ -313,8 +313,10 @@ pub struct PriceTable {
     overrides: Vec<(String, Prices)>,
 }
 
-/// Environment variable naming the fleet's price-table file.
+/// Environment variable holding the fleet's price table (YAML), as the operator sets it.
 pub const PRICE_TABLE_ENV: &str = "CAIRN_PRICE_TABLE";
+/// Environment variable naming a file with the fleet's price table (outside a cluster).
+pub const PRICE_TABLE_FILE_ENV: &str = "CAIRN_PRICE_TABLE_FILE";
 
 impl PriceTable {
     /// A table from YAML or JSON: model name prefixes (normalised like the catalog's) to
@@ -335,9 +337,10 @@ impl PriceTable {
         Ok(Self { overrides })
     }
 
-    /// The fleet's table, read once from the file [`PRICE_TABLE_ENV`] names; the catalog's
-    /// alone when it names none. A file that cannot be read or parsed is reported in the log
-    /// and [`PriceTable::fleet_error`], and the catalog's prices apply.
+    /// The fleet's table, read once from [`PRICE_TABLE_ENV`] (the table itself) or the file
+    /// [`PRICE_TABLE_FILE_ENV`] names; the catalog's alone when neither is set. A table that
+    /// cannot be read or parsed is reported in the log and [`PriceTable::fleet_error`] (and
+    /// so in `status.session.unsupported`), and the catalog's prices apply.
     pub fn fleet() -> &'static PriceTable {
         &fleet_table().0
     }
@@ -365,12 +368,15 @@ impl PriceTable {
 fn fleet_table() -> &'static (PriceTable, Option<String>) {
     static TABLE: std::sync::OnceLock<(PriceTable, Option<String>)> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
-        let Some(path) = std::env::var_os(PRICE_TABLE_ENV) else {
+        let read = if let Ok(text) = std::env::var(PRICE_TABLE_ENV) {
+            PriceTable::parse(&text)
+        } else if let Some(path) = std::env::var_os(PRICE_TABLE_FILE_ENV) {
+            std::fs::read_to_string(&path)
+                .map_err(|e| format!("price table {}: {e}", path.to_string_lossy()))
+                .and_then(|t| PriceTable::parse(&t))
+        } else {
             return (PriceTable::default(), None);
         };
-        let read = std::fs::read_to_string(&path)
-            .map_err(|e| format!("price table {}: {e}", path.to_string_lossy()))
-            .and_then(|t| PriceTable::parse(&t));
         match read {
             Ok(t) => (t, None),
             Err(e) => {

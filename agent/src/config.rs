@@ -176,6 +176,12 @@ impl Live {
 /// logged when they change: a setting is never silently ignored.
 pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
     let mut out = Vec::new();
+    if let Some(e) = catalog::PriceTable::fleet_error() {
+        out.push(UnsupportedSetting {
+            field: "priceTable".into(),
+            reason: format!("{e}; the cost is counted at the catalog's prices"),
+        });
+    }
     match live.policy.engine {
         Engine::Local => {}
         Engine::Provider if crate::provider::engine::supports_provider_engine(live.spec.provider.kind) => {}
