@@ -107,6 +107,7 @@ impl Accounting {
             session: round(self.usd[0]),
             summarizer: round(self.usd[1]),
             unpriced: self.unpriced.clone(),
+            ..Default::default()
         }
     }
 }

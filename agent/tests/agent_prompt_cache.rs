@@ -366,3 +366,41 @@ async fn the_session_model_and_the_summarizer_model_report_tokens_and_cost_apart
     let status = serde_json::to_value(&stats).expect("status");
     assert!(status["costUSD"]["summarizer"].as_f64().is_some(), "{status}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_budget_warns_or_suspends_as_the_policy_says() {
+    for action in ["warn", "suspend"] {
+        let sim = Sim::start().await.expect("sim");
+        let dir = tempfile::tempdir().expect("dir");
+        let env = storage_env(dir.path(), None);
+        let extra = format!(
+            "budget:\n  maxCostUSD: 0.0001\ncompaction:\n  onBudgetExceeded: {action}\n"
+        );
+        let mut built = build_session(&session_yaml("anthropic", &sim, &extra), &env, "test").await;
+        let before = built.session.stats().cost_usd.expect("a budget is reported");
+        assert_eq!(
+            (before.max_usd, before.budget_exceeded),
+            (Some(0.0001), false)
+        );
+        // Some 20 tokens in and a few out at 3 and 15 USD per million cost more than 0.0001.
+        sim.push_reply(ScriptedReply::text("x".repeat(200)));
+        built
+            .session
+            .turn(vec![Message::user("Spend.")])
+            .await
+            .expect("the first turn runs");
+        let after = built.session.stats().cost_usd.expect("cost");
+        assert!(after.budget_exceeded, "{after:?}");
+        assert_eq!(after.on_budget_exceeded.as_deref(), Some(action));
+        let next = built.session.turn(vec![Message::user("Again?")]).await;
+        match action {
+            "warn" => assert!(next.is_ok(), "{next:?}"),
+            _ => {
+                let e = next.expect_err("a suspended session refuses turns");
+                assert_eq!(e.label(), "budget_exceeded");
+                assert!(e.to_string().contains("maxCostUSD"), "{e}");
+                assert_eq!(sim.requests().len(), 1, "nothing was sent");
+            }
+        }
+    }
+}

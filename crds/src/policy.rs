@@ -52,6 +52,12 @@ pub struct CompactionPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub microcompact: Option<MicrocompactSpec>,
 
+    /// What a session does when its cost reaches spec.budget.maxCostUSD: `warn` (the
+    /// CostBudget condition turns False with a Warning Event; turns go on) or `suspend` (also
+    /// the agent refuses new turns until the budget is raised). Default: warn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_budget_exceeded: Option<BudgetAction>,
+
     /// Per-request limits on tool-result size (applied to the outgoing copy; the full text is
     /// archived and recallable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -384,6 +390,32 @@ pub struct EffectivePolicy {
     )]
     pub engine_timeout_seconds: u32,
     pub provider_engine: ProviderEngine,
+    /// Left out of the canonical form at its default (the policy hash of a session that
+    /// never set it did not change when the field was added).
+    #[serde(default, skip_serializing_if = "BudgetAction::is_warn")]
+    pub on_budget_exceeded: BudgetAction,
+}
+
+/// What crossing a session's cost budget does.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetAction {
+    #[default]
+    Warn,
+    Suspend,
+}
+
+impl BudgetAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Warn => "warn",
+            Self::Suspend => "suspend",
+        }
+    }
+
+    fn is_warn(&self) -> bool {
+        *self == Self::Warn
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -555,6 +587,7 @@ impl Default for EffectivePolicy {
             },
             engine_server: None,
             engine_timeout_seconds: DEFAULT_ENGINE_TIMEOUT_SECONDS,
+            on_budget_exceeded: BudgetAction::Warn,
         }
     }
 }
@@ -571,6 +604,7 @@ impl EffectivePolicy {
     pub fn overlay(mut self, o: &CompactionPolicySpec) -> Self {
         set(&mut self.budget_ratio, o.budget_ratio);
         set(&mut self.min_keep_recent, o.min_keep_recent);
+        set(&mut self.on_budget_exceeded, o.on_budget_exceeded);
         if let Some(a) = &o.auto_compact {
             let t = &mut self.auto_compact;
             set(&mut t.buffer_tokens, a.buffer_tokens);

@@ -86,6 +86,13 @@ pub struct AgentSessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionPolicySpec>,
 
+    /// A cost budget: when the session's provider calls (the session model's and the
+    /// summarizer's, at the model price table) reach it, the CostBudget condition turns False
+    /// with a Warning Event, and with the policy's `onBudgetExceeded: suspend` the agent
+    /// refuses new turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
+
     /// Where the session's archive (originals of everything compacted) and journal live.
     /// Unset fields take the operator's configured defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -702,6 +709,20 @@ pub struct SessionStats {
     pub cost_usd: Option<CostStats>,
 }
 
+/// A session's cost budget.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetSpec {
+    /// Most the session may cost, in USD (status.session.costUSD.total). Unset: no budget.
+    #[serde(
+        default,
+        rename = "maxCostUSD",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[x_kube(validation = Rule::new("self > 0.0").message("maxCostUSD must be positive"))]
+    pub max_cost_usd: Option<f64>,
+}
+
 /// The cost of a session's provider calls in USD.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -718,6 +739,15 @@ pub struct CostStats {
     /// Models the price table has no prices for: their calls are not in the cost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unpriced: Vec<String>,
+    /// spec.budget.maxCostUSD, when set.
+    #[serde(default, rename = "maxUSD", skip_serializing_if = "Option::is_none")]
+    pub max_usd: Option<f64>,
+    /// The total reached the budget.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub budget_exceeded: bool,
+    /// What crossing the budget does (the policy's onBudgetExceeded: warn or suspend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_budget_exceeded: Option<String>,
 }
 
 /// What the cheap passes did (counted over the session's life, journaled).

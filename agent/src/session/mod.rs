@@ -73,6 +73,9 @@ pub enum TurnError {
         "the agent is shutting down: the turn was aborted before it finished; it was not persisted and its input was dropped"
     )]
     ShuttingDown,
+    /// The session's cost reached spec.budget.maxCostUSD and the policy suspends it.
+    #[error("{0}")]
+    BudgetExceeded(String),
 }
 
 impl TurnError {
@@ -88,6 +91,7 @@ impl TurnError {
             Self::Deadline(_) => "deadline",
             Self::ContextFull(_) => "context_full",
             Self::ShuttingDown => "shutting_down",
+            Self::BudgetExceeded(_) => "budget_exceeded",
         }
     }
 }
@@ -828,8 +832,7 @@ impl Session {
                     }
                 }),
             },
-            cost_usd: (self.tokens != Usage::default() || self.summarizer_tokens != Usage::default())
-                .then(|| self.accounting.status()),
+            cost_usd: self.cost_status(),
             passes: self.passes,
             headroom: Some(self.headroom()),
             compression: self.compression_counters.session_stats(),
@@ -872,6 +875,34 @@ impl Session {
 }
 
 impl Session {
+    /// `status.session.costUSD`: once anything was spent, or a budget is set.
+    fn cost_status(&self) -> Option<cairn_crds::session::CostStats> {
+        let max = self.live.spec.budget.as_ref().and_then(|b| b.max_cost_usd);
+        let spent = self.tokens != Usage::default() || self.summarizer_tokens != Usage::default();
+        (spent || max.is_some()).then(|| {
+            let mut c = self.accounting.status();
+            c.max_usd = max;
+            c.budget_exceeded = max.is_some_and(|m| c.total >= m);
+            c.on_budget_exceeded = max.map(|_| self.live.policy.on_budget_exceeded.as_str().into());
+            c
+        })
+    }
+
+    /// Refuses a turn once the cost reached the budget, when the policy suspends the session.
+    pub(crate) fn check_budget(&self) -> Result<(), TurnError> {
+        if self.live.policy.on_budget_exceeded != cairn_crds::policy::BudgetAction::Suspend {
+            return Ok(());
+        }
+        match self.cost_status() {
+            Some(c) if c.budget_exceeded => Err(TurnError::BudgetExceeded(format!(
+                "the session's cost of {:.6} USD reached spec.budget.maxCostUSD ({} USD) and the policy's onBudgetExceeded is suspend: no new turns until the budget is raised",
+                c.total,
+                c.max_usd.unwrap_or_default()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Counts a reply of the session model: its tokens, and its cost at the model's prices.
     pub(crate) fn count_session_tokens(&mut self, used: &Usage) {
         count_tokens(&mut self.tokens, used, &self.metrics, "session");

@@ -270,6 +270,7 @@ impl Session {
             return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
         }
         self.refresh_live();
+        self.check_budget()?;
         if options.controls.tool_choice == crate::provider::ToolChoice::None
             && self.live.spec.provider.kind == cairn_crds::session::ProviderKind::Bedrock
         {
