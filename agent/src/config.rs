@@ -160,6 +160,9 @@ impl Live {
                 "spec.systemPromptFrom is set but neither CAIRN_SYSTEM_PROMPT nor CAIRN_SYSTEM_PROMPT_FILE gives it: running without a system prompt"
             );
         }
+        // The verbosity directive follows the prompt, inside the cached prefix.
+        let system_prompt =
+            crate::steering::system_prompt(system_prompt, effective.output.verbosity);
         Ok(Self {
             policy_hash: effective.hash(),
             policy: effective,

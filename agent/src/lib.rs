@@ -32,4 +32,5 @@ pub mod metrics;
 pub mod net;
 pub mod server;
 pub mod session;
+pub mod steering;
 pub mod telemetry;

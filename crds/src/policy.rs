@@ -52,6 +52,11 @@ pub struct CompactionPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub microcompact: Option<MicrocompactSpec>,
 
+    /// Output-token steering: how long the answers are asked to be, and reasoning effort
+    /// lowered for trivial prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputSpec>,
+
     /// What a session does when its cost reaches spec.budget.maxCostUSD: `warn` (the
     /// CostBudget condition turns False with a Warning Event; turns go on) or `suspend` (also
     /// the agent refuses new turns until the budget is raised). Default: warn.
@@ -394,6 +399,49 @@ pub struct EffectivePolicy {
     /// never set it did not change when the field was added).
     #[serde(default, skip_serializing_if = "BudgetAction::is_warn")]
     pub on_budget_exceeded: BudgetAction,
+    /// Left out of the canonical form at its default, like `on_budget_exceeded`.
+    #[serde(default, skip_serializing_if = "Output::is_default")]
+    pub output: Output,
+}
+
+/// Output-token steering.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputSpec {
+    /// How long the answers are asked to be, by a fixed directive after the system prompt
+    /// (inside the cached prompt prefix): `full` (no directive), `concise` or `minimal`.
+    /// Default: concise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verbosity: Option<Verbosity>,
+    /// Lower the reasoning effort to `low` for a clearly trivial prompt (one short line, no
+    /// code, no images, no tool results) on a model that has an effort setting. It never
+    /// raises the effort and never overrides one the client chose. Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effort_routing: Option<bool>,
+}
+
+/// How long the answers are asked to be.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Verbosity {
+    Full,
+    #[default]
+    Concise,
+    Minimal,
+}
+
+/// The effective output steering.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Output {
+    pub verbosity: Verbosity,
+    pub effort_routing: bool,
+}
+
+impl Output {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// What crossing a session's cost budget does.
@@ -588,6 +636,7 @@ impl Default for EffectivePolicy {
             engine_server: None,
             engine_timeout_seconds: DEFAULT_ENGINE_TIMEOUT_SECONDS,
             on_budget_exceeded: BudgetAction::Warn,
+            output: Output::default(),
         }
     }
 }
@@ -605,6 +654,10 @@ impl EffectivePolicy {
         set(&mut self.budget_ratio, o.budget_ratio);
         set(&mut self.min_keep_recent, o.min_keep_recent);
         set(&mut self.on_budget_exceeded, o.on_budget_exceeded);
+        if let Some(out) = &o.output {
+            set(&mut self.output.verbosity, out.verbosity);
+            set(&mut self.output.effort_routing, out.effort_routing);
+        }
         if let Some(a) = &o.auto_compact {
             let t = &mut self.auto_compact;
             set(&mut t.buffer_tokens, a.buffer_tokens);

@@ -271,6 +271,14 @@ impl Session {
         }
         self.refresh_live();
         self.check_budget()?;
+        let mut options = options;
+        options.controls.effort = crate::steering::route_effort(
+            options.controls.effort,
+            &self.live.policy.output,
+            self.live.spec.provider.kind,
+            &self.live.spec.provider.model,
+            &input,
+        );
         if options.controls.tool_choice == crate::provider::ToolChoice::None
             && self.live.spec.provider.kind == cairn_crds::session::ProviderKind::Bedrock
         {
