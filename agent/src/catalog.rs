@@ -504,10 +504,15 @@ mod tests {
              my-local: {input: 0, output: 0, cacheRead: 0, cacheWrite: 0}\n",
         )
         .expect("table");
-        assert_eq!(t.prices("claude-sonnet-4-5-20250929").map(|p| p.input), Some(1.0));
+        assert_eq!(
+            t.prices("claude-sonnet-4-5-20250929").map(|p| p.input),
+            Some(1.0)
+        );
         assert_eq!(t.prices("claude-sonnet-4-0").map(|p| p.input), Some(3.0));
         assert_eq!(t.prices("my-local-7b").map(|p| p.output), Some(0.0));
-        assert!(PriceTable::parse("m: {input: -1, output: 0, cacheRead: 0, cacheWrite: 0}").is_err());
+        assert!(
+            PriceTable::parse("m: {input: -1, output: 0, cacheRead: 0, cacheWrite: 0}").is_err()
+        );
         assert!(PriceTable::parse("m: {input: 1}").is_err());
         assert!(PriceTable::parse("[not a map").is_err());
     }

@@ -132,11 +132,23 @@ mod tests {
             cache_read_tokens: 1_000,
             cache_write_tokens: 500,
         };
-        let c = a.charge(Client::Session, "claude-sonnet-4-5", &used, &table, &metrics);
+        let c = a.charge(
+            Client::Session,
+            "claude-sonnet-4-5",
+            &used,
+            &table,
+            &metrics,
+        );
         // 500 uncached × 3 + 1000 read × 0.3 + 500 written × 3.75 + 100 out × 15, per million.
         let want = (1_500.0 + 300.0 + 1_875.0 + 1_500.0) / 1e6;
         assert!((c - want).abs() < 1e-12, "{c}");
-        a.charge(Client::Summarizer, "claude-haiku-4-5", &used, &table, &metrics);
+        a.charge(
+            Client::Summarizer,
+            "claude-haiku-4-5",
+            &used,
+            &table,
+            &metrics,
+        );
         a.charge(Client::Summarizer, "local-llm", &used, &table, &metrics);
         let s = a.status();
         assert!((s.session - round(want)).abs() < 1e-12);

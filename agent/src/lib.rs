@@ -7,8 +7,8 @@
 
 pub mod catalog;
 pub mod ccr;
-pub mod cost;
 pub mod compress;
+pub mod cost;
 pub mod history;
 pub mod images;
 pub mod provider;

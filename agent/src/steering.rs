@@ -81,7 +81,10 @@ mod tests {
 
     #[test]
     fn the_directive_follows_the_prompt_and_full_adds_nothing() {
-        assert_eq!(system_prompt(Some("p".into()), Verbosity::Full).as_deref(), Some("p"));
+        assert_eq!(
+            system_prompt(Some("p".into()), Verbosity::Full).as_deref(),
+            Some("p")
+        );
         assert_eq!(system_prompt(None, Verbosity::Full), None);
         let c = system_prompt(Some("p".into()), Verbosity::Concise).unwrap_or_default();
         assert!(c.starts_with("p\n\nAnswer concisely"), "{c}");
@@ -105,8 +108,15 @@ mod tests {
             route_effort(Some(Effort::High), &on, k, "gpt-5", &hi),
             Some(Effort::High)
         );
-        assert_eq!(route_effort(None, &Output::default(), k, "gpt-5", &hi), None);
-        assert_eq!(route_effort(None, &on, k, "gpt-4o", &hi), None, "no setting");
+        assert_eq!(
+            route_effort(None, &Output::default(), k, "gpt-5", &hi),
+            None
+        );
+        assert_eq!(
+            route_effort(None, &on, k, "gpt-4o", &hi),
+            None,
+            "no setting"
+        );
         assert_eq!(
             route_effort(None, &on, ProviderKind::Bedrock, "claude-opus-4-5", &hi),
             None

@@ -70,9 +70,14 @@ fn split(r: &RecordedRequest) -> (Vec<String>, Vec<Value>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_prefix_is_byte_stable_breakpoints_sit_where_documented_and_cache_tokens_are_counted()
-{
-    for kind in ["anthropic", "bedrock", "openai", "openai-responses", "gemini"] {
+async fn the_prefix_is_byte_stable_breakpoints_sit_where_documented_and_cache_tokens_are_counted() {
+    for kind in [
+        "anthropic",
+        "bedrock",
+        "openai",
+        "openai-responses",
+        "gemini",
+    ] {
         let sim = Sim::start().await.expect("sim");
         sim.enable_prompt_cache();
         let dir = tempfile::tempdir().expect("dir");
@@ -99,7 +104,11 @@ async fn the_prefix_is_byte_stable_breakpoints_sit_where_documented_and_cache_to
         for w in seen.windows(2) {
             let (fixed_a, turns_a) = split(&w[0]);
             let (fixed_b, turns_b) = split(&w[1]);
-            assert_eq!(fixed_b, fixed0, "{kind}: request {} changed the prefix", w[1].seq);
+            assert_eq!(
+                fixed_b, fixed0,
+                "{kind}: request {} changed the prefix",
+                w[1].seq
+            );
             assert_eq!(fixed_a, fixed0, "{kind}");
             assert!(turns_b.len() > turns_a.len(), "{kind}");
             assert_eq!(
@@ -207,7 +216,10 @@ async fn the_prefix_is_byte_stable_breakpoints_sit_where_documented_and_cache_to
         let status = serde_json::to_value(&stats).expect("status");
         assert_eq!(status["tokens"]["cacheRead"], read, "{kind}");
         assert_eq!(status["tokens"]["cacheWrite"], write, "{kind}");
-        assert!(status["costUSD"]["session"].as_f64().unwrap_or(0.0) > 0.0, "{kind}");
+        assert!(
+            status["costUSD"]["session"].as_f64().unwrap_or(0.0) > 0.0,
+            "{kind}"
+        );
 
         // Journaled: the next holder reports the same.
         let reopened = build_session(&session_yaml(kind, &sim, ""), &env, "other").await;
@@ -277,11 +289,7 @@ async fn the_session_model_and_the_summarizer_model_report_tokens_and_cost_apart
     }
     let mut history = built.session.history().to_vec();
     history.extend(padded_history(12));
-    built
-        .session
-        .replace_history(history)
-        .await
-        .expect("seed");
+    built.session.replace_history(history).await.expect("seed");
     for _ in 0..6 {
         summarizer_sim.push_reply(ScriptedReply::text(summary_text()));
     }
@@ -325,7 +333,10 @@ async fn the_session_model_and_the_summarizer_model_report_tokens_and_cost_apart
     assert_eq!(summarizer.model.as_deref(), Some("claude-haiku-4-5"));
     assert_eq!(
         summarizer.input,
-        summarizer_seen.iter().map(|r| r.estimated_tokens).sum::<u64>()
+        summarizer_seen
+            .iter()
+            .map(|r| r.estimated_tokens)
+            .sum::<u64>()
     );
     assert_eq!(summarizer.output, summarizer_out.iter().sum::<u64>());
     assert_eq!(
@@ -364,7 +375,10 @@ async fn the_session_model_and_the_summarizer_model_report_tokens_and_cost_apart
     );
     assert!((metered - want_summarizer).abs() < 1e-9, "{metered}");
     let status = serde_json::to_value(&stats).expect("status");
-    assert!(status["costUSD"]["summarizer"].as_f64().is_some(), "{status}");
+    assert!(
+        status["costUSD"]["summarizer"].as_f64().is_some(),
+        "{status}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,11 +387,14 @@ async fn a_spent_budget_warns_or_suspends_as_the_policy_says() {
         let sim = Sim::start().await.expect("sim");
         let dir = tempfile::tempdir().expect("dir");
         let env = storage_env(dir.path(), None);
-        let extra = format!(
-            "budget:\n  maxCostUSD: 0.0001\ncompaction:\n  onBudgetExceeded: {action}\n"
-        );
+        let extra =
+            format!("budget:\n  maxCostUSD: 0.0001\ncompaction:\n  onBudgetExceeded: {action}\n");
         let mut built = build_session(&session_yaml("anthropic", &sim, &extra), &env, "test").await;
-        let before = built.session.stats().cost_usd.expect("a budget is reported");
+        let before = built
+            .session
+            .stats()
+            .cost_usd
+            .expect("a budget is reported");
         assert_eq!(
             (before.max_usd, before.budget_exceeded),
             (Some(0.0001), false)

@@ -701,11 +701,7 @@ pub struct SessionStats {
     pub unsupported: Vec<UnsupportedSetting>,
     /// What the session's provider calls cost in USD by the model price table (the catalog's,
     /// or the fleet's ConfigMap), the session model's and the summarizer's apart.
-    #[serde(
-        default,
-        rename = "costUSD",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "costUSD", skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<CostStats>,
 }
 

@@ -254,7 +254,9 @@ fn budget_status(c: &cairn_crds::session::CostStats, max: f64) -> (&'static str,
         );
     }
     let then = match c.on_budget_exceeded.as_deref() {
-        Some("suspend") => "onBudgetExceeded is suspend: the agent refuses new turns until the budget is raised",
+        Some("suspend") => {
+            "onBudgetExceeded is suspend: the agent refuses new turns until the budget is raised"
+        }
         _ => "onBudgetExceeded is warn: turns go on",
     };
     (

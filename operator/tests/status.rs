@@ -565,7 +565,10 @@ fn with_cost(prev: &AgentSessionStatus, total: f64, action: &str) -> AgentSessio
 fn crossing_the_cost_budget_is_a_condition_and_a_warning_event() {
     let start = status::desired(None, &observed(), &at(0));
     assert!(
-        start.conditions.iter().all(|c| c.type_ != status::COST_BUDGET),
+        start
+            .conditions
+            .iter()
+            .all(|c| c.type_ != status::COST_BUDGET),
         "no condition without a budget"
     );
     let within = status::desired(
@@ -574,7 +577,10 @@ fn crossing_the_cost_budget_is_a_condition_and_a_warning_event() {
         &at(1),
     );
     let c = condition(&within, status::COST_BUDGET);
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "WithinBudget"));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "WithinBudget")
+    );
     assert!(status::transitions(Some(&start), &within).is_empty());
     // More spending below the budget rewrites nothing.
     let more = status::desired(
@@ -584,13 +590,12 @@ fn crossing_the_cost_budget_is_a_condition_and_a_warning_event() {
     );
     assert_eq!(status::operator_part(&more), status::operator_part(&within));
 
-    let over = status::desired(
-        Some(&with_cost(&more, 1.6, "suspend")),
-        &observed(),
-        &at(3),
-    );
+    let over = status::desired(Some(&with_cost(&more, 1.6, "suspend")), &observed(), &at(3));
     let c = condition(&over, status::COST_BUDGET);
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "BudgetExceeded"));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "BudgetExceeded")
+    );
     assert!(c.message.contains("refuses new turns"), "{}", c.message);
     let t = status::transitions(Some(&more), &over);
     assert!(

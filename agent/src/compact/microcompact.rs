@@ -353,11 +353,20 @@ mod tests {
         let r = microcompact(&mut h, &policy, None, &store).await;
         assert_eq!(r.changed, 0, "{:?}", r.notes);
         assert_eq!(h, before);
-        assert!(r.notes.iter().any(|n| n.contains("prompt cache")), "{:?}", r.notes);
+        assert!(
+            r.notes.iter().any(|n| n.contains("prompt cache")),
+            "{:?}",
+            r.notes
+        );
         // With the horizon off the same history is rewritten.
         let mut eager = policy.clone();
         eager.microcompact.cache_horizon_turns = 0;
-        assert_eq!(microcompact(&mut h.clone(), &eager, None, &store).await.changed, 1);
+        assert_eq!(
+            microcompact(&mut h.clone(), &eager, None, &store)
+                .await
+                .changed,
+            1
+        );
         // Once idle (the cache has expired) the rewrite costs no rebuild.
         let idle = microcompact(&mut h, &policy, Some(Duration::from_secs(61 * 60)), &store).await;
         assert_eq!(idle.changed, 1);

@@ -119,13 +119,15 @@ impl Bedrock {
                 tools: request
                     .tools
                     .iter()
-                    .map(|t| Tool::ToolSpec(ToolSpec {
-                        name: &t.name,
-                        description: &t.description,
-                        input_schema: Schema {
-                            json: &t.parameters,
-                        },
-                    }))
+                    .map(|t| {
+                        Tool::ToolSpec(ToolSpec {
+                            name: &t.name,
+                            description: &t.description,
+                            input_schema: Schema {
+                                json: &t.parameters,
+                            },
+                        })
+                    })
                     .chain(cache.then_some(Tool::CachePoint(DEFAULT_CACHE_POINT)))
                     .collect(),
                 tool_choice: request.controls.choice(true).and_then(bedrock_tool_choice),
@@ -654,7 +656,10 @@ mod tests {
         assert_eq!(system.last(), Some(&point));
         let messages = body["messages"].as_array().unwrap();
         let first = messages[0]["content"].as_array().unwrap();
-        assert_eq!(first[0], serde_json::json!({"text": "summary of what came before"}));
+        assert_eq!(
+            first[0],
+            serde_json::json!({"text": "summary of what came before"})
+        );
         assert_eq!(first[1], point, "after the summary");
         let last = messages.last().unwrap()["content"].as_array().unwrap();
         assert_eq!(last.last(), Some(&point));

@@ -146,7 +146,9 @@ fn key_text(v: &Value) -> String {
 }
 
 fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
-    v.get(key).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    v.get(key)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 /// A block boundary of the prompt: the prompt up to it, and the breakpoint there, if any.
@@ -281,7 +283,10 @@ mod tests {
         let o2 = c
             .request(Wire::Anthropic, "m", &second, "", 1.0)
             .expect("ok");
-        assert_eq!(o2.read_tokens, o.write_tokens, "the whole first prompt is read");
+        assert_eq!(
+            o2.read_tokens, o.write_tokens,
+            "the whole first prompt is read"
+        );
         assert!(o2.write_tokens > 0);
         let five = json!({"tools": [
             {"name": "a", "cache_control": eph}, {"name": "b", "cache_control": eph},
