@@ -21,6 +21,7 @@ fn long_turn() -> Turn {
         input_tokens: 1000,
         output_tokens: 20_000,
         cached_tokens: 0,
+        cache_write_tokens: 0,
         context_management: None,
         compaction: None,
     }

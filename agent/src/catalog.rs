@@ -229,6 +229,164 @@ pub fn limits_for(spec: &AgentSessionSpec) -> Limits {
     )
 }
 
+/// Prices of one model in USD per million tokens. Cache reads and writes are priced apart
+/// from the other input tokens; a provider that charges nothing extra for writing its cache
+/// (OpenAI, Gemini's implicit cache) has `cache_write` equal to `input`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Prices {
+    pub input: f64,
+    pub output: f64,
+    pub cache_read: f64,
+    pub cache_write: f64,
+}
+
+impl Prices {
+    const fn new(input: f64, output: f64, cache_read: f64, cache_write: f64) -> Self {
+        Self {
+            input,
+            output,
+            cache_read,
+            cache_write,
+        }
+    }
+
+    /// What `usage` costs, in USD: the uncached input, the cache reads, the cache writes and
+    /// the output, each at its price.
+    pub fn cost(&self, usage: &crate::provider::Usage) -> f64 {
+        (usage.uncached_input_tokens() as f64 * self.input
+            + usage.cache_read_tokens as f64 * self.cache_read
+            + usage.cache_write_tokens as f64 * self.cache_write
+            + usage.output_tokens as f64 * self.output)
+            / 1_000_000.0
+    }
+
+    fn valid(&self) -> bool {
+        [self.input, self.output, self.cache_read, self.cache_write]
+            .iter()
+            .all(|p| p.is_finite() && *p >= 0.0)
+    }
+}
+
+/// `(prefix, prices)`, matched against the normalised name like [`MODELS`]: list prices per
+/// million tokens (Anthropic and Bedrock Claude: cache writes of the 5-minute cache at 1.25×
+/// input, reads at 0.1×). A fleet's own prices replace these through [`PriceTable`].
+const PRICES: &[(&str, Prices)] = &[
+    // Anthropic
+    ("claude-opus-4-5", Prices::new(5.0, 25.0, 0.5, 6.25)),
+    ("claude-opus-4", Prices::new(15.0, 75.0, 1.5, 18.75)),
+    ("claude-sonnet-4", Prices::new(3.0, 15.0, 0.3, 3.75)),
+    ("claude-haiku-4-5", Prices::new(1.0, 5.0, 0.1, 1.25)),
+    ("claude-3-7-sonnet", Prices::new(3.0, 15.0, 0.3, 3.75)),
+    ("claude-3-5-sonnet", Prices::new(3.0, 15.0, 0.3, 3.75)),
+    ("claude-3-5-haiku", Prices::new(0.8, 4.0, 0.08, 1.0)),
+    ("claude-3-opus", Prices::new(15.0, 75.0, 1.5, 18.75)),
+    ("claude-3-haiku", Prices::new(0.25, 1.25, 0.03, 0.3)),
+    // OpenAI
+    ("gpt-5-nano", Prices::new(0.05, 0.4, 0.005, 0.05)),
+    ("gpt-5-mini", Prices::new(0.25, 2.0, 0.025, 0.25)),
+    ("gpt-5", Prices::new(1.25, 10.0, 0.125, 1.25)),
+    ("gpt-4.1-nano", Prices::new(0.1, 0.4, 0.025, 0.1)),
+    ("gpt-4.1-mini", Prices::new(0.4, 1.6, 0.1, 0.4)),
+    ("gpt-4.1", Prices::new(2.0, 8.0, 0.5, 2.0)),
+    ("gpt-4o-mini", Prices::new(0.15, 0.6, 0.075, 0.15)),
+    ("gpt-4o", Prices::new(2.5, 10.0, 1.25, 2.5)),
+    ("o4-mini", Prices::new(1.1, 4.4, 0.275, 1.1)),
+    ("o3", Prices::new(2.0, 8.0, 0.5, 2.0)),
+    ("o1", Prices::new(15.0, 60.0, 7.5, 15.0)),
+    // Google
+    ("gemini-2.5-pro", Prices::new(1.25, 10.0, 0.125, 1.25)),
+    ("gemini-2.5-flash-lite", Prices::new(0.1, 0.4, 0.01, 0.1)),
+    ("gemini-2.5-flash", Prices::new(0.3, 2.5, 0.03, 0.3)),
+    ("gemini-2.0-flash", Prices::new(0.1, 0.4, 0.025, 0.1)),
+    // Amazon
+    ("nova-premier", Prices::new(2.5, 12.5, 0.625, 2.5)),
+    ("nova-pro", Prices::new(0.8, 3.2, 0.2, 0.8)),
+    ("nova-lite", Prices::new(0.06, 0.24, 0.015, 0.06)),
+    ("nova-micro", Prices::new(0.035, 0.14, 0.00875, 0.035)),
+];
+
+/// Model prices: the catalog's, with a fleet's own entries in front (the ConfigMap the
+/// operator mounts with `--price-table-configmap`; see [`PriceTable::parse`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PriceTable {
+    overrides: Vec<(String, Prices)>,
+}
+
+/// Environment variable holding the fleet's price table (YAML), as the operator sets it.
+pub const PRICE_TABLE_ENV: &str = "CAIRN_PRICE_TABLE";
+/// Environment variable naming a file with the fleet's price table (outside a cluster).
+pub const PRICE_TABLE_FILE_ENV: &str = "CAIRN_PRICE_TABLE_FILE";
+
+impl PriceTable {
+    /// A table from YAML or JSON: model name prefixes (normalised like the catalog's) to
+    /// prices per million tokens, e.g. `claude-sonnet-4-5: {input: 3, output: 15,
+    /// cacheRead: 0.3, cacheWrite: 3.75}`. A negative or non-finite price is refused.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let map: std::collections::BTreeMap<String, Prices> =
+            serde_yaml::from_str(text).map_err(|e| format!("price table: {e}"))?;
+        let mut overrides = Vec::with_capacity(map.len());
+        for (model, prices) in map {
+            if !prices.valid() {
+                return Err(format!(
+                    "price table: {model}: prices must be finite and not negative"
+                ));
+            }
+            overrides.push((normalise(&model), prices));
+        }
+        Ok(Self { overrides })
+    }
+
+    /// The fleet's table, read once from [`PRICE_TABLE_ENV`] (the table itself) or the file
+    /// [`PRICE_TABLE_FILE_ENV`] names; the catalog's alone when neither is set. A table that
+    /// cannot be read or parsed is reported in the log and [`PriceTable::fleet_error`] (and
+    /// so in `status.session.unsupported`), and the catalog's prices apply.
+    pub fn fleet() -> &'static PriceTable {
+        &fleet_table().0
+    }
+
+    /// Why the fleet's price table was not applied, when it was not.
+    pub fn fleet_error() -> Option<&'static str> {
+        fleet_table().1.as_deref()
+    }
+
+    /// Prices of `model`: the longest matching prefix of the fleet's entries, else of the
+    /// catalog's; `None` for a model neither knows (its cost is not counted).
+    pub fn prices(&self, model: &str) -> Option<Prices> {
+        let m = normalise(model);
+        let longest = |entries: &mut dyn Iterator<Item = (&str, Prices)>| {
+            entries
+                .filter(|(p, _)| m.starts_with(p))
+                .max_by_key(|(p, _)| p.len())
+                .map(|(_, prices)| prices)
+        };
+        longest(&mut self.overrides.iter().map(|(p, x)| (p.as_str(), *x)))
+            .or_else(|| longest(&mut PRICES.iter().map(|(p, x)| (*p, *x))))
+    }
+}
+
+fn fleet_table() -> &'static (PriceTable, Option<String>) {
+    static TABLE: std::sync::OnceLock<(PriceTable, Option<String>)> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let read = if let Ok(text) = std::env::var(PRICE_TABLE_ENV) {
+            PriceTable::parse(&text)
+        } else if let Some(path) = std::env::var_os(PRICE_TABLE_FILE_ENV) {
+            std::fs::read_to_string(&path)
+                .map_err(|e| format!("price table {}: {e}", path.to_string_lossy()))
+                .and_then(|t| PriceTable::parse(&t))
+        } else {
+            return (PriceTable::default(), None);
+        };
+        match read {
+            Ok(t) => (t, None),
+            Err(e) => {
+                tracing::warn!(error = %e, "the fleet's price table is not applied");
+                (PriceTable::default(), Some(e))
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +473,47 @@ mod tests {
         assert_eq!((l.context_window, l.max_output_tokens), (400_000, 1000));
         let l = resolve_limits(Openai, "gpt-5", Some(10_000), Some(1000));
         assert_eq!((l.context_window, l.max_output_tokens), (10_000, 1000));
+    }
+
+    #[test]
+    fn prices_resolve_like_limits_and_cost_counts_each_kind_of_token() {
+        let t = PriceTable::default();
+        let sonnet = t.prices("us.anthropic.claude-sonnet-4-5-20250929-v1:0");
+        assert_eq!(sonnet, Some(Prices::new(3.0, 15.0, 0.3, 3.75)));
+        assert_eq!(
+            t.prices("gpt-5-mini").map(|p| p.input),
+            Some(0.25),
+            "the longest prefix wins"
+        );
+        assert_eq!(t.prices("my-local-model"), None);
+        let usage = crate::provider::Usage {
+            input_tokens: 1_000_000,
+            output_tokens: 100_000,
+            cache_read_tokens: 500_000,
+            cache_write_tokens: 200_000,
+        };
+        // 300k uncached at 3, 500k read at 0.3, 200k written at 3.75, 100k out at 15.
+        let cost = sonnet.map(|p| p.cost(&usage)).unwrap_or_default();
+        assert!((cost - (0.9 + 0.15 + 0.75 + 1.5)).abs() < 1e-9, "{cost}");
+    }
+
+    #[test]
+    fn a_fleet_table_goes_before_the_catalog_and_bad_prices_are_refused() {
+        let t = PriceTable::parse(
+            "claude-sonnet-4-5: {input: 1, output: 2, cacheRead: 0.1, cacheWrite: 1.5}\n\
+             my-local: {input: 0, output: 0, cacheRead: 0, cacheWrite: 0}\n",
+        )
+        .expect("table");
+        assert_eq!(
+            t.prices("claude-sonnet-4-5-20250929").map(|p| p.input),
+            Some(1.0)
+        );
+        assert_eq!(t.prices("claude-sonnet-4-0").map(|p| p.input), Some(3.0));
+        assert_eq!(t.prices("my-local-7b").map(|p| p.output), Some(0.0));
+        assert!(
+            PriceTable::parse("m: {input: -1, output: 0, cacheRead: 0, cacheWrite: 0}").is_err()
+        );
+        assert!(PriceTable::parse("m: {input: 1}").is_err());
+        assert!(PriceTable::parse("[not a map").is_err());
     }
 }

@@ -160,6 +160,9 @@ impl Live {
                 "spec.systemPromptFrom is set but neither CAIRN_SYSTEM_PROMPT nor CAIRN_SYSTEM_PROMPT_FILE gives it: running without a system prompt"
             );
         }
+        // The verbosity directive follows the prompt, inside the cached prefix.
+        let system_prompt =
+            crate::steering::system_prompt(system_prompt, effective.output.verbosity);
         Ok(Self {
             policy_hash: effective.hash(),
             policy: effective,
@@ -176,6 +179,12 @@ impl Live {
 /// logged when they change: a setting is never silently ignored.
 pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
     let mut out = Vec::new();
+    if let Some(e) = catalog::PriceTable::fleet_error() {
+        out.push(UnsupportedSetting {
+            field: "priceTable".into(),
+            reason: format!("{e}; the cost is counted at the catalog's prices"),
+        });
+    }
     match live.policy.engine {
         Engine::Local => {}
         Engine::Provider if crate::provider::engine::supports_provider_engine(live.spec.provider.kind) => {}

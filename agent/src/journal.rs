@@ -388,6 +388,10 @@ pub struct PersistedState {
     /// (`status.session.tokens.summarizer`).
     #[serde(default, skip_serializing_if = "is_zero_tokens")]
     pub summarizer_tokens: [u64; 3],
+    /// Cache writes and cost of the session model's and the summarizer's calls
+    /// (`status.session.costUSD`).
+    #[serde(default, skip_serializing_if = "crate::cost::Accounting::is_empty")]
+    pub accounting: crate::cost::Accounting,
 }
 
 impl PersistedState {
@@ -414,6 +418,7 @@ impl PersistedState {
             replay: crate::replay::Ledger::default(),
             passes: Default::default(),
             summarizer_tokens: [0; 3],
+            accounting: Default::default(),
         }
     }
 

@@ -8,6 +8,7 @@
 pub mod catalog;
 pub mod ccr;
 pub mod compress;
+pub mod cost;
 pub mod history;
 pub mod images;
 pub mod provider;
@@ -32,4 +33,5 @@ pub mod metrics;
 pub mod net;
 pub mod server;
 pub mod session;
+pub mod steering;
 pub mod telemetry;

@@ -41,6 +41,16 @@ const HELP: &[(&str, &str, &str)] = &[
         "Tokens reported by the provider, by kind.",
     ),
     (
+        "cairn_agent_model_tokens_total",
+        "counter",
+        "Tokens reported by the provider, by model and kind (input, output, cache_read, cache_write).",
+    ),
+    (
+        "cairn_agent_cost_usd_total",
+        "counter",
+        "Cost of provider calls in USD by the model price table, by client and model.",
+    ),
+    (
         "cairn_agent_compactions_total",
         "counter",
         "Compactions by ladder level and trigger.",

@@ -160,9 +160,10 @@ async fn filesystem_reads_over_stdio_are_deduplicated_microcompacted_and_recalle
     // Microcompact counts a result's age in assistant messages (two per turn here): at 4, a
     // read is superseded by the next turn's read before microcompact would truncate it, and
     // the one read of b.txt is truncated a few turns later. Compression on entry is off, so
-    // the reads enter whole and the cheap passes are what acts on them.
+    // the reads enter whole and the cheap passes are what acts on them. The age rule runs
+    // regardless of the prompt-cache rebuild it causes (`cacheHorizonTurns: 0`).
     let extra = format!(
-        "tools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\ncompaction:\n  compression:\n    mode: \"off\"\n  microcompact:\n    truncateAfterTurns: 4\n    summarizeAfterTurns: 50\n    minContentChars: 1000\n",
+        "tools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\ncompaction:\n  compression:\n    mode: \"off\"\n  microcompact:\n    truncateAfterTurns: 4\n    summarizeAfterTurns: 50\n    minContentChars: 1000\n    cacheHorizonTurns: 0\n",
         bin("mcp-server-filesystem"),
         files_dir.display()
     );

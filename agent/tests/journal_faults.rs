@@ -67,11 +67,12 @@ fn check_timeouts() -> S3Timeouts {
     }
 }
 
-/// A session config for `name` on cairn-sim; no system prompt, so a compaction rewrites
+/// A session config for `name` on cairn-sim; no system prompt (and `verbosity: full`, no
+/// directive either), so a compaction rewrites
 /// message 0.
 fn yaml(name: &str, sim: &Sim, window: u64) -> String {
     format!(
-        "name: {name}\nnamespace: faults\nprovider:\n  kind: openai-compatible\n  model: m-1\n  baseUrl: {}/v1\ncontextWindow: {window}\nmaxOutputTokens: 1000\ncompaction:\n  minKeepRecent: 4\n",
+        "name: {name}\nnamespace: faults\nprovider:\n  kind: openai-compatible\n  model: m-1\n  baseUrl: {}/v1\ncontextWindow: {window}\nmaxOutputTokens: 1000\ncompaction:\n  minKeepRecent: 4\n  output:\n    verbosity: full\n",
         sim.url()
     )
 }

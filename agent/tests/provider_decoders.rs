@@ -78,6 +78,7 @@ fn turns() -> impl Strategy<Value = Turn> {
                 input_tokens: input,
                 output_tokens: output,
                 cached_tokens: input / 2,
+                cache_write_tokens: input / 4,
                 context_management: None,
                 compaction: None,
             }

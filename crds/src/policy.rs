@@ -52,6 +52,17 @@ pub struct CompactionPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub microcompact: Option<MicrocompactSpec>,
 
+    /// Output-token steering: how long the answers are asked to be, and reasoning effort
+    /// lowered for trivial prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputSpec>,
+
+    /// What a session does when its cost reaches spec.budget.maxCostUSD: `warn` (the
+    /// CostBudget condition turns False with a Warning Event; turns go on) or `suspend` (also
+    /// the agent refuses new turns until the budget is raised). Default: warn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_budget_exceeded: Option<BudgetAction>,
+
     /// Per-request limits on tool-result size (applied to the outgoing copy; the full text is
     /// archived and recallable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,6 +198,14 @@ pub struct MicrocompactSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0").message("idleMinutes must not be negative"))]
     pub idle_minutes: Option<u32>,
+    /// Turns over which a microcompaction's saving is counted against the prompt-cache
+    /// rebuild it causes: rewriting an old tool result invalidates the provider's cached
+    /// prefix from that message on, so the age rule only runs when the tokens it saves over
+    /// this many later requests, at the cache-read price, pay for writing the rest of the
+    /// prompt to the cache again (see docs/agent.md). 0 rewrites regardless. Default: 20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 10000").message("cacheHorizonTurns must be between 0 and 10000"))]
+    pub cache_horizon_turns: Option<u32>,
 }
 
 /// Per-request tool-result budgets (largest results are shrunk first).
@@ -376,6 +395,75 @@ pub struct EffectivePolicy {
     )]
     pub engine_timeout_seconds: u32,
     pub provider_engine: ProviderEngine,
+    /// Left out of the canonical form at its default (the policy hash of a session that
+    /// never set it did not change when the field was added).
+    #[serde(default, skip_serializing_if = "BudgetAction::is_warn")]
+    pub on_budget_exceeded: BudgetAction,
+    /// Left out of the canonical form at its default, like `on_budget_exceeded`.
+    #[serde(default, skip_serializing_if = "Output::is_default")]
+    pub output: Output,
+}
+
+/// Output-token steering.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputSpec {
+    /// How long the answers are asked to be, by a fixed directive after the system prompt
+    /// (inside the cached prompt prefix): `full` (no directive), `concise` or `minimal`.
+    /// Default: concise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verbosity: Option<Verbosity>,
+    /// Lower the reasoning effort to `low` for a clearly trivial prompt (one short line, no
+    /// code, no images, no tool results) on a model that has an effort setting. It never
+    /// raises the effort and never overrides one the client chose. Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effort_routing: Option<bool>,
+}
+
+/// How long the answers are asked to be.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Verbosity {
+    Full,
+    #[default]
+    Concise,
+    Minimal,
+}
+
+/// The effective output steering.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Output {
+    pub verbosity: Verbosity,
+    pub effort_routing: bool,
+}
+
+impl Output {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// What crossing a session's cost budget does.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetAction {
+    #[default]
+    Warn,
+    Suspend,
+}
+
+impl BudgetAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Warn => "warn",
+            Self::Suspend => "suspend",
+        }
+    }
+
+    fn is_warn(&self) -> bool {
+        *self == Self::Warn
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -424,6 +512,24 @@ pub struct Microcompact {
     pub tail_chars: u32,
     pub min_content_chars: u32,
     pub idle_minutes: u32,
+    /// Left out of the canonical form at its default (the policy hash of a session that
+    /// never set it did not change when the field was added).
+    #[serde(
+        default = "default_cache_horizon",
+        skip_serializing_if = "is_default_cache_horizon"
+    )]
+    pub cache_horizon_turns: u32,
+}
+
+/// `microcompact.cacheHorizonTurns` when no layer sets it.
+pub const DEFAULT_CACHE_HORIZON_TURNS: u32 = 20;
+
+fn default_cache_horizon() -> u32 {
+    DEFAULT_CACHE_HORIZON_TURNS
+}
+
+fn is_default_cache_horizon(v: &u32) -> bool {
+    *v == DEFAULT_CACHE_HORIZON_TURNS
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -487,6 +593,7 @@ impl Default for EffectivePolicy {
                 tail_chars: 500,
                 min_content_chars: 3_000,
                 idle_minutes: 60,
+                cache_horizon_turns: DEFAULT_CACHE_HORIZON_TURNS,
             },
             tool_results: ToolResults {
                 per_turn_chars: 200_000,
@@ -528,6 +635,8 @@ impl Default for EffectivePolicy {
             },
             engine_server: None,
             engine_timeout_seconds: DEFAULT_ENGINE_TIMEOUT_SECONDS,
+            on_budget_exceeded: BudgetAction::Warn,
+            output: Output::default(),
         }
     }
 }
@@ -544,6 +653,11 @@ impl EffectivePolicy {
     pub fn overlay(mut self, o: &CompactionPolicySpec) -> Self {
         set(&mut self.budget_ratio, o.budget_ratio);
         set(&mut self.min_keep_recent, o.min_keep_recent);
+        set(&mut self.on_budget_exceeded, o.on_budget_exceeded);
+        if let Some(out) = &o.output {
+            set(&mut self.output.verbosity, out.verbosity);
+            set(&mut self.output.effort_routing, out.effort_routing);
+        }
         if let Some(a) = &o.auto_compact {
             let t = &mut self.auto_compact;
             set(&mut t.buffer_tokens, a.buffer_tokens);
@@ -558,6 +672,7 @@ impl EffectivePolicy {
             set(&mut t.tail_chars, m.tail_chars);
             set(&mut t.min_content_chars, m.min_content_chars);
             set(&mut t.idle_minutes, m.idle_minutes);
+            set(&mut t.cache_horizon_turns, m.cache_horizon_turns);
         }
         if let Some(r) = &o.tool_results {
             set(&mut self.tool_results.per_turn_chars, r.per_turn_chars);

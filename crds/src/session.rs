@@ -86,6 +86,13 @@ pub struct AgentSessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionPolicySpec>,
 
+    /// A cost budget: when the session's provider calls (the session model's and the
+    /// summarizer's, at the model price table) reach it, the CostBudget condition turns False
+    /// with a Warning Event, and with the policy's `onBudgetExceeded: suspend` the agent
+    /// refuses new turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetSpec>,
+
     /// Where the session's archive (originals of everything compacted) and journal live.
     /// Unset fields take the operator's configured defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -751,6 +758,52 @@ pub struct SessionStats {
     /// (spec.idle.suspendAfter) counts from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_activity: Option<String>,
+
+    /// What the session's provider calls cost in USD by the model price table (the catalog's,
+    /// or the fleet's ConfigMap), the session model's and the summarizer's apart.
+    #[serde(default, rename = "costUSD", skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<CostStats>,
+}
+
+/// A session's cost budget.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetSpec {
+    /// Most the session may cost, in USD (status.session.costUSD.total). Unset: no budget.
+    #[serde(
+        default,
+        rename = "maxCostUSD",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[x_kube(validation = Rule::new("self > 0.0").message("maxCostUSD must be positive"))]
+    pub max_cost_usd: Option<f64>,
+}
+
+/// The cost of a session's provider calls in USD.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CostStats {
+    /// Session model plus summarizer.
+    #[serde(default)]
+    pub total: f64,
+    /// The session model's replies.
+    #[serde(default)]
+    pub session: f64,
+    /// The level-2 summarizer's calls.
+    #[serde(default)]
+    pub summarizer: f64,
+    /// Models the price table has no prices for: their calls are not in the cost.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unpriced: Vec<String>,
+    /// spec.budget.maxCostUSD, when set.
+    #[serde(default, rename = "maxUSD", skip_serializing_if = "Option::is_none")]
+    pub max_usd: Option<f64>,
+    /// The total reached the budget.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub budget_exceeded: bool,
+    /// What crossing the budget does (the policy's onBudgetExceeded: warn or suspend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_budget_exceeded: Option<String>,
 }
 
 /// Default of the agent's status interval (`CAIRN_STATUS_INTERVAL_SECS`): `status.session`
@@ -894,6 +947,12 @@ pub struct TokenStats {
     /// Input tokens served from the provider's prompt cache.
     #[serde(default)]
     pub cache_read: u64,
+    /// Input tokens written to the provider's prompt cache (Anthropic, Bedrock).
+    #[serde(default)]
+    pub cache_write: u64,
+    /// The session model these tokens are of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Tokens of the level-2 summarizer's calls since the agent started, counted apart from
     /// the session's (on the summarizer's own provider when it has one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -910,6 +969,15 @@ pub struct SummarizerTokens {
     /// Output tokens of the summarizer's calls.
     #[serde(default)]
     pub output: u64,
+    /// Input tokens of the summarizer's calls served from the prompt cache.
+    #[serde(default)]
+    pub cache_read: u64,
+    /// Input tokens of the summarizer's calls written to the prompt cache.
+    #[serde(default)]
+    pub cache_write: u64,
+    /// The summarizer's model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 impl AgentSessionSpec {

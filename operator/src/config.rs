@@ -124,6 +124,13 @@ pub struct OperatorArgs {
     #[arg(long, env = "CAIRN_DEFAULT_MEMORY_LIMIT", default_value = "1Gi")]
     pub default_memory_limit: String,
 
+    /// File with the fleet's model price table (YAML: model name prefix to `input`, `output`,
+    /// `cacheRead`, `cacheWrite` in USD per million tokens; the chart mounts its `prices`
+    /// ConfigMap here). Its entries go before the agent's built-in catalog prices in every
+    /// session's cost (`status.session.costUSD`). Read at start-up; unset: the catalog's.
+    #[arg(long, env = "CAIRN_PRICE_TABLE_FILE")]
+    pub price_table_file: Option<std::path::PathBuf>,
+
     /// OTLP/HTTP collector base URL the agent pods export their spans to (the agent appends
     /// `/v1/traces`), e.g. `http://otel-collector.observability:4318`. Unset: no export.
     #[arg(long, env = "CAIRN_AGENT_OTLP_ENDPOINT", value_parser = otlp_endpoint)]
@@ -245,6 +252,8 @@ pub struct Defaults {
     pub operator_namespace: String,
     /// Span export of every agent pod; `None`: the pods export nothing.
     pub otlp: Option<OtlpExport>,
+    /// The fleet's model price table (YAML text), handed to every agent pod.
+    pub price_table: Option<String>,
     /// Proxies and trusted CAs of every agent pod.
     pub network: AgentNetwork,
     /// Scheduling, identity and metadata settings of every agent pod.
@@ -406,6 +415,7 @@ impl Default for Defaults {
             resources: resources("100m", "256Mi", "", "1Gi"),
             operator_namespace: "cairn-system".into(),
             otlp: None,
+            price_table: None,
             network: AgentNetwork::default(),
             pod: PodDefaults::default(),
             network_policy: NetworkPolicyDefaults::default(),
@@ -455,6 +465,7 @@ impl OperatorArgs {
                 resource_attributes: non_empty(&self.agent_otlp_resource_attributes)
                     .map(|s| s.trim().to_string()),
             }),
+            price_table: self.price_table_file.as_deref().and_then(read_price_table),
             network: AgentNetwork {
                 https_proxy: non_empty(&self.agent_https_proxy).map(|s| s.trim().to_string()),
                 http_proxy: non_empty(&self.agent_http_proxy).map(|s| s.trim().to_string()),
@@ -549,6 +560,26 @@ pub fn pod_defaults(value: &str) -> Result<PodDefaults, String> {
 
 /// An OTLP endpoint must be an absolute http(s) URL; empty stands for unset (the chart may
 /// pass an empty variable).
+/// The price table file's text, when it is a YAML mapping; anything else is logged and
+/// left out (the agents then use their catalog's prices).
+fn read_price_table(path: &std::path::Path) -> Option<String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the price table; the agents use their catalog's prices");
+            return None;
+        }
+    };
+    match serde_yaml::from_str::<serde_yaml::Value>(&text) {
+        Ok(serde_yaml::Value::Mapping(m)) if !m.is_empty() => Some(text),
+        Ok(serde_yaml::Value::Mapping(_)) | Ok(serde_yaml::Value::Null) => None,
+        Ok(_) | Err(_) => {
+            tracing::warn!(path = %path.display(), "the price table is not a YAML mapping of models to prices; the agents use their catalog's prices");
+            None
+        }
+    }
+}
+
 pub fn otlp_endpoint(value: &str) -> Result<String, String> {
     let value = value.trim();
     if value.is_empty() {

@@ -11,6 +11,7 @@ pub const POLICY_RESOLVED: &str = "PolicyResolved";
 pub const ARCHIVE_READY: &str = "ArchiveReady";
 pub const CONTEXT_HEADROOM: &str = "ContextHeadroom";
 pub const POLICY_SUPPORTED: &str = "PolicySupported";
+pub const COST_BUDGET: &str = "CostBudget";
 
 /// A reason (CamelCase, stable) and a human message, for a condition or an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,6 +135,11 @@ pub fn desired(
         .clone()
         .map(|(asleep, p)| (crate::idle::IDLE, (bool_status(asleep), p)));
 
+    // The agent's cost against spec.budget.maxCostUSD; absent without a budget.
+    let budget_cond = agent
+        .and_then(|s| s.cost_usd.as_ref())
+        .and_then(|c| c.max_usd.map(|max| (COST_BUDGET, budget_status(c, max))));
+
     let prev_conditions = prev.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let conditions = [
         (READY, bool_status(ready_cond.0), ready_cond.1),
@@ -142,7 +148,7 @@ pub fn desired(
     ]
     .into_iter()
     .chain(
-        [headroom_cond, supported_cond, idle_cond]
+        [headroom_cond, supported_cond, idle_cond, budget_cond]
             .into_iter()
             .flatten()
             .map(|(kind, (status, p))| (kind, status, p)),
@@ -244,6 +250,36 @@ fn supported_status(
                 fields.join(", "),
                 reasons.join("; ")
             ),
+        ),
+    )
+}
+
+/// CostBudget: True below spec.budget.maxCostUSD; False (a Warning Event when it turns) once
+/// the session's cost reached it. The message names no running cost, so a turn that moves
+/// the figure rewrites nothing.
+fn budget_status(c: &cairn_crds::session::CostStats, max: f64) -> (&'static str, Problem) {
+    if !c.budget_exceeded {
+        return (
+            TRUE,
+            Problem::new(
+                "WithinBudget",
+                format!(
+                    "the session's cost is below spec.budget.maxCostUSD ({max} USD; status.session.costUSD has the figure)"
+                ),
+            ),
+        );
+    }
+    let then = match c.on_budget_exceeded.as_deref() {
+        Some("suspend") => {
+            "onBudgetExceeded is suspend: the agent refuses new turns until the budget is raised"
+        }
+        _ => "onBudgetExceeded is warn: turns go on",
+    };
+    (
+        FALSE,
+        Problem::new(
+            "BudgetExceeded",
+            format!("the session's cost reached spec.budget.maxCostUSD ({max} USD); {then}"),
         ),
     )
 }

@@ -100,6 +100,8 @@ pub struct Plan {
     pub operator_namespace: String,
     /// Span export of the agent (the operator's setting; sessions do not override it).
     pub otlp: Option<OtlpExport>,
+    /// The fleet's model price table (YAML), for the agent's cost accounting.
+    pub price_table: Option<String>,
     /// The fleet-wide proxies and CAs (the session's `template.proxy` and
     /// `provider.caBundle` add to them).
     pub network: crate::config::AgentNetwork,
@@ -197,6 +199,7 @@ pub fn validate(
         archive,
         operator_namespace: defaults.operator_namespace.clone(),
         otlp: defaults.otlp.clone(),
+        price_table: defaults.price_table.clone(),
         network: defaults.network.clone(),
         pod: defaults.pod.clone(),
         network_policy: defaults.network_policy.clone(),

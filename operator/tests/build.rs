@@ -1638,3 +1638,27 @@ fn a_scoped_session_cannot_point_the_minted_credentials_elsewhere() {
     let own_env = env(&build(&own, &inputs()));
     assert!(!own_env.contains_key("CAIRN_S3_CREDENTIALS_DIR"));
 }
+
+#[test]
+fn the_fleet_price_table_reaches_every_agent_pod_and_a_bad_one_is_left_out() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("prices.yaml");
+    let table = "claude-sonnet-4-5: {input: 3, output: 15, cacheRead: 0.3, cacheWrite: 3.75}\n";
+    std::fs::write(&file, table).expect("write");
+    let flag = format!("--price-table-file={}", file.display());
+    let d = parse(&["--agent-image=registry.local/cairn-agent:1.0", &flag]).expect("flags");
+    assert_eq!(d.price_table.as_deref(), Some(table));
+    let with = validate(&session("chat", FULL), Some(&policy(FRUGAL)), &d).expect("validates");
+    let objects = build(&with, &inputs());
+    assert_eq!(env(&objects)["CAIRN_PRICE_TABLE"], table);
+
+    // Not a mapping, or no file: the agents keep their catalog's prices.
+    std::fs::write(&file, "- not a table\n").expect("write");
+    let d = parse(&["--agent-image=registry.local/cairn-agent:1.0", &flag]).expect("flags");
+    assert_eq!(d.price_table, None);
+    let missing = format!("--price-table-file={}", dir.path().join("none").display());
+    let d = parse(&["--agent-image=registry.local/cairn-agent:1.0", &missing]).expect("flags");
+    assert_eq!(d.price_table, None);
+    let objects = build(&plan("chat", FULL, Some(FRUGAL)), &inputs());
+    assert!(env_var(&objects, "CAIRN_PRICE_TABLE").is_none());
+}

@@ -561,3 +561,66 @@ fn a_setting_the_agent_cannot_honour_is_a_condition_and_a_warning_event() {
         "{t:?}"
     );
 }
+
+/// The status after the agent reported its cost against a budget.
+fn with_cost(prev: &AgentSessionStatus, total: f64, action: &str) -> AgentSessionStatus {
+    let mut s = prev.clone();
+    s.session = Some(
+        serde_json::from_value(serde_json::json!({
+            "turns": 3,
+            "costUSD": {"total": total, "session": total, "summarizer": 0.0, "maxUSD": 1.5,
+                        "budgetExceeded": total >= 1.5, "onBudgetExceeded": action}
+        }))
+        .expect("session stats"),
+    );
+    s
+}
+
+#[test]
+fn crossing_the_cost_budget_is_a_condition_and_a_warning_event() {
+    let start = status::desired(None, &observed(), &at(0));
+    assert!(
+        start
+            .conditions
+            .iter()
+            .all(|c| c.type_ != status::COST_BUDGET),
+        "no condition without a budget"
+    );
+    let within = status::desired(
+        Some(&with_cost(&start, 0.2, "suspend")),
+        &observed(),
+        &at(1),
+    );
+    let c = condition(&within, status::COST_BUDGET);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "WithinBudget")
+    );
+    assert!(status::transitions(Some(&start), &within).is_empty());
+    // More spending below the budget rewrites nothing.
+    let more = status::desired(
+        Some(&with_cost(&within, 0.9, "suspend")),
+        &observed(),
+        &at(2),
+    );
+    assert_eq!(status::operator_part(&more), status::operator_part(&within));
+
+    let over = status::desired(Some(&with_cost(&more, 1.6, "suspend")), &observed(), &at(3));
+    let c = condition(&over, status::COST_BUDGET);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "BudgetExceeded")
+    );
+    assert!(c.message.contains("refuses new turns"), "{}", c.message);
+    let t = status::transitions(Some(&more), &over);
+    assert!(
+        t.iter().any(|t| t.reason == "BudgetExceeded" && t.warning),
+        "{t:?}"
+    );
+    let warned = status::desired(Some(&with_cost(&more, 1.6, "warn")), &observed(), &at(3));
+    assert!(
+        condition(&warned, status::COST_BUDGET)
+            .message
+            .contains("turns go on")
+    );
+}

@@ -24,6 +24,25 @@ use super::{Pass, PassReport, Trigger};
 /// Tool results the idle rule leaves alone.
 pub const IDLE_KEEP_RECENT: usize = 5;
 
+/// Price of a cache read and of a cache write as multiples of the input price: Anthropic's
+/// (and Bedrock Claude's) 5-minute cache, the dearest rebuild among the providers (OpenAI and
+/// Gemini charge no write premium and read at 0.1–0.5×).
+pub const CACHE_READ_RATIO: f64 = 0.1;
+pub const CACHE_WRITE_RATIO: f64 = 1.25;
+
+/// Whether rewriting the history from position `from` on pays for the prompt-cache rebuild
+/// it causes. The rewrite saves `saved` bytes on each of the next `horizon` requests, read
+/// from the cache at [`CACHE_READ_RATIO`]; the next request writes the `suffix` bytes from
+/// `from` on (as rewritten) to the cache at [`CACHE_WRITE_RATIO`] instead of reading them.
+/// It pays when `saved × read × horizon ≥ suffix × (write − read)`: with the default
+/// horizon of 20, when the saving is at least 0.575× the rewritten suffix. A horizon of 0
+/// always rewrites.
+pub fn pays_for_cache_rebuild(saved: usize, suffix: usize, horizon: u32) -> bool {
+    horizon == 0
+        || saved as f64 * CACHE_READ_RATIO * f64::from(horizon)
+            >= suffix as f64 * (CACHE_WRITE_RATIO - CACHE_READ_RATIO)
+}
+
 /// What the microcompaction of one message should become.
 enum Plan {
     Preview,
@@ -111,6 +130,15 @@ pub async fn microcompact(
     if staged.is_empty() {
         return report;
     }
+    // The age rule rewrites bytes inside the provider's cached prefix; it waits while the
+    // saving does not pay for the rebuild (the idle rule runs once the cache has expired).
+    if !idle && !pays_off(history, &staged, policy) {
+        report.notes.push(format!(
+            "{} old tool result(s) left as they are: the saving does not pay for rebuilding the prompt cache",
+            staged.len()
+        ));
+        return report;
+    }
     let originals: Vec<Archivable<'_>> = staged.iter().filter_map(|s| s.original).collect();
     let keys = match archive_all_checked(store, &originals).await {
         Ok(keys) => keys,
@@ -123,6 +151,27 @@ pub async fn microcompact(
     let edits: Vec<Edit> = staged.into_iter().map(|s| s.edit).collect();
     apply_edits(history, edits, keys, policy, &mut report);
     report
+}
+
+/// Whether the staged edits, together, pay for the cache rebuild from the first of them on.
+fn pays_off(history: &[Message], staged: &[Staged<'_>], policy: &EffectivePolicy) -> bool {
+    let mc = &policy.microcompact;
+    let Some(from) = staged.iter().map(|s| s.edit.index).min() else {
+        return true;
+    };
+    let mut saved = 0;
+    for s in staged {
+        let len = history[s.edit.index].content.len();
+        let after = match &s.edit.render {
+            Render::Preview => (mc.head_chars + mc.tail_chars) as usize + BANNER_ROOM,
+            Render::Stub => BANNER_ROOM,
+            Render::Ready { content, .. } => content.len(),
+        }
+        .min(len);
+        saved += len - after;
+    }
+    let suffix = history::weight(&history[from..]).saturating_sub(saved);
+    pays_for_cache_rebuild(saved, suffix, mc.cache_horizon_turns)
 }
 
 /// Assistant messages after each position.
@@ -276,6 +325,51 @@ mod tests {
         }
         h.push(Message::assistant("done"));
         h
+    }
+
+    #[test]
+    fn a_rewrite_pays_when_the_saving_over_the_horizon_beats_the_rebuild() {
+        // 20 turns × 0.1 = 2 per saved byte against 1.15 per rewritten byte.
+        assert!(pays_for_cache_rebuild(5_750, 10_000, 20));
+        assert!(!pays_for_cache_rebuild(5_749, 10_000, 20));
+        assert!(!pays_for_cache_rebuild(10_000, 100_000, 20));
+        assert!(pays_for_cache_rebuild(1, 1_000_000, 0), "0 always rewrites");
+    }
+
+    #[tokio::test]
+    async fn a_small_saving_deep_in_the_cached_prefix_waits_and_the_idle_rule_still_runs() {
+        let store = MemoryStore::new();
+        let policy = EffectivePolicy::default();
+        // One old 10 kB result, then 100 kB of later conversation the rewrite would make the
+        // provider cache again.
+        let mut h = vec![Message::system("sys"), Message::user("go")];
+        h.extend(turn("c0", big(600)));
+        for i in 0..10 {
+            h.push(Message::assistant(format!("step {i}")));
+            h.push(Message::user("x".repeat(10_000)));
+        }
+        h.push(Message::assistant("done"));
+        let before = h.clone();
+        let r = microcompact(&mut h, &policy, None, &store).await;
+        assert_eq!(r.changed, 0, "{:?}", r.notes);
+        assert_eq!(h, before);
+        assert!(
+            r.notes.iter().any(|n| n.contains("prompt cache")),
+            "{:?}",
+            r.notes
+        );
+        // With the horizon off the same history is rewritten.
+        let mut eager = policy.clone();
+        eager.microcompact.cache_horizon_turns = 0;
+        assert_eq!(
+            microcompact(&mut h.clone(), &eager, None, &store)
+                .await
+                .changed,
+            1
+        );
+        // Once idle (the cache has expired) the rewrite costs no rebuild.
+        let idle = microcompact(&mut h, &policy, Some(Duration::from_secs(61 * 60)), &store).await;
+        assert_eq!(idle.changed, 1);
     }
 
     #[tokio::test]

@@ -210,7 +210,11 @@ impl McpHub {
                     continue;
                 }
             };
-            for t in tools.iter().filter(|t| server.allows(&t.name)) {
+            // By name: a server's listing order is its own and may change from one listing
+            // to the next; the catalog is part of the cached prompt prefix.
+            let mut tools: Vec<_> = tools.iter().filter(|t| server.allows(&t.name)).collect();
+            tools.sort_by(|a, b| a.name.cmp(&b.name));
+            for t in tools {
                 let mut name = t.name.to_string();
                 if taken.contains(&name.as_str()) || out.routes.contains_key(&name) {
                     name = format!("{}__{}", server.spec.name, t.name);

@@ -44,19 +44,34 @@ impl Anthropic {
     }
 
     /// The exact JSON body sent for `request`.
+    ///
+    /// Prompt-cache breakpoints (`cache_control: {"type": "ephemeral"}`, at most four, in
+    /// the order the server reads the prompt: tools, system, messages): the last tool, the
+    /// system text, the last block of the newest compaction summary, and the last block of
+    /// the conversation, so the next request reads everything before its new turn from the
+    /// cache.
     pub fn body(request: &ChatRequest) -> impl Serialize + '_ {
+        let last_tool = request.tools.len().checked_sub(1);
         Body {
             model: &request.model,
             max_tokens: request.max_output_tokens,
             messages: wire_messages(&request.messages),
-            system: SystemText::of(&request.messages),
+            system: SystemText::of(&request.messages).map(|text| {
+                [SystemBlock {
+                    kind: "text",
+                    text,
+                    cache_control: EPHEMERAL,
+                }]
+            }),
             tools: request
                 .tools
                 .iter()
-                .map(|t| Tool {
+                .enumerate()
+                .map(|(i, t)| Tool {
                     name: &t.name,
                     description: &t.description,
                     input_schema: &t.parameters,
+                    cache_control: (Some(i) == last_tool).then_some(EPHEMERAL),
                 })
                 .collect(),
             stream: request.stream,
@@ -106,13 +121,31 @@ fn anthropic_tool_choice(request: &ChatRequest) -> Option<Value> {
     Some(v)
 }
 
+/// A prompt-cache breakpoint: the server caches the prompt up to and including the block
+/// that carries it.
+#[derive(Serialize, Clone, Copy)]
+struct CacheControl {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+const EPHEMERAL: CacheControl = CacheControl { kind: "ephemeral" };
+
+#[derive(Serialize)]
+struct SystemBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: SystemText<'a>,
+    cache_control: CacheControl,
+}
+
 #[derive(Serialize)]
 struct Body<'a> {
     model: &'a str,
     max_tokens: u64,
-    messages: Vec<Turn<ContentBlock<'a>>>,
+    messages: Vec<Turn<WireBlock<'a>>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    system: Option<SystemText<'a>>,
+    system: Option<[SystemBlock<'a>; 1]>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Tool<'a>>,
     #[serde(skip_serializing_if = "is_false")]
@@ -134,6 +167,26 @@ struct Tool<'a> {
     name: &'a str,
     description: &'a str,
     input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+/// A content block, with a cache breakpoint when it ends a cached prefix.
+#[derive(Serialize)]
+struct WireBlock<'a> {
+    #[serde(flatten)]
+    block: ContentBlock<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+impl<'a> From<ContentBlock<'a>> for WireBlock<'a> {
+    fn from(block: ContentBlock<'a>) -> Self {
+        Self {
+            block,
+            cache_control: None,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -168,9 +221,32 @@ struct ImageSource<'a> {
 }
 
 /// Messages alternate user/assistant; tool results travel as user content blocks, and
-/// consecutive messages of one role merge into one.
-fn wire_messages(messages: &[Message]) -> Vec<Turn<ContentBlock<'_>>> {
-    let turns = messages.iter().filter_map(|m| match m.role {
+/// consecutive messages of one role merge into one. The last block of the newest summary and
+/// the last block of all carry cache breakpoints.
+fn wire_messages(messages: &[Message]) -> Vec<Turn<WireBlock<'_>>> {
+    let summary = messages
+        .iter()
+        .rposition(|m| m.meta.is_summary && !m.is_system());
+    let turns = messages.iter().enumerate().filter_map(|(i, m)| {
+        let (role, blocks) = blocks_of(m)?;
+        let mut blocks: Vec<WireBlock<'_>> = blocks.into_iter().map(WireBlock::from).collect();
+        if Some(i) == summary
+            && let Some(last) = blocks.last_mut()
+        {
+            last.cache_control = Some(EPHEMERAL);
+        }
+        Some((role, blocks))
+    });
+    let mut turns = merge_turns(turns);
+    if let Some(last) = turns.last_mut().and_then(|t| t.content.last_mut()) {
+        last.cache_control = Some(EPHEMERAL);
+    }
+    turns
+}
+
+/// The role and content blocks of one message (`None` for a system message).
+fn blocks_of(m: &Message) -> Option<(&'static str, Vec<ContentBlock<'_>>)> {
+    match m.role {
         Role::System => None,
         Role::User => {
             let mut blocks: Vec<ContentBlock<'_>> = m
@@ -208,8 +284,7 @@ fn wire_messages(messages: &[Message]) -> Vec<Turn<ContentBlock<'_>>> {
                 content: &m.content,
             }],
         )),
-    });
-    merge_turns(turns)
+    }
 }
 
 #[async_trait]
@@ -280,6 +355,8 @@ struct WireUsage {
     output_tokens: Option<u64>,
     #[serde(default)]
     cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -365,11 +442,20 @@ fn decode_reply(bytes: &[u8]) -> Result<Reply, DecodeError> {
     Ok(reply)
 }
 
+/// Folds a `usage` object into what earlier events reported (a stream reports the input in
+/// `message_start` and the output in `message_delta`). Anthropic's `input_tokens` leaves the
+/// cache reads and writes out; the normalised [`Usage`] counts them in.
 fn usage(u: WireUsage, prev: Usage) -> Usage {
+    let uncached = u.input_tokens.unwrap_or(prev.uncached_input_tokens());
+    let read = u.cache_read_input_tokens.unwrap_or(prev.cache_read_tokens);
+    let write = u
+        .cache_creation_input_tokens
+        .unwrap_or(prev.cache_write_tokens);
     Usage {
-        input_tokens: u.input_tokens.unwrap_or(prev.input_tokens),
+        input_tokens: uncached + read + write,
         output_tokens: u.output_tokens.unwrap_or(prev.output_tokens),
-        cache_read_tokens: u.cache_read_input_tokens.unwrap_or(prev.cache_read_tokens),
+        cache_read_tokens: read,
+        cache_write_tokens: write,
     }
 }
 
@@ -527,9 +613,52 @@ mod tests {
     }
 
     #[test]
+    fn breakpoints_end_the_tools_the_system_the_newest_summary_and_the_conversation() {
+        let mut request = fixture::request(false);
+        let mut summary = Message::user("summary of what came before");
+        summary.meta.is_summary = true;
+        request.messages.insert(2, summary);
+        let body = serde_json::to_value(Anthropic::body(&request)).unwrap();
+        let marked: Vec<String> = {
+            let mut at = Vec::new();
+            let mut walk = |place: String, v: &Value| {
+                if v.get("cache_control") == Some(&serde_json::json!({"type": "ephemeral"})) {
+                    at.push(place);
+                }
+            };
+            for (i, t) in body["tools"].as_array().unwrap().iter().enumerate() {
+                walk(format!("tools[{i}]"), t);
+            }
+            for (i, t) in body["system"].as_array().unwrap().iter().enumerate() {
+                walk(format!("system[{i}]"), t);
+            }
+            for (i, m) in body["messages"].as_array().unwrap().iter().enumerate() {
+                for (j, b) in m["content"].as_array().unwrap().iter().enumerate() {
+                    walk(format!("messages[{i}].content[{j}]"), b);
+                }
+            }
+            at
+        };
+        // The summary leads the first user turn, which the image message joins.
+        assert_eq!(
+            marked,
+            [
+                "tools[0]",
+                "system[0]",
+                "messages[0].content[0]",
+                "messages[4].content[0]"
+            ]
+        );
+        assert_eq!(
+            body["messages"][0]["content"][0]["text"],
+            "summary of what came before"
+        );
+    }
+
+    #[test]
     fn stream_handles_thinking_text_and_tool_blocks() {
         let s = concat!(
-            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":4,\"output_tokens\":1}}}\n\n",
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"cache_read_input_tokens\":4,\"cache_creation_input_tokens\":2,\"output_tokens\":1}}}\n\n",
             "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"}}\n\n",
             "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hmm\"}}\n\n",
             "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
@@ -549,9 +678,10 @@ mod tests {
         assert_eq!(
             r.usage,
             Usage {
-                input_tokens: 10,
+                input_tokens: 16,
                 output_tokens: 7,
-                cache_read_tokens: 4
+                cache_read_tokens: 4,
+                cache_write_tokens: 2,
             }
         );
         let cut = &s[..s.find("event: message_delta").unwrap()];

@@ -95,30 +95,40 @@ impl Bedrock {
     }
 
     /// The exact JSON body sent for `request`.
+    ///
+    /// For models with prompt caching on Bedrock (Claude, Nova; see [`caches_prompts`]),
+    /// `cachePoint` blocks end the cacheable prefixes, at most four: after the tools, after
+    /// the system prompts, after the newest compaction summary and after the conversation.
     pub fn body(request: &ChatRequest) -> impl Serialize + '_ {
+        let cache = caches_prompts(&request.model);
+        let mut system: Vec<SystemBlock<'_>> = system_prompts(&request.messages)
+            .map(SystemBlock::Text)
+            .collect();
+        if cache && !system.is_empty() {
+            system.push(SystemBlock::CachePoint(DEFAULT_CACHE_POINT));
+        }
         Body {
-            messages: wire_messages(&request.messages),
+            messages: wire_messages(&request.messages, cache),
             inference_config: InferenceConfig {
                 max_tokens: request.max_output_tokens,
                 temperature: request.controls.temperature,
                 top_p: request.controls.top_p,
             },
-            system: system_prompts(&request.messages)
-                .map(|text| Text { text })
-                .collect(),
+            system,
             tool_config: (!request.tools.is_empty()).then(|| ToolConfig {
                 tools: request
                     .tools
                     .iter()
-                    .map(|t| Tool {
-                        tool_spec: ToolSpec {
+                    .map(|t| {
+                        Tool::ToolSpec(ToolSpec {
                             name: &t.name,
                             description: &t.description,
                             input_schema: Schema {
                                 json: &t.parameters,
                             },
-                        },
+                        })
                     })
+                    .chain(cache.then_some(Tool::CachePoint(DEFAULT_CACHE_POINT)))
                     .collect(),
                 tool_choice: request.controls.choice(true).and_then(bedrock_tool_choice),
             }),
@@ -142,7 +152,7 @@ struct Body<'a> {
     messages: Vec<Turn<Block<'a>>>,
     inference_config: InferenceConfig,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    system: Vec<Text<'a>>,
+    system: Vec<SystemBlock<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_config: Option<ToolConfig<'a>>,
 }
@@ -172,8 +182,32 @@ struct ToolConfig<'a> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Tool<'a> {
-    tool_spec: ToolSpec<'a>,
+enum Tool<'a> {
+    ToolSpec(ToolSpec<'a>),
+    CachePoint(CachePoint),
+}
+
+/// A prompt-cache checkpoint: the prompt up to here is cached.
+#[derive(Serialize, Clone, Copy)]
+struct CachePoint {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+const DEFAULT_CACHE_POINT: CachePoint = CachePoint { kind: "default" };
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+enum SystemBlock<'a> {
+    Text(&'a str),
+    CachePoint(CachePoint),
+}
+
+/// Whether Bedrock caches prompts for `model` (Anthropic Claude and Amazon Nova); other
+/// models refuse `cachePoint` blocks.
+pub(crate) fn caches_prompts(model: &str) -> bool {
+    let m = model.to_ascii_lowercase();
+    m.contains("claude") || m.contains("nova")
 }
 
 #[derive(Serialize)]
@@ -209,6 +243,7 @@ enum Block<'a> {
         tool_use_id: &'a str,
         content: [Text<'a>; 1],
     },
+    CachePoint(CachePoint),
 }
 
 #[derive(Serialize)]
@@ -221,8 +256,33 @@ fn image_format(media_type: &str) -> &str {
     media_type.strip_prefix("image/").unwrap_or(media_type)
 }
 
-fn wire_messages(messages: &[Message]) -> Vec<Turn<Block<'_>>> {
-    let turns = messages.iter().filter_map(|m| match m.role {
+/// The conversation in Converse turns; with `cache`, a `cachePoint` follows the newest
+/// summary and ends the last turn.
+fn wire_messages(messages: &[Message], cache: bool) -> Vec<Turn<Block<'_>>> {
+    let summary = messages
+        .iter()
+        .rposition(|m| m.meta.is_summary && !m.is_system())
+        .filter(|_| cache);
+    let turns = messages.iter().enumerate().filter_map(|(i, m)| {
+        let (role, mut blocks) = blocks_of(m)?;
+        if Some(i) == summary && !blocks.is_empty() {
+            blocks.push(Block::CachePoint(DEFAULT_CACHE_POINT));
+        }
+        Some((role, blocks))
+    });
+    let mut turns = merge_turns(turns);
+    if cache
+        && let Some(last) = turns.last_mut()
+        && !matches!(last.content.last(), Some(Block::CachePoint(_)))
+    {
+        last.content.push(Block::CachePoint(DEFAULT_CACHE_POINT));
+    }
+    turns
+}
+
+/// The role and content blocks of one message (`None` for a system message).
+fn blocks_of(m: &Message) -> Option<(&'static str, Vec<Block<'_>>)> {
+    match m.role {
         Role::System => None,
         Role::User => {
             let mut blocks = Vec::with_capacity(1 + m.images.len());
@@ -254,8 +314,7 @@ fn wire_messages(messages: &[Message]) -> Vec<Turn<Block<'_>>> {
                 content: [Text { text: &m.content }],
             }],
         )),
-    });
-    merge_turns(turns)
+    }
 }
 
 #[async_trait]
@@ -368,6 +427,8 @@ struct WireUsage {
     output_tokens: u64,
     #[serde(default)]
     cache_read_input_tokens: u64,
+    #[serde(default)]
+    cache_write_input_tokens: u64,
 }
 
 fn stop_reason(s: &str) -> StopReason {
@@ -379,11 +440,14 @@ fn stop_reason(s: &str) -> StopReason {
     }
 }
 
+/// Converse's `inputTokens` leaves the cache reads and writes out; the normalised [`Usage`]
+/// counts them in.
 fn usage(u: WireUsage) -> Usage {
     Usage {
-        input_tokens: u.input_tokens,
+        input_tokens: u.input_tokens + u.cache_read_input_tokens + u.cache_write_input_tokens,
         output_tokens: u.output_tokens,
         cache_read_tokens: u.cache_read_input_tokens,
+        cache_write_tokens: u.cache_write_input_tokens,
     }
 }
 
@@ -594,6 +658,38 @@ pub fn sigv4_headers(
 mod tests {
     use super::super::wire::fixture;
     use super::*;
+
+    #[test]
+    fn claude_and_nova_get_cache_points_after_tools_system_summary_and_conversation() {
+        let mut request = fixture::request(false);
+        request.model = "us.anthropic.claude-sonnet-4-5-20250929-v1:0".into();
+        let mut summary = Message::user("summary of what came before");
+        summary.meta.is_summary = true;
+        request.messages.insert(2, summary);
+        let body = serde_json::to_value(Bedrock::body(&request)).unwrap();
+        let point = serde_json::json!({"cachePoint": {"type": "default"}});
+        let tools = body["toolConfig"]["tools"].as_array().unwrap();
+        assert_eq!(tools.last(), Some(&point));
+        assert_eq!(tools.len(), 2);
+        let system = body["system"].as_array().unwrap();
+        assert_eq!(system.len(), 3, "two prompts and the point");
+        assert_eq!(system.last(), Some(&point));
+        let messages = body["messages"].as_array().unwrap();
+        let first = messages[0]["content"].as_array().unwrap();
+        assert_eq!(
+            first[0],
+            serde_json::json!({"text": "summary of what came before"})
+        );
+        assert_eq!(first[1], point, "after the summary");
+        let last = messages.last().unwrap()["content"].as_array().unwrap();
+        assert_eq!(last.last(), Some(&point));
+        let points = body.to_string().matches("cachePoint").count();
+        assert_eq!(points, 4, "at most four");
+        // Other models refuse the blocks: none is sent.
+        request.model = "meta.llama3-1-70b-instruct-v1:0".into();
+        let body = serde_json::to_string(&Bedrock::body(&request)).unwrap();
+        assert!(!body.contains("cachePoint"), "{body}");
+    }
 
     #[test]
     fn body_matches_the_pinned_wire_json() {

@@ -358,6 +358,7 @@ fn apply(reply: &mut Reply, r: WireResponse, first: bool) -> Result<bool, Decode
             input_tokens: u.prompt_token_count,
             output_tokens: u.candidates_token_count + u.thoughts_token_count,
             cache_read_tokens: u.cached_content_token_count,
+            cache_write_tokens: 0,
         };
     }
     let candidates = r.candidates.unwrap_or_default();

@@ -165,12 +165,36 @@ pub enum StopReason {
     Other,
 }
 
-/// Token usage as the provider reports it.
+/// Token usage of one call, normalised across providers: `input_tokens` is every prompt
+/// token, cached or not (OpenAI and Gemini report it so; Anthropic and Bedrock report the
+/// uncached part, and their decoders add the cache reads and writes back), and the cache
+/// reads and writes are the parts of it the prompt cache served or stored.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cache_read_tokens: u64,
+    /// Prompt tokens written to the cache by this call (Anthropic
+    /// `cache_creation_input_tokens`, Bedrock `cacheWriteInputTokens`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl Usage {
+    /// Prompt tokens neither read from nor written to the cache.
+    pub fn uncached_input_tokens(&self) -> u64 {
+        self.input_tokens
+            .saturating_sub(self.cache_read_tokens)
+            .saturating_sub(self.cache_write_tokens)
+    }
+
+    /// Adds `other` to this usage.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+    }
 }
 
 /// A successful reply.

@@ -314,6 +314,7 @@ impl WireUsage {
                 .as_ref()
                 .and_then(|d| d.cached_tokens)
                 .unwrap_or(0),
+            cache_write_tokens: 0,
         }
     }
 }

@@ -362,6 +362,7 @@ fn from_value(raw: Value) -> Result<Reply, DecodeError> {
                 .and_then(|d| d.get("cached_tokens"))
                 .and_then(Value::as_u64)
                 .unwrap_or(0),
+            cache_write_tokens: 0,
         };
     }
     Ok(reply)

@@ -392,6 +392,7 @@ impl From<TurnError> for ApiError {
             TurnError::Deadline(_) => StatusCode::GATEWAY_TIMEOUT,
             TurnError::ContextFull(_) => StatusCode::UNPROCESSABLE_ENTITY,
             TurnError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            TurnError::BudgetExceeded(_) => StatusCode::PAYMENT_REQUIRED,
         };
         Self::new(status, e.label(), e.to_string())
     }

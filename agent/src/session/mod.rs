@@ -75,6 +75,9 @@ pub enum TurnError {
         "the agent is shutting down: the turn was aborted before it finished; it was not persisted and its input was dropped"
     )]
     ShuttingDown,
+    /// The session's cost reached spec.budget.maxCostUSD and the policy suspends it.
+    #[error("{0}")]
+    BudgetExceeded(String),
 }
 
 impl TurnError {
@@ -90,6 +93,7 @@ impl TurnError {
             Self::Deadline(_) => "deadline",
             Self::ContextFull(_) => "context_full",
             Self::ShuttingDown => "shutting_down",
+            Self::BudgetExceeded(_) => "budget_exceeded",
         }
     }
 }
@@ -142,6 +146,8 @@ pub struct Session {
     tokens: Usage,
     /// Tokens of the level-2 summarizer's calls since the agent started, counted apart.
     summarizer_tokens: Usage,
+    /// Cache writes and cost of the session's and the summarizer's calls.
+    accounting: crate::cost::Accounting,
     last_reply_at: Option<SystemTime>,
     last_recovery: Option<LastRecovery>,
     /// History length before the input of the turn that failed last, until the write it
@@ -237,12 +243,15 @@ impl Session {
                 input_tokens: rebuilt.state.input_tokens,
                 output_tokens: rebuilt.state.output_tokens,
                 cache_read_tokens: rebuilt.state.cache_read_tokens,
+                cache_write_tokens: rebuilt.state.accounting.cache_write_tokens[0],
             },
             summarizer_tokens: Usage {
                 input_tokens: rebuilt.state.summarizer_tokens[0],
                 output_tokens: rebuilt.state.summarizer_tokens[1],
                 cache_read_tokens: rebuilt.state.summarizer_tokens[2],
+                cache_write_tokens: rebuilt.state.accounting.cache_write_tokens[1],
             },
+            accounting: rebuilt.state.accounting.clone(),
             last_reply_at: None,
             last_recovery: None,
             failed_turn: None,
@@ -458,6 +467,7 @@ impl Session {
             self.summarizer_tokens.output_tokens,
             self.summarizer_tokens.cache_read_tokens,
         ];
+        state.accounting = self.accounting.clone();
         let change = Change {
             state,
             compactions,
@@ -604,6 +614,15 @@ impl Session {
             &self.metrics,
             "summarizer",
         );
+        if used != Usage::default() {
+            self.accounting.charge(
+                crate::cost::Client::Summarizer,
+                summarizer.model(),
+                &used,
+                crate::catalog::PriceTable::fleet(),
+                &self.metrics,
+            );
+        }
         let Some((count, sent)) = summarizer.take_learned() else {
             return;
         };
@@ -807,13 +826,19 @@ impl Session {
                 input: self.tokens.input_tokens,
                 output: self.tokens.output_tokens,
                 cache_read: self.tokens.cache_read_tokens,
-                summarizer: (self.summarizer_tokens != Usage::default()).then_some(
+                cache_write: self.tokens.cache_write_tokens,
+                model: Some(self.live.spec.provider.model.clone()),
+                summarizer: (self.summarizer_tokens != Usage::default()).then(|| {
                     cairn_crds::session::SummarizerTokens {
                         input: self.summarizer_tokens.input_tokens,
                         output: self.summarizer_tokens.output_tokens,
-                    },
-                ),
+                        cache_read: self.summarizer_tokens.cache_read_tokens,
+                        cache_write: self.summarizer_tokens.cache_write_tokens,
+                        model: self.accounting.summarizer_model.clone(),
+                    }
+                }),
             },
+            cost_usd: self.cost_status(),
             passes: self.passes,
             headroom: Some(self.headroom()),
             compression: self.compression_counters.session_stats(),
@@ -857,16 +882,58 @@ impl Session {
     }
 }
 
+impl Session {
+    /// `status.session.costUSD`: once anything was spent, or a budget is set.
+    fn cost_status(&self) -> Option<cairn_crds::session::CostStats> {
+        let max = self.live.spec.budget.as_ref().and_then(|b| b.max_cost_usd);
+        let spent = self.tokens != Usage::default() || self.summarizer_tokens != Usage::default();
+        (spent || max.is_some()).then(|| {
+            let mut c = self.accounting.status();
+            c.max_usd = max;
+            c.budget_exceeded = max.is_some_and(|m| c.total >= m);
+            c.on_budget_exceeded = max.map(|_| self.live.policy.on_budget_exceeded.as_str().into());
+            c
+        })
+    }
+
+    /// Refuses a turn once the cost reached the budget, when the policy suspends the session.
+    pub(crate) fn check_budget(&self) -> Result<(), TurnError> {
+        if self.live.policy.on_budget_exceeded != cairn_crds::policy::BudgetAction::Suspend {
+            return Ok(());
+        }
+        match self.cost_status() {
+            Some(c) if c.budget_exceeded => Err(TurnError::BudgetExceeded(format!(
+                "the session's cost of {:.6} USD reached spec.budget.maxCostUSD ({} USD) and the policy's onBudgetExceeded is suspend: no new turns until the budget is raised",
+                c.total,
+                c.max_usd.unwrap_or_default()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts a reply of the session model: its tokens, and its cost at the model's prices.
+    pub(crate) fn count_session_tokens(&mut self, used: &Usage) {
+        count_tokens(&mut self.tokens, used, &self.metrics, "session");
+        let model = self.live.spec.provider.model.clone();
+        self.accounting.charge(
+            crate::cost::Client::Session,
+            &model,
+            used,
+            crate::catalog::PriceTable::fleet(),
+            &self.metrics,
+        );
+    }
+}
+
 /// Adds `used` to `total` and to `cairn_agent_tokens_total{client}` (`session` for the
 /// session's replies, `summarizer` for level-2 summaries).
 pub(crate) fn count_tokens(total: &mut Usage, used: &Usage, metrics: &Metrics, client: &str) {
-    total.input_tokens += used.input_tokens;
-    total.output_tokens += used.output_tokens;
-    total.cache_read_tokens += used.cache_read_tokens;
+    total.add(used);
     for (kind, v) in [
         ("input", used.input_tokens),
         ("output", used.output_tokens),
         ("cache_read", used.cache_read_tokens),
+        ("cache_write", used.cache_write_tokens),
     ] {
         if v > 0 {
             metrics.inc(

@@ -123,9 +123,7 @@ impl ProviderSummarizer {
 
     fn count(&self, used: &Usage) {
         if let Ok(mut u) = self.usage.lock() {
-            u.input_tokens += used.input_tokens;
-            u.output_tokens += used.output_tokens;
-            u.cache_read_tokens += used.cache_read_tokens;
+            u.add(used);
         }
     }
 

@@ -194,9 +194,7 @@ impl Answer {
 }
 
 fn add_usage(total: &mut Usage, u: &Usage) {
-    total.input_tokens += u.input_tokens;
-    total.output_tokens += u.output_tokens;
-    total.cache_read_tokens += u.cache_read_tokens;
+    total.add(u);
 }
 
 fn validate(input: &[Message], options: &TurnOptions) -> Result<(), TurnError> {
@@ -272,6 +270,15 @@ impl Session {
             return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
         }
         self.refresh_live();
+        self.check_budget()?;
+        let mut options = options;
+        options.controls.effort = crate::steering::route_effort(
+            options.controls.effort,
+            &self.live.policy.output,
+            self.live.spec.provider.kind,
+            &self.live.spec.provider.model,
+            &input,
+        );
         if options.controls.tool_choice == crate::provider::ToolChoice::None
             && self.live.spec.provider.kind == cairn_crds::session::ProviderKind::Bedrock
         {
@@ -990,7 +997,7 @@ impl Session {
                         self.mirror_server_context(&resp, changes, notices).await;
                     }
                     add_usage(usage, &resp.usage);
-                    super::count_tokens(&mut self.tokens, &resp.usage, &self.metrics, "session");
+                    self.count_session_tokens(&resp.usage);
                     if resp.stop == StopReason::MaxTokens && resp.message.tool_calls.is_empty() {
                         let cut = Truncation::judge(&resp.usage, limit, *max_out, self.window());
                         if cut == Truncation::OutputLimit

@@ -459,6 +459,9 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
     if let Some(otlp) = &plan.otlp {
         env.extend(otlp_env(otlp));
     }
+    if let Some(prices) = &plan.price_table {
+        env.push(value("CAIRN_PRICE_TABLE", prices.clone()));
+    }
     env.extend(network_env(plan));
     // The session's own variables; the proxy ones went into the network path above.
     env.extend(

@@ -22,6 +22,7 @@
 //! `/v1beta/models/{model}:generateContent`, `/v1beta/models/{model}:streamGenerateContent`,
 //! `/model/{id}/converse`, `/model/{id}/converse-stream` (AWS event-stream framing).
 
+pub mod cache;
 pub mod context;
 pub mod nginx;
 pub mod proxies;
@@ -73,6 +74,15 @@ pub struct RecordedRequest {
     pub sigv4: Option<sigv4::SigV4Seen>,
     /// `ok`, `overflow`, `fault:<kind>`, `bad_request`, `unauthorized`, `bad_signature`.
     pub outcome: String,
+    /// With the prompt cache on ([`Sim::enable_prompt_cache`]): the input tokens reported
+    /// as read from and written to the cache, and where the request's cache breakpoints sit
+    /// (`tools[2]`, `system[0]`, `messages[3].content[1]`; Anthropic and Bedrock).
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cache_breakpoints: Vec<String>,
     /// Whether the body contains the `contains` query text (admin endpoint only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub contains: Option<bool>,
@@ -97,6 +107,8 @@ struct SimState {
     seq: u64,
     /// SigV4 secrets by access key id.
     aws_keys: BTreeMap<String, String>,
+    /// The providers' prompt caches, when simulated.
+    prompt_cache: Option<cache::PromptCache>,
 }
 
 type Shared = Arc<Mutex<SimState>>;
@@ -113,6 +125,9 @@ fn apply_script(state: &Shared, script: Script) {
     s.windows.extend(script.windows);
     s.bytes_per_token.extend(script.bytes_per_token);
     s.dialects.extend(script.dialects);
+    if script.prompt_cache && s.prompt_cache.is_none() {
+        s.prompt_cache = Some(cache::PromptCache::default());
+    }
 }
 
 /// A running simulator; dropping it stops the server.
@@ -182,6 +197,15 @@ impl Sim {
         lock(&self.state)
             .aws_keys
             .insert(access_key_id.to_string(), secret.to_string());
+    }
+
+    /// Simulates the providers' prompt caches from now on (see [`cache`]): replies report
+    /// cache reads and writes, and the log records each request's breakpoints.
+    pub fn enable_prompt_cache(&self) {
+        let mut s = lock(&self.state);
+        if s.prompt_cache.is_none() {
+            s.prompt_cache = Some(cache::PromptCache::default());
+        }
     }
 
     pub fn requests(&self) -> Vec<RecordedRequest> {
@@ -398,7 +422,7 @@ async fn handle(
             p.stream &= !ignore_stream;
             p
         });
-    let (seq, fault, window, reply, estimated_tokens, llama, edits, sigv4) = {
+    let (seq, fault, window, reply, estimated_tokens, llama, edits, sigv4, cached) = {
         let mut s = lock(&state);
         let sigv4 = (wire == Wire::Bedrock)
             .then(|| {
@@ -451,6 +475,21 @@ async fn handle(
         }
         let llama = s.dialects.get(&model).is_some_and(|d| d == "llama.cpp");
         let fits = estimated_tokens <= window;
+        let mut cached = cache::Outcome::default();
+        if let (Some(c), Ok(v), Ok(_)) = (s.prompt_cache.as_mut(), &parsed_json, &parsed)
+            && fits
+        {
+            match c.request(wire, &model, v, &String::from_utf8_lossy(&body), ratio) {
+                Ok(o) => {
+                    cached = o;
+                    cached.read_tokens = cached.read_tokens.min(estimated_tokens);
+                    cached.write_tokens = cached
+                        .write_tokens
+                        .min(estimated_tokens - cached.read_tokens);
+                }
+                Err(e) => parsed = Err(e),
+            }
+        }
         let failing = matches!(fault, Some(Fault::Status { .. }));
         let reply =
             (auth.is_some() && !bad_signature && parsed.is_ok() && fits && !failing).then(|| {
@@ -472,6 +511,9 @@ async fn handle(
             auth: auth.clone(),
             sigv4: sigv4.clone(),
             outcome: String::new(),
+            cache_read_tokens: cached.read_tokens,
+            cache_write_tokens: cached.write_tokens,
+            cache_breakpoints: cached.breakpoints.clone(),
             contains: None,
             body: String::from_utf8_lossy(&body).into_owned(),
         });
@@ -484,6 +526,7 @@ async fn handle(
             llama,
             edits,
             sigv4,
+            cached,
         )
     };
     let outcome = |o: String| {
@@ -543,6 +586,12 @@ async fn handle(
     // llama-server generates until the context is full, whatever max_tokens allows.
     let room = llama.then(|| window.saturating_sub(estimated_tokens));
     let mut turn = turn(seq, &parsed, reply, estimated_tokens, room);
+    if turn.cached_tokens == 0 {
+        turn.cached_tokens = cached.read_tokens;
+    }
+    turn.cache_write_tokens = cached
+        .write_tokens
+        .min(estimated_tokens.saturating_sub(turn.cached_tokens));
     turn.context_management = edits.0.map(context::anthropic_applied);
     turn.compaction = edits.1;
     outcome(match &fault {
@@ -611,6 +660,7 @@ fn turn(
             (out_chars as u64).div_ceil(4).max(1)
         },
         cached_tokens: reply.cached_tokens.min(input_tokens),
+        cache_write_tokens: 0,
         context_management: None,
         compaction: None,
     }

@@ -159,6 +159,10 @@ pub struct Script {
     pub dialects: BTreeMap<String, String>,
     #[serde(default)]
     pub faults: Vec<Fault>,
+    /// Simulate the providers' prompt caches (`cache`): usage reports cache reads and
+    /// writes as each provider does.
+    #[serde(default, rename = "promptCache")]
+    pub prompt_cache: bool,
 }
 
 impl Script {

@@ -117,11 +117,25 @@ pub struct Turn {
     pub stop: Stop,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Input tokens read from the prompt cache (part of `input_tokens`).
     pub cached_tokens: u64,
+    /// Input tokens written to the prompt cache (part of `input_tokens`; Anthropic and
+    /// Bedrock report them).
+    pub cache_write_tokens: u64,
     /// Anthropic: the reply's `context_management` (applied edits).
     pub context_management: Option<Value>,
     /// OpenAI Responses: the compaction item that leads the output.
     pub compaction: Option<Value>,
+}
+
+impl Turn {
+    /// Input tokens neither read from nor written to the cache: what Anthropic and Bedrock
+    /// report as their input tokens.
+    pub fn uncached_input_tokens(&self) -> u64 {
+        self.input_tokens
+            .saturating_sub(self.cached_tokens)
+            .saturating_sub(self.cache_write_tokens)
+    }
 }
 
 /// A rendered HTTP answer; `frames` concatenated are the body (a stream's events one by one).
@@ -406,9 +420,9 @@ fn anthropic(t: &Turn) -> Value {
         "id": format!("msg_sim_{}", t.seq), "type": "message", "role": "assistant",
         "model": t.model, "content": content,
         "stop_reason": anthropic_stop(t.stop), "stop_sequence": null,
-        "usage": {"input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
+        "usage": {"input_tokens": t.uncached_input_tokens(), "output_tokens": t.output_tokens,
                   "cache_read_input_tokens": t.cached_tokens,
-                  "cache_creation_input_tokens": 0},
+                  "cache_creation_input_tokens": t.cache_write_tokens},
     });
     if let Some(c) = &t.context_management {
         v["context_management"] = c.clone();
@@ -566,10 +580,14 @@ fn bedrock(t: &Turn) -> Value {
     for (id, name, args) in &t.calls {
         content.push(json!({"toolUse": {"toolUseId": id, "name": name, "input": args}}));
     }
-    let mut usage = json!({"inputTokens": t.input_tokens, "outputTokens": t.output_tokens,
+    // Converse's inputTokens leaves the cache reads and writes out, as Anthropic's does.
+    let mut usage = json!({"inputTokens": t.uncached_input_tokens(), "outputTokens": t.output_tokens,
                            "totalTokens": t.input_tokens + t.output_tokens});
     if t.cached_tokens > 0 {
         usage["cacheReadInputTokens"] = json!(t.cached_tokens);
+    }
+    if t.cache_write_tokens > 0 {
+        usage["cacheWriteInputTokens"] = json!(t.cache_write_tokens);
     }
     json!({
         "output": {"message": {"role": "assistant", "content": content}},
