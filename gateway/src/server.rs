@@ -536,11 +536,11 @@ pub fn session_to_create(namespace: &str, body: &[u8]) -> Result<AgentSession, G
     let Some(obj) = v.as_object_mut() else {
         return Err(bad("the body must be a JSON object".into()));
     };
-    if let Some(name) = obj.remove("name") {
-        obj.entry("metadata").or_insert_with(|| json!({}));
-        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.insert("name".into(), name);
-        }
+    obj.entry("metadata").or_insert_with(|| json!({}));
+    if let Some(name) = obj.remove("name")
+        && let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        m.insert("name".into(), name);
     }
     obj.insert("apiVersion".into(), json!("cairn.dev/v1alpha1"));
     obj.insert("kind".into(), json!("AgentSession"));
