@@ -178,7 +178,7 @@ async fn inspect_then_send(kind: ProviderKind) {
         );
         s.seed(recent_parts()).await.expect("seed");
         sim.push_reply(ScriptedReply::text("ready"));
-        s.turn_with_options(vec![Message::user("warm up")], client_options())
+        s.turn_with_options(vec![Message::user("warm up")], client_options(), None)
             .await
             .expect("turn");
     }
@@ -200,7 +200,7 @@ async fn inspect_then_send(kind: ProviderKind) {
         .session
         .lock()
         .await
-        .turn_with_options(vec![Message::user(input)], client_options())
+        .turn_with_options(vec![Message::user(input)], client_options(), None)
         .await
         .expect("final turn");
     let seen = sim.requests();
