@@ -142,7 +142,11 @@ pub const REDACTED: &str = "[redacted]";
 impl Rendered {
     fn post(url: impl Into<String>, headers: &[(&str, &str)], body: Vec<u8>) -> Self {
         let mut h = vec![("content-type".to_owned(), "application/json".to_owned())];
-        h.extend(headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        h.extend(
+            headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         Self {
             method: "POST",
             url: url.into(),

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::compact::Budget;
 use crate::compact::ladder::{Preflight, preflight};
 use crate::compact::window::{Buffers, Headroom};
-use crate::compact::Budget;
 use crate::history::{self, Message};
 use crate::inspect::{Breakdown, ToolSource, breakdown};
 use crate::provider::{ProviderError, Rendered};
@@ -116,7 +116,10 @@ impl Session {
     /// The request the next turn would send first, by part: assembled and rendered by the code
     /// of a real send, measured, and not sent. The next turn is assumed to bring the client
     /// part (tools, instructions, controls) of the latest turn, and `options.input`.
-    pub async fn inspect(&mut self, options: InspectOptions) -> Result<ContextReport, ProviderError> {
+    pub async fn inspect(
+        &mut self,
+        options: InspectOptions,
+    ) -> Result<ContextReport, ProviderError> {
         self.refresh_live();
         let saved_history = self.history.clone();
         let saved_catalog = std::mem::take(&mut self.mcp_catalog);
@@ -211,10 +214,17 @@ impl Session {
             .lend_request(&tool_specs, tools_bytes, max_out, options.stream)
             .await;
         let rendered = provider.render(&loan.request);
-        let measured = rendered.map(|Rendered { method, url, headers, body }| {
-            let parts = breakdown(&loan.request, &body, &source, loan.instructions, &cpt);
-            (method, url, headers, body, parts)
-        });
+        let measured = rendered.map(
+            |Rendered {
+                 method,
+                 url,
+                 headers,
+                 body,
+             }| {
+                let parts = breakdown(&loan.request, &body, &source, loan.instructions, &cpt);
+                (method, url, headers, body, parts)
+            },
+        );
         drop(loan);
         let (method, url, headers, body, parts) = measured?;
         Ok(ContextReport {
