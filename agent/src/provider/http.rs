@@ -256,8 +256,9 @@ struct Success {
 pub(crate) fn encode(
     provider: &str,
     body: &(impl serde::Serialize + ?Sized),
-) -> Result<Vec<u8>, ProviderError> {
-    serde_json::to_vec(body).map_err(|e| ProviderError::transport(provider, e.to_string(), 0))
+) -> Result<Vec<u8>, Box<ProviderError>> {
+    serde_json::to_vec(body)
+        .map_err(|e| Box::new(ProviderError::transport(provider, e.to_string(), 0)))
 }
 
 impl HttpClient {
@@ -289,7 +290,7 @@ impl HttpClient {
         body: &(impl serde::Serialize + Sync),
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = encode(&self.provider, body)?;
+        let body = encode(&self.provider, body).map_err(|e| *e)?;
         if request.stream {
             self.post_sse(url, headers, body, S::default(), on_delta)
                 .await

@@ -334,13 +334,13 @@ pub trait Provider: Send + Sync {
     /// The request [`Provider::send`] would send for `request`, without sending it: the same
     /// body builder and serializer, credentials redacted. Clients that cannot show their
     /// requests say so.
-    fn render(&self, request: &ChatRequest) -> Result<Rendered, ProviderError> {
+    fn render(&self, request: &ChatRequest) -> Result<Rendered, Box<ProviderError>> {
         let _ = request;
-        Err(ProviderError::transport(
+        Err(Box::new(ProviderError::transport(
             self.name(),
             "this provider client cannot show the requests it would send",
             0,
-        ))
+        )))
     }
 }
 

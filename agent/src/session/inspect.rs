@@ -119,7 +119,7 @@ impl Session {
     pub async fn inspect(
         &mut self,
         options: InspectOptions,
-    ) -> Result<ContextReport, ProviderError> {
+    ) -> Result<ContextReport, Box<ProviderError>> {
         self.refresh_live();
         let saved_history = self.history.clone();
         let saved_catalog = std::mem::take(&mut self.mcp_catalog);
@@ -134,7 +134,7 @@ impl Session {
     async fn assemble_and_measure(
         &mut self,
         options: &InspectOptions,
-    ) -> Result<ContextReport, ProviderError> {
+    ) -> Result<ContextReport, Box<ProviderError>> {
         let live = Arc::clone(&self.live);
         let policy = &live.policy;
         self.ensure_system_prompt();
@@ -180,7 +180,7 @@ impl Session {
             .map(Message::weight)
             .sum::<usize>()
             + tools_bytes;
-        let cpt = self.state.chars_per_token.clone();
+        let cpt = self.state.chars_per_token;
         let window = WindowReport {
             context_window: live.limits.context_window,
             effective_context_window: inputs.context_window,
