@@ -127,8 +127,7 @@ impl Finder<'_> {
     /// Arguments of a tool call: as a JSON string (OpenAI) or as the JSON object (the others).
     fn arguments(&mut self, arguments: &str) -> u64 {
         match self.escaped(arguments) {
-            0 => serde_json::from_str::<serde_json::Value>(arguments)
-                .map_or(0, |v| self.json(&v)),
+            0 => serde_json::from_str::<serde_json::Value>(arguments).map_or(0, |v| self.json(&v)),
             n => n,
         }
     }
@@ -319,7 +318,10 @@ mod tests {
     use crate::history::Image;
 
     fn request() -> ChatRequest {
-        let mut tool = Message::tool("c1", "file body \"quoted\"\nline 2 <<ccr:0123456789abcdef>>");
+        let mut tool = Message::tool(
+            "c1",
+            "file body \"quoted\"\nline 2 <<ccr:0123456789abcdef>>",
+        );
         tool.name = Some("read_file".into());
         let mut user = Message::user("look at this");
         user.images.push(Image {
@@ -363,7 +365,10 @@ mod tests {
         assert_eq!(sum(&b), body.len() as u64);
         assert_eq!(b.system_prompt.bytes, "You are terse.".len() as u64);
         assert_eq!(b.summaries.count, 1);
-        assert_eq!(b.images.bytes, ("iVBORw0KGgo=".len() + "image/png".len()) as u64);
+        assert_eq!(
+            b.images.bytes,
+            ("iVBORw0KGgo=".len() + "image/png".len()) as u64
+        );
         // The escaped form: two quotes and a newline each take two bytes.
         assert_eq!(
             b.tool_results["read_file"].bytes,
@@ -380,7 +385,13 @@ mod tests {
         let mut r = request();
         r.messages[2].reasoning = Some("hidden thoughts".into());
         let body = br#"{"messages":[{"content":"look at this"}]}"#;
-        let b = breakdown(&r, body, &|_| ToolSource::Builtin, None, &CharsPerToken::default());
+        let b = breakdown(
+            &r,
+            body,
+            &|_| ToolSource::Builtin,
+            None,
+            &CharsPerToken::default(),
+        );
         assert_eq!(b.messages["user"].bytes, "look at this".len() as u64);
         assert_eq!(b.system_prompt.bytes, 0);
         assert_eq!(sum(&b), body.len() as u64);

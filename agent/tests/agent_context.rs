@@ -99,8 +99,14 @@ fn old_exchanges() -> Vec<Message> {
     (0..12)
         .flat_map(|i| {
             [
-                Message::user(format!("question {i}: {}", "why does module_7 fail? ".repeat(60))),
-                Message::assistant(format!("answer {i}: {}", "a type mismatch (E0308). ".repeat(60))),
+                Message::user(format!(
+                    "question {i}: {}",
+                    "why does module_7 fail? ".repeat(60)
+                )),
+                Message::assistant(format!(
+                    "answer {i}: {}",
+                    "a type mismatch (E0308). ".repeat(60)
+                )),
             ]
         })
         .collect()
@@ -178,7 +184,7 @@ async fn inspect_then_send(kind: ProviderKind) {
         );
         s.seed(recent_parts()).await.expect("seed");
         sim.push_reply(ScriptedReply::text("ready"));
-        s.turn_with_options(vec![Message::user("warm up")], client_options())
+        s.turn_with_options(vec![Message::user("warm up")], client_options(), None)
             .await
             .expect("turn");
     }
@@ -200,7 +206,7 @@ async fn inspect_then_send(kind: ProviderKind) {
         .session
         .lock()
         .await
-        .turn_with_options(vec![Message::user(input)], client_options())
+        .turn_with_options(vec![Message::user(input)], client_options(), None)
         .await
         .expect("final turn");
     let seen = sim.requests();
@@ -255,7 +261,12 @@ async fn inspect_then_send(kind: ProviderKind) {
         .as_array()
         .expect("tools")
         .iter()
-        .map(|t| (t["name"].as_str().unwrap_or(""), t["source"].as_str().unwrap_or("")))
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap_or(""),
+                t["source"].as_str().unwrap_or(""),
+            )
+        })
         .collect();
     assert!(tools.contains(&("recall", "builtin")), "{tools:?}");
     assert!(tools.contains(&("lookup", "client")), "{tools:?}");

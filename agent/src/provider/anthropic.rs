@@ -330,7 +330,7 @@ impl Provider for Anthropic {
             .await
     }
 
-    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, Box<ProviderError>> {
         let mut headers = vec![
             ("x-api-key", super::REDACTED),
             ("anthropic-version", API_VERSION),

@@ -392,7 +392,7 @@ impl Provider for Bedrock {
 
     /// The SigV4 signature (or the API key) is redacted: signing needs the credentials and
     /// the moment of the send.
-    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, Box<ProviderError>> {
         let mut url = self.base.clone();
         url.set_path(&self.path(&request.model, request.stream));
         let body = super::http::encode(self.name(), &Self::body(request))?;

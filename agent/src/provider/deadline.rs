@@ -56,7 +56,7 @@ impl Provider for Deadlined {
         }
     }
 
-    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, Box<ProviderError>> {
         self.inner.render(request)
     }
 

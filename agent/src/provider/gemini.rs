@@ -286,7 +286,7 @@ impl Provider for Gemini {
             .await
     }
 
-    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, Box<ProviderError>> {
         let body = super::http::encode(self.name(), &Self::body(request))?;
         Ok(super::Rendered::post(
             self.url(&request.model, request.stream),

@@ -259,8 +259,9 @@ struct Success {
 pub(crate) fn encode(
     provider: &str,
     body: &(impl serde::Serialize + ?Sized),
-) -> Result<Vec<u8>, ProviderError> {
-    serde_json::to_vec(body).map_err(|e| ProviderError::transport(provider, e.to_string(), 0))
+) -> Result<Vec<u8>, Box<ProviderError>> {
+    serde_json::to_vec(body)
+        .map_err(|e| Box::new(ProviderError::transport(provider, e.to_string(), 0)))
 }
 
 impl HttpClient {

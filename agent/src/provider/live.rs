@@ -197,7 +197,7 @@ impl Provider for LiveProvider {
         client.send_streaming(request, on_delta).await
     }
 
-    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
-        self.client().map_err(|e| *e)?.render(request)
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, Box<ProviderError>> {
+        self.client()?.render(request)
     }
 }

@@ -144,7 +144,11 @@ pub const REDACTED: &str = "[redacted]";
 impl Rendered {
     fn post(url: impl Into<String>, headers: &[(&str, &str)], body: Vec<u8>) -> Self {
         let mut h = vec![("content-type".to_owned(), "application/json".to_owned())];
-        h.extend(headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        h.extend(
+            headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         Self {
             method: "POST",
             url: url.into(),
@@ -356,13 +360,13 @@ pub trait Provider: Send + Sync {
     /// The request [`Provider::send`] would send for `request`, without sending it: the same
     /// body builder and serializer, credentials redacted. Clients that cannot show their
     /// requests say so.
-    fn render(&self, request: &ChatRequest) -> Result<Rendered, ProviderError> {
+    fn render(&self, request: &ChatRequest) -> Result<Rendered, Box<ProviderError>> {
         let _ = request;
-        Err(ProviderError::transport(
+        Err(Box::new(ProviderError::transport(
             self.name(),
             "this provider client cannot show the requests it would send",
             0,
-        ))
+        )))
     }
 }
 

@@ -277,7 +277,7 @@ impl Provider for OpenAiChat {
             .await
     }
 
-    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, Box<ProviderError>> {
         let auth = format!("Bearer {}", super::REDACTED);
         let headers: &[(&str, &str)] = match self.key {
             Some(_) => &[("authorization", &auth)],

@@ -248,7 +248,7 @@ impl Provider for OpenAiResponses {
             .await
     }
 
-    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, ProviderError> {
+    fn render(&self, request: &ChatRequest) -> Result<super::Rendered, Box<ProviderError>> {
         let auth = format!("Bearer {}", super::REDACTED);
         let body = super::http::encode(self.name(), &Self::body(request))?;
         Ok(super::Rendered::post(

@@ -19,9 +19,8 @@ pub(super) async fn get_context(
     State(state): State<AppState>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|e| {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text())
-    })?;
+    let Query(query) = query
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
     let bad = |what: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", what);
     let raw = match query.get("view").map(String::as_str) {
         None | Some("parts") => false,

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::compact::Budget;
 use crate::compact::ladder::{Preflight, preflight};
 use crate::compact::window::{Buffers, Headroom};
-use crate::compact::Budget;
 use crate::history::{self, Message};
 use crate::inspect::{Breakdown, ToolSource, breakdown};
 use crate::provider::{ProviderError, Rendered};
@@ -116,7 +116,10 @@ impl Session {
     /// The request the next turn would send first, by part: assembled and rendered by the code
     /// of a real send, measured, and not sent. The next turn is assumed to bring the client
     /// part (tools, instructions, controls) of the latest turn, and `options.input`.
-    pub async fn inspect(&mut self, options: InspectOptions) -> Result<ContextReport, ProviderError> {
+    pub async fn inspect(
+        &mut self,
+        options: InspectOptions,
+    ) -> Result<ContextReport, Box<ProviderError>> {
         self.refresh_live();
         let saved_history = self.history.clone();
         let saved_catalog = std::mem::take(&mut self.mcp_catalog);
@@ -131,7 +134,7 @@ impl Session {
     async fn assemble_and_measure(
         &mut self,
         options: &InspectOptions,
-    ) -> Result<ContextReport, ProviderError> {
+    ) -> Result<ContextReport, Box<ProviderError>> {
         let live = Arc::clone(&self.live);
         let policy = &live.policy;
         self.ensure_system_prompt();
@@ -177,7 +180,7 @@ impl Session {
             .map(Message::weight)
             .sum::<usize>()
             + tools_bytes;
-        let cpt = self.state.chars_per_token.clone();
+        let cpt = self.state.chars_per_token;
         let window = WindowReport {
             context_window: live.limits.context_window,
             effective_context_window: inputs.context_window,
@@ -211,10 +214,17 @@ impl Session {
             .lend_request(&tool_specs, tools_bytes, max_out, options.stream)
             .await;
         let rendered = provider.render(&loan.request);
-        let measured = rendered.map(|Rendered { method, url, headers, body }| {
-            let parts = breakdown(&loan.request, &body, &source, loan.instructions, &cpt);
-            (method, url, headers, body, parts)
-        });
+        let measured = rendered.map(
+            |Rendered {
+                 method,
+                 url,
+                 headers,
+                 body,
+             }| {
+                let parts = breakdown(&loan.request, &body, &source, loan.instructions, &cpt);
+                (method, url, headers, body, parts)
+            },
+        );
         drop(loan);
         let (method, url, headers, body, parts) = measured?;
         Ok(ContextReport {

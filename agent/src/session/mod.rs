@@ -38,8 +38,8 @@ use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
 use crate::replay::Ledger;
 
-pub use summarizer::ProviderSummarizer;
 pub use inspect::{ContextReport, InspectOptions};
+pub use summarizer::ProviderSummarizer;
 pub use turn::{LedgerTurn, McpSelection, Notice, TurnEvent, TurnEvents, TurnOptions, TurnOutcome};
 
 /// Why a turn (or a compaction, or a rewind) failed. The history is as before it.

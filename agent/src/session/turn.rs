@@ -719,8 +719,7 @@ impl Session {
         let store = Arc::clone(&self.store);
         let idle_for = self.last_reply_at.and_then(|t| t.elapsed().ok());
         let mut reports: Vec<PassReport> = Vec::new();
-        reports
-            .push(microcompact(&mut self.history, &live.policy, idle_for, store.as_ref()).await);
+        reports.push(microcompact(&mut self.history, &live.policy, idle_for, store.as_ref()).await);
         reports.push(dedup_reads(&mut self.history, store.as_ref()).await);
         reports.push(
             pairing::repair_archived(&mut self.history, store.as_ref(), Trigger::Turn)
@@ -1217,8 +1216,7 @@ impl Session {
         let live = Arc::clone(&self.live);
         let policy = &live.policy;
         let limits = self.state.tool_result_limits(policy);
-        let (cuts, cut_report) =
-            budget::cut(&mut self.history, limits, self.store.as_ref()).await;
+        let (cuts, cut_report) = budget::cut(&mut self.history, limits, self.store.as_ref()).await;
         // What this request weighs as cairn measures it: the basis every token count of
         // the server is converted with.
         let sent_weight = history::weight(&self.history) + tools_bytes;
