@@ -4,7 +4,7 @@
 //! `cargo bench -p cairn-agent --bench provider_encode`
 
 use cairn_agent::provider::{
-    Anthropic, Bedrock, ChatRequest, ClientOptions, Gemini, OpenAiChat, OpenAiResponses,
+    Anthropic, Bedrock, ChatRequest, ClientOptions, Gemini, OpenAiChat, OpenAiResponses, WireCache,
 };
 use cairn_agent::session::tools;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -33,12 +33,18 @@ fn bodies(c: &mut Criterion) {
         ClientOptions::default(),
     )
     .expect("client");
-    let encoders: [(&str, &Encoder); 5] = [
+    let wire = WireCache::new();
+    let encoders: [(&str, &Encoder); 6] = [
         ("openai_chat", &|r| serde_json::to_vec(&chat.body(r))),
         ("openai_responses", &|r| {
             serde_json::to_vec(&OpenAiResponses::body(r))
         }),
         ("anthropic", &|r| serde_json::to_vec(&Anthropic::body(r))),
+        // As the client sends it: the escaped texts of the previous (here: the same)
+        // request reused.
+        ("anthropic_reused_texts", &|r| {
+            wire.to_vec(&Anthropic::body(r))
+        }),
         ("gemini", &|r| serde_json::to_vec(&Gemini::body(r))),
         ("bedrock", &|r| serde_json::to_vec(&Bedrock::body(r))),
     ];

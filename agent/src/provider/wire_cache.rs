@@ -41,6 +41,9 @@ struct Entry {
 struct Entries {
     map: HashMap<Key, Entry>,
     bodies: u64,
+    /// Length of the last body: the next one is written into a buffer of about that size,
+    /// so it is not copied again and again as it grows.
+    last_len: usize,
 }
 
 /// The cache while one body is being serialized on this thread.
@@ -51,6 +54,15 @@ struct Active {
 
 thread_local! {
     static ACTIVE: RefCell<Option<Active>> = const { RefCell::new(None) };
+}
+
+/// The buffer size for the body being serialized: the last body's length and a little more.
+fn entries_len_hint() -> usize {
+    ACTIVE.with(|a| {
+        a.borrow()
+            .as_ref()
+            .map_or(0, |a| a.entries.last_len + a.entries.last_len / 16 + 256)
+    })
 }
 
 /// One provider client's cache of escaped texts.
@@ -93,15 +105,19 @@ impl WireCache {
                 entries,
             })
         });
-        let out = serde_json::to_vec(body);
+        let mut out = Vec::with_capacity(entries_len_hint());
+        let written = serde_json::to_writer(&mut out, body).map(|()| out);
         let mut entries = ACTIVE
             .with(|a| a.borrow_mut().take())
             .map(|a| a.entries)
             .unwrap_or_default();
         let body = entries.bodies;
         entries.map.retain(|_, e| e.body == body);
+        if let Ok(out) = &written {
+            entries.last_len = out.len();
+        }
         *guard = entries;
-        out
+        written
     }
 
     /// How many escaped texts the cache holds.
