@@ -42,13 +42,15 @@ pub struct Stores {
 }
 
 impl Stores {
-    /// Whether every store has seen its first complete list (waiting up to `wait`).
+    /// Whether every store has seen its first complete list (waiting up to `wait`). The
+    /// token Secrets' store is not waited for: where the operator may not list Secrets
+    /// (the chart grants list/watch on Secrets only in `secretWatchNamespaces`) it never
+    /// fills, and a Secret it does not hold is simply created, keeping an existing token.
     pub async fn ready(&self, wait: Duration) -> bool {
         let all = async {
             self.service_accounts.wait_until_ready().await.is_ok()
                 && self.roles.wait_until_ready().await.is_ok()
                 && self.role_bindings.wait_until_ready().await.is_ok()
-                && self.secrets.wait_until_ready().await.is_ok()
                 && self.services.wait_until_ready().await.is_ok()
                 && self.network_policies.wait_until_ready().await.is_ok()
                 && self.stateful_sets.wait_until_ready().await.is_ok()
