@@ -68,12 +68,7 @@ impl Accounting {
         if client == Client::Summarizer {
             self.summarizer_model = Some(model.to_owned());
         }
-        for (kind, v) in [
-            ("input", used.input_tokens),
-            ("output", used.output_tokens),
-            ("cache_read", used.cache_read_tokens),
-            ("cache_write", used.cache_write_tokens),
-        ] {
+        for (kind, v) in used.by_kind() {
             if v > 0 {
                 metrics.inc(
                     "cairn_agent_model_tokens_total",

@@ -185,6 +185,16 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The counts under the `kind` label of the token metrics.
+    pub fn by_kind(&self) -> [(&'static str, u64); 4] {
+        [
+            ("input", self.input_tokens),
+            ("output", self.output_tokens),
+            ("cache_read", self.cache_read_tokens),
+            ("cache_write", self.cache_write_tokens),
+        ]
+    }
+
     /// Prompt tokens neither read from nor written to the cache.
     pub fn uncached_input_tokens(&self) -> u64 {
         self.input_tokens

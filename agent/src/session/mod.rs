@@ -929,12 +929,7 @@ impl Session {
 /// session's replies, `summarizer` for level-2 summaries).
 pub(crate) fn count_tokens(total: &mut Usage, used: &Usage, metrics: &Metrics, client: &str) {
     total.add(used);
-    for (kind, v) in [
-        ("input", used.input_tokens),
-        ("output", used.output_tokens),
-        ("cache_read", used.cache_read_tokens),
-        ("cache_write", used.cache_write_tokens),
-    ] {
+    for (kind, v) in used.by_kind() {
         if v > 0 {
             metrics.inc(
                 "cairn_agent_tokens_total",
