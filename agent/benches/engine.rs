@@ -19,9 +19,10 @@ use cairn_agent::history::{self, Message};
 use cairn_crds::EffectivePolicy;
 use pipeline::{pipeline, window_for};
 
-/// The allocator of the `cairn-agent` binary, so the figures are the binary's.
+/// The allocator of the `cairn-agent` binary, configured as it is at start-up, so the figures
+/// are the binary's.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: cairn_agent::allocator::Allocator = mimalloc::MiMalloc;
 
 const MB: usize = 1024 * 1024;
 const SIZES: [usize; 3] = [MB, 4 * MB, 16 * MB];
@@ -119,6 +120,7 @@ fn cpu(c: &mut Criterion<ThreadCpuTime>) {
 }
 
 fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
+    cairn_agent::allocator::configure();
     let rt = runtime();
     let policy = EffectivePolicy::default();
     let sessions: Vec<(usize, Vec<Message>)> = SIZES
@@ -253,6 +255,7 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
 /// directory (the embedded default without S3: every original flushed before any marker),
 /// with the batch's flushes concurrent and one at a time.
 fn stores(c: &mut Criterion) {
+    cairn_agent::allocator::configure();
     let rt = runtime();
     let policy = EffectivePolicy::default();
     let h = core_support::session(4 * MB);

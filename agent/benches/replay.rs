@@ -10,7 +10,7 @@ use cairn_agent::replay::{Api, Held, Incoming, Item, ItemRole, Ledger, output_it
 use criterion::{Criterion, criterion_group, criterion_main};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: cairn_agent::allocator::Allocator = mimalloc::MiMalloc;
 
 fn message(role: ItemRole, text: String) -> Item {
     Item::Message {
@@ -75,6 +75,7 @@ fn conversation(bytes: usize) -> (Vec<Incoming>, Ledger) {
 }
 
 fn bench(c: &mut Criterion) {
+    cairn_agent::allocator::configure();
     let (input, ledger) = conversation(4 << 20);
     let bytes: usize = input
         .iter()

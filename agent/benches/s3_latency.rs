@@ -47,7 +47,7 @@ use cairn_tests::harness::seaweedfs::{
 use pipeline::{pipeline, window_for};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: cairn_agent::allocator::Allocator = mimalloc::MiMalloc;
 
 const MB: usize = 1024 * 1024;
 const LATENCY: Duration = Duration::from_millis(20);
@@ -101,6 +101,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn moto_bench(c: &mut Criterion) {
+    cairn_agent::allocator::configure();
     let rt = runtime();
     let server = rt.block_on(moto::Moto::start());
     let proxy = rt.block_on(faults::FaultProxy::start(
@@ -117,6 +118,7 @@ fn moto_bench(c: &mut Criterion) {
 }
 
 fn seaweedfs_bench(c: &mut Criterion) {
+    cairn_agent::allocator::configure();
     let rt = runtime();
     let dir = tempfile::tempdir().expect("tempdir");
     let server = SeaweedFs::start(dir.path(), &["cairn"], &SeaweedOptions::default())

@@ -29,9 +29,10 @@ use tokio::sync::watch;
 mod fixture;
 use fixture::history;
 
-/// The allocator of the `cairn-agent` binary, so the figures are the binary's.
+/// The allocator of the `cairn-agent` binary, configured as it is at start-up, so the figures
+/// are the binary's.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: cairn_agent::allocator::Allocator = mimalloc::MiMalloc;
 
 /// Answers immediately; with `serialize`, the request body is still built and serialized
 /// exactly as the Anthropic client does before sending (`Anthropic::body` straight to bytes,
@@ -156,6 +157,7 @@ fn session(
 }
 
 fn bench(c: &mut Criterion) {
+    cairn_agent::allocator::configure();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -23,6 +23,7 @@ pub mod replay;
 pub mod tokens;
 
 // The running agent: settings, journal, session loop, HTTP API, cluster integration.
+pub mod allocator;
 pub mod app;
 pub mod aws;
 pub mod config;

@@ -8,11 +8,9 @@ use cairn_agent::app::{self, Prompt, Source};
 use cairn_agent::telemetry;
 use clap::{Parser, Subcommand};
 
-/// Histories, archived originals and request bodies are megabytes that come and go every
-/// turn; glibc's allocator hands such memory back to the kernel and faults it in again on the
-/// next turn (a fifth of the first compaction of a 16 MB history), mimalloc keeps reusing it.
+/// mimalloc, configured by [`cairn_agent::allocator::configure`] at start-up.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: cairn_agent::allocator::Allocator = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -109,6 +107,7 @@ fn fail(e: app::AppError) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    cairn_agent::allocator::configure();
     let cli = Cli::parse();
     match cli.command {
         Command::Policy { session, policy } => match print_policy(&session, policy.as_deref()) {
