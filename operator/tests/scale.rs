@@ -86,6 +86,33 @@ fn writes(metrics: &BTreeMap<String, f64>) -> f64 {
         .sum()
 }
 
+/// The writes by method and resource between two scrapes (`cairn_operator_api_writes_total`),
+/// those that moved, as `METHOD resource:count`.
+fn writes_by_resource(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    per: f64,
+) -> String {
+    let prefix = "cairn_operator_api_writes_total{";
+    after
+        .iter()
+        .filter_map(|(key, value)| {
+            let labels = key.strip_prefix(prefix)?.strip_suffix('}')?;
+            let delta = value - before.get(key).copied().unwrap_or(0.0);
+            let label = |name: &str| {
+                labels
+                    .split(',')
+                    .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
+                    .map(|v| v.trim_end_matches('"').to_string())
+                    .unwrap_or_default()
+            };
+            (delta > 0.0)
+                .then(|| format!("{}_{}:{}", label("method"), label("resource"), delta / per))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn peak_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -205,6 +232,9 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
             .unwrap_or(0.0)
     };
     let idle_reconciles = reconciles(&after_idle) - reconciles(&at_convergence);
+    let idle_by_resource = writes_by_resource(&at_convergence, &after_idle, 1.0);
+    let created_by_resource =
+        writes_by_resource(&BTreeMap::new(), &at_convergence, sessions_wanted as f64);
 
     // A fleet of active agents: each writes its status.session at the agent's real cadence
     // (once per status interval while in use), spread over the interval. The first round
@@ -277,6 +307,8 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
          api_requests={total} per_session={:.2} get_per_session={:.2} patch_per_session={:.2} \
          post_per_session={:.2} reconciles={} idle_secs={} idle_writes={idle_writes} \
          idle_reads={idle_reads} idle_writes_by_method={} idle_reconciles={idle_reconciles} \
+         idle_writes_by_resource={idle_by_resource} \
+         writes_per_session_by_resource={created_by_resource} \
          active_agents={active} status_interval_secs={} \
          active_window_secs={measured:.1} agent_status_writes={agent_in_window} \
          operator_writes_while_active={operator_active_writes} \
@@ -310,6 +342,11 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
     }
     drop(operator);
     assert_eq!(idle_writes, 0.0, "the operator wrote while nothing changed");
+    assert!(
+        total / n <= 12.0,
+        "{:.2} API requests per session at creation (at most 12)",
+        total / n
+    );
     assert_eq!(
         operator_active_writes, 0.0,
         "the operator wrote for agents' status writes that changed nothing of its own"
