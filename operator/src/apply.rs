@@ -9,12 +9,12 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::cache::{self, Accepted, Key, Stores};
+use crate::cache::{self, Accepted, Key, Packed, Stores};
 use crate::objects::{FIELD_MANAGER, SessionObjects, TOKEN_KEY};
 
 async fn apply<K>(client: &Client, object: &K) -> Result<K, kube::Error>
@@ -42,7 +42,7 @@ where
 async fn ensure<K>(
     client: &Client,
     object: &K,
-    store: Option<&Store<K>>,
+    store: Option<&Store<Packed<K>>>,
     accepted: &Accepted,
 ) -> Result<K, kube::Error>
 where
@@ -59,14 +59,12 @@ where
         return apply(client, &stamped).await;
     };
     if let Some(cached) = cache::current(store, &stamped) {
-        return Ok(cached.as_ref().clone());
+        return Ok(cached);
     }
     let key = Key::of(&stamped);
     if accepted.pending(&key, &digest) {
         // The cache lags behind the operator's own write: the object is as built.
-        return Ok(store
-            .get(&ObjectRef::from_obj(&stamped))
-            .map_or(stamped, |c| c.as_ref().clone()));
+        return Ok(cache::cached(store, &stamped).unwrap_or(stamped));
     }
     let applied = apply(client, &stamped).await?;
     accepted.record(key, digest, applied.meta().resource_version.clone(), || {

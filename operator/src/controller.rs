@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -784,19 +784,21 @@ fn secret_scopes(watched: &BTreeSet<String>, scope: Option<&str>) -> Vec<String>
 }
 
 /// A cache of one owned kind and the watch stream that fills it (managed fields dropped:
-/// the operator never reads them, and they are most of an object's size).
+/// the operator never reads them, and they are most of an object's size; objects packed as
+/// JSON, see [`cache::Packed`]).
 fn owned_cache<K>(
     api: Api<K>,
     config: watcher::Config,
     accepted: Arc<cache::Accepted>,
 ) -> (
-    Store<K>,
-    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    Store<cache::Packed<K>>,
+    impl futures::Stream<Item = Result<cache::Packed<K>, watcher::Error>> + Send + 'static,
 )
 where
     K: Resource<DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
+        + serde::Serialize
         + std::fmt::Debug
         + Send
         + Sync
@@ -806,6 +808,7 @@ where
     let stream = watcher(api, config)
         .default_backoff()
         .modify(|o| o.managed_fields_mut().clear())
+        .map_ok(cache::pack_event)
         .reflect(writer)
         .inspect(move |event| {
             if let Ok(event) = event {
@@ -826,7 +829,8 @@ pub async fn run(
     let client = ctx.client.clone();
     let ns = namespace.as_deref();
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=cairn-operator");
-    // The sessions' own watch, as `Controller::new` builds it, plus: the event of an accepted
+    // The sessions' own watch, as `Controller::new` builds it (managed fields dropped), plus:
+    // the event of an accepted
     // status write ends what is remembered of it, and a deleted session (one without a
     // finalizer is never cleaned up) leaves the phase gauge.
     let (sessions, sessions_writer) = reflector::store::<Guarded>();
@@ -837,6 +841,7 @@ pub async fn run(
             scoped::<Guarded>(client.clone(), ns),
             watcher::Config::default().any_semantic(),
         )
+        .modify(|s| s.managed_fields_mut().clear())
         .reflect(sessions_writer)
         .inspect(move |event| {
             if let Ok(event) = event {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cairn_crds::{AgentSession, AgentSessionStatus};
 use cairn_operator::Defaults;
-use cairn_operator::cache::Stores;
+use cairn_operator::cache::{Packed, Stores, pack_event};
 use cairn_operator::controller::{self, Context, FINALIZER};
 use cairn_operator::metrics::Metrics;
 use cairn_operator::purge::S3Purger;
@@ -324,13 +324,13 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
         Duration::from_secs(3600),
     ));
     let (sessions, _sessions_writer) = synced();
-    let (service_accounts, mut sa_writer) = synced::<ServiceAccount>();
+    let (service_accounts, mut sa_writer) = synced::<Packed<ServiceAccount>>();
     let (roles, _roles_writer) = synced();
     let (role_bindings, _rb_writer) = synced();
     let (secrets, _secrets_writer) = synced();
-    let (services, mut svc_writer) = synced::<Service>();
+    let (services, mut svc_writer) = synced::<Packed<Service>>();
     let (network_policies, _np_writer) = synced();
-    let (stateful_sets, mut sts_writer) = synced::<StatefulSet>();
+    let (stateful_sets, mut sts_writer) = synced::<Packed<StatefulSet>>();
     // The cache holds an older build of the StatefulSet, its pod ready.
     let older: StatefulSet = serde_json::from_value(json!({
         "metadata": {"name": "cairn-chat", "namespace": "team-a", "resourceVersion": "7",
@@ -338,7 +338,7 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
         "status": {"replicas": 1, "readyReplicas": 1},
     }))
     .expect("sts fixture");
-    sts_writer.apply_watcher_event(&Event::Apply(older));
+    sts_writer.apply_watcher_event(&pack_event(Event::Apply(older)));
     ctx.add_stores(
         Some("team-a".into()),
         Stores {
@@ -418,14 +418,14 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
     {
         port.port = 1;
     }
-    for event in [Event::Apply(as_written), Event::Apply(edited)] {
+    for event in [Event::Apply(as_written), Event::Apply(edited)].map(pack_event) {
         svc_writer.apply_watcher_event(&event);
         ctx.accepted.observe(&event);
     }
     let mut account: ServiceAccount =
         serde_json::from_value(applied("/serviceaccounts/")).expect("sa body");
     account.metadata.resource_version = Some(STORED_VERSION.into());
-    let deleted = Event::Delete(account);
+    let deleted = pack_event(Event::Delete(account));
     sa_writer.apply_watcher_event(&deleted);
     ctx.accepted.observe(&deleted);
 
