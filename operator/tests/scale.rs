@@ -6,10 +6,14 @@
 //! `KUBECONFIG` points at (the local control plane with kwok), scoped to a fresh namespace:
 //!
 //! ```text
-//! cargo run -p cairn-tests --bin cairn-harness -- up --env-file /tmp/cairn.env --crds &
+//! cargo run -p cairn-tests --bin cairn-harness -- up --env-file /tmp/cairn.env --crds --no-pods &
 //! set -a; . /tmp/cairn.env; set +a
 //! cargo test -p cairn-operator --release --test scale -- --ignored --nocapture
 //! ```
+//!
+//! `--no-pods`: kwok marks the pods Running and nothing runs them; with the harness's pod
+//! runtime every pod would start a real agent, whose first status report the operator answers
+//! (a PolicySupported condition appears), which is not what this test measures.
 //!
 //! `CAIRN_SCALE_SESSIONS` (default 1000) sets the number of sessions, `CAIRN_SCALE_IDLE_SECS`
 //! (default 60) the idle window. Then `CAIRN_SCALE_ACTIVE` (default 1000) simulated agents
