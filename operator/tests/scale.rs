@@ -19,8 +19,9 @@
 //! (default 60) the idle window. Then `CAIRN_SCALE_ACTIVE` (default 1000) simulated agents
 //! write their `status.session` at the agent's cadence (`CAIRN_SCALE_STATUS_INTERVAL_SECS`,
 //! default the agent's 30 s) for `CAIRN_SCALE_ACTIVE_SECS` (default 60) after their first
-//! round, and the status writes per second (theirs and the operator's) are measured. Results
-//! are printed as one line of `key=value` pairs.
+//! round and the operator's answers to it (PolicySupported on every session), and the status
+//! writes per second (theirs and the operator's) are measured. Results are printed as one
+//! line of `key=value` pairs.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -287,6 +288,29 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
         })
         .collect();
     tokio::time::sleep(interval.saturating_sub(fleet_started.elapsed())).await;
+    // The operator's answers to the first round (each adds PolicySupported) are done before
+    // the steady state is measured.
+    let answered = Instant::now() + Duration::from_secs(600);
+    loop {
+        let list = api.list(&ListParams::default()).await.expect("list");
+        let supported = list
+            .items
+            .iter()
+            .filter(|s| {
+                s.status
+                    .as_ref()
+                    .is_some_and(|st| st.conditions.iter().any(|c| c.type_ == "PolicySupported"))
+            })
+            .count() as u64;
+        if supported >= active {
+            break;
+        }
+        assert!(
+            Instant::now() < answered,
+            "only {supported}/{active} sessions show PolicySupported after 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     let window_start = scrape(port).await;
     let agent_start = agent_writes.load(Ordering::Relaxed);
     let measured = Instant::now();
