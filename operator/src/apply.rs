@@ -14,7 +14,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::cache::{self, Stores};
+use crate::cache::{self, Accepted, Key, Packed, Stores};
 use crate::objects::{FIELD_MANAGER, SessionObjects, TOKEN_KEY};
 
 async fn apply<K>(client: &Client, object: &K) -> Result<K, kube::Error>
@@ -36,9 +36,15 @@ where
     .await
 }
 
-/// Applies `object` (stamped with its digest) unless the cached copy is current; returns
-/// the object as the API server has it.
-async fn ensure<K>(client: &Client, object: &K, store: Option<&Store<K>>) -> Result<K, kube::Error>
+/// Applies `object` (stamped with its digest) unless the cached copy is current or the
+/// operator's own accepted write of it has not reached the cache yet; returns the object as
+/// the API server has it (as far as the operator knows).
+async fn ensure<K>(
+    client: &Client,
+    object: &K,
+    store: Option<&Store<Packed<K>>>,
+    accepted: &Accepted,
+) -> Result<K, kube::Error>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Serialize
@@ -48,11 +54,23 @@ where
         + 'static,
 {
     let digest = cache::digest(&serde_json::to_value(object).unwrap_or_default());
-    let stamped = cache::stamped(object, digest);
-    if let Some(cached) = store.and_then(|s| cache::current(s, &stamped)) {
-        return Ok(cached.as_ref().clone());
+    let stamped = cache::stamped(object, digest.clone());
+    let Some(store) = store else {
+        return apply(client, &stamped).await;
+    };
+    if let Some(cached) = cache::current(store, &stamped) {
+        return Ok(cached);
     }
-    apply(client, &stamped).await
+    let key = Key::of(&stamped);
+    if accepted.pending(&key, &digest) {
+        // The cache lags behind the operator's own write: the object is as built.
+        return Ok(cache::cached(store, &stamped).unwrap_or(stamped));
+    }
+    let applied = apply(client, &stamped).await?;
+    accepted.record(key, digest, applied.meta().resource_version.clone(), || {
+        cache::cached_version(store, &stamped)
+    });
+    Ok(applied)
 }
 
 /// What to do with the session's token Secret, decided before its token is read.
@@ -69,13 +87,17 @@ pub enum TokenSecret {
 }
 
 impl TokenSecret {
-    /// The plan for `secret` (as built, not stamped) given the caches, if any.
-    pub fn plan(secret: &Secret, stores: Option<&Stores>) -> Self {
+    /// The plan for `secret` (as built, not stamped) given the caches, if any, and the
+    /// writes the API server accepted.
+    pub fn plan(secret: &Secret, stores: Option<&Stores>, accepted: &Accepted) -> Self {
         let Some(stores) = stores else {
             return Self::Apply;
         };
-        let stamped = cache::stamped(secret, cache::secret_digest(secret));
-        if cache::secret_current(&stores.secrets, &stamped) {
+        let digest = cache::secret_digest(secret);
+        let stamped = cache::stamped(secret, digest.clone());
+        if cache::secret_current(&stores.secrets, &stamped)
+            || accepted.pending(&Key::of(&stamped), &digest)
+        {
             Self::Current
         } else if cache::secret_cached(
             &stores.secrets,
@@ -98,37 +120,53 @@ async fn ensure_token_secret(
     client: &Client,
     secret: &Secret,
     plan: TokenSecret,
+    stores: Option<&Stores>,
+    accepted: &Accepted,
 ) -> Result<(), kube::Error> {
-    let stamped = cache::stamped(secret, cache::secret_digest(secret));
-    match plan {
-        TokenSecret::Current => Ok(()),
-        TokenSecret::Apply => apply(client, &stamped).await.map(|_| ()),
-        TokenSecret::Create => {
-            let api: Api<Secret> =
-                Api::namespaced(client.clone(), &stamped.namespace().unwrap_or_default());
-            let params = PostParams {
-                field_manager: Some(FIELD_MANAGER.into()),
-                ..PostParams::default()
-            };
-            match api.create(&params, &stamped).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    // Created meanwhile (or the cache lags): keep the token it holds.
-                    let mut kept = stamped.clone();
-                    if let Some(token) = api
-                        .get_opt(&stamped.name_any())
-                        .await?
-                        .and_then(|s| s.data)
-                        .and_then(|d| d.get(TOKEN_KEY).cloned())
-                        .filter(|t| !t.0.is_empty())
-                    {
-                        kept.data = Some([(TOKEN_KEY.to_string(), token)].into());
-                    }
-                    apply(client, &kept).await.map(|_| ())
-                }
-                Err(e) => Err(e),
+    let digest = cache::secret_digest(secret);
+    let stamped = cache::stamped(secret, digest.clone());
+    let written = match plan {
+        TokenSecret::Current => return Ok(()),
+        TokenSecret::Apply => apply(client, &stamped).await?,
+        TokenSecret::Create => create_token_secret(client, &stamped).await?,
+    };
+    if let Some(stores) = stores {
+        let (namespace, name) = (stamped.namespace().unwrap_or_default(), stamped.name_any());
+        accepted.record(
+            Key::of(&stamped),
+            digest,
+            written.metadata.resource_version.clone(),
+            || cache::secret_version(&stores.secrets, &namespace, &name),
+        );
+    }
+    Ok(())
+}
+
+/// Creates the token Secret; if it exists after all, applies it with the token it holds.
+async fn create_token_secret(client: &Client, stamped: &Secret) -> Result<Secret, kube::Error> {
+    let api: Api<Secret> =
+        Api::namespaced(client.clone(), &stamped.namespace().unwrap_or_default());
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    match api.create(&params, stamped).await {
+        Ok(created) => Ok(created),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            // Created meanwhile (or the cache lags): keep the token it holds.
+            let mut kept = stamped.clone();
+            if let Some(token) = api
+                .get_opt(&stamped.name_any())
+                .await?
+                .and_then(|s| s.data)
+                .and_then(|d| d.get(TOKEN_KEY).cloned())
+                .filter(|t| !t.0.is_empty())
+            {
+                kept.data = Some([(TOKEN_KEY.to_string(), token)].into());
             }
+            apply(client, &kept).await
         }
+        Err(e) => Err(e),
     }
 }
 
@@ -139,32 +177,43 @@ pub async fn apply_all(
     objects: &SessionObjects,
     stores: Option<&Stores>,
     token: TokenSecret,
+    accepted: &Accepted,
 ) -> Result<StatefulSet, kube::Error> {
     ensure(
         client,
         &objects.service_account,
         stores.map(|s| &s.service_accounts),
+        accepted,
     )
     .await?;
-    ensure(client, &objects.role, stores.map(|s| &s.roles)).await?;
+    ensure(client, &objects.role, stores.map(|s| &s.roles), accepted).await?;
     ensure(
         client,
         &objects.role_binding,
         stores.map(|s| &s.role_bindings),
+        accepted,
     )
     .await?;
-    ensure_token_secret(client, &objects.token_secret, token).await?;
-    ensure(client, &objects.service, stores.map(|s| &s.services)).await?;
+    ensure_token_secret(client, &objects.token_secret, token, stores, accepted).await?;
+    ensure(
+        client,
+        &objects.service,
+        stores.map(|s| &s.services),
+        accepted,
+    )
+    .await?;
     ensure(
         client,
         &objects.network_policy,
         stores.map(|s| &s.network_policies),
+        accepted,
     )
     .await?;
     ensure(
         client,
         &objects.stateful_set,
         stores.map(|s| &s.stateful_sets),
+        accepted,
     )
     .await
 }

@@ -7,17 +7,30 @@
 //! the operator sets still has the built value (nobody edited one of them). Only then is the
 //! apply skipped; in any doubt (a cache not synced yet, a value the API server normalised) the
 //! object is applied, which the API server turns into a no-op.
+//!
+//! The watches lag behind the API server (by seconds on a loaded control plane), so a reconcile
+//! can find a cached copy older than what the operator itself wrote a moment ago. [`Accepted`]
+//! remembers, per object, the digest and resourceVersion of each write the API server accepted
+//! until the watch delivers that version: an outdated cached copy of an object the operator
+//! already brought up to date is no reason to send it again. A deleted object (its Delete
+//! event) or any change after the operator's write (which the watch delivers after the write
+//! itself) is judged on the cache as before, so deletions and drift are still repaired.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
+use cairn_crds::AgentSession;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Resource;
-use kube::core::PartialObjectMeta;
+use kube::core::{DeserializeGuard, ObjectMeta, PartialObjectMeta};
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -28,17 +41,257 @@ pub const APPLIED_ANNOTATION: &str = "cairn.dev/applied";
 /// How long a reconcile waits for the caches' first list before it applies without them.
 pub const READY_WAIT: Duration = Duration::from_secs(30);
 
+/// How long an accepted write the watch has not delivered stands in for the cached copy. A
+/// safety net: the watch delivers a write within seconds, and where no watch runs (the token
+/// Secrets without list/watch RBAC) the object is looked at again after this long.
+pub const ACCEPTED_TTL: Duration = Duration::from_secs(300);
+
+/// Identifies one object the operator writes: its kind (`AgentSession` stands for the
+/// session's status), namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn of<K: Resource<DynamicType = ()>>(object: &K) -> Self {
+        let meta = object.meta();
+        Self {
+            kind: K::kind(&()).into_owned(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    digest: String,
+    resource_version: String,
+    at: Instant,
+}
+
+/// Writes the API server accepted and the watches have not delivered yet (see the module
+/// docs). Entries are few: one per write in flight between the API server and the cache.
+#[derive(Debug, Default)]
+pub struct Accepted {
+    entries: Mutex<HashMap<Key, Entry>>,
+}
+
+impl Accepted {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that the API server accepted `digest` for `key` as `resource_version`, unless
+    /// the cache already holds that version (`cached_version`, read under the same lock as
+    /// [`Accepted::observe`] so a watch event cannot slip in between).
+    pub fn record(
+        &self,
+        key: Key,
+        digest: String,
+        resource_version: Option<String>,
+        cached_version: impl FnOnce() -> Option<String>,
+    ) {
+        let mut entries = self.entries();
+        let Some(resource_version) = resource_version.filter(|v| !v.is_empty()) else {
+            entries.remove(&key);
+            return;
+        };
+        if cached_version().as_deref() == Some(resource_version.as_str()) {
+            entries.remove(&key);
+            return;
+        }
+        if entries.len() >= 1024 {
+            entries.retain(|_, e| e.at.elapsed() < ACCEPTED_TTL);
+        }
+        entries.insert(
+            key,
+            Entry {
+                digest,
+                resource_version,
+                at: Instant::now(),
+            },
+        );
+    }
+
+    /// Whether the operator's last accepted write of `key` was `digest` and the watch has not
+    /// delivered it yet: the object is as built, whatever the (outdated) cache says.
+    pub fn pending(&self, key: &Key, digest: &str) -> bool {
+        let mut entries = self.entries();
+        match entries.get(key) {
+            Some(e) if e.at.elapsed() >= ACCEPTED_TTL => {
+                entries.remove(key);
+                false
+            }
+            Some(e) => e.digest == digest,
+            None => false,
+        }
+    }
+
+    /// Follows a watch of one kind (called after the event reached the store): the event of
+    /// an accepted write, a deletion, or a fresh list ends what is remembered of the object
+    /// (of the kind), and the cache speaks for it again.
+    pub fn observe<K: Resource<DynamicType = ()>>(&self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+                let key = Key::of(o);
+                let mut entries = self.entries();
+                if entries.get(&key).is_some_and(|e| {
+                    o.meta().resource_version.as_deref() == Some(&e.resource_version)
+                }) {
+                    entries.remove(&key);
+                }
+            }
+            watcher::Event::Delete(o) => {
+                self.entries().remove(&Key::of(o));
+            }
+            watcher::Event::InitDone => {
+                // The list may have skipped the version of a remembered write (a relist after
+                // a desync): its cache is complete and current, so it decides again.
+                let kind = K::kind(&());
+                self.entries().retain(|k, _| k.kind != kind);
+            }
+            watcher::Event::Init => {}
+        }
+    }
+
+    /// Forgets what is remembered of `key` (its object is gone).
+    pub fn forget(&self, key: &Key) {
+        self.entries().remove(key);
+    }
+
+    /// Writes remembered now (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The resourceVersion of the cached copy of `object`, if any.
+pub fn cached_version<K>(store: &Store<Packed<K>>, object: &K) -> Option<String>
+where
+    K: Resource<DynamicType = ()> + 'static,
+{
+    store
+        .get(&packed_ref(object))
+        .and_then(|c| c.meta().resource_version.clone())
+}
+
 /// The stores of one controller (one watched scope).
 #[derive(Clone)]
 pub struct Stores {
-    pub service_accounts: Store<ServiceAccount>,
-    pub roles: Store<Role>,
-    pub role_bindings: Store<RoleBinding>,
+    /// The controller's own store of the sessions.
+    pub sessions: Store<DeserializeGuard<AgentSession>>,
+    pub service_accounts: Store<Packed<ServiceAccount>>,
+    pub roles: Store<Packed<Role>>,
+    pub role_bindings: Store<Packed<RoleBinding>>,
     /// Metadata only: the operator never caches a Secret's values.
     pub secrets: Store<PartialObjectMeta<Secret>>,
-    pub services: Store<Service>,
-    pub network_policies: Store<NetworkPolicy>,
-    pub stateful_sets: Store<StatefulSet>,
+    pub services: Store<Packed<Service>>,
+    pub network_policies: Store<Packed<NetworkPolicy>>,
+    pub stateful_sets: Store<Packed<StatefulSet>>,
+}
+
+/// A cached object kept as its JSON text, with the few metadata fields a store and the
+/// owner triggers read (name, namespace, uid, resourceVersion, owner references). A
+/// k8s-openapi struct takes five to seven times the memory of its JSON (a session's
+/// StatefulSet about 20 KiB against 3 KiB): at 10,000 sessions that is the operator's memory.
+#[derive(Debug)]
+pub struct Packed<K> {
+    metadata: ObjectMeta,
+    json: Box<str>,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for Packed<K> {
+    fn clone(&self) -> Self {
+        Self {
+            metadata: self.metadata.clone(),
+            json: self.json.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Serialize> Packed<K> {
+    /// Packs `object` (its managed fields are best dropped first).
+    pub fn pack(object: &K) -> Self {
+        let meta = object.meta();
+        Self {
+            metadata: ObjectMeta {
+                name: meta.name.clone(),
+                namespace: meta.namespace.clone(),
+                uid: meta.uid.clone(),
+                resource_version: meta.resource_version.clone(),
+                owner_references: meta.owner_references.clone(),
+                ..ObjectMeta::default()
+            },
+            json: serde_json::to_string(object).unwrap_or_default().into(),
+            kind: PhantomData,
+        }
+    }
+
+    /// The object as JSON.
+    pub fn value(&self) -> Option<Value> {
+        serde_json::from_str(&self.json).ok()
+    }
+
+    /// The object itself.
+    pub fn unpack(&self) -> Option<K>
+    where
+        K: serde::de::DeserializeOwned,
+    {
+        serde_json::from_str(&self.json).ok()
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Resource for Packed<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// `event` with its objects packed.
+pub fn pack_event<K: Resource<DynamicType = ()> + Serialize>(
+    event: watcher::Event<K>,
+) -> watcher::Event<Packed<K>> {
+    match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(Packed::pack(&o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(Packed::pack(&o)),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(Packed::pack(&o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+fn packed_ref<K: Resource<DynamicType = ()>>(object: &K) -> ObjectRef<Packed<K>> {
+    let meta = object.meta();
+    ObjectRef::new(meta.name.as_deref().unwrap_or_default())
+        .within(meta.namespace.as_deref().unwrap_or_default())
 }
 
 impl Stores {
@@ -94,15 +347,26 @@ pub fn covers(desired: &Value, actual: Option<&Value>) -> bool {
     }
 }
 
-/// Whether the cached copy of `stamped` (an object stamped with its digest) is current.
-pub fn current<K>(store: &Store<K>, stamped: &K) -> Option<Arc<K>>
+/// The cached copy of `stamped` (an object stamped with its digest), if it is current.
+pub fn current<K>(store: &Store<Packed<K>>, stamped: &K) -> Option<K>
 where
-    K: Resource<DynamicType = ()> + Clone + Serialize + 'static,
+    K: Resource<DynamicType = ()> + Clone + Serialize + serde::de::DeserializeOwned + 'static,
 {
-    let cached = store.get(&ObjectRef::from_obj(stamped))?;
+    let cached = store.get(&packed_ref(stamped))?;
     let desired = serde_json::to_value(stamped).ok()?;
-    let actual = serde_json::to_value(cached.as_ref()).ok()?;
-    covers(&desired, Some(&actual)).then_some(cached)
+    let actual = cached.value()?;
+    if !covers(&desired, Some(&actual)) {
+        return None;
+    }
+    serde_json::from_value(actual).ok()
+}
+
+/// The cached copy of `object`, current or not.
+pub fn cached<K>(store: &Store<Packed<K>>, object: &K) -> Option<K>
+where
+    K: Resource<DynamicType = ()> + Serialize + serde::de::DeserializeOwned + 'static,
+{
+    store.get(&packed_ref(object))?.unpack()
 }
 
 /// The token Secret's digest covers its metadata and type, never its value: the token is
@@ -132,6 +396,17 @@ pub fn secret_current(store: &Store<PartialObjectMeta<Secret>>, stamped: &Secret
     }
 }
 
+/// The resourceVersion of the cached metadata of the Secret `namespace`/`name`, if any.
+pub fn secret_version(
+    store: &Store<PartialObjectMeta<Secret>>,
+    namespace: &str,
+    name: &str,
+) -> Option<String> {
+    store
+        .get(&ObjectRef::<PartialObjectMeta<Secret>>::new(name).within(namespace))
+        .and_then(|c| c.metadata.resource_version.clone())
+}
+
 /// Whether the store holds the Secret at all.
 pub fn secret_cached(
     store: &Store<PartialObjectMeta<Secret>>,
@@ -158,6 +433,45 @@ mod tests {
         let extra_port = json!({"spec": {"replicas": 1, "ports": [{"port": 8080}, {"port": 1}]}});
         assert!(!covers(&desired, Some(&extra_port)));
         assert!(!covers(&json!({"a": "x"}), Some(&json!({}))));
+    }
+
+    fn account(version: &str) -> ServiceAccount {
+        serde_json::from_value(json!({
+            "metadata": {"name": "cairn-a", "namespace": "ns", "resourceVersion": version},
+        }))
+        .expect("fixture")
+    }
+
+    #[test]
+    fn an_accepted_write_stands_until_the_watch_delivers_it() {
+        let accepted = Accepted::default();
+        let key = Key::of(&account("1"));
+        accepted.record(key.clone(), "d1".into(), Some("5".into()), || {
+            Some("3".into())
+        });
+        assert!(accepted.pending(&key, "d1"));
+        assert!(!accepted.pending(&key, "d2"), "another build is sent");
+        // An older event (the lag) changes nothing; the write's own event ends it.
+        accepted.observe(&watcher::Event::Apply(account("4")));
+        assert!(accepted.pending(&key, "d1"));
+        accepted.observe(&watcher::Event::Apply(account("5")));
+        assert!(!accepted.pending(&key, "d1"));
+
+        // A deletion and a relist end it too.
+        accepted.record(key.clone(), "d1".into(), Some("6".into()), || None);
+        accepted.observe(&watcher::Event::Delete(account("5")));
+        assert!(!accepted.pending(&key, "d1"));
+        accepted.record(key.clone(), "d1".into(), Some("7".into()), || None);
+        accepted.observe(&watcher::Event::<Role>::InitDone);
+        assert!(accepted.pending(&key, "d1"), "another kind's relist");
+        accepted.observe(&watcher::Event::<ServiceAccount>::InitDone);
+        assert!(!accepted.pending(&key, "d1"));
+
+        // A write the cache already holds (a no-op apply) is not remembered.
+        accepted.record(key.clone(), "d1".into(), Some("7".into()), || {
+            Some("7".into())
+        });
+        assert!(accepted.is_empty());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -65,10 +65,12 @@ pub struct Context {
     pub secret_wait: Duration,
     /// The owned-object caches of each running controller, by scope (a namespace, or all).
     caches: std::sync::RwLock<Vec<(Option<String>, cache::Stores)>>,
-    /// Per session, the digest of the operator's part of the status it last wrote (transition
-    /// times left out): a reconcile that sees an object older than its own last write (the
-    /// watch lags under load) does not write the same status, nor its Events, again.
-    written: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// The writes the API server accepted that the watches have not delivered yet: owned
+    /// objects, and per session the digest of the operator's part of the status (transition
+    /// times left out). A reconcile that sees an object older than the operator's own last
+    /// write (the watch lags under load) does not send the same object, or status and its
+    /// Events, again.
+    pub accepted: Arc<cache::Accepted>,
 }
 
 impl Context {
@@ -94,38 +96,33 @@ impl Context {
             secret_watch: BTreeSet::new(),
             secret_wait: Duration::from_secs(crate::config::DEFAULT_SECRET_WAIT_REQUEUE_SECONDS),
             caches: std::sync::RwLock::new(Vec::new()),
-            written: std::sync::Mutex::new(std::collections::HashMap::new()),
+            accepted: Arc::new(cache::Accepted::default()),
         }
     }
 
-    /// Whether `digest` is what the operator last wrote for `key`.
-    fn already_written(&self, key: &str, digest: &str) -> bool {
-        let Ok(written) = self.written.lock() else {
-            return false;
-        };
-        written.get(key).is_some_and(|d| d == digest)
-    }
-
-    fn record_written(&self, key: &str, digest: Option<String>) {
-        if let Ok(mut written) = self.written.lock() {
-            match digest {
-                Some(d) => written.insert(key.to_string(), d),
-                None => written.remove(key),
-            };
+    /// Registers the caches of a controller for `scope` (a namespace, or all); done by
+    /// [`run`], and by tests that drive [`reconcile`] with stores of their own.
+    pub fn add_stores(&self, scope: Option<String>, stores: cache::Stores) {
+        if let Ok(mut caches) = self.caches.write() {
+            caches.push((scope, stores));
         }
     }
 
     /// The caches of the controller that watches `namespace`, once they are synced; `None`
     /// (apply everything) without a running controller or before the first list arrived.
     async fn stores_for(&self, namespace: &str) -> Option<cache::Stores> {
-        let stores = self
-            .caches
+        let stores = self.scope_stores(namespace)?;
+        stores.ready(cache::READY_WAIT).await.then_some(stores)
+    }
+
+    /// The caches of the controller that watches `namespace`, synced or not.
+    fn scope_stores(&self, namespace: &str) -> Option<cache::Stores> {
+        self.caches
             .read()
             .ok()?
             .iter()
             .find(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace))
-            .map(|(_, s)| s.clone())?;
-        stores.ready(cache::READY_WAIT).await.then_some(stores)
+            .map(|(_, s)| s.clone())
     }
 
     /// Watches Secret metadata in `namespaces` (none by default) and re-checks a session
@@ -278,6 +275,15 @@ async fn reconcile_session(session: Arc<AgentSession>, ctx: &Context) -> Result<
             .ok_or(Error::Invalid(validate::ValidationError::NotStored(
                 "namespace",
             )))?;
+    let ours = session.finalizers().iter().any(|f| f == FINALIZER);
+    if !ours && !needs_finalizer(&session, &ctx.defaults) {
+        // Nothing to purge when it goes: no finalizer (one write less per session, and a
+        // deletion that does not wait for the operator).
+        if session.metadata.deletion_timestamp.is_some() {
+            return Ok(Action::await_change());
+        }
+        return apply_session(session, ctx).await;
+    }
     let api: Api<AgentSession> = Api::namespaced(ctx.client.clone(), &namespace);
     finalizer(&api, FINALIZER, session, |event| async {
         match event {
@@ -287,6 +293,14 @@ async fn reconcile_session(session: Arc<AgentSession>, ctx: &Context) -> Result<
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Whether deleting `session` has anything to do: purge (or deliberately keep) an archive in
+/// a bucket, or report an archive setting that cannot be read. Without a bucket the archive
+/// and journal live on the pod's volume and go with it.
+pub fn needs_finalizer(session: &AgentSession, defaults: &Defaults) -> bool {
+    validate::archive_plan(session.spec.archive.as_ref(), defaults)
+        .map_or(true, |a| a.bucket.is_some())
 }
 
 fn archive_state(archive: &ArchivePlan, namespace: &str, name: &str) -> Result<String, Problem> {
@@ -366,6 +380,7 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                         let token = apply::TokenSecret::plan(
                             &objects::token_secret(&plan, &objects::ApiToken::generate()),
                             stores.as_ref(),
+                            &ctx.accepted,
                         );
                         match dereference::build_inputs(&ctx.client, &plan, token.reads_token())
                             .await
@@ -378,9 +393,14 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                             Err(e) => return Err(e),
                             Ok(inputs) => {
                                 let built = objects::build(&plan, &inputs);
-                                let sts =
-                                    apply::apply_all(&ctx.client, &built, stores.as_ref(), token)
-                                        .await?;
+                                let sts = apply::apply_all(
+                                    &ctx.client,
+                                    &built,
+                                    stores.as_ref(),
+                                    token,
+                                    &ctx.accepted,
+                                )
+                                .await?;
                                 obs.ready_replicas =
                                     Some(sts.status.and_then(|s| s.ready_replicas).unwrap_or(0));
                                 // The idle deadline, a moment after it so that it has passed.
@@ -508,13 +528,21 @@ async fn write_status(session: &AgentSession, obs: &Observed, ctx: &Context) -> 
     if prev.map(status::operator_part) == Some(status::operator_part(&next)) {
         return Ok(());
     }
-    let key = key_of(&session.metadata);
+    let key = cache::Key::of(session);
     let digest = written_digest(&next);
-    if ctx.already_written(&key, &digest) {
+    if ctx.accepted.pending(&key, &digest) {
         return Ok(());
     }
-    patch_status(session, &next, ctx).await?;
-    ctx.record_written(&key, Some(digest));
+    let written = patch_status(session, &next, ctx).await?;
+    let sessions = ctx
+        .scope_stores(&key.namespace)
+        .map(|stores| stores.sessions);
+    ctx.accepted.record(key.clone(), digest, written, || {
+        sessions.and_then(|s| {
+            s.get(&ObjectRef::<Guarded>::new(&key.name).within(&key.namespace))
+                .and_then(|g| g.meta().resource_version.clone())
+        })
+    });
     let reference = session_reference(&session.metadata);
     for t in status::transitions(prev, &next) {
         ctx.publish(&reference, t.warning, &t.reason, t.note).await;
@@ -532,11 +560,12 @@ fn written_digest(status: &AgentSessionStatus) -> String {
     cache::digest(&serde_json::to_value(&part).unwrap_or_default())
 }
 
+/// Writes the operator's part of the status; returns the resourceVersion it was stored as.
 async fn patch_status(
     session: &AgentSession,
     next: &AgentSessionStatus,
     ctx: &Context,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let api: Api<AgentSession> = Api::namespaced(
         ctx.client.clone(),
         session.namespace().as_deref().unwrap_or_default(),
@@ -547,13 +576,14 @@ async fn patch_status(
         "kind": AgentSession::kind(&()),
         "status": status::operator_part(next),
     });
-    api.patch_status(
-        &session.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
-    Ok(())
+    let written = api
+        .patch_status(
+            &session.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    Ok(written.metadata.resource_version)
 }
 
 fn now() -> Time {
@@ -568,7 +598,7 @@ async fn cleanup_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Ac
     let namespace = session.namespace().unwrap_or_default();
     let reference = session_reference(&session.metadata);
     ctx.metrics.set_phase(&key_of(&session.metadata), None);
-    ctx.record_written(&key_of(&session.metadata), None);
+    ctx.accepted.forget(&cache::Key::of(session.as_ref()));
 
     let archive = match validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults) {
         Ok(a) => a,
@@ -754,18 +784,21 @@ fn secret_scopes(watched: &BTreeSet<String>, scope: Option<&str>) -> Vec<String>
 }
 
 /// A cache of one owned kind and the watch stream that fills it (managed fields dropped:
-/// the operator never reads them, and they are most of an object's size).
+/// the operator never reads them, and they are most of an object's size; objects packed as
+/// JSON, see [`cache::Packed`]).
 fn owned_cache<K>(
     api: Api<K>,
     config: watcher::Config,
+    accepted: Arc<cache::Accepted>,
 ) -> (
-    Store<K>,
-    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    Store<cache::Packed<K>>,
+    impl futures::Stream<Item = Result<cache::Packed<K>, watcher::Error>> + Send + 'static,
 )
 where
     K: Resource<DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
+        + serde::Serialize
         + std::fmt::Debug
         + Send
         + Sync
@@ -775,7 +808,13 @@ where
     let stream = watcher(api, config)
         .default_backoff()
         .modify(|o| o.managed_fields_mut().clear())
+        .map_ok(cache::pack_event)
         .reflect(writer)
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                accepted.observe(event);
+            }
+        })
         .touched_objects();
     (reader, stream)
 }
@@ -790,21 +829,65 @@ pub async fn run(
     let client = ctx.client.clone();
     let ns = namespace.as_deref();
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=cairn-operator");
-    let sessions: Api<Guarded> = scoped(client.clone(), ns);
-    let controller = Controller::new(sessions, watcher::Config::default().any_semantic());
+    // The sessions' own watch, as `Controller::new` builds it (managed fields dropped), plus:
+    // the event of an accepted
+    // status write ends what is remembered of it, and a deleted session (one without a
+    // finalizer is never cleaned up) leaves the phase gauge.
+    let (sessions, sessions_writer) = reflector::store::<Guarded>();
+    let session_stream = {
+        let accepted = ctx.accepted.clone();
+        let metrics = ctx.metrics.clone();
+        watcher(
+            scoped::<Guarded>(client.clone(), ns),
+            watcher::Config::default().any_semantic(),
+        )
+        .modify(|s| s.managed_fields_mut().clear())
+        .reflect(sessions_writer)
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                accepted.observe(event);
+                if let watcher::Event::Delete(session) = event {
+                    metrics.set_phase(&key_of(session.meta()), None);
+                }
+            }
+        })
+        .applied_objects()
+    };
+    let controller = Controller::for_stream(session_stream, sessions.clone());
     let policy_store = controller.store();
     // Each owned kind is watched once: the watch both triggers the owner's reconcile and
     // fills the cache that lets a reconcile skip what is current.
-    let (stateful_sets, sts_stream) =
-        owned_cache(scoped::<StatefulSet>(client.clone(), ns), owned.clone());
-    let (services, svc_stream) = owned_cache(scoped::<Service>(client.clone(), ns), owned.clone());
-    let (service_accounts, sa_stream) =
-        owned_cache(scoped::<ServiceAccount>(client.clone(), ns), owned.clone());
-    let (roles, role_stream) = owned_cache(scoped::<Role>(client.clone(), ns), owned.clone());
-    let (role_bindings, rb_stream) =
-        owned_cache(scoped::<RoleBinding>(client.clone(), ns), owned.clone());
-    let (network_policies, np_stream) =
-        owned_cache(scoped::<NetworkPolicy>(client.clone(), ns), owned.clone());
+    let accepted = &ctx.accepted;
+    let (stateful_sets, sts_stream) = owned_cache(
+        scoped::<StatefulSet>(client.clone(), ns),
+        owned.clone(),
+        accepted.clone(),
+    );
+    let (services, svc_stream) = owned_cache(
+        scoped::<Service>(client.clone(), ns),
+        owned.clone(),
+        accepted.clone(),
+    );
+    let (service_accounts, sa_stream) = owned_cache(
+        scoped::<ServiceAccount>(client.clone(), ns),
+        owned.clone(),
+        accepted.clone(),
+    );
+    let (roles, role_stream) = owned_cache(
+        scoped::<Role>(client.clone(), ns),
+        owned.clone(),
+        accepted.clone(),
+    );
+    let (role_bindings, rb_stream) = owned_cache(
+        scoped::<RoleBinding>(client.clone(), ns),
+        owned.clone(),
+        accepted.clone(),
+    );
+    let (network_policies, np_stream) = owned_cache(
+        scoped::<NetworkPolicy>(client.clone(), ns),
+        owned.clone(),
+        accepted.clone(),
+    );
     // The operator's own Secrets (the token Secrets): metadata only.
     let (secrets_writer, secrets) = {
         let (reader, writer) = reflector::store();
@@ -817,21 +900,28 @@ pub async fn run(
     .default_backoff()
     .modify(|s| s.managed_fields_mut().clear())
     .reflect(secrets_writer)
+    .inspect({
+        let accepted = accepted.clone();
+        move |event| {
+            if let Ok(event) = event {
+                accepted.observe(event);
+            }
+        }
+    })
     .touched_objects();
-    if let Ok(mut caches) = ctx.caches.write() {
-        caches.push((
-            namespace.clone(),
-            cache::Stores {
-                service_accounts,
-                roles,
-                role_bindings,
-                secrets,
-                services,
-                network_policies,
-                stateful_sets,
-            },
-        ));
-    }
+    ctx.add_stores(
+        namespace.clone(),
+        cache::Stores {
+            sessions,
+            service_accounts,
+            roles,
+            role_bindings,
+            secrets,
+            services,
+            network_policies,
+            stateful_sets,
+        },
+    );
     let mut controller = controller
         .owns_stream(sts_stream)
         .owns_stream(svc_stream)

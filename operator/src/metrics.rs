@@ -31,11 +31,20 @@ pub struct RequestLabels {
     pub method: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// HTTP method: POST, PUT, PATCH, DELETE.
+    pub method: String,
+    /// The resource written, with its subresource: `statefulsets`, `agentsessions/status`.
+    pub resource: String,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     pub registry: Registry,
     reconciles: Family<ResultLabels, Counter>,
     api_requests: Family<RequestLabels, Counter>,
+    api_writes: Family<WriteLabels, Counter>,
     duration: Histogram,
     sessions: Family<PhaseLabels, Gauge>,
     phases: Mutex<HashMap<String, Phase>>,
@@ -53,6 +62,12 @@ impl Default for Metrics {
             "api_requests",
             "Requests sent to the Kubernetes API by HTTP method",
             api_requests.clone(),
+        );
+        let api_writes = Family::<WriteLabels, Counter>::default();
+        registry.register(
+            "api_writes",
+            "Writes sent to the Kubernetes API by HTTP method and resource",
+            api_writes.clone(),
         );
         registry.register(
             "reconciles",
@@ -86,6 +101,7 @@ impl Default for Metrics {
             registry,
             reconciles,
             api_requests,
+            api_writes,
             duration,
             sessions,
             phases: Mutex::new(HashMap::new()),
@@ -110,6 +126,26 @@ impl Metrics {
                 method: method.as_str().to_string(),
             })
             .inc();
+    }
+
+    /// Counts one write (any method but GET) to `resource`.
+    pub fn api_write(&self, method: &http::Method, resource: &str) {
+        self.api_writes
+            .get_or_create(&WriteLabels {
+                method: method.as_str().to_string(),
+                resource: resource.to_string(),
+            })
+            .inc();
+    }
+
+    /// Writes sent so far with `method` to `resource`.
+    pub fn api_writes(&self, method: &http::Method, resource: &str) -> u64 {
+        self.api_writes
+            .get_or_create(&WriteLabels {
+                method: method.as_str().to_string(),
+                resource: resource.to_string(),
+            })
+            .get()
     }
 
     /// Requests sent so far with `method`.

@@ -328,11 +328,11 @@ async fn create_builds_owned_objects_and_becomes_ready() {
     let expected_hash = cairn_crds::resolve(None, None).expect("defaults").hash();
     assert_eq!(status.policy_hash, Some(expected_hash));
     assert!(
-        session
+        !session
             .finalizers()
             .iter()
             .any(|f| f == controller::FINALIZER),
-        "finalizer added"
+        "no bucket, nothing to purge: no finalizer"
     );
 
     let name = "cairn-chat";
@@ -1113,6 +1113,13 @@ async fn delete_purges_the_archive_and_children_are_collected() {
     env.create_session("kept", kept).await;
     let running = env.wait_phase("doomed", Phase::Running).await;
     env.wait_phase("kept", Phase::Running).await;
+    assert!(
+        running
+            .finalizers()
+            .iter()
+            .any(|f| f == controller::FINALIZER),
+        "a session with a bucket has the purging finalizer"
+    );
     // A configured bucket is not an archive that answered: no agent runs here (kwok), so
     // ArchiveReady waits for a check until one is written as the agent writes it.
     assert_eq!(

@@ -2,26 +2,43 @@
 //! order, and that an unchanged session causes no status write and no Event. The real-cluster
 //! behaviour is covered by `tests/cluster.rs`; this pins the request sequence.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_crds::{AgentSession, AgentSessionStatus};
 use cairn_operator::Defaults;
+use cairn_operator::cache::{Packed, Stores, pack_event};
 use cairn_operator::controller::{self, Context, FINALIZER};
 use cairn_operator::metrics::Metrics;
 use cairn_operator::purge::S3Purger;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use kube::Client;
 use kube::client::Body;
 use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
 /// What the fake API server saw: "METHOD path?query" and the JSON body.
 type Seen = Vec<(String, Value)>;
 
-async fn serve(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) -> Seen {
-    let mut seen = Seen::new();
+async fn serve(handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) -> Seen {
+    let log = Arc::new(Mutex::new(Seen::new()));
+    serve_into(handle, log.clone()).await;
+    log.lock().map(|seen| seen.clone()).expect("log")
+}
+
+/// The resourceVersion the fake API server gives every object it stores.
+const STORED_VERSION: &str = "42";
+
+/// `serve`, logging into `log` as the requests come.
+async fn serve_into(
+    mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    log: Arc<Mutex<Seen>>,
+) {
     while let Some((request, respond)) = handle.next_request().await {
         let method = request.method().clone();
         let uri = request.uri().clone();
@@ -33,7 +50,7 @@ async fn serve(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body
             .unwrap_or_default();
         let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let path = uri.path().to_string();
-        seen.push((
+        log.lock().expect("log").push((
             format!("{method} {path}?{}", uri.query().unwrap_or_default()),
             body.clone(),
         ));
@@ -55,6 +72,12 @@ async fn serve(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body
             } else {
                 (StatusCode::OK, body)
             };
+        let mut reply = reply;
+        if status == StatusCode::OK
+            && let Some(meta) = reply.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            meta.insert("resourceVersion".into(), json!(STORED_VERSION));
+        }
         let response = Response::builder()
             .status(status)
             .header("content-type", "application/json")
@@ -62,7 +85,6 @@ async fn serve(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body
             .expect("response");
         respond.send_response(response);
     }
-    seen
 }
 
 fn session(status: Option<AgentSessionStatus>) -> AgentSession {
@@ -265,4 +287,160 @@ async fn an_undecodable_session_is_reported_and_waits_for_an_edit() {
     assert_eq!(seen.len(), 1, "only the Event: {seen:?}");
     assert!(seen[0].0.starts_with("POST") && seen[0].0.contains("/events"));
     assert_eq!(seen[0].1["reason"], "InvalidObject");
+}
+
+/// A store that has had its first (empty) list, and its writer.
+fn synced<K>() -> (Store<K>, Writer<K>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (reader, mut writer) = reflector::store();
+    writer.apply_watcher_event(&Event::Init);
+    writer.apply_watcher_event(&Event::InitDone);
+    (reader, writer)
+}
+
+fn sent(log: &Mutex<Seen>) -> Vec<String> {
+    log.lock()
+        .expect("log")
+        .iter()
+        .map(|(r, _)| r.split_once('?').map_or(r.as_str(), |(p, _)| p).to_string())
+        .collect()
+}
+
+/// The watches lag: a reconcile that finds the caches (and the session itself) older than what
+/// the operator wrote a moment ago sends nothing again. Once the watch delivers a deletion or
+/// an edit made after the operator's write, that object is repaired.
+#[tokio::test]
+async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let log = Arc::new(Mutex::new(Seen::new()));
+    let server = tokio::spawn(serve_into(handle, log.clone()));
+    let ctx = Arc::new(Context::new(
+        Client::new(service, "default"),
+        Defaults::default(),
+        Arc::new(Metrics::default()),
+        Arc::new(S3Purger),
+        Duration::from_secs(3600),
+    ));
+    let (sessions, _sessions_writer) = synced();
+    let (service_accounts, mut sa_writer) = synced::<Packed<ServiceAccount>>();
+    let (roles, _roles_writer) = synced();
+    let (role_bindings, _rb_writer) = synced();
+    let (secrets, _secrets_writer) = synced();
+    let (services, mut svc_writer) = synced::<Packed<Service>>();
+    let (network_policies, _np_writer) = synced();
+    let (stateful_sets, mut sts_writer) = synced::<Packed<StatefulSet>>();
+    // The cache holds an older build of the StatefulSet, its pod ready.
+    let older: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "cairn-chat", "namespace": "team-a", "resourceVersion": "7",
+                     "annotations": {"cairn.dev/applied": "an-older-build"}},
+        "status": {"replicas": 1, "readyReplicas": 1},
+    }))
+    .expect("sts fixture");
+    sts_writer.apply_watcher_event(&pack_event(Event::Apply(older)));
+    ctx.add_stores(
+        Some("team-a".into()),
+        Stores {
+            sessions,
+            service_accounts,
+            roles,
+            role_bindings,
+            secrets,
+            services,
+            network_policies,
+            stateful_sets,
+        },
+    );
+    let outdated = Arc::new(DeserializeGuard(Ok(session(None))));
+
+    controller::reconcile(outdated.clone(), ctx.clone())
+        .await
+        .expect("first reconcile");
+    let first = sent(&log);
+    let writes = |all: &[String]| {
+        all.iter()
+            .filter(|r| !r.contains("/events"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        writes(&first),
+        [
+            "PATCH /api/v1/namespaces/team-a/serviceaccounts/cairn-chat",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/team-a/roles/cairn-chat",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/team-a/rolebindings/cairn-chat",
+            "POST /api/v1/namespaces/team-a/secrets",
+            "PATCH /api/v1/namespaces/team-a/services/cairn-chat",
+            "PATCH /apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-chat",
+            "PATCH /apis/apps/v1/namespaces/team-a/statefulsets/cairn-chat",
+            "PATCH /apis/cairn.dev/v1alpha1/namespaces/team-a/agentsessions/chat/status",
+        ],
+        "everything is sent once (the token Secret created, the cache has none)"
+    );
+    assert!(first.iter().any(|r| r.contains("/events")), "transitions");
+    assert_eq!(
+        ctx.accepted.len(),
+        8,
+        "every write remembered until the watch has it"
+    );
+
+    // Nothing reached the caches: the same outdated session, the same outdated caches.
+    controller::reconcile(outdated.clone(), ctx.clone())
+        .await
+        .expect("second reconcile");
+    assert_eq!(
+        sent(&log)[first.len()..],
+        [] as [String; 0],
+        "a reconcile of outdated copies sends nothing the API server accepted"
+    );
+
+    // The watch delivers the Service as the operator wrote it, then someone's edit of it; and
+    // the ServiceAccount's deletion.
+    let applied = |path: &str| {
+        log.lock()
+            .expect("log")
+            .iter()
+            .find(|(r, _)| r.starts_with("PATCH") && r.contains(path))
+            .map(|(_, body)| body.clone())
+            .expect("applied body")
+    };
+    let mut as_written: Service =
+        serde_json::from_value(applied("/services/")).expect("service body");
+    as_written.metadata.resource_version = Some(STORED_VERSION.into());
+    let mut edited = as_written.clone();
+    edited.metadata.resource_version = Some("43".into());
+    if let Some(port) = edited
+        .spec
+        .as_mut()
+        .and_then(|s| s.ports.as_mut())
+        .and_then(|p| p.first_mut())
+    {
+        port.port = 1;
+    }
+    for event in [Event::Apply(as_written), Event::Apply(edited)].map(pack_event) {
+        svc_writer.apply_watcher_event(&event);
+        ctx.accepted.observe(&event);
+    }
+    let mut account: ServiceAccount =
+        serde_json::from_value(applied("/serviceaccounts/")).expect("sa body");
+    account.metadata.resource_version = Some(STORED_VERSION.into());
+    let deleted = pack_event(Event::Delete(account));
+    sa_writer.apply_watcher_event(&deleted);
+    ctx.accepted.observe(&deleted);
+
+    let before = sent(&log).len();
+    controller::reconcile(outdated, ctx.clone())
+        .await
+        .expect("third reconcile");
+    assert_eq!(
+        writes(&sent(&log)[before..]),
+        [
+            "PATCH /api/v1/namespaces/team-a/serviceaccounts/cairn-chat",
+            "PATCH /api/v1/namespaces/team-a/services/cairn-chat",
+        ],
+        "the deleted and the edited object are repaired, nothing else is sent"
+    );
+    drop(ctx);
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
 }

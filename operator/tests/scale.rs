@@ -6,17 +6,22 @@
 //! `KUBECONFIG` points at (the local control plane with kwok), scoped to a fresh namespace:
 //!
 //! ```text
-//! cargo run -p cairn-tests --bin cairn-harness -- up --env-file /tmp/cairn.env --crds &
+//! cargo run -p cairn-tests --bin cairn-harness -- up --env-file /tmp/cairn.env --crds --no-pods &
 //! set -a; . /tmp/cairn.env; set +a
 //! cargo test -p cairn-operator --release --test scale -- --ignored --nocapture
 //! ```
+//!
+//! `--no-pods`: kwok marks the pods Running and nothing runs them; with the harness's pod
+//! runtime every pod would start a real agent, whose first status report the operator answers
+//! (a PolicySupported condition appears), which is not what this test measures.
 //!
 //! `CAIRN_SCALE_SESSIONS` (default 1000) sets the number of sessions, `CAIRN_SCALE_IDLE_SECS`
 //! (default 60) the idle window. Then `CAIRN_SCALE_ACTIVE` (default 1000) simulated agents
 //! write their `status.session` at the agent's cadence (`CAIRN_SCALE_STATUS_INTERVAL_SECS`,
 //! default the agent's 30 s) for `CAIRN_SCALE_ACTIVE_SECS` (default 60) after their first
-//! round, and the status writes per second (theirs and the operator's) are measured. Results
-//! are printed as one line of `key=value` pairs.
+//! round and the operator's answers to it (PolicySupported on every session), and the status
+//! writes per second (theirs and the operator's) are measured. Results are printed as one
+//! line of `key=value` pairs.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -84,6 +89,33 @@ fn writes(metrics: &BTreeMap<String, f64>) -> f64 {
         .iter()
         .map(|m| requests(metrics, m))
         .sum()
+}
+
+/// The writes by method and resource between two scrapes (`cairn_operator_api_writes_total`),
+/// those that moved, as `METHOD resource:count`.
+fn writes_by_resource(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    per: f64,
+) -> String {
+    let prefix = "cairn_operator_api_writes_total{";
+    after
+        .iter()
+        .filter_map(|(key, value)| {
+            let labels = key.strip_prefix(prefix)?.strip_suffix('}')?;
+            let delta = value - before.get(key).copied().unwrap_or(0.0);
+            let label = |name: &str| {
+                labels
+                    .split(',')
+                    .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
+                    .map(|v| v.trim_end_matches('"').to_string())
+                    .unwrap_or_default()
+            };
+            (delta > 0.0)
+                .then(|| format!("{}_{}:{}", label("method"), label("resource"), delta / per))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
@@ -205,6 +237,9 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
             .unwrap_or(0.0)
     };
     let idle_reconciles = reconciles(&after_idle) - reconciles(&at_convergence);
+    let idle_by_resource = writes_by_resource(&at_convergence, &after_idle, 1.0);
+    let created_by_resource =
+        writes_by_resource(&BTreeMap::new(), &at_convergence, sessions_wanted as f64);
 
     // A fleet of active agents: each writes its status.session at the agent's real cadence
     // (once per status interval while in use), spread over the interval. The first round
@@ -253,6 +288,29 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
         })
         .collect();
     tokio::time::sleep(interval.saturating_sub(fleet_started.elapsed())).await;
+    // The operator's answers to the first round (each adds PolicySupported) are done before
+    // the steady state is measured.
+    let answered = Instant::now() + Duration::from_secs(600);
+    loop {
+        let list = api.list(&ListParams::default()).await.expect("list");
+        let supported = list
+            .items
+            .iter()
+            .filter(|s| {
+                s.status
+                    .as_ref()
+                    .is_some_and(|st| st.conditions.iter().any(|c| c.type_ == "PolicySupported"))
+            })
+            .count() as u64;
+        if supported >= active {
+            break;
+        }
+        assert!(
+            Instant::now() < answered,
+            "only {supported}/{active} sessions show PolicySupported after 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     let window_start = scrape(port).await;
     let agent_start = agent_writes.load(Ordering::Relaxed);
     let measured = Instant::now();
@@ -277,6 +335,8 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
          api_requests={total} per_session={:.2} get_per_session={:.2} patch_per_session={:.2} \
          post_per_session={:.2} reconciles={} idle_secs={} idle_writes={idle_writes} \
          idle_reads={idle_reads} idle_writes_by_method={} idle_reconciles={idle_reconciles} \
+         idle_writes_by_resource={idle_by_resource} \
+         writes_per_session_by_resource={created_by_resource} \
          active_agents={active} status_interval_secs={} \
          active_window_secs={measured:.1} agent_status_writes={agent_in_window} \
          operator_writes_while_active={operator_active_writes} \
@@ -310,6 +370,11 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
     }
     drop(operator);
     assert_eq!(idle_writes, 0.0, "the operator wrote while nothing changed");
+    assert!(
+        total / n <= 12.0,
+        "{:.2} API requests per session at creation (at most 12)",
+        total / n
+    );
     assert_eq!(
         operator_active_writes, 0.0,
         "the operator wrote for agents' status writes that changed nothing of its own"

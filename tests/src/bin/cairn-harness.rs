@@ -1,12 +1,13 @@
 //! `cairn-harness`: bring the local environment up for people and scripts.
 //!
-//!   cairn-harness up [--env-file FILE] [--crds] [--bin-dir DIR]
+//!   cairn-harness up [--env-file FILE] [--crds] [--bin-dir DIR] [--no-pods]
 //!
 //! Starts the control plane, an S3 server and the pod runtime (cairn's images run as the
 //! binaries in DIR, default: the Cargo target directory's `debug/`), writes an env file
 //! (KUBECONFIG, KUBECTL, HELM, CAIRN_S3_ENDPOINT, CAIRN_PODS — the runtime's `pods.json` —
 //! and the PIDs of every component) and stays in the foreground until SIGINT/SIGTERM, then
-//! stops everything. Killing it with SIGKILL stops everything too.
+//! stops everything. Killing it with SIGKILL stops everything too. `--no-pods` starts no pod
+//! runtime: kwok marks pods Running and nothing runs them (the operator's scale test).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -26,7 +27,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) != Some("up") {
-        eprintln!("usage: cairn-harness up [--env-file FILE] [--crds]");
+        eprintln!("usage: cairn-harness up [--env-file FILE] [--crds] [--bin-dir DIR] [--no-pods]");
         return ExitCode::from(2);
     }
     let env_file = args
@@ -35,13 +36,15 @@ fn main() -> ExitCode {
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from);
     let crds = args.iter().any(|a| a == "--crds");
+    // Scale runs: kwok marks pods Running and nothing runs them (no agent processes).
+    let pods = !args.iter().any(|a| a == "--no-pods");
     let bin_dir = args
         .iter()
         .position(|a| a == "--bin-dir")
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from)
         .unwrap_or_else(default_bin_dir);
-    match up(env_file, crds, &bin_dir) {
+    match up(env_file, crds, pods, &bin_dir) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cairn-harness: {e}");
@@ -61,6 +64,7 @@ fn default_bin_dir() -> PathBuf {
 fn up(
     env_file: Option<PathBuf>,
     crds: bool,
+    run_pods: bool,
     bin_dir: &std::path::Path,
 ) -> Result<(), HarnessError> {
     // SAFETY: installing a handler that only stores to an atomic.
@@ -77,7 +81,11 @@ fn up(
         cp.apply_yaml(&yaml)?;
     }
     let helm = helm()?;
-    let pods = PodRuntime::start(&cp, runtime::cairn_images(bin_dir), "")?;
+    let pods = if run_pods {
+        Some(PodRuntime::start(&cp, runtime::cairn_images(bin_dir), "")?)
+    } else {
+        None
+    };
     let mut env = format!(
         "KUBECONFIG={}\nKUBECTL={}\nHELM={}\nCAIRN_PODS={}\nCAIRN_HARNESS_DIR={}\nCAIRN_S3_ENDPOINT={}\nCAIRN_S3_BUCKET=cairn\nCAIRN_S3_REGION={}\nAWS_ACCESS_KEY_ID={}\nAWS_SECRET_ACCESS_KEY={}\n",
         cp.kubeconfig.display(),

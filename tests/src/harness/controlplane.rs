@@ -322,8 +322,8 @@ metadata:
     type: kwok
 spec: {{}}
 status:
-  allocatable: {{cpu: "1000", memory: 4000Gi, pods: "5000"}}
-  capacity: {{cpu: "1000", memory: 4000Gi, pods: "5000"}}
+  allocatable: {{cpu: "4000", memory: 16000Gi, pods: "20000"}}
+  capacity: {{cpu: "4000", memory: 16000Gi, pods: "20000"}}
   nodeInfo:
     architecture: amd64
     operatingSystem: linux
