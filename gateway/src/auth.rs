@@ -105,9 +105,7 @@ pub fn identity_of(claims: &Value, c: &IdentityClaims) -> Result<Identity, Strin
         .collect();
     let reserved = |n: &str| n.starts_with("system:");
     if reserved(&user) {
-        return Err(format!(
-            "the JWT names the reserved Kubernetes user {user}"
-        ));
+        return Err(format!("the JWT names the reserved Kubernetes user {user}"));
     }
     if let Some(g) = groups.iter().find(|g| reserved(g)) {
         return Err(format!("the JWT names the reserved Kubernetes group {g}"));

@@ -919,7 +919,11 @@ async fn the_lifecycle_api_acts_as_the_caller_so_kubernetes_rbac_decides() {
             .json(&spec("hers")),
     )
     .await;
-    assert_eq!((status, code.as_str()), (201, ""), "alice creates in her namespace");
+    assert_eq!(
+        (status, code.as_str()),
+        (201, ""),
+        "alice creates in her namespace"
+    );
 
     let (status, code, message) = call(
         http.post(format!("{gw}/{theirs}/sessions"))
@@ -927,8 +931,15 @@ async fn the_lifecycle_api_acts_as_the_caller_so_kubernetes_rbac_decides() {
             .json(&spec("sneaked")),
     )
     .await;
-    assert_eq!((status, code.as_str()), (403, "kubernetes_forbidden"), "{message}");
-    assert!(message.contains("\"alice\""), "the API server's refusal names the caller: {message}");
+    assert_eq!(
+        (status, code.as_str()),
+        (403, "kubernetes_forbidden"),
+        "{message}"
+    );
+    assert!(
+        message.contains("\"alice\""),
+        "the API server's refusal names the caller: {message}"
+    );
     assert!(
         admin.get_opt("sneaked").await.expect("get").is_none(),
         "nothing was created in the namespace her RBAC denies"
@@ -939,7 +950,11 @@ async fn the_lifecycle_api_acts_as_the_caller_so_kubernetes_rbac_decides() {
         http.get(format!("{gw}/{theirs}/sessions/existing")),
     ] {
         let (status, code, message) = call(r.bearer_auth(&alice)).await;
-        assert_eq!((status, code.as_str()), (403, "kubernetes_forbidden"), "{message}");
+        assert_eq!(
+            (status, code.as_str()),
+            (403, "kubernetes_forbidden"),
+            "{message}"
+        );
     }
     assert!(
         admin.get_opt("existing").await.expect("get").is_some(),
@@ -957,16 +972,18 @@ async fn the_lifecycle_api_acts_as_the_caller_so_kubernetes_rbac_decides() {
     let list: Value = r.json().await.expect("json");
     assert_eq!(list["data"][0]["metadata"]["name"], "existing", "{list}");
     for r in [
-        http.post(format!("{gw}/{theirs}/sessions")).json(&spec("bobs")),
+        http.post(format!("{gw}/{theirs}/sessions"))
+            .json(&spec("bobs")),
         http.delete(format!("{gw}/{theirs}/sessions/existing")),
     ] {
         let (status, code, message) = call(r.bearer_auth(&bob)).await;
-        assert_eq!((status, code.as_str()), (403, "kubernetes_forbidden"), "{message}");
+        assert_eq!(
+            (status, code.as_str()),
+            (403, "kubernetes_forbidden"),
+            "{message}"
+        );
     }
-    let (status, code, _) = call(
-        http.get(format!("{gw}/{mine}/sessions")).bearer_auth(&bob),
-    )
-    .await;
+    let (status, code, _) = call(http.get(format!("{gw}/{mine}/sessions")).bearer_auth(&bob)).await;
     assert_eq!((status, code.as_str()), (403, "kubernetes_forbidden"));
     assert!(admin.get_opt("existing").await.expect("get").is_some());
     assert!(admin.get_opt("bobs").await.expect("get").is_none());
@@ -985,13 +1002,18 @@ async fn the_lifecycle_api_acts_as_the_caller_so_kubernetes_rbac_decides() {
                 .json(&spec("mallorys")),
         )
         .await;
-        assert_eq!((status, code.as_str()), (403, "identity_forbidden"), "{message}");
+        assert_eq!(
+            (status, code.as_str()),
+            (403, "identity_forbidden"),
+            "{message}"
+        );
     }
     assert!(admin.get_opt("mallorys").await.expect("get").is_none());
 
     // alice deletes her own.
     let (status, _, message) = call(
-        http.delete(format!("{gw}/{mine}/sessions/hers")).bearer_auth(&alice),
+        http.delete(format!("{gw}/{mine}/sessions/hers"))
+            .bearer_auth(&alice),
     )
     .await;
     assert_eq!(status, 200, "{message}");

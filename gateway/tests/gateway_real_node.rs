@@ -386,15 +386,25 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
     );
 
     // The one gateway URL: the gateway's Service, dialled from inside the node.
-    let ip = jsonpath(cp, OPERATOR_NS, "service", "cairn-gateway", "{.spec.clusterIP}");
+    let ip = jsonpath(
+        cp,
+        OPERATOR_NS,
+        "service",
+        "cairn-gateway",
+        "{.spec.clusterIP}",
+    );
     let gw_addr = node
         .forward_from_host(format!("{ip}:8080").parse().expect("ClusterIP"))
         .expect("gateway forwarder");
     let gw = format!("http://{gw_addr}");
-    wait_for("the gateway's Service to route", Duration::from_secs(60), || {
-        rt.block_on(reqwest::get(format!("{gw}/readyz")))
-            .is_ok_and(|r| r.status() == 200)
-    });
+    wait_for(
+        "the gateway's Service to route",
+        Duration::from_secs(60),
+        || {
+            rt.block_on(reqwest::get(format!("{gw}/readyz")))
+                .is_ok_and(|r| r.status() == 200)
+        },
+    );
 
     let env = vec![
         ("GW", gw.clone()),
@@ -431,12 +441,16 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
 
     // Nobody uses alpha: after 30 s the operator stops its pod (journal and archive stay).
     let mut slept = Duration::ZERO;
-    wait_for("alpha to be idle-suspended", Duration::from_secs(120), || {
-        let asleep = phase(cp, NS_A, "alpha") == "Suspended"
-            && condition(cp, NS_A, "alpha", "Idle", "status") == "True";
-        slept = last_request.elapsed();
-        asleep
-    });
+    wait_for(
+        "alpha to be idle-suspended",
+        Duration::from_secs(120),
+        || {
+            let asleep = phase(cp, NS_A, "alpha") == "Suspended"
+                && condition(cp, NS_A, "alpha", "Idle", "status") == "True";
+            slept = last_request.elapsed();
+            asleep
+        },
+    );
     eprintln!("alpha idle-suspended {slept:?} after its last request");
     // The agent's lastActivity has a resolution of one second.
     assert!(
@@ -465,7 +479,10 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
     let woke = Instant::now();
     let out = run_python(&format!("{PRELUDE}{WAKE}"), &env);
     eprintln!("{out}");
-    eprintln!("wake-up through the gateway, as the test saw it: {:?}", woke.elapsed());
+    eprintln!(
+        "wake-up through the gateway, as the test saw it: {:?}",
+        woke.elapsed()
+    );
     assert_eq!(line(&out, "A3"), "alpha answer three");
     assert_eq!(line(&out, "A4"), "alpha answer four");
     let wake_ms: u64 = line(&out, "WAKE_MS").parse().expect("ms");
@@ -530,4 +547,3 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
     }
     drop(s3);
 }
-

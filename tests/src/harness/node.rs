@@ -559,7 +559,15 @@ impl RealNode {
         // Idempotent: a second call finds the address there.
         let _ = run(
             "nsenter",
-            &[&ns, "ip", "addr", "add", &format!("{CLUSTER_DNS_IP}/32"), "dev", "lo"],
+            &[
+                &ns,
+                "ip",
+                "addr",
+                "add",
+                &format!("{CLUSTER_DNS_IP}/32"),
+                "dev",
+                "lo",
+            ],
         );
         let ready_port = 8181;
         let corefile = self.dir.join("Corefile");
@@ -612,7 +620,9 @@ impl RealNode {
                 return false;
             };
             let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            if s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).is_err() {
+            if s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+                .is_err()
+            {
                 return false;
             }
             let mut head = [0u8; 12];
