@@ -236,6 +236,11 @@ async fn an_idle_session_sleeps_on_time_and_a_wake_request_brings_it_back() {
         .wait("fast", "Running", |s| phase(s) == Some(Phase::Running))
         .await;
     let ready = ready_since(&running).expect("Ready since");
+    // The 30 s session's start, read now: it sleeps before the 5 s one's cycle is over.
+    let slow_running = env
+        .wait("slow", "Running", |s| ready_since(s).is_some())
+        .await;
+    let slow_ready = ready_since(&slow_running).expect("Ready since");
     let asleep = env
         .wait("fast", "idle-suspended", |s| {
             phase(s) == Some(Phase::Suspended) && idle_since(s).is_some()
@@ -309,10 +314,7 @@ async fn an_idle_session_sleeps_on_time_and_a_wake_request_brings_it_back() {
 
     // The 30 s session: suspended 30 s and a status interval (and a few) after its pod
     // became ready.
-    let running = env
-        .wait("slow", "Running", |s| ready_since(s).is_some())
-        .await;
-    let ready = ready_since(&running).expect("Ready since");
+    let ready = slow_ready;
     let asleep = env
         .wait("slow", "idle-suspended", |s| {
             phase(s) == Some(Phase::Suspended) && idle_since(s).is_some()
