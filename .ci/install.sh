@@ -48,6 +48,9 @@ bash tests/harness/install-helm.sh >/dev/null
 # The real node's parts: kubelet, kube-proxy, containerd, runc, CNI plugins, kube-router (Go
 # modules, cached by version; about 8 minutes on 2 cores the first time, nothing afterwards).
 bash tests/harness/build-node.sh >/dev/null
+# The real node's cluster DNS (the gateway's real-node test): CoreDNS with four plugins,
+# from its Go module, cached by version (a few minutes on 2 cores the first time).
+bash tests/harness/build-coredns.sh >/dev/null
 # The S3 server that enforces IAM and STS session policies (the scoped-credentials tests;
 # moto ignores a session policy): SeaweedFS `weed`, Apache-2.0, from its Go module at a
 # pinned pseudo-version, cached under ~/.cache/cairn/bin (about 10 minutes on 2 cores the

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::RwLock;
 
-use crate::config::{JwksSource, OidcSettings};
+use crate::config::{IdentityClaims, JwksSource, OidcSettings};
 use crate::directory::Directory;
 use crate::error::GatewayError;
 
@@ -69,12 +69,48 @@ pub fn namespaces_of(claim: Option<&Value>, prefix: &str) -> Vec<String> {
 pub struct Caller {
     pub subject: Option<String>,
     pub namespaces: Vec<String>,
+    /// The Kubernetes identity the lifecycle API acts as ([`identity_of`]).
+    pub identity: Result<Identity, String>,
 }
 
 impl Caller {
     pub fn may_use(&self, namespace: &str) -> bool {
         self.namespaces.iter().any(|n| n == namespace)
     }
+}
+
+/// A Kubernetes user and its groups, as the API server is to see them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub user: String,
+    pub groups: Vec<String>,
+}
+
+/// The Kubernetes identity a JWT's claims name: the user from the username claim (a
+/// string), the groups from the groups claim (an array of strings or one space- or
+/// comma-separated string; absent: none), each with its prefix. Refused (with the reason):
+/// no user, or a user or group in the `system:` space, which only Kubernetes itself hands
+/// out (an issuer must never make a caller `system:masters`). Pure.
+pub fn identity_of(claims: &Value, c: &IdentityClaims) -> Result<Identity, String> {
+    let user = claims
+        .get(&c.username_claim)
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| format!("the JWT has no {} claim naming its user", c.username_claim))?;
+    let user = format!("{}{user}", c.username_prefix);
+    let groups: Vec<String> = namespaces_of(claims.get(&c.groups_claim), "")
+        .into_iter()
+        .map(|g| format!("{}{g}", c.groups_prefix))
+        .collect();
+    let reserved = |n: &str| n.starts_with("system:");
+    if reserved(&user) {
+        return Err(format!("the JWT names the reserved Kubernetes user {user}"));
+    }
+    if let Some(g) = groups.iter().find(|g| reserved(g)) {
+        return Err(format!("the JWT names the reserved Kubernetes group {g}"));
+    }
+    Ok(Identity { user, groups })
 }
 
 /// JWKS refetched on an unknown key id at most this often.
@@ -147,6 +183,7 @@ impl Oidc {
                 data.claims.get(&self.settings.namespace_claim),
                 &self.settings.namespace_prefix,
             ),
+            identity: identity_of(&data.claims, &self.settings.identity),
         })
     }
 
@@ -351,5 +388,34 @@ mod tests {
         );
         assert!(namespaces_of(Some(&json!(42)), "").is_empty());
         assert!(namespaces_of(None, "").is_empty());
+    }
+
+    #[test]
+    fn the_kubernetes_identity_comes_from_the_claims_with_prefixes_and_never_system() {
+        let c = IdentityClaims::default();
+        let id = identity_of(&json!({"sub": "alice", "groups": ["team-a", "devs"]}), &c)
+            .expect("identity");
+        assert_eq!(id.user, "alice");
+        assert_eq!(id.groups, ["team-a", "devs"]);
+        let prefixed = IdentityClaims {
+            username_claim: "email".into(),
+            username_prefix: "oidc:".into(),
+            groups_claim: "roles".into(),
+            groups_prefix: "oidc:".into(),
+        };
+        let id = identity_of(
+            &json!({"sub": "x", "email": "a@example.com", "roles": "ops, devs"}),
+            &prefixed,
+        )
+        .expect("identity");
+        assert_eq!(id.user, "oidc:a@example.com");
+        assert_eq!(id.groups, ["oidc:ops", "oidc:devs"]);
+        assert!(identity_of(&json!({"sub": "alice"}), &c).is_ok_and(|i| i.groups.is_empty()));
+        assert!(identity_of(&json!({"groups": ["a"]}), &c).is_err());
+        assert!(identity_of(&json!({"sub": ""}), &c).is_err());
+        let e = identity_of(&json!({"sub": "alice", "groups": ["system:masters"]}), &c)
+            .expect_err("reserved group");
+        assert!(e.contains("system:masters"), "{e}");
+        assert!(identity_of(&json!({"sub": "system:admin"}), &c).is_err());
     }
 }

@@ -24,6 +24,10 @@ pub const DEFAULT_TOKEN_REFRESH_MIN_MILLIS: u64 = 1000;
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 30;
 /// The JWT claim naming the namespaces a caller may use.
 pub const DEFAULT_OIDC_NAMESPACE_CLAIM: &str = "cairn.dev/namespaces";
+/// The JWT claim naming the Kubernetes user the lifecycle API acts as.
+pub const DEFAULT_OIDC_USERNAME_CLAIM: &str = "sub";
+/// The JWT claim listing the Kubernetes groups the lifecycle API acts with.
+pub const DEFAULT_OIDC_GROUPS_CLAIM: &str = "groups";
 
 /// Command-line flags (each also an environment variable).
 #[derive(Clone, Debug, clap::Args)]
@@ -72,6 +76,20 @@ pub struct GatewayArgs {
     /// a `groups` claim holding `cairn:team-a`.
     #[arg(long, env = "CAIRN_GATEWAY_OIDC_NAMESPACE_PREFIX", default_value = "")]
     pub oidc_namespace_prefix: String,
+    /// Claim naming the Kubernetes user the lifecycle API impersonates (as the API server's
+    /// own `--oidc-username-claim`).
+    #[arg(long, env = "CAIRN_GATEWAY_OIDC_USERNAME_CLAIM", default_value = DEFAULT_OIDC_USERNAME_CLAIM)]
+    pub oidc_username_claim: String,
+    /// Prefix put before the user name (as the API server's `--oidc-username-prefix`), so
+    /// RoleBindings written for the API server's OIDC users apply unchanged.
+    #[arg(long, env = "CAIRN_GATEWAY_OIDC_USERNAME_PREFIX", default_value = "")]
+    pub oidc_username_prefix: String,
+    /// Claim listing the Kubernetes groups the lifecycle API impersonates.
+    #[arg(long, env = "CAIRN_GATEWAY_OIDC_GROUPS_CLAIM", default_value = DEFAULT_OIDC_GROUPS_CLAIM)]
+    pub oidc_groups_claim: String,
+    /// Prefix put before every group name (as the API server's `--oidc-groups-prefix`).
+    #[arg(long, env = "CAIRN_GATEWAY_OIDC_GROUPS_PREFIX", default_value = "")]
+    pub oidc_groups_prefix: String,
     #[arg(long, env = "CAIRN_GATEWAY_LOG_FORMAT", default_value = "json")]
     pub log_format: LogFormat,
 }
@@ -107,6 +125,29 @@ pub struct OidcSettings {
     pub audience: Option<String>,
     pub namespace_claim: String,
     pub namespace_prefix: String,
+    /// How a JWT maps to the Kubernetes identity the lifecycle API acts as.
+    pub identity: IdentityClaims,
+}
+
+/// Which claims name the caller's Kubernetes user and groups, and the prefixes put before
+/// them (the lifecycle API impersonates that identity, so RBAC decides).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdentityClaims {
+    pub username_claim: String,
+    pub username_prefix: String,
+    pub groups_claim: String,
+    pub groups_prefix: String,
+}
+
+impl Default for IdentityClaims {
+    fn default() -> Self {
+        Self {
+            username_claim: DEFAULT_OIDC_USERNAME_CLAIM.into(),
+            username_prefix: String::new(),
+            groups_claim: DEFAULT_OIDC_GROUPS_CLAIM.into(),
+            groups_prefix: String::new(),
+        }
+    }
 }
 
 /// The settings the gateway runs with, resolved from the flags.
@@ -157,6 +198,12 @@ impl GatewayArgs {
                 audience: self.oidc_audience.clone(),
                 namespace_claim: self.oidc_namespace_claim.clone(),
                 namespace_prefix: self.oidc_namespace_prefix.clone(),
+                identity: IdentityClaims {
+                    username_claim: self.oidc_username_claim.clone(),
+                    username_prefix: self.oidc_username_prefix.clone(),
+                    groups_claim: self.oidc_groups_claim.clone(),
+                    groups_prefix: self.oidc_groups_prefix.clone(),
+                },
             }),
             (Some(_), None) => return Err(ConfigError::JwksMissing),
             (None, Some(_)) => return Err(ConfigError::IssuerMissing),

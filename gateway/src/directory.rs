@@ -15,8 +15,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 /// Annotation by which the gateway asks the operator to wake an idle-suspended session
-/// (RFC 3339 UTC time of the request).
-pub const WAKE_ANNOTATION: &str = "cairn.dev/wake-requested-at";
+/// (RFC 3339 UTC time of the request): the CRD crate's, which the operator reads.
+pub use cairn_crds::session::WAKE_ANNOTATION;
 /// Condition the operator sets while a session sleeps for being idle.
 pub const IDLE_CONDITION: &str = "Idle";
 /// Condition saying the session's pod answers.

@@ -10,6 +10,9 @@ pub struct GatewayError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// The request never reached the session (no connection was made): sending it again
+    /// cannot do its work twice.
+    pub not_delivered: bool,
 }
 
 impl GatewayError {
@@ -18,7 +21,14 @@ impl GatewayError {
             status,
             code,
             message: message.into(),
+            not_delivered: false,
         }
+    }
+
+    /// Marks the error as one of a request that never reached the session.
+    pub fn not_delivered(mut self) -> Self {
+        self.not_delivered = true;
+        self
     }
 
     pub fn unauthorized(code: &'static str, message: impl Into<String>) -> Self {

@@ -107,11 +107,16 @@ pub async fn forward(f: Forward<'_>) -> Result<Response, GatewayError> {
         }
         Ok(Err(e)) => {
             tracing::warn!(url, error = %e, "forwarding to the session");
-            return Err(GatewayError::new(
+            let err = GatewayError::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream_unreachable",
                 "the session's API could not be reached",
-            ));
+            );
+            return Err(if e.is_connect() {
+                err.not_delivered()
+            } else {
+                err
+            });
         }
         Ok(Ok(r)) => r,
     };

@@ -14,16 +14,18 @@ use crate::server::{Gateway, metrics_router, router};
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let settings = args.settings()?;
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
-        .context("building the Kubernetes client")?;
+        .context("reading the Kubernetes client configuration")?;
+    let client =
+        kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
     let dir = KubeDirectory::start(client.clone(), args.namespace.as_deref());
     let oidc = match settings.oidc.clone() {
         Some(o) => Some(Oidc::load(o).await?),
         None => None,
     };
     let dir: Arc<dyn Directory> = dir;
-    let gw = Gateway::new(dir, settings, oidc, Some(client))?;
+    let gw = Gateway::new(dir, settings, oidc, Some(config))?;
     let api = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

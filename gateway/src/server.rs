@@ -25,6 +25,10 @@ use crate::proxy::{self, Forward};
 
 /// A second wake request for the same session from this replica waits this long.
 const WAKE_REPEAT: Duration = Duration::from_secs(5);
+/// A session that just started may be Ready before its Service routes to the new pod (the
+/// proxies of the nodes catch up a moment later): a request that found no listener is sent
+/// again this often, within the wake timeout.
+const STARTED_RETRY: Duration = Duration::from_millis(250);
 
 /// Everything a request needs. Nothing in it is per-caller state: replicas are
 /// interchangeable.
@@ -35,8 +39,9 @@ pub struct Gateway {
     pub http: reqwest::Client,
     pub settings: Settings,
     pub metrics: Metrics,
-    /// For the lifecycle API (`None`: not served).
-    pub kube: Option<kube::Client>,
+    /// For the lifecycle API (`None`: not served): the gateway's own Kubernetes client
+    /// configuration, from which each call builds a client impersonating the caller.
+    pub kube: Option<kube::Config>,
     pub shutting_down: AtomicBool,
     wakes: std::sync::Mutex<HashMap<(String, String), Instant>>,
 }
@@ -46,7 +51,7 @@ impl Gateway {
         dir: Arc<dyn Directory>,
         settings: Settings,
         oidc: Option<Oidc>,
-        kube: Option<kube::Client>,
+        kube: Option<kube::Config>,
     ) -> Result<Arc<Self>, reqwest::Error> {
         Ok(Arc::new(Self {
             dir,
@@ -191,23 +196,36 @@ async fn serve_session(
                 ),
             )
         })?;
-    let base = until_ready(gw, namespace, session).await?;
+    let held_since = Instant::now();
+    let (base, held) = until_ready(gw, namespace, session).await?;
     let path_and_query = match parts.uri.query() {
         Some(q) => format!("/v1/{rest}?{q}"),
         None => format!("/v1/{rest}"),
     };
-    proxy::forward(Forward {
-        http: &gw.http,
-        base: &base,
-        path_and_query: &path_and_query,
-        method: parts.method,
-        headers: &parts.headers,
-        body,
-        token: &token,
-        response_timeout: gw.settings.response_timeout,
-        stream_idle_timeout: gw.settings.stream_idle_timeout,
-    })
-    .await
+    loop {
+        let r = proxy::forward(Forward {
+            http: &gw.http,
+            base: &base,
+            path_and_query: &path_and_query,
+            method: parts.method.clone(),
+            headers: &parts.headers,
+            body: body.clone(),
+            token: &token,
+            response_timeout: gw.settings.response_timeout,
+            stream_idle_timeout: gw.settings.stream_idle_timeout,
+        })
+        .await;
+        match r {
+            Err(e)
+                if held
+                    && e.not_delivered
+                    && held_since.elapsed() + STARTED_RETRY < gw.settings.wake_timeout =>
+            {
+                tokio::time::sleep(STARTED_RETRY).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// The caller may use the session: gives the session's token for the upstream request.
@@ -272,12 +290,17 @@ fn allow(caller: &Caller, namespace: &str) -> Result<(), GatewayError> {
 }
 
 /// Waits (bounded) until the session takes requests, waking it when it sleeps for being
-/// idle. Gives its base URL.
-async fn until_ready(gw: &Gateway, namespace: &str, session: &str) -> Result<String, GatewayError> {
+/// idle. Gives its base URL, and whether the request was held for a start.
+async fn until_ready(
+    gw: &Gateway,
+    namespace: &str,
+    session: &str,
+) -> Result<(String, bool), GatewayError> {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + gw.settings.wake_timeout;
     let mut changes = gw.dir.changes();
     let mut woke = false;
+    let mut held = false;
     loop {
         changes.borrow_and_update();
         let Some(view) = gw.dir.lookup(namespace, session) else {
@@ -298,7 +321,7 @@ async fn until_ready(gw: &Gateway, namespace: &str, session: &str) -> Result<Str
                         "woken session ready; forwarding"
                     );
                 }
-                return Ok(view.url);
+                return Ok((view.url, held));
             }
             Readiness::Suspended => {
                 return Err(GatewayError::new(
@@ -318,9 +341,10 @@ async fn until_ready(gw: &Gateway, namespace: &str, session: &str) -> Result<Str
             }
             Readiness::Idle => {
                 woke = true;
+                held = true;
                 request_wake(gw, namespace, session).await?;
             }
-            Readiness::Starting => {}
+            Readiness::Starting => held = true,
         }
         match tokio::time::timeout_at(deadline, changes.changed()).await {
             Ok(Ok(())) => {}
@@ -378,7 +402,9 @@ async fn request_wake(gw: &Gateway, namespace: &str, session: &str) -> Result<()
 
 // ---- lifecycle API ----
 
-/// The lifecycle API's caller: a JWT allowing the namespace; gives the Kubernetes client.
+/// The lifecycle API's caller: a JWT allowing the namespace; gives a Kubernetes client that
+/// acts as the caller (impersonating the JWT's user and groups), so the API server's RBAC
+/// decides what the caller may do, whatever the gateway's own ServiceAccount may.
 async fn lifecycle_caller(
     gw: &Gateway,
     headers: &http::HeaderMap,
@@ -404,12 +430,31 @@ async fn lifecycle_caller(
     }
     let caller = oidc.verify(presented).await?;
     allow(&caller, namespace)?;
-    gw.kube.clone().ok_or_else(|| {
+    let identity = caller.identity.clone().map_err(|why| {
+        tracing::info!(
+            subject = caller.subject.as_deref().unwrap_or(""),
+            why = %why,
+            "JWT names no usable Kubernetes identity"
+        );
+        GatewayError::forbidden("identity_forbidden", why)
+    })?;
+    let unavailable = |why: &str| {
         GatewayError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "lifecycle_unavailable",
-            "this gateway has no Kubernetes client",
+            format!("this gateway cannot reach Kubernetes: {why}"),
         )
+    };
+    let mut config = gw
+        .kube
+        .clone()
+        .ok_or_else(|| unavailable("no Kubernetes client"))?;
+    config.auth_info.impersonate = Some(identity.user.clone());
+    config.auth_info.impersonate_groups = Some(identity.groups.clone());
+    tracing::debug!(user = %identity.user, groups = ?identity.groups, namespace, "lifecycle call as the caller");
+    kube::Client::try_from(config).map_err(|e| {
+        tracing::warn!(error = %e, "building an impersonating Kubernetes client");
+        unavailable("building the client failed")
     })
 }
 
@@ -431,10 +476,11 @@ fn kube_error(e: kube::Error, namespace: &str, name: &str) -> GatewayError {
                 "invalid_session",
                 s.message.clone(),
             ),
-            403 => GatewayError::new(
-                StatusCode::FORBIDDEN,
-                "gateway_forbidden",
-                format!("the gateway's own RBAC does not allow this: {}", s.message),
+            // The caller's RBAC (or the gateway's right to act as the caller) said no; the
+            // API server's message names the user, the verb and the resource.
+            403 => GatewayError::forbidden(
+                "kubernetes_forbidden",
+                format!("Kubernetes RBAC does not allow this: {}", s.message),
             ),
             _ => GatewayError::new(
                 StatusCode::BAD_GATEWAY,

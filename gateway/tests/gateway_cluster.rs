@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cairn_crds::AgentSession;
 use cairn_gateway::auth::Oidc;
-use cairn_gateway::config::{JwksSource, OidcSettings, Settings};
+use cairn_gateway::config::{IdentityClaims, JwksSource, OidcSettings, Settings};
 use cairn_gateway::directory::{Directory, KubeDirectory, WAKE_ANNOTATION};
 use cairn_gateway::server::Gateway;
 use cairn_sim::{ScriptedReply, Sim};
@@ -25,7 +25,8 @@ const ISSUER: &str = "https://issuer.test";
 const AUDIENCE: &str = "cairn-gateway";
 const HMAC_KEY: &[u8] = b"a-test-signing-key-of-32-bytes!!";
 
-async fn client() -> Client {
+/// The harness cluster's admin configuration (the CRDs applied once).
+async fn config() -> kube::Config {
     let cp = cairn_tests::harness::shared_cluster();
     static CRDS: std::sync::Once = std::sync::Once::new();
     CRDS.call_once(|| {
@@ -33,10 +34,13 @@ async fn client() -> Client {
         cp.apply_yaml(&yaml).expect("CRDs apply");
     });
     let kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
-        .expect("kubeconfig is usable");
-    Client::try_from(config).expect("client")
+        .expect("kubeconfig is usable")
+}
+
+async fn client() -> Client {
+    Client::try_from(config().await).expect("client")
 }
 
 fn suffix() -> String {
@@ -203,21 +207,62 @@ fn jwks_file(dir: &Path) -> PathBuf {
     path
 }
 
-/// A JWT of the test issuer allowing `namespaces`.
+/// A JWT of the test issuer allowing `namespaces`, for the user `platform`.
 fn jwt(namespaces: &[&str], key: &[u8], exp_in: i64) -> String {
+    jwt_of(
+        json!({"sub": "platform", "cairn.dev/namespaces": namespaces}),
+        key,
+        exp_in,
+    )
+}
+
+/// A JWT of the test issuer with `claims` (issuer, audience and expiry added).
+fn jwt_of(mut claims: Value, key: &[u8], exp_in: i64) -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_secs() as i64;
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
     header.kid = Some("k1".into());
+    if let Some(c) = claims.as_object_mut() {
+        c.insert("iss".into(), json!(ISSUER));
+        c.insert("aud".into(), json!(AUDIENCE));
+        c.insert("exp".into(), json!(now + exp_in));
+    }
     jsonwebtoken::encode(
         &header,
-        &json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "platform", "exp": now + exp_in,
-                "cairn.dev/namespaces": namespaces}),
+        &claims,
         &jsonwebtoken::EncodingKey::from_secret(key),
     )
     .expect("jwt")
+}
+
+/// Lets `subject` (`User` or `Group`, name) use `verbs` on AgentSessions in `ns`: a Role and
+/// its RoleBinding, as a cluster admin would write them.
+async fn grant(client: &Client, ns: &str, subject: (&str, &str), verbs: &[&str]) {
+    let name = format!("sessions-{}", subject.1.replace([':', '@'], "-"));
+    let roles: Api<k8s_openapi::api::rbac::v1::Role> = Api::namespaced(client.clone(), ns);
+    let role = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": ["cairn.dev"], "resources": ["agentsessions"], "verbs": verbs}],
+    }))
+    .expect("role");
+    roles
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create role");
+    let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+        Api::namespaced(client.clone(), ns);
+    let binding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": subject.0, "name": subject.1}],
+    }))
+    .expect("binding");
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create binding");
 }
 
 /// A gateway on free local ports, watching the cluster; gives its API base URL.
@@ -235,6 +280,7 @@ async fn gateway(
                 audience: Some(AUDIENCE.into()),
                 namespace_claim: "cairn.dev/namespaces".into(),
                 namespace_prefix: String::new(),
+                identity: IdentityClaims::default(),
             })
             .await
             .expect("oidc"),
@@ -243,7 +289,9 @@ async fn gateway(
         None
     };
     let directory: Arc<dyn Directory> = KubeDirectory::start(client.clone(), None);
-    let gw = Gateway::new(directory, settings, oidc, Some(client.clone())).expect("gateway");
+    // The gateway's own credential is the cluster admin's: whatever it may do, the lifecycle
+    // API acts as the caller.
+    let gw = Gateway::new(directory, settings, oidc, Some(config().await)).expect("gateway");
     let api = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -681,6 +729,14 @@ async fn the_lifecycle_api_writes_agent_sessions_in_the_namespaces_a_jwt_allows(
     let client = client().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let ns = namespace(&client, "life").await;
+    // The JWT's user may manage sessions in the namespace (the lifecycle API acts as it).
+    grant(
+        &client,
+        &ns,
+        ("User", "platform"),
+        &["get", "list", "create", "delete"],
+    )
+    .await;
     let (gw, _) = gateway(&client, dir.path(), Settings::default(), true).await;
     let http = reqwest::Client::new();
     let ok = jwt(&[&ns], HMAC_KEY, 300);
@@ -800,4 +856,165 @@ async fn the_lifecycle_api_writes_agent_sessions_in_the_namespaces_a_jwt_allows(
     assert_eq!(r.status(), 403);
     let body: Value = r.json().await.expect("json");
     assert_eq!(body["error"]["code"], "lifecycle_disabled", "{body}");
+}
+
+/// What a lifecycle call answered: the status and the error code (empty on success).
+async fn call(r: reqwest::RequestBuilder) -> (u16, String, String) {
+    let r = r.send().await.expect("send");
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    let code = body["error"]["code"].as_str().unwrap_or("").to_string();
+    let message = body["error"]["message"].as_str().unwrap_or("").to_string();
+    (status, code, message)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lifecycle_api_acts_as_the_caller_so_kubernetes_rbac_decides() {
+    let client = client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mine, theirs) = (
+        namespace(&client, "rbac-a").await,
+        namespace(&client, "rbac-b").await,
+    );
+    // alice manages sessions in her namespace; the group team-b may only read the other.
+    // The gateway's own credential could do anything anywhere.
+    grant(
+        &client,
+        &mine,
+        ("User", "alice"),
+        &["get", "list", "create", "delete"],
+    )
+    .await;
+    grant(&client, &theirs, ("Group", "team-b"), &["get", "list"]).await;
+    let existing: AgentSession = serde_json::from_value(json!({
+        "apiVersion": "cairn.dev/v1alpha1", "kind": "AgentSession",
+        "metadata": {"name": "existing"},
+        "spec": {"provider": {"kind": "openai", "model": "m-1"}},
+    }))
+    .expect("session");
+    let admin: Api<AgentSession> = Api::namespaced(client.clone(), &theirs);
+    admin
+        .create(&PostParams::default(), &existing)
+        .await
+        .expect("create");
+    let (gw, _) = gateway(&client, dir.path(), Settings::default(), true).await;
+    let http = reqwest::Client::new();
+    // Both JWTs allow both namespaces: only RBAC tells them apart.
+    let both = [mine.as_str(), theirs.as_str()];
+    let alice = jwt_of(
+        json!({"sub": "alice", "cairn.dev/namespaces": both}),
+        HMAC_KEY,
+        300,
+    );
+    let bob = jwt_of(
+        json!({"sub": "bob", "groups": ["team-b"], "cairn.dev/namespaces": both}),
+        HMAC_KEY,
+        300,
+    );
+    let spec = |name: &str| json!({"name": name, "spec": {"provider": {"kind": "openai", "model": "m-1"}}});
+
+    let (status, code, _) = call(
+        http.post(format!("{gw}/{mine}/sessions"))
+            .bearer_auth(&alice)
+            .json(&spec("hers")),
+    )
+    .await;
+    assert_eq!(
+        (status, code.as_str()),
+        (201, ""),
+        "alice creates in her namespace"
+    );
+
+    let (status, code, message) = call(
+        http.post(format!("{gw}/{theirs}/sessions"))
+            .bearer_auth(&alice)
+            .json(&spec("sneaked")),
+    )
+    .await;
+    assert_eq!(
+        (status, code.as_str()),
+        (403, "kubernetes_forbidden"),
+        "{message}"
+    );
+    assert!(
+        message.contains("\"alice\""),
+        "the API server's refusal names the caller: {message}"
+    );
+    assert!(
+        admin.get_opt("sneaked").await.expect("get").is_none(),
+        "nothing was created in the namespace her RBAC denies"
+    );
+    for r in [
+        http.delete(format!("{gw}/{theirs}/sessions/existing")),
+        http.get(format!("{gw}/{theirs}/sessions")),
+        http.get(format!("{gw}/{theirs}/sessions/existing")),
+    ] {
+        let (status, code, message) = call(r.bearer_auth(&alice)).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (403, "kubernetes_forbidden"),
+            "{message}"
+        );
+    }
+    assert!(
+        admin.get_opt("existing").await.expect("get").is_some(),
+        "her delete did not happen"
+    );
+
+    // A group binding counts: bob (team-b) reads the other namespace, and only reads.
+    let r = http
+        .get(format!("{gw}/{theirs}/sessions"))
+        .bearer_auth(&bob)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    let list: Value = r.json().await.expect("json");
+    assert_eq!(list["data"][0]["metadata"]["name"], "existing", "{list}");
+    for r in [
+        http.post(format!("{gw}/{theirs}/sessions"))
+            .json(&spec("bobs")),
+        http.delete(format!("{gw}/{theirs}/sessions/existing")),
+    ] {
+        let (status, code, message) = call(r.bearer_auth(&bob)).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (403, "kubernetes_forbidden"),
+            "{message}"
+        );
+    }
+    let (status, code, _) = call(http.get(format!("{gw}/{mine}/sessions")).bearer_auth(&bob)).await;
+    assert_eq!((status, code.as_str()), (403, "kubernetes_forbidden"));
+    assert!(admin.get_opt("existing").await.expect("get").is_some());
+    assert!(admin.get_opt("bobs").await.expect("get").is_none());
+
+    // An issuer cannot make a caller a member of Kubernetes' own groups, nor nobody.
+    let masters = jwt_of(
+        json!({"sub": "mallory", "groups": ["system:masters"], "cairn.dev/namespaces": both}),
+        HMAC_KEY,
+        300,
+    );
+    let nobody = jwt_of(json!({"cairn.dev/namespaces": both}), HMAC_KEY, 300);
+    for token in [&masters, &nobody] {
+        let (status, code, message) = call(
+            http.post(format!("{gw}/{theirs}/sessions"))
+                .bearer_auth(token)
+                .json(&spec("mallorys")),
+        )
+        .await;
+        assert_eq!(
+            (status, code.as_str()),
+            (403, "identity_forbidden"),
+            "{message}"
+        );
+    }
+    assert!(admin.get_opt("mallorys").await.expect("get").is_none());
+
+    // alice deletes her own.
+    let (status, _, message) = call(
+        http.delete(format!("{gw}/{mine}/sessions/hers"))
+            .bearer_auth(&alice),
+    )
+    .await;
+    assert_eq!(status, 200, "{message}");
 }

@@ -20,6 +20,14 @@ use crate::status::Problem;
 /// Type of the condition that says why a session sleeps or woke.
 pub const IDLE: &str = "Idle";
 
+/// How late the API server may learn of client activity: the agent reports
+/// `lastActivity` with its throttled status write, at most one per status interval, so a
+/// request in the interval after a write is not there yet. The idle clock allows for it, so a
+/// session is never stopped less than `suspendAfter` after its last use (it sleeps between
+/// `suspendAfter` and `suspendAfter` plus this after it).
+pub const REPORT_LAG: Duration =
+    Duration::from_secs(cairn_crds::session::DEFAULT_STATUS_INTERVAL_SECONDS);
+
 /// What the idle rule decided for one reconcile.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
@@ -151,7 +159,8 @@ pub fn decide(inputs: &Inputs<'_>, now: Timestamp) -> Decision {
         };
     };
     let idle_for = Duration::try_from(now.duration_since(reference)).unwrap_or_default();
-    if idle_for >= after {
+    let needed = after + REPORT_LAG;
+    if idle_for >= needed {
         return Decision {
             suspended: true,
             condition: Some((
@@ -173,7 +182,7 @@ pub fn decide(inputs: &Inputs<'_>, now: Timestamp) -> Decision {
     Decision {
         suspended: false,
         condition: Some((false, awake_condition)),
-        recheck: Some(after - idle_for),
+        recheck: Some(needed - idle_for),
         woken_at: None,
     }
 }
@@ -210,8 +219,11 @@ mod tests {
         };
         let d = decide(&inputs, at(25));
         assert!(!d.suspended);
-        assert_eq!(d.recheck, Some(Duration::from_secs(15)));
-        let d = decide(&inputs, at(40));
+        assert_eq!(d.recheck, Some(Duration::from_secs(15) + REPORT_LAG));
+        // Activity of the last status interval may not be reported yet: not before then.
+        let lag = REPORT_LAG.as_secs() as i64;
+        assert!(!decide(&inputs, at(39 + lag)).suspended);
+        let d = decide(&inputs, at(40 + lag));
         assert!(d.suspended);
         let (status, p) = d.condition.expect("condition");
         assert!(status);
@@ -265,9 +277,11 @@ mod tests {
         };
         let d = decide(&awake, at(170));
         assert!(!d.suspended);
-        assert_eq!(d.recheck, Some(Duration::from_secs(11)));
+        assert_eq!(d.recheck, Some(Duration::from_secs(11) + REPORT_LAG));
         assert_eq!(d.condition.map(|c| c.1.reason), Some("Woken".to_string()));
-        assert!(decide(&awake, at(181)).suspended);
+        let lag = REPORT_LAG.as_secs() as i64;
+        assert!(!decide(&awake, at(180 + lag)).suspended);
+        assert!(decide(&awake, at(181 + lag)).suspended);
     }
 
     #[test]

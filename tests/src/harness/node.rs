@@ -520,6 +520,119 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
     }
 }
 
+/// The address pods are given as their DNS server (the kubelet's `clusterDNS`).
+pub const CLUSTER_DNS_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+
+/// CoreDNS serving `cluster.local` to the pods of a node ([`RealNode::start_cluster_dns`]).
+/// Stopped on drop (and with the node: it runs in the node's PID namespace).
+pub struct ClusterDns {
+    proc: Proc,
+}
+
+impl ClusterDns {
+    /// `Err` with the log's tail when CoreDNS has exited.
+    pub fn check_alive(&mut self) -> Result<(), HarnessError> {
+        self.proc.check_alive()
+    }
+}
+
+impl Drop for ClusterDns {
+    fn drop(&mut self) {
+        self.proc.stop(Duration::from_secs(2));
+    }
+}
+
+impl RealNode {
+    /// Starts the cluster DNS of this node: CoreDNS (`tests/harness/build-coredns.sh`, its
+    /// `kubernetes` plugin reading Services through the node's kubeconfig) inside the node's
+    /// network and PID namespaces, on [`CLUSTER_DNS_IP`]`:53` — an address on the node's
+    /// loopback, where every pod's `resolv.conf` points — so `<service>.<namespace>.svc`
+    /// resolves in pods as in a cluster. Nothing is forwarded: other names do not resolve.
+    /// Gives once CoreDNS answers its readiness probe.
+    pub fn start_cluster_dns(&self) -> Result<ClusterDns, HarnessError> {
+        let coredns = built_paths("build-coredns.sh")?.get("coredns")?;
+        let pid = self
+            .init_pid
+            .ok_or_else(|| HarnessError::Setup("the node is stopped".into()))?
+            .to_string();
+        let ns = format!("--net={}", self.netns.display());
+        // Idempotent: a second call finds the address there.
+        let _ = run(
+            "nsenter",
+            &[
+                &ns,
+                "ip",
+                "addr",
+                "add",
+                &format!("{CLUSTER_DNS_IP}/32"),
+                "dev",
+                "lo",
+            ],
+        );
+        let ready_port = 8181;
+        let corefile = self.dir.join("Corefile");
+        std::fs::write(
+            &corefile,
+            format!(
+                ".:53 {{\n    bind {CLUSTER_DNS_IP}\n    errors\n    ready 127.0.0.1:{ready_port}\n    \
+                 kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {} harness\n        \
+                 pods insecure\n        fallthrough in-addr.arpa ip6.arpa\n    }}\n}}\n",
+                self.dir.join("kubeconfig").display()
+            ),
+        )
+        .map_err(|e| HarnessError::io(format!("writing {}", corefile.display()), e))?;
+        let mut cmd = Command::new("nsenter");
+        cmd.args(["--target", &pid, "--net", "--pid", "--"])
+            .arg(&coredns)
+            .arg("-conf")
+            .arg(&corefile);
+        let mut proc = Proc::spawn("coredns", cmd, &self.dir.join("logs/coredns.log"))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            proc.check_alive()?;
+            if self.http_ok_inside(SocketAddr::from(([127, 0, 0, 1], ready_port)), "/ready") {
+                return Ok(ClusterDns { proc });
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Timeout {
+                    what: "CoreDNS to be ready".into(),
+                    after: Duration::from_secs(30),
+                    logs: tail(&proc.log),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Whether `GET path` at `addr`, dialled inside the node's network namespace, answers 200.
+    fn http_ok_inside(&self, addr: SocketAddr, path: &str) -> bool {
+        let Ok(ns) = File::open(&self.netns) else {
+            return false;
+        };
+        let path = path.to_string();
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            // SAFETY: setns on a valid namespace fd, affecting only this short-lived thread.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return false;
+            }
+            let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+                return false;
+            };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            if s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+                .is_err()
+            {
+                return false;
+            }
+            let mut head = [0u8; 12];
+            s.read_exact(&mut head).is_ok() && head.ends_with(b" 200")
+        })
+        .join()
+        .unwrap_or(false)
+    }
+}
+
 impl Drop for RealNode {
     fn drop(&mut self) {
         self.stop();
