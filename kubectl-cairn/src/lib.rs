@@ -5,7 +5,9 @@
 //! port-forwards to the session's pod through the API server (the `pods/portforward`
 //! subresource, no local port) and makes one HTTP request to the agent over that stream.
 //! What a caller needs in the session's namespace, nothing cluster-wide: `get` on
-//! `agentsessions.cairn.dev`, `get` on that Secret, `create` on `pods/portforward`.
+//! `agentsessions.cairn.dev`, `get` on that Secret, `get` and `create` on `pods/portforward`
+//! (the API server authorizes the WebSocket upgrade, a GET, as `get`; the SPDY one of
+//! `kubectl port-forward` as `create`).
 //!
 //! The pure parts ([`Command::request`], [`pod_of`], [`Error::from_kube`],
 //! [`Error::from_agent`]) decide; [`Cluster`] does the I/O.
@@ -131,7 +133,7 @@ pub enum Error {
     #[error(
         "RBAC denied: you cannot {verb} {resource} {name:?} in namespace {namespace:?} ({message}). \
          kubectl cairn needs, in the session's namespace: get on agentsessions.cairn.dev, \
-         get on the Secret cairn-<session>-api-token, create on pods/portforward"
+         get on the Secret cairn-<session>-api-token, get and create on pods/portforward"
     )]
     Forbidden {
         verb: &'static str,
@@ -142,7 +144,7 @@ pub enum Error {
     },
     #[error("the cluster refused your credentials: {0}")]
     Unauthenticated(String),
-    #[error("the session's token Secret {namespace}/{name} has no {TOKEN_KEY:?} key")]
+    #[error("the session's token Secret {namespace}/{name} has no \"token\" key")]
     NoToken { namespace: String, name: String },
     #[error("the agent answered {status} ({code}): {message}")]
     Agent {
@@ -394,7 +396,7 @@ impl Cluster {
             Error::from_kube(
                 e,
                 Attempt {
-                    verb: "create",
+                    verb: "get",
                     resource: "pods/portforward",
                     namespace,
                     name: pod,

@@ -36,7 +36,7 @@ kind: Role
 metadata: {{name: {name}, namespace: {ns}}}
 rules:
 - {{apiGroups: [cairn.dev], resources: [agentsessions], verbs: [get]}}
-{secret_rule}- {{apiGroups: [""], resources: [pods/portforward], verbs: [create]}}
+{secret_rule}- {{apiGroups: [""], resources: [pods/portforward], verbs: [get, create]}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -51,21 +51,10 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
 /// TokenRequest API), against the harness's API server, default namespace `ns`.
 fn kubeconfig_of(cp: &ControlPlane, ns: &str, name: &str, dir: &Path) -> PathBuf {
     let token = kubectl(cp, &["create", "token", name, "-n", ns, "--duration=1h"]);
-    let ca = kubectl(
-        cp,
-        &[
-            "config",
-            "view",
-            "--raw",
-            "--minify",
-            "-o",
-            "jsonpath={.clusters[0].cluster.certificate-authority-data}",
-        ],
-    );
     let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: harness\n  cluster: {{server: \"{}\", certificate-authority-data: {}}}\nusers:\n- name: {name}\n  user: {{token: {}}}\ncontexts:\n- name: {name}\n  context: {{cluster: harness, user: {name}, namespace: {ns}}}\ncurrent-context: {name}\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: harness\n  cluster: {{server: \"{}\", certificate-authority: {}}}\nusers:\n- name: {name}\n  user: {{token: {}}}\ncontexts:\n- name: {name}\n  context: {{cluster: harness, user: {name}, namespace: {ns}}}\ncurrent-context: {name}\n",
         cp.server,
-        ca.trim(),
+        cp.pki.ca_crt().display(),
         token.trim()
     );
     let path = dir.join(format!("kubeconfig-{name}"));
