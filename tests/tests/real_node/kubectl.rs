@@ -151,6 +151,19 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
         });
     }
     eprintln!("session pod Ready in {:?}", started.elapsed());
+    // The plugin goes by the session's phase, which the operator writes once it saw the pod.
+    wait_for("the session to be Running", Duration::from_secs(60), || {
+        cp.kubectl_ok(&[
+            "get",
+            "asess",
+            "worker",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.phase}",
+        ])
+        .is_ok_and(|p| p.trim() == "Running")
+    });
     let dir = cairn_tests::harness::run_dir("plugin").expect("run dir");
     let engineer = kubeconfig_of(cp, ns, "engineer", &dir);
     let denied = kubeconfig_of(cp, ns, "no-secrets", &dir);
@@ -350,7 +363,8 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
             .any(|r| r.contains("keep the build errors of module_599")),
         "the summarizer got the instruction"
     );
-    let compacted_to = out["messages"].as_u64().unwrap_or(0);
+    eprintln!("compaction: {out}");
+    let compacted_to = out["bytesAfter"].as_u64().unwrap_or(0);
 
     // rewind: the history before the compaction is back; a second rewind has nothing to undo.
     let rewind = plugin(cp, &engineer, &["rewind", "worker"]);
@@ -361,15 +375,19 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
         rewind.text()
     );
     let (_, view) = call(("GET", "/v1/session"), None);
-    let messages = json_of(&view)["stats"]["messages"].as_u64();
-    eprintln!("after the rewind: {view}");
+    let stats = json_of(&view)["stats"].clone();
+    let (messages, bytes) = (
+        stats["messages"].as_u64().unwrap_or(0),
+        stats["historyBytes"].as_u64().unwrap_or(0),
+    );
+    assert_eq!(
+        rewind.text().trim(),
+        format!("rewound the last compaction: {messages} messages, {bytes} bytes of history"),
+        "the agent's answer, as the session reports it"
+    );
     assert!(
-        rewind.text().contains(&format!(
-            "{} messages",
-            messages.unwrap_or(u64::MAX)
-        )) && messages > Some(compacted_to),
-        "the rewind restored the messages the compaction replaced: {}",
-        rewind.text()
+        bytes > compacted_to,
+        "the rewind brought back what the compaction replaced: {bytes} bytes, {compacted_to} after the compaction"
     );
     let again = plugin(cp, &engineer, &["rewind", "worker"]);
     assert_eq!(again.code, 3, "{}", again.stderr);
