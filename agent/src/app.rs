@@ -144,7 +144,10 @@ async fn open_session_on(
     namespace: &str,
     name: &str,
     live_rx: watch::Receiver<Arc<Live>>,
-    (store, journal): (Arc<dyn crate::ccr::Store>, Arc<dyn crate::journal::ObjectStore>),
+    (store, journal): (
+        Arc<dyn crate::ccr::Store>,
+        Arc<dyn crate::journal::ObjectStore>,
+    ),
     storage: &Storage,
     metrics: Arc<Metrics>,
 ) -> Result<Session, AppError> {

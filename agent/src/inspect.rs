@@ -574,16 +574,23 @@ mod tests {
             &CharsPerToken::default(),
         );
         let mut report = serde_json::to_value(&b).unwrap();
-        report["window"] = serde_json::json!({"contextWindow": 1000, "effectiveContextWindow": 900});
+        report["window"] =
+            serde_json::json!({"contextWindow": 1000, "effectiveContextWindow": 900});
         report["headroom"] = serde_json::json!({"state": "warning", "tokensLeft": -5});
         report["payloadCap"] = serde_json::json!(4096);
         let t = table(&report);
-        assert!(t.contains(&format!("{:<36} {:>10}", "total", body.len())), "{t}");
+        assert!(
+            t.contains(&format!("{:<36} {:>10}", "total", body.len())),
+            "{t}"
+        );
         assert!(t.contains("system prompt"), "{t}");
         assert!(t.contains("messages: user"), "{t}");
         assert!(t.contains("headroom: warning, -5 tokens left"), "{t}");
         assert!(t.contains("window: 1000 tokens (in force 900)"), "{t}");
-        assert!(t.contains("payload cap: 4096 bytes; learned payload cap: none"), "{t}");
+        assert!(
+            t.contains("payload cap: 4096 bytes; learned payload cap: none"),
+            "{t}"
+        );
         assert!(t.contains("markers in view: 0"), "{t}");
     }
 }

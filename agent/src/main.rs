@@ -238,7 +238,11 @@ fn main() -> ExitCode {
             };
             use std::io::Write;
             let mut stdout = std::io::stdout().lock();
-            if stdout.write_all(&out).and_then(|()| stdout.flush()).is_err() {
+            if stdout
+                .write_all(&out)
+                .and_then(|()| stdout.flush())
+                .is_err()
+            {
                 return ExitCode::from(1);
             }
             ExitCode::SUCCESS

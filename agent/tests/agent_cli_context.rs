@@ -76,7 +76,10 @@ async fn context_prints_the_endpoints_report_from_the_journal_without_sending_or
             "the build of module_7 fails. ".repeat(40)
         )));
         let (status, body) = api
-            .turn(&format!("question {i}: why does module_7 fail? {}", "x".repeat(800)))
+            .turn(&format!(
+                "question {i}: why does module_7 fail? {}",
+                "x".repeat(800)
+            ))
             .await;
         assert_eq!(status, 200, "turn {i}: {body}");
     }
@@ -89,16 +92,17 @@ async fn context_prints_the_endpoints_report_from_the_journal_without_sending_or
 
     let input = "final question about module_7";
     let query = input.replace(' ', "%20");
-    let (status, endpoint) = api
-        .get(&format!("/v1/session/context?input={query}"))
-        .await;
+    let (status, endpoint) = api.get(&format!("/v1/session/context?input={query}")).await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&endpoint));
     let endpoint: Value = serde_json::from_slice(&endpoint).expect("endpoint JSON");
     let (status, endpoint_body) = api
         .get(&format!("/v1/session/context?view=request&input={query}"))
         .await;
     assert_eq!(status, 200);
-    assert!(endpoint["summaries"]["count"].as_u64() >= Some(1), "{endpoint}");
+    assert!(
+        endpoint["summaries"]["count"].as_u64() >= Some(1),
+        "{endpoint}"
+    );
 
     let seen = sim.requests().len();
     let json = context(&config, &env, &["--json", "--input", input]);

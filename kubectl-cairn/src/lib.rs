@@ -88,10 +88,9 @@ impl Command {
                 }
                 get(path)
             }
-            Self::Recall { key } => get(format!(
-                "/v1/recall/{}",
-                utf8_percent_encode(key, ESCAPED)
-            )),
+            Self::Recall { key } => {
+                get(format!("/v1/recall/{}", utf8_percent_encode(key, ESCAPED)))
+            }
             Self::Compact { instruction } => AgentRequest {
                 method: http::Method::POST,
                 path: "/v1/session/compact".into(),
@@ -219,10 +218,7 @@ impl Error {
             }
         }
         Self::Kube {
-            action: format!(
-                "{} {} {}/{}",
-                at.verb, at.resource, at.namespace, at.name
-            ),
+            action: format!("{} {} {}/{}", at.verb, at.resource, at.namespace, at.name),
             source: e,
         }
     }
@@ -280,7 +276,9 @@ pub fn pod_of(session: &AgentSession) -> Result<String, Error> {
             Err(Error::NotRunning {
                 namespace,
                 name,
-                phase: other.map_or("not yet reconciled (no phase)", Phase::as_str).into(),
+                phase: other
+                    .map_or("not yet reconciled (no phase)", Phase::as_str)
+                    .into(),
                 detail: ready,
             })
         }
@@ -314,8 +312,9 @@ impl Cluster {
         };
         let config = match kube::Config::from_kubeconfig(&options).await {
             Ok(c) => c,
-            Err(kubeconfig) if options.context.is_none() => kube::Config::incluster()
-                .map_err(|_| Error::Config(kubeconfig.to_string()))?,
+            Err(kubeconfig) if options.context.is_none() => {
+                kube::Config::incluster().map_err(|_| Error::Config(kubeconfig.to_string()))?
+            }
             Err(e) => return Err(Error::Config(e.to_string())),
         };
         let namespace = config.default_namespace.clone();
@@ -556,7 +555,8 @@ mod tests {
                 .to_string()
                 .contains("not yet reconciled")
         );
-        s.status = Some(serde_json::from_value(serde_json::json!({"phase": "Running"})).expect("status"));
+        s.status =
+            Some(serde_json::from_value(serde_json::json!({"phase": "Running"})).expect("status"));
         assert_eq!(pod_of(&s).expect("running"), "cairn-w-0");
     }
 
@@ -577,7 +577,9 @@ mod tests {
         };
         let denied = Error::from_kube(status(403, "secrets is forbidden"), at).to_string();
         assert!(
-            denied.contains("RBAC denied: you cannot get secrets \"cairn-w-api-token\" in namespace \"team\""),
+            denied.contains(
+                "RBAC denied: you cannot get secrets \"cairn-w-api-token\" in namespace \"team\""
+            ),
             "{denied}"
         );
         let missing = Error::from_kube(status(404, "not found"), at).to_string();
@@ -590,7 +592,10 @@ mod tests {
                 ..at
             },
         );
-        assert!(matches!(session, Error::SessionNotFound { .. }), "{session}");
+        assert!(
+            matches!(session, Error::SessionNotFound { .. }),
+            "{session}"
+        );
         let agent = Error::from_agent(
             409,
             br#"{"error":{"message":"nothing to rewind","type":"conflict_error","code":"nothing_to_rewind"}}"#,

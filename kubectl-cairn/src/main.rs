@@ -120,7 +120,11 @@ fn main() -> ExitCode {
         } => (
             session,
             Command::Compact { instruction },
-            if json { Output::Json } else { Output::Compaction },
+            if json {
+                Output::Json
+            } else {
+                Output::Compaction
+            },
         ),
         Cmd::Rewind { session, json } => (
             session,
