@@ -591,6 +591,9 @@ mod tests {
             t.contains("payload cap: 4096 bytes; learned payload cap: none"),
             "{t}"
         );
-        assert!(t.contains("markers in view: 0"), "{t}");
+        assert!(
+            t.contains("markers in view: 1\n  <<ccr:0123456789abcdef>> in message 3 (toolResults/read_file)"),
+            "{t}"
+        );
     }
 }
