@@ -3,7 +3,8 @@
 //! session's namespace: `context` (table, JSON and the exact request, equal to what the
 //! agent's endpoint answers), `recall` of a key a microcompaction archived, `compact
 //! --instruction`, `rewind`; and the plugin's words for a Role without `get` on Secrets, a
-//! session that does not exist and an agent's error answer.
+//! Role without `get` on `pods/portforward`, a session that does not exist, a namespace the
+//! Role does not cover and an agent's error answer.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,7 +21,7 @@ use super::{
 pub const NS: &str = "plugin";
 
 /// What `kubectl cairn` needs, and only in the session's namespace.
-fn role(ns: &str, name: &str, secrets: bool) -> String {
+fn role(ns: &str, name: &str, secrets: bool, forward: &str) -> String {
     let secret_rule = if secrets {
         "- {apiGroups: [\"\"], resources: [secrets], resourceNames: [cairn-worker-api-token], verbs: [get]}\n"
     } else {
@@ -36,7 +37,7 @@ kind: Role
 metadata: {{name: {name}, namespace: {ns}}}
 rules:
 - {{apiGroups: [cairn.dev], resources: [agentsessions], verbs: [get]}}
-{secret_rule}- {{apiGroups: [""], resources: [pods/portforward], verbs: [get, create]}}
+{secret_rule}- {{apiGroups: [""], resources: [pods/portforward], verbs: [{forward}]}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -139,10 +140,13 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
     ))
     .expect("session applied");
     cp.apply_yaml(&client_pod(ns)).expect("client applied");
-    cp.apply_yaml(&role(ns, "engineer", true))
+    cp.apply_yaml(&role(ns, "engineer", true, "get, create"))
         .expect("engineer's Role applied");
-    cp.apply_yaml(&role(ns, "no-secrets", false))
+    cp.apply_yaml(&role(ns, "no-secrets", false, "get, create"))
         .expect("no-secrets Role applied");
+    // `create` alone is what `kubectl port-forward` (SPDY) needs; the WebSocket upgrade is a GET.
+    cp.apply_yaml(&role(ns, "no-forward", true, "create"))
+        .expect("no-forward Role applied");
     let pod = "cairn-worker-0";
     let started = Instant::now();
     for p in [pod, "client"] {
@@ -167,6 +171,7 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
     let dir = cairn_tests::harness::run_dir("plugin").expect("run dir");
     let engineer = kubeconfig_of(cp, ns, "engineer", &dir);
     let denied = kubeconfig_of(cp, ns, "no-secrets", &dir);
+    let no_forward = kubeconfig_of(cp, ns, "no-forward", &dir);
 
     // The engineer's account really has nothing beyond its Role.
     let can = |verb: &str, what: &str, in_ns: &str| {
@@ -408,6 +413,15 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
         refused.stderr
     );
     assert!(refused.stdout.is_empty());
+    let refused = plugin(cp, &no_forward, &["recall", "worker", &key]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains(&format!(
+            "RBAC denied: you cannot get pods/portforward \"cairn-worker-0\" in namespace \"{ns}\""
+        )),
+        "{}",
+        refused.stderr
+    );
     let missing = plugin(cp, &engineer, &["context", "nosuch"]);
     assert_eq!(missing.code, 2, "{}", missing.stderr);
     assert!(
