@@ -128,6 +128,29 @@ async fn open_session(
     storage: &Storage,
     metrics: Arc<Metrics>,
 ) -> Result<Session, AppError> {
+    open_session_on(
+        namespace,
+        name,
+        live_rx,
+        (Arc::clone(&storage.store), Arc::clone(&storage.journal)),
+        storage,
+        metrics,
+    )
+    .await
+}
+
+/// [`open_session`] on the given archive and journal stores (`storage` gives the counters).
+async fn open_session_on(
+    namespace: &str,
+    name: &str,
+    live_rx: watch::Receiver<Arc<Live>>,
+    (store, journal): (
+        Arc<dyn crate::ccr::Store>,
+        Arc<dyn crate::journal::ObjectStore>,
+    ),
+    storage: &Storage,
+    metrics: Arc<Metrics>,
+) -> Result<Session, AppError> {
     let net = crate::net::NetPath::from_env(env)
         .map_err(|e| AppError::new(exit::BAD_INPUT, e.to_string()))?;
     let provider = provider_for(live_rx.clone(), net.clone())?;
@@ -146,8 +169,8 @@ async fn open_session(
         live: live_rx,
         provider,
         summarizer_provider: Some(Arc::new(summarizer)),
-        store: Arc::clone(&storage.store),
-        journal: Arc::clone(&storage.journal),
+        store,
+        journal,
         archive_counters: Arc::clone(&storage.counters),
         metrics,
         net,
@@ -266,6 +289,39 @@ pub async fn recall_cmd(key: &str, config: &Path) -> Result<Vec<u8>, AppError> {
         )),
         Err(e) => Err(AppError::new(exit::FAILURE, e.to_string())),
     }
+}
+
+/// `cairn-agent context`: the session's next request, by part, as `GET /v1/session/context`
+/// reports it, from the config file and the session's journal and archive. The session is
+/// opened the way a starting agent opens it, on [`crate::peek`] overlays: nothing is sent
+/// to the provider and nothing is written, so an agent serving the session is not fenced.
+/// The client's part of a turn (its tools, instructions) lives only in the serving process:
+/// the report assumes none.
+pub async fn context_cmd(
+    config: &Path,
+    options: crate::session::InspectOptions,
+) -> Result<crate::session::ContextReport, AppError> {
+    use crate::peek::{PeekObjects, PeekStore};
+    let (cfg, live, storage) = load_config(config)?;
+    let (_tx, rx) = watch::channel(Arc::new(live));
+    let store: Arc<dyn crate::ccr::Store> = Arc::new(PeekStore::new(Arc::clone(&storage.store)));
+    let journal: Arc<dyn crate::journal::ObjectStore> =
+        Arc::new(PeekObjects::new(Arc::clone(&storage.journal)));
+    let mut session = open_session_on(
+        &cfg.namespace,
+        &cfg.name,
+        rx,
+        (store, journal),
+        &storage,
+        Arc::new(Metrics::new()),
+    )
+    .await?;
+    session.inspect(options).await.map_err(|e| {
+        AppError::new(
+            exit::FAILURE,
+            format!("the next request cannot be shown: {e}"),
+        )
+    })
 }
 
 /// Where `serve` gets its session from.

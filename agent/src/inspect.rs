@@ -312,6 +312,171 @@ pub fn sum(b: &Breakdown) -> u64 {
     .sum()
 }
 
+/// The report of `GET /v1/session/context` (its JSON) as a table for a person: every part
+/// with its bytes, estimated tokens and share of the body, then the window, the budget, the
+/// headroom state, the payload caps, the floor and the markers in view. `cairn-agent
+/// context` and `kubectl cairn context` print it; both take the JSON so one report feeds
+/// every view.
+pub fn table(report: &serde_json::Value) -> String {
+    use serde_json::Value;
+    use std::fmt::Write as _;
+    let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_owned();
+    let body = num(report, "bodyBytes");
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "next request: {} {} ({}; provider {}, model {})",
+        text(report, "method"),
+        text(report, "url"),
+        if report.get("stream").and_then(Value::as_bool) == Some(true) {
+            "streamed"
+        } else {
+            "not streamed"
+        },
+        text(report, "provider"),
+        text(report, "model"),
+    );
+    let _ = writeln!(
+        out,
+        "body: {body} bytes, ~{} tokens; max output {} tokens\n",
+        num(report, "bodyTokens"),
+        num(report, "maxOutputTokens")
+    );
+    let _ = writeln!(
+        out,
+        "{:<36} {:>10} {:>9} {:>6} {:>7}",
+        "PART", "BYTES", "TOKENS", "COUNT", "SHARE"
+    );
+    let mut row = |label: String, part: &Value| {
+        let bytes = num(part, "bytes");
+        let share = if body == 0 {
+            0.0
+        } else {
+            bytes as f64 * 100.0 / body as f64
+        };
+        let count = part
+            .get("count")
+            .and_then(Value::as_u64)
+            .map_or_else(String::new, |c| c.to_string());
+        let _ = writeln!(
+            out,
+            "{label:<36} {bytes:>10} {:>9} {count:>6} {share:>6.1}%",
+            num(part, "tokens")
+        );
+    };
+    let empty = Value::Null;
+    let part = |k: &str| report.get(k).unwrap_or(&empty);
+    row("system prompt".into(), part("systemPrompt"));
+    row("instructions".into(), part("instructions"));
+    let by_source = report.get("toolsBySource").and_then(Value::as_object);
+    for source in ["builtin", "mcp", "client"] {
+        let Some(p) = by_source.and_then(|m| m.get(source)) else {
+            continue;
+        };
+        row(format!("tools: {source}"), p);
+        for tool in report
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|t| t.get("source").and_then(Value::as_str) == Some(source))
+        {
+            row(format!("  {}", text(tool, "name")), tool);
+        }
+    }
+    row("summaries".into(), part("summaries"));
+    row("preserveVerbatim".into(), part("preserveVerbatim"));
+    for (group, label) in [("messages", "messages"), ("toolResults", "tool results")] {
+        if let Some(map) = report.get(group).and_then(Value::as_object) {
+            for (name, p) in map {
+                row(format!("{label}: {name}"), p);
+            }
+        }
+    }
+    row("images".into(), part("images"));
+    row("framing (JSON structure, settings)".into(), part("framing"));
+    let _ = writeln!(
+        out,
+        "{:<36} {body:>10} {:>9}\n",
+        "total",
+        num(report, "bodyTokens")
+    );
+    let window = part("window");
+    let _ = writeln!(
+        out,
+        "window: {} tokens (in force {}); budget {} bytes, ~{} tokens; {:.2} bytes/token",
+        num(window, "contextWindow"),
+        num(window, "effectiveContextWindow"),
+        num(window, "budgetBytes"),
+        num(window, "budgetTokens"),
+        window
+            .get("bytesPerToken")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0)
+    );
+    let headroom = part("headroom");
+    let _ = writeln!(
+        out,
+        "headroom: {}, {} tokens left (warning at {}, auto-compact at {}, blocking at {})",
+        text(headroom, "state"),
+        headroom
+            .get("tokensLeft")
+            .and_then(Value::as_i64)
+            .unwrap_or(0),
+        num(headroom, "warningBufferTokens"),
+        num(headroom, "autoCompactBufferTokens"),
+        num(headroom, "blockingBufferTokens")
+    );
+    let cap = |k: &str| {
+        report
+            .get(k)
+            .and_then(Value::as_u64)
+            .map_or_else(|| "none".to_owned(), |c| format!("{c} bytes"))
+    };
+    let _ = writeln!(
+        out,
+        "payload cap: {}; learned payload cap: {}",
+        cap("payloadCap"),
+        cap("learnedPayloadCap")
+    );
+    let floor = part("uncompactableFloor");
+    let _ = writeln!(
+        out,
+        "uncompactable floor: {} bytes, ~{} tokens",
+        num(floor, "bytes"),
+        num(floor, "tokens")
+    );
+    if let Some(why) = report.get("compactsFirst").and_then(Value::as_str) {
+        let _ = writeln!(out, "the next turn compacts first: {why}");
+    }
+    let markers = report
+        .get("markers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let _ = writeln!(out, "markers in view: {}", markers.len());
+    for m in &markers {
+        let _ = writeln!(
+            out,
+            "  <<ccr:{}>> in message {} ({})",
+            text(m, "key"),
+            num(m, "message"),
+            text(m, "part")
+        );
+    }
+    for n in report
+        .get("notices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        let _ = writeln!(out, "notice: {n}");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,5 +560,40 @@ mod tests {
         assert_eq!(b.messages["user"].bytes, "look at this".len() as u64);
         assert_eq!(b.system_prompt.bytes, 0);
         assert_eq!(sum(&b), body.len() as u64);
+    }
+
+    #[test]
+    fn the_table_shows_every_part_and_the_limits() {
+        let r = request();
+        let body = br#"{"messages":[{"content":"look at this"}],"x":"You are terse."}"#;
+        let b = breakdown(
+            &r,
+            body,
+            &|_| ToolSource::Client,
+            None,
+            &CharsPerToken::default(),
+        );
+        let mut report = serde_json::to_value(&b).unwrap();
+        report["window"] =
+            serde_json::json!({"contextWindow": 1000, "effectiveContextWindow": 900});
+        report["headroom"] = serde_json::json!({"state": "warning", "tokensLeft": -5});
+        report["payloadCap"] = serde_json::json!(4096);
+        let t = table(&report);
+        assert!(
+            t.contains(&format!("{:<36} {:>10}", "total", body.len())),
+            "{t}"
+        );
+        assert!(t.contains("system prompt"), "{t}");
+        assert!(t.contains("messages: user"), "{t}");
+        assert!(t.contains("headroom: warning, -5 tokens left"), "{t}");
+        assert!(t.contains("window: 1000 tokens (in force 900)"), "{t}");
+        assert!(
+            t.contains("payload cap: 4096 bytes; learned payload cap: none"),
+            "{t}"
+        );
+        assert!(
+            t.contains("markers in view: 1\n  <<ccr:0123456789abcdef>> in message 3 (toolResults/read_file)"),
+            "{t}"
+        );
     }
 }

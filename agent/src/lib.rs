@@ -32,6 +32,7 @@ pub mod kube;
 pub mod mcp;
 pub mod metrics;
 pub mod net;
+pub mod peek;
 pub mod server;
 pub mod session;
 pub mod steering;

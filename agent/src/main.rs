@@ -75,6 +75,25 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// What the session's next request would carry, by part, as `GET /v1/session/context`
+    /// reports it: read from the config, the journal and the archive, nothing sent and
+    /// nothing written (an agent serving the session is not disturbed).
+    Context {
+        #[arg(long)]
+        config: PathBuf,
+        /// `parts`: the report; `request`: the exact body the provider would receive.
+        #[arg(long, value_parser = ["parts", "request"], default_value = "parts")]
+        view: String,
+        /// Print the report as the endpoint's JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// A user message the next turn would bring (shown, never sent).
+        #[arg(long)]
+        input: Option<String>,
+        /// Render the request as a streamed turn sends it.
+        #[arg(long)]
+        stream: bool,
+    },
     /// Print an archived original, byte for byte.
     Recall {
         /// A <<ccr:KEY>> marker or its 16-hex key.
@@ -183,6 +202,49 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(e),
             }
+        }
+        Command::Context {
+            config,
+            view,
+            json,
+            input,
+            stream,
+        } => {
+            let session = app::session_name(&Source::File(config.clone()));
+            let telemetry = telemetry::init(false, session_ref(&session));
+            let options = cairn_agent::session::InspectOptions { input, stream };
+            let result = runtime().block_on(app::context_cmd(&config, options));
+            telemetry.shutdown();
+            let report = match result {
+                Ok(r) => r,
+                Err(e) => return fail(e),
+            };
+            let out = if view == "request" {
+                report.body.clone()
+            } else {
+                match serde_json::to_value(&report) {
+                    Ok(v) if json => {
+                        let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
+                        text.push('\n');
+                        text.into_bytes()
+                    }
+                    Ok(v) => cairn_agent::inspect::table(&v).into_bytes(),
+                    Err(e) => {
+                        eprintln!("cairn-agent: the report cannot be written: {e}");
+                        return ExitCode::from(1);
+                    }
+                }
+            };
+            use std::io::Write;
+            let mut stdout = std::io::stdout().lock();
+            if stdout
+                .write_all(&out)
+                .and_then(|()| stdout.flush())
+                .is_err()
+            {
+                return ExitCode::from(1);
+            }
+            ExitCode::SUCCESS
         }
         Command::Recall { key, config } => {
             let session = app::session_name(&Source::File(config.clone()));

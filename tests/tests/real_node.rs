@@ -16,6 +16,10 @@ use cairn_tests::harness::{
     shared_cluster,
 };
 
+/// `kubectl cairn` against a session of the chart's operator.
+#[path = "real_node/kubectl.rs"]
+mod plugin;
+
 fn skip() -> bool {
     match node::unsupported() {
         Some(why) => {
@@ -1106,7 +1110,7 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 const OPERATOR_NS: &str = "cairn-system";
 /// The namespaces whose sessions the operator of [`shared_operator`] manages (and only
 /// those: other tests of this binary create AgentSessions that no operator may touch).
-const OPERATED: [&str; 2] = ["operated", "rolled"];
+const OPERATED: [&str; 3] = ["operated", "rolled", plugin::NS];
 
 /// cairn installed by `helm install` of `charts/cairn` (its CRDs included), the operator
 /// running as a pod on the real node with the chart's security context, its archive store
