@@ -29,6 +29,7 @@ pub mod config;
 pub mod journal;
 pub mod kube;
 pub mod mcp;
+pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod server;
