@@ -321,7 +321,10 @@ impl SessionMemory {
         while e > start && history.get(e).is_some_and(|m| m.role == Role::Tool) {
             e -= 1;
         }
-        (e > start).then(|| MemoryCover { text: doc.text, end: e })
+        (e > start).then_some(MemoryCover {
+            text: doc.text,
+            end: e,
+        })
     }
 
     /// Messages of `history` the memory covers, from its start.
@@ -505,8 +508,11 @@ impl SessionMemory {
             }
         };
         drop(i);
-        self.metrics
-            .inc("cairn_agent_memory_updates_total", &[("outcome", outcome)], 1.0);
+        self.metrics.inc(
+            "cairn_agent_memory_updates_total",
+            &[("outcome", outcome)],
+            1.0,
+        );
         self.publish();
         self.changed.notify_waiters();
     }
@@ -520,7 +526,9 @@ impl SessionMemory {
         let instructions = update_instructions();
         let current = previous
             .as_ref()
-            .map_or("(none yet: this is the first update)".to_owned(), |d| d.text.clone());
+            .map_or("(none yet: this is the first update)".to_owned(), |d| {
+                d.text.clone()
+            });
         let messages: Vec<&Message> = snapshot
             .queued
             .iter()
@@ -575,10 +583,12 @@ impl SessionMemory {
         };
         let head = format!("{HEAD_PREFIX}{:020}", self.epoch);
         let body = serde_json::to_vec(&doc).map_err(|e| ("head", e.to_string()))?;
-        self.objects
-            .put(&head, body)
-            .await
-            .map_err(|e| ("head", format!("the memory's head could not be written: {e}")))?;
+        self.objects.put(&head, body).await.map_err(|e| {
+            (
+                "head",
+                format!("the memory's head could not be written: {e}"),
+            )
+        })?;
         // Durable now: the absorbed segments may go, and so may older epochs' heads.
         for q in &snapshot.queued {
             if let Err(e) = self.objects.delete(&q.name).await {
@@ -613,9 +623,10 @@ impl SessionMemory {
         let now = now_secs();
         cairn_crds::session::MemoryStats {
             version: i.doc.as_ref().map_or(0, |d| d.version),
-            updated_at: i.doc.as_ref().map(|d| {
-                crate::session::rfc3339(UNIX_EPOCH + Duration::from_secs(d.updated_at))
-            }),
+            updated_at: i
+                .doc
+                .as_ref()
+                .map(|d| crate::session::rfc3339(UNIX_EPOCH + Duration::from_secs(d.updated_at))),
             age_seconds: i.doc.as_ref().map(|d| now.saturating_sub(d.updated_at)),
             covered_turn: i.doc.as_ref().map_or(0, |d| d.covered_turn),
             turns_behind: turns.saturating_sub(i.doc.as_ref().map_or(0, |d| d.covered_turn)),

@@ -241,7 +241,10 @@ async fn a_memory_that_fails_the_quality_gate_is_not_used_and_level_2_runs() {
     let sim = Sim::start().await.expect("sim");
     sim.route(
         UPDATE_PHRASE,
-        ScriptedReply::text(format!("I'm sorry, I cannot help with that. {}", memory_text("x"))),
+        ScriptedReply::text(format!(
+            "I'm sorry, I cannot help with that. {}",
+            memory_text("x")
+        )),
         Duration::ZERO,
     );
     sim.route(

@@ -158,7 +158,10 @@ pub async fn compact(
             // The session memory replaced what it covers; when that is not enough, level 2
             // summarises the rest as it would have without a memory.
             let (mut report, outcome) = if outcome == SummaryOutcome::Applied
-                && report.notes.iter().any(|n| n == summarize::FROM_MEMORY_NOTE)
+                && report
+                    .notes
+                    .iter()
+                    .any(|n| n == summarize::FROM_MEMORY_NOTE)
                 && !fits(history)
             {
                 out.level = Some(2);

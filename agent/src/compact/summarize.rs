@@ -96,7 +96,12 @@ pub trait Summarizer: Send + Sync {
     async fn summarize(&self, request: &SummaryRequest) -> Result<String, SummarizeError>;
     /// The session memory, when it covers the start of the segment `history[start..end)`:
     /// level 2 then replaces the covered part with it at once, no model call.
-    fn memory_cover(&self, _history: &[Message], _start: usize, _end: usize) -> Option<MemoryCover> {
+    fn memory_cover(
+        &self,
+        _history: &[Message],
+        _start: usize,
+        _end: usize,
+    ) -> Option<MemoryCover> {
         None
     }
 }

@@ -121,7 +121,10 @@ impl Session {
         match memory.enqueue_removed(before, &self.history).await {
             Ok(n) => {
                 if n > 0 {
-                    tracing::debug!(messages = n, "removed messages queued for the session memory");
+                    tracing::debug!(
+                        messages = n,
+                        "removed messages queued for the session memory"
+                    );
                 }
                 true
             }

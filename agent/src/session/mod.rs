@@ -697,12 +697,10 @@ impl Session {
         // once, and what the compaction removes past it goes to the memory's queue first.
         let memory = self.memory_on().cloned();
         let pre = memory.as_ref().map(|_| self.history.clone());
-        let with_memory = memory
-            .as_deref()
-            .map(|m| crate::memory::WithMemory {
-                inner: summarizer.as_dyn(),
-                memory: m,
-            });
+        let with_memory = memory.as_deref().map(|m| crate::memory::WithMemory {
+            inner: summarizer.as_dyn(),
+            memory: m,
+        });
         let ctx = LadderContext {
             policy: &live.policy,
             inputs: self.budget_inputs(),
@@ -888,9 +886,7 @@ impl Session {
             unsupported: crate::config::unsupported(&self.live),
             // The server knows when a client last had work done (`AppState::touch`).
             last_activity: None,
-            memory: self
-                .memory_on()
-                .map(|m| m.stats(&self.history, self.turns)),
+            memory: self.memory_on().map(|m| m.stats(&self.history, self.turns)),
         }
     }
 

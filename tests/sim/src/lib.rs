@@ -456,7 +456,9 @@ async fn handle(
             .find(|r| String::from_utf8_lossy(&body).contains(&r.contains))
             .cloned();
         let fault = match &routed {
-            Some(r) => header_fault.or((r.delay_ms > 0).then_some(Fault::Latency { ms: r.delay_ms })),
+            Some(r) => {
+                header_fault.or((r.delay_ms > 0).then_some(Fault::Latency { ms: r.delay_ms }))
+            }
             None => header_fault.or_else(|| s.faults.pop_front()),
         };
         let model = parsed.as_ref().map(|p| p.model.clone()).unwrap_or_default();
