@@ -75,6 +75,10 @@ pub struct Frontier {
     pub index: usize,
     /// Its [`identity`].
     pub id: u64,
+    /// The identity of the message before it: two replies alike ("ok") are told apart by
+    /// what they answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev: Option<u64>,
 }
 
 impl Frontier {
@@ -82,22 +86,32 @@ impl Frontier {
         history.get(index).map(|m| Self {
             index,
             id: identity(m),
+            prev: index
+                .checked_sub(1)
+                .and_then(|p| history.get(p))
+                .map(identity),
         })
+    }
+
+    fn is_at(&self, history: &[Message], ix: usize) -> bool {
+        history
+            .get(ix)
+            .is_some_and(|m| !m.is_system() && identity(m) == self.id)
+            && self.prev.is_none_or(|p| {
+                ix.checked_sub(1)
+                    .and_then(|i| history.get(i))
+                    .is_some_and(|m| identity(m) == p)
+            })
     }
 
     /// Where the frontier is in `history` now: at its index if that message is still
     /// there, else the first message of that identity (a compaction shifted it), else
     /// nowhere (a compaction removed it).
     pub fn locate(&self, history: &[Message]) -> Option<usize> {
-        if history
-            .get(self.index)
-            .is_some_and(|m| !m.is_system() && identity(m) == self.id)
-        {
+        if self.is_at(history, self.index) {
             return Some(self.index);
         }
-        history
-            .iter()
-            .position(|m| !m.is_system() && identity(m) == self.id)
+        (0..history.len()).find(|ix| self.is_at(history, *ix))
     }
 }
 
@@ -372,8 +386,10 @@ impl SessionMemory {
         for m in after {
             *kept.entry(identity(m)).or_default() += 1;
         }
+        // From the end: a compaction keeps the tail, so what is kept matches the newest
+        // messages of an identity (replies alike, "ok", are many).
         let mut removed = Vec::new();
-        for (ix, m) in before.iter().enumerate() {
+        for (ix, m) in before.iter().enumerate().rev() {
             let id = identity(m);
             match kept.get_mut(&id) {
                 Some(n) if *n > 0 => *n -= 1,
@@ -385,6 +401,7 @@ impl SessionMemory {
         if removed.is_empty() {
             return Ok(0);
         }
+        removed.reverse();
         let seq = {
             let mut i = self.lock();
             i.next_seq += 1;
@@ -710,6 +727,48 @@ mod tests {
         assert_ne!(identity(&Message::user("done")), id);
     }
 
+    #[tokio::test]
+    async fn a_compaction_that_removes_only_absorbed_messages_queues_nothing() {
+        let dir = tempfile::tempdir().expect("dir");
+        let objects: Arc<dyn ObjectStore> =
+            Arc::new(crate::journal::DirObjects::open(dir.path()).expect("dir objects"));
+        let store: Arc<dyn Store> = Arc::new(crate::ccr::MemoryStore::new());
+        let m = SessionMemory::open(objects, store, 1, Arc::new(Metrics::new()))
+            .await
+            .expect("open");
+        let mut h = vec![Message::system("s")];
+        for i in 0..10 {
+            h.push(Message::user(format!("note {i}")));
+            h.push(Message::assistant("ok"));
+        }
+        m.lock().doc = Some(MemoryDoc {
+            version: 1,
+            text: "memory".into(),
+            key: None,
+            frontier: Frontier::of(&h, 12),
+            covered_turn: 6,
+            updated_at: 0,
+        });
+        // The memory covers [1, 13); the compaction replaced [1, 11) and kept the rest.
+        let mut after = vec![h[0].clone(), Message::user("memory")];
+        after.extend(h[11..].iter().cloned());
+        assert_eq!(m.enqueue_removed(&h, &after).await.expect("queued"), 0);
+        assert_eq!(m.queue_len(), 0);
+        // One that also removed [13, 15), past the frontier, queues those two.
+        let mut after = vec![h[0].clone(), Message::user("summary")];
+        after.extend(h[15..].iter().cloned());
+        assert_eq!(m.enqueue_removed(&h, &after).await.expect("queued"), 2);
+        let q = m.lock().queue.clone();
+        assert_eq!(q[0].messages, h[13..15].to_vec());
+        // The frontier of an "ok" is told from the other "ok"s by what it answered.
+        let f = Frontier::of(&h, 12).expect("frontier");
+        assert_eq!(f.locate(&after), None);
+        let shifted: Vec<Message> = std::iter::once(h[0].clone())
+            .chain(h[5..].iter().cloned())
+            .collect();
+        assert_eq!(f.locate(&shifted), Some(8));
+    }
+
     #[test]
     fn the_frontier_is_found_after_a_shift_and_lost_after_a_removal() {
         let h: Vec<Message> = vec![
@@ -720,8 +779,16 @@ mod tests {
         ];
         let f = Frontier::of(&h, 2).expect("there");
         assert_eq!(f.locate(&h), Some(2));
-        let shifted = vec![h[0].clone(), h[2].clone(), h[3].clone()];
-        assert_eq!(f.locate(&shifted), Some(1));
+        let shifted = vec![
+            h[0].clone(),
+            Message::user("summary"),
+            h[1].clone(),
+            h[2].clone(),
+        ];
+        assert_eq!(f.locate(&shifted), Some(3));
+        // Without the message it answered it is not trusted: the memory counts as stale.
+        let cut = vec![h[0].clone(), h[2].clone(), h[3].clone()];
+        assert_eq!(f.locate(&cut), None);
         let removed = vec![h[0].clone(), h[3].clone()];
         assert_eq!(f.locate(&removed), None);
     }
