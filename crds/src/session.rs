@@ -806,9 +806,10 @@ pub struct MemoryStats {
     /// An update is running.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub updating: bool,
-    /// Updates that succeeded and failed since the agent started.
+    /// Updates that succeeded since the agent started.
     #[serde(default)]
     pub updates: u64,
+    /// Updates that failed since the agent started (logged, and told as a notice).
     #[serde(default)]
     pub failures: u64,
     /// Why the latest update failed, until one succeeds.
