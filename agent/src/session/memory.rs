@@ -36,6 +36,11 @@ impl Session {
         self.memory_on().cloned()
     }
 
+    /// `status.session.memory` as it stands now.
+    pub fn memory_stats(&self) -> Option<cairn_crds::session::MemoryStats> {
+        self.memory_on().map(|m| m.stats(&self.history, self.turns))
+    }
+
     /// Opens the memory and its queue the first time the policy enables it.
     pub(super) async fn ensure_memory(&mut self) {
         if !self.live.policy.memory.enabled || self.memory.is_some() {
