@@ -209,6 +209,14 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
             }),
         },
     }
+    if live.policy.memory.enabled
+        && (!live.policy.summarizer.enabled || live.policy.engine != Engine::Local)
+    {
+        out.push(UnsupportedSetting {
+            field: "memory.enabled".into(),
+            reason: "the session memory needs engine: local and the summarizer enabled; compactions run the ladder without it".into(),
+        });
+    }
     // The summarizer's own provider is honoured whenever it can be built at all.
     let s = crate::provider::live::summarizer_spec(live);
     if s.base_url.is_none()

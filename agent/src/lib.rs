@@ -30,6 +30,7 @@ pub mod config;
 pub mod journal;
 pub mod kube;
 pub mod mcp;
+pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod peek;

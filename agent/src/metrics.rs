@@ -56,6 +56,31 @@ const HELP: &[(&str, &str, &str)] = &[
         "Compactions by ladder level and trigger.",
     ),
     (
+        "cairn_agent_memory_updates_total",
+        "counter",
+        "Background updates of the session memory by outcome (ok, failed, rejected, archive, head, window_too_small, queue_failed).",
+    ),
+    (
+        "cairn_agent_memory_compactions_total",
+        "counter",
+        "Compactions that replaced history with the session memory, with no summarizer call.",
+    ),
+    (
+        "cairn_agent_memory_queued_segments_total",
+        "counter",
+        "Segments compactions handed to the session memory's queue.",
+    ),
+    (
+        "cairn_agent_memory_queue_segments",
+        "gauge",
+        "Segments waiting in the session memory's queue.",
+    ),
+    (
+        "cairn_agent_memory_queue_messages",
+        "gauge",
+        "Messages in the segments waiting in the session memory's queue.",
+    ),
+    (
         "cairn_agent_recoveries_total",
         "counter",
         "Recovery attempts by failure class, attempt and outcome.",

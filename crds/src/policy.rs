@@ -110,6 +110,32 @@ pub struct CompactionPolicySpec {
     /// and OpenAI Responses' server-side compaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_engine: Option<ProviderEngineSpec>,
+
+    /// A running session memory (the nine sections of a level-2 summary) that the
+    /// summarizer updates in the background every few turns, so that a compaction can
+    /// replace the part of the history the memory covers at once, with no summarizer call
+    /// during the turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemorySpec>,
+}
+
+/// The session memory.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemorySpec {
+    /// Keep a session memory. It costs a summarizer call every few turns (off the turn's
+    /// critical path); `engine: local` with the summarizer enabled only. Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Update the memory once this many turns passed since its last update. Default: 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("memory.everyTurns must be between 1 and 1000"))]
+    pub every_turns: Option<u32>,
+    /// Update the memory sooner, once the messages it has not absorbed reach this many
+    /// estimated tokens; 0 turns the token trigger off. Default: 8000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 10000000").message("memory.everyTokens must be between 0 and 10000000"))]
+    pub every_tokens: Option<u64>,
 }
 
 /// `engine: provider`, as each provider family documents it.
@@ -402,6 +428,34 @@ pub struct EffectivePolicy {
     /// Left out of the canonical form at its default, like `on_budget_exceeded`.
     #[serde(default, skip_serializing_if = "Output::is_default")]
     pub output: Output,
+    /// Left out of the canonical form at its default, like `on_budget_exceeded`.
+    #[serde(default, skip_serializing_if = "Memory::is_default")]
+    pub memory: Memory,
+}
+
+/// The effective session memory settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Memory {
+    pub enabled: bool,
+    pub every_turns: u32,
+    pub every_tokens: u64,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            every_turns: 4,
+            every_tokens: 8_000,
+        }
+    }
+}
+
+impl Memory {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Output-token steering.
@@ -637,6 +691,7 @@ impl Default for EffectivePolicy {
             engine_timeout_seconds: DEFAULT_ENGINE_TIMEOUT_SECONDS,
             on_budget_exceeded: BudgetAction::Warn,
             output: Output::default(),
+            memory: Memory::default(),
         }
     }
 }
@@ -657,6 +712,11 @@ impl EffectivePolicy {
         if let Some(out) = &o.output {
             set(&mut self.output.verbosity, out.verbosity);
             set(&mut self.output.effort_routing, out.effort_routing);
+        }
+        if let Some(m) = &o.memory {
+            set(&mut self.memory.enabled, m.enabled);
+            set(&mut self.memory.every_turns, m.every_turns);
+            set(&mut self.memory.every_tokens, m.every_tokens);
         }
         if let Some(a) = &o.auto_compact {
             let t = &mut self.auto_compact;
@@ -760,6 +820,9 @@ impl EffectivePolicy {
         let m = &self.microcompact;
         if m.truncate_after_turns >= m.summarize_after_turns {
             return err("microcompact.truncateAfterTurns must be smaller than summarizeAfterTurns");
+        }
+        if self.memory.every_turns == 0 {
+            return err("memory.everyTurns must be at least 1");
         }
         if self.tool_results.per_result_chars > self.tool_results.per_turn_chars {
             return err("toolResults.perResultChars must not exceed perTurnChars");

@@ -763,6 +763,61 @@ pub struct SessionStats {
     /// or the fleet's ConfigMap), the session model's and the summarizer's apart.
     #[serde(default, rename = "costUSD", skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<CostStats>,
+
+    /// The session memory (compaction.memory), when it is enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryStats>,
+}
+
+/// The session memory: how fresh it is and what waits to be absorbed.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryStats {
+    /// Version of the memory (0: none yet); each successful update adds one.
+    #[serde(default)]
+    pub version: u64,
+    /// When the memory was last updated, RFC 3339 UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<String>,
+    /// Seconds since the last update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_seconds: Option<u64>,
+    /// The turn the last update covered.
+    #[serde(default)]
+    pub covered_turn: u64,
+    /// Turns since the last update.
+    #[serde(default)]
+    pub turns_behind: u64,
+    /// Messages of the current history the memory covers (from its start).
+    #[serde(default)]
+    pub covered_messages: u64,
+    /// Bytes of the memory's text.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Archive key of the memory's text (recallable as <<ccr:KEY>>).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Segments removed by compactions that the memory has not absorbed yet.
+    #[serde(default)]
+    pub queue_segments: u64,
+    /// Messages in those segments.
+    #[serde(default)]
+    pub queue_messages: u64,
+    /// An update is running.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub updating: bool,
+    /// Updates that succeeded since the agent started.
+    #[serde(default)]
+    pub updates: u64,
+    /// Updates that failed since the agent started (logged, and told as a notice).
+    #[serde(default)]
+    pub failures: u64,
+    /// Why the latest update failed, until one succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Compactions that replaced history with the memory, with no summarizer call.
+    #[serde(default)]
+    pub compactions_from_memory: u64,
 }
 
 /// A session's cost budget.

@@ -153,8 +153,24 @@ pub async fn compact(
         if state.skip_level2 > 0 {
             state.skip_level2 -= 1;
         } else {
-            let (mut report, outcome) =
+            let (report, outcome) =
                 summarize::summarize(history, ctx.policy, ctx.trigger, s, ctx.store).await;
+            // The session memory replaced what it covers; when that is not enough, level 2
+            // summarises the rest as it would have without a memory.
+            let (mut report, outcome) = if outcome == SummaryOutcome::Applied
+                && report
+                    .notes
+                    .iter()
+                    .any(|n| n == summarize::FROM_MEMORY_NOTE)
+                && !fits(history)
+            {
+                out.level = Some(2);
+                out.reports.push(report);
+                let plain = WithoutMemory(s);
+                summarize::summarize(history, ctx.policy, ctx.trigger, &plain, ctx.store).await
+            } else {
+                (report, outcome)
+            };
             if outcome == SummaryOutcome::Applied {
                 out.level = Some(2);
                 if !fits(history) {
@@ -187,6 +203,23 @@ pub async fn compact(
     state.compactions += 1;
     out.breaker_opened = !was_open && state.auto_compaction_disabled();
     out
+}
+
+/// A summarizer with its session memory hidden: level 2 proper.
+struct WithoutMemory<'a>(&'a dyn Summarizer);
+
+#[async_trait::async_trait]
+impl Summarizer for WithoutMemory<'_> {
+    fn window_chars(&self) -> usize {
+        self.0.window_chars()
+    }
+
+    async fn summarize(
+        &self,
+        request: &summarize::SummaryRequest,
+    ) -> Result<String, summarize::SummarizeError> {
+        self.0.summarize(request).await
+    }
 }
 
 #[cfg(test)]

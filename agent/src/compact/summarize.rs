@@ -77,13 +77,37 @@ impl SummarizeError {
     }
 }
 
+/// A summary that needs no model call: the session memory, and where the part of the
+/// history it covers ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryCover {
+    /// The memory's text (the nine sections).
+    pub text: String,
+    /// The memory covers `history[start..end)` of the segment; `end` never splits a tool
+    /// call from its results.
+    pub end: usize,
+}
+
 /// The model that writes level-2 summaries (the session's own or a dedicated cheaper one).
 #[async_trait]
 pub trait Summarizer: Send + Sync {
     /// The summarizer model's context window, in characters.
     fn window_chars(&self) -> usize;
     async fn summarize(&self, request: &SummaryRequest) -> Result<String, SummarizeError>;
+    /// The session memory, when it covers the start of the segment `history[start..end)`:
+    /// level 2 then replaces the covered part with it at once, no model call.
+    fn memory_cover(
+        &self,
+        _history: &[Message],
+        _start: usize,
+        _end: usize,
+    ) -> Option<MemoryCover> {
+        None
+    }
 }
+
+/// The note a summary pass leaves when the session memory stood in for the summary.
+pub const FROM_MEMORY_NOTE: &str = "summary from the session memory (no summarizer call)";
 
 /// Why a summary was rejected by the quality gate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,19 +135,7 @@ pub fn check_quality(summary: &str, segment_chars: usize) -> Result<(), Rejectio
     if s.is_empty() {
         return Err(Rejection::Empty);
     }
-    let head = s[..text::floor_boundary(s, 120)].to_lowercase();
-    const REFUSALS: [&str; 9] = [
-        "i'm sorry",
-        "i am sorry",
-        "sorry,",
-        "i cannot",
-        "i can't",
-        "i can not",
-        "i'm unable",
-        "i am unable",
-        "as an ai",
-    ];
-    if REFUSALS.iter().any(|r| head.starts_with(r)) {
+    if is_refusal(s) {
         return Err(Rejection::Refusal);
     }
     let required = (segment_chars / SUMMARY_RATIO)
@@ -136,6 +148,24 @@ pub fn check_quality(summary: &str, segment_chars: usize) -> Result<(), Rejectio
         return Err(Rejection::NotShorter);
     }
     Ok(())
+}
+
+/// True when `text` opens like a refusal ("I'm sorry", "As an AI", ...).
+pub fn is_refusal(text: &str) -> bool {
+    let s = text.trim();
+    let head = s[..text::floor_boundary(s, 120)].to_lowercase();
+    const REFUSALS: [&str; 9] = [
+        "i'm sorry",
+        "i am sorry",
+        "sorry,",
+        "i cannot",
+        "i can't",
+        "i can not",
+        "i'm unable",
+        "i am unable",
+        "as an ai",
+    ];
+    REFUSALS.iter().any(|r| head.starts_with(r))
 }
 
 /// The instructions sent with every summary request.
@@ -225,6 +255,36 @@ pub async fn summarize(
 ) -> (PassReport, SummaryOutcome) {
     let mut report = PassReport::new(Pass::Summary, trigger, history::weight(history));
     let (start, end) = segment_bounds(history, policy.min_keep_recent as usize);
+    // The session memory stands in for the part of the segment it covers, when it passes
+    // the same quality gate as a summary; otherwise level 2 runs as without it.
+    if let Some(cover) = summarizer.memory_cover(history, start, end)
+        && cover.end > start
+        && cover.end <= end
+    {
+        let covered: Vec<&Message> = history[start..cover.end]
+            .iter()
+            .filter(|m| !m.is_system() && !m.meta.preserve_verbatim)
+            .collect();
+        let chars: usize = covered.iter().map(|m| m.weight()).sum();
+        if !covered.is_empty() {
+            match check_quality(&cover.text, chars) {
+                Ok(()) => {
+                    let mut r = report.clone();
+                    r.notes.push(FROM_MEMORY_NOTE.into());
+                    let applied = apply(history, start, cover.end, &cover.text, r, store).await;
+                    if applied.1 == SummaryOutcome::Applied {
+                        return applied;
+                    }
+                    report.notes.extend(applied.0.notes);
+                    report.archive_error = applied.0.archive_error;
+                }
+                Err(r) => report.notes.push(format!(
+                    "session memory rejected by the quality gate: {}; level 2 runs",
+                    r.label()
+                )),
+            }
+        }
+    }
     let dropped: Vec<&Message> = history[start..end]
         .iter()
         .filter(|m| !m.is_system() && !m.meta.preserve_verbatim)
@@ -272,8 +332,25 @@ pub async fn summarize(
     let Some(summary) = summary else {
         return (report, SummaryOutcome::Rejected(last_rejection));
     };
+    apply(history, start, end, &summary, report, store).await
+}
 
-    let owned: Vec<Message> = dropped.iter().map(|m| (*m).clone()).collect();
+/// Replaces the summarisable messages of `history[start..end)` with `summary`, once the
+/// segment is archived.
+async fn apply(
+    history: &mut Vec<Message>,
+    start: usize,
+    end: usize,
+    summary: &str,
+    mut report: PassReport,
+    store: &dyn Store,
+) -> (PassReport, SummaryOutcome) {
+    let owned: Vec<Message> = history[start..end]
+        .iter()
+        .filter(|m| !m.is_system() && !m.meta.preserve_verbatim)
+        .cloned()
+        .collect();
+    let segment_chars: usize = owned.iter().map(|m| m.weight()).sum();
     let archive_text = segment_text(&owned);
     let keys = match archive_all(store, &[archive_text.as_bytes()]).await {
         Ok(k) if !k.is_empty() => k,

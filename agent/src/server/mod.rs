@@ -563,10 +563,20 @@ async fn metrics(State(state): State<AppState>) -> Response {
 
 async fn get_session(State(state): State<AppState>) -> Response {
     let mut v = state.view.read().map(|v| v.clone()).unwrap_or(Value::Null);
-    if state.session.try_lock().is_err()
-        && let Some(o) = v.as_object_mut()
-    {
-        o.insert("status".into(), json!("busy"));
+    match state.session.try_lock() {
+        Err(_) => {
+            if let Some(o) = v.as_object_mut() {
+                o.insert("status".into(), json!("busy"));
+            }
+        }
+        // The session memory changes between turns (its background updates): read it now.
+        Ok(session) => {
+            if let Some(m) = session.memory_stats()
+                && let Some(stats) = v.get_mut("stats").and_then(Value::as_object_mut)
+            {
+                stats.insert("memory".into(), json!(m));
+            }
+        }
     }
     axum::Json(v).into_response()
 }

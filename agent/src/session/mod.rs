@@ -8,6 +8,7 @@
 //! then becomes whatever the journal turned out to hold: what a restart would rebuild.
 
 mod inspect;
+mod memory;
 mod summarizer;
 pub mod tools;
 mod turn;
@@ -179,6 +180,10 @@ pub struct Session {
     net: crate::net::NetPath,
     /// The MCP tools offered in the turn in progress, and where their calls go.
     mcp_catalog: McpCatalog,
+    /// The session memory and its queue (`compaction.memory`), once enabled.
+    memory: Option<Arc<crate::memory::SessionMemory>>,
+    /// Its update in progress.
+    memory_task: Option<memory::UpdateTask>,
 }
 
 /// Messages the cheap passes changed over the session's life (`status.session.passes`,
@@ -224,7 +229,7 @@ impl Session {
         };
         let provider = deadlined(parts.provider);
         let summarizer_provider = parts.summarizer_provider.map(deadlined);
-        let s = Self {
+        let mut s = Self {
             namespace: parts.namespace,
             name: parts.name,
             history: rebuilt.history,
@@ -267,7 +272,12 @@ impl Session {
             mcp,
             net: parts.net,
             mcp_catalog: McpCatalog::default(),
+            memory: None,
+            memory_task: None,
         };
+        // A restarted agent absorbs what its predecessor queued, right away.
+        s.ensure_memory().await;
+        s.maybe_update_memory();
         s.publish_gauges();
         Ok(s)
     }
@@ -683,19 +693,49 @@ impl Session {
             Some(engine) => Summary::Mcp(engine),
             None => Summary::Builtin(builtin),
         };
+        // With the session memory, the ladder's level 2 replaces what the memory covers at
+        // once, and what the compaction removes past it goes to the memory's queue first.
+        let memory = self.memory_on().cloned();
+        let pre = memory.as_ref().map(|_| self.history.clone());
+        let with_memory = memory.as_deref().map(|m| crate::memory::WithMemory {
+            inner: summarizer.as_dyn(),
+            memory: m,
+        });
         let ctx = LadderContext {
             policy: &live.policy,
             inputs: self.budget_inputs(),
             store: self.store.as_ref(),
-            summarizer: Some(summarizer.as_dyn()),
+            summarizer: Some(match &with_memory {
+                Some(w) => w,
+                None => summarizer.as_dyn(),
+            }),
             trigger,
             budget_ratio: ratio,
             target: None,
         };
         let span = tracing::info_span!("compaction", trigger = trigger.label());
-        let out = compact(&mut self.history, &ctx, &mut self.state)
+        let mut out = compact(&mut self.history, &ctx, &mut self.state)
             .instrument(span)
             .await;
+        if let (Some(memory), Some(pre)) = (&memory, pre) {
+            if !self.queue_removed(&pre).await {
+                self.history = pre;
+                out.bytes_after = out.bytes_before;
+                out.met = out.bytes_after <= out.target;
+                if let Some(r) = out.reports.last_mut() {
+                    r.notes.push(
+                        "the session memory's queue could not be written: the compaction was undone"
+                            .into(),
+                    );
+                }
+            } else if out.reports.iter().any(|r| {
+                r.notes
+                    .iter()
+                    .any(|n| n == crate::compact::summarize::FROM_MEMORY_NOTE)
+            }) {
+                memory.used_by_compaction(&self.history);
+            }
+        }
         if let Summary::Mcp(e) = &summarizer {
             for (outcome, n) in [
                 (
@@ -765,6 +805,7 @@ impl Session {
             };
             self.commit(vec![record(&out)], Some(undo), false).await?;
         }
+        self.maybe_update_memory();
         self.publish_gauges();
         Ok(out)
     }
@@ -845,6 +886,7 @@ impl Session {
             unsupported: crate::config::unsupported(&self.live),
             // The server knows when a client last had work done (`AppState::touch`).
             last_activity: None,
+            memory: self.memory_on().map(|m| m.stats(&self.history, self.turns)),
         }
     }
 

@@ -454,6 +454,8 @@ impl Session {
             list: Vec::new(),
             live: events,
         };
+        self.ensure_memory().await;
+        self.absorb_memory_events();
         for (kind, message) in std::mem::take(&mut self.pending_notices) {
             notice(&mut notices, kind, message);
         }
@@ -504,6 +506,8 @@ impl Session {
             Ok(mut out) => {
                 self.failed_turn = None;
                 self.last_reply_at = Some(SystemTime::now());
+                // Off the turn's path: the update runs while the client reads the answer.
+                self.maybe_update_memory();
                 for n in &notices.list {
                     self.metrics
                         .inc("cairn_agent_notices_total", &[("kind", n.kind)], 1.0);
@@ -1084,6 +1088,11 @@ impl Session {
                     let outcome = recover(&mut self.history, &err, class, &ctx, &mut self.state)
                         .instrument(span)
                         .await;
+                    // What recovery removed goes to the memory's queue before the rewritten
+                    // history is journaled; without the queue the step is undone.
+                    if outcome.is_ok() && !self.queue_removed(&before).await {
+                        self.history = before.clone();
+                    }
                     match outcome {
                         Ok(o) => {
                             let attempt = o.attempt.to_string();

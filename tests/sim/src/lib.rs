@@ -44,7 +44,7 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use script::{Fault, Script, ScriptedCall, ScriptedReply, Stop};
+pub use script::{Fault, Route, Script, ScriptedCall, ScriptedReply, Stop};
 pub use wire::Wire;
 use wire::{ApiError, Rendered, Turn};
 
@@ -100,6 +100,7 @@ impl RecordedRequest {
 struct SimState {
     replies: VecDeque<ScriptedReply>,
     faults: VecDeque<Fault>,
+    routes: Vec<Route>,
     windows: BTreeMap<String, u64>,
     bytes_per_token: BTreeMap<String, f64>,
     dialects: BTreeMap<String, String>,
@@ -122,6 +123,7 @@ fn apply_script(state: &Shared, script: Script) {
     let mut s = lock(state);
     s.replies.extend(script.replies);
     s.faults.extend(script.faults);
+    s.routes.extend(script.routes);
     s.windows.extend(script.windows);
     s.bytes_per_token.extend(script.bytes_per_token);
     s.dialects.extend(script.dialects);
@@ -174,6 +176,19 @@ impl Sim {
 
     pub fn push_reply(&self, reply: ScriptedReply) {
         lock(&self.state).replies.push_back(reply);
+    }
+
+    /// Answers every request whose body contains `contains` with `reply` after `delay`
+    /// (a slow summarizer, say), outside the reply queue; replaces an earlier route of the
+    /// same text.
+    pub fn route(&self, contains: &str, reply: ScriptedReply, delay: Duration) {
+        let mut s = lock(&self.state);
+        s.routes.retain(|r| r.contains != contains);
+        s.routes.push(Route {
+            contains: contains.to_string(),
+            reply,
+            delay_ms: delay.as_millis() as u64,
+        });
     }
 
     pub fn push_fault(&self, fault: Fault) {
@@ -434,7 +449,18 @@ async fn handle(
         let bad_signature = sigv4.as_ref().is_some_and(|c| c.verdict == "invalid");
         s.seq += 1;
         let seq = s.seq;
-        let fault = header_fault.or_else(|| s.faults.pop_front());
+        // A standing route answers its requests without touching the queues.
+        let routed = s
+            .routes
+            .iter()
+            .find(|r| String::from_utf8_lossy(&body).contains(&r.contains))
+            .cloned();
+        let fault = match &routed {
+            Some(r) => {
+                header_fault.or((r.delay_ms > 0).then_some(Fault::Latency { ms: r.delay_ms }))
+            }
+            None => header_fault.or_else(|| s.faults.pop_front()),
+        };
         let model = parsed.as_ref().map(|p| p.model.clone()).unwrap_or_default();
         let window = s.windows.get(&model).copied().unwrap_or(DEFAULT_WINDOW);
         let ratio = s
@@ -493,9 +519,13 @@ async fn handle(
         let failing = matches!(fault, Some(Fault::Status { .. }));
         let reply =
             (auth.is_some() && !bad_signature && parsed.is_ok() && fits && !failing).then(|| {
-                s.replies
-                    .pop_front()
-                    .unwrap_or_else(|| ScriptedReply::text("ok"))
+                match routed {
+                    Some(r) => r.reply,
+                    None => s
+                        .replies
+                        .pop_front()
+                        .unwrap_or_else(|| ScriptedReply::text("ok")),
+                }
             });
         let p = parsed.as_ref().ok();
         s.requests.push(RecordedRequest {

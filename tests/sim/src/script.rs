@@ -141,6 +141,17 @@ impl Fault {
     }
 }
 
+/// A standing answer for every request whose body contains `contains` (a summarizer's
+/// instructions, say): it is answered with `reply` after `delay_ms`, and neither consumes
+/// the reply queue nor a queued fault. The first matching route wins.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Route {
+    pub contains: String,
+    pub reply: ScriptedReply,
+    #[serde(default)]
+    pub delay_ms: u64,
+}
+
 /// A script file (JSON or YAML) or the body of `POST /_sim/script`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Script {
@@ -159,6 +170,9 @@ pub struct Script {
     pub dialects: BTreeMap<String, String>,
     #[serde(default)]
     pub faults: Vec<Fault>,
+    /// Standing answers by body content (see [`Route`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<Route>,
     /// Simulate the providers' prompt caches (`cache`): usage reports cache reads and
     /// writes as each provider does.
     #[serde(default, rename = "promptCache")]
