@@ -26,8 +26,7 @@ fn kubeconfig() -> std::path::PathBuf {
         Some(path) => std::path::PathBuf::from(path),
         None => {
             let cp = cairn_tests::harness::shared_cluster();
-            cp.apply_yaml(&cairn_crds::crds_yaml().expect("CRDs serialize"))
-                .expect("CRDs install");
+            cp.install_crds().expect("CRDs install");
             cp.kubeconfig.clone()
         }
     }

@@ -30,8 +30,7 @@ async fn config() -> kube::Config {
     let cp = cairn_tests::harness::shared_cluster();
     static CRDS: std::sync::Once = std::sync::Once::new();
     CRDS.call_once(|| {
-        let yaml = cairn_crds::crds_yaml().expect("CRD YAML");
-        cp.apply_yaml(&yaml).expect("CRDs apply");
+        cp.install_crds().expect("CRDs install");
     });
     let kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig");
     kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())

@@ -10,17 +10,8 @@ fn cluster_with_crds() -> &'static ControlPlane {
     static ONCE: std::sync::Once = std::sync::Once::new();
     let cp = shared_cluster();
     ONCE.call_once(|| {
-        let crds = cairn_crds::crds_yaml().expect("CRDs serialize");
-        cp.apply_yaml(&crds).expect("the CRDs install");
-        for name in ["agentsessions.cairn.dev", "compactionpolicies.cairn.dev"] {
-            cp.kubectl_ok(&[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                &format!("crd/{name}"),
-            ])
-            .expect("the CRD is established");
-        }
+        cp.install_crds()
+            .expect("the CRDs install and are established");
     });
     cp
 }

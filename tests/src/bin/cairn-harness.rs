@@ -77,8 +77,7 @@ fn up(
     let cp = ControlPlane::start(&dir)?;
     let s3 = S3Server::start(&dir.join("logs"), &["cairn"])?;
     if crds {
-        let yaml = cairn_crds::crds_yaml().map_err(|e| HarnessError::Setup(e.to_string()))?;
-        cp.apply_yaml(&yaml)?;
+        cp.install_crds()?;
     }
     let helm = helm()?;
     let pods = if run_pods {

@@ -266,6 +266,26 @@ impl ControlPlane {
         )
     }
 
+    /// Applies cairn's CRDs and waits until the API server serves them: a create sent right
+    /// after the apply can otherwise get a 404 while the new resources are being registered.
+    pub fn install_crds(&self) -> Result<(), HarnessError> {
+        let yaml = cairn_crds::crds_yaml().map_err(|e| HarnessError::Setup(e.to_string()))?;
+        self.apply_yaml(&yaml)?;
+        kubectl_stdin(
+            &self.kubectl,
+            &self.kubeconfig,
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "-f",
+                "-",
+            ],
+            &yaml,
+        )?;
+        Ok(())
+    }
+
     /// `kubectl <args> -f -` with `yaml` on stdin, returning the whole output even on failure.
     pub fn kubectl_with_stdin(&self, args: &[&str], yaml: &str) -> Result<Output, HarnessError> {
         kubectl_stdin_output(&self.kubectl, &self.kubeconfig, args, yaml)
