@@ -20,6 +20,41 @@ use cairn_tests::harness::{
 #[path = "real_node/kubectl.rs"]
 mod plugin;
 
+/// The worker session's API token (from its Secret) and its Service's address, for calls
+/// from a client pod of `ns`.
+fn worker_endpoint(cp: &ControlPlane, ns: &str) -> (String, String) {
+    use base64::Engine;
+    let raw = kubectl(
+        cp,
+        &[
+            "get",
+            "secret",
+            "cairn-worker-api-token",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.data.token}",
+        ],
+    );
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(raw.trim())
+        .expect("base64 token");
+    let token = String::from_utf8(bytes).expect("UTF-8 token");
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "service",
+            "cairn-worker",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+    );
+    (token, format!("{}:8080", ip.trim()))
+}
+
 fn skip() -> bool {
     match node::unsupported() {
         Some(why) => {
@@ -1493,38 +1528,7 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
     let out = inspect_agent(cp, ns, pod);
     assert_hardened(&out);
 
-    let token = kubectl(
-        cp,
-        &[
-            "get",
-            "secret",
-            "cairn-worker-api-token",
-            "-n",
-            ns,
-            "-o",
-            "jsonpath={.data.token}",
-        ],
-    );
-    let token = {
-        use base64::Engine;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(token.trim())
-            .expect("base64 token");
-        String::from_utf8(bytes).expect("UTF-8 token")
-    };
-    let ip = kubectl(
-        cp,
-        &[
-            "get",
-            "service",
-            "cairn-worker",
-            "-n",
-            ns,
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ],
-    );
-    let addr = format!("{}:8080", ip.trim());
+    let (token, addr) = worker_endpoint(cp, ns);
     let call = |request: (&str, &str), body: Option<serde_json::Value>| {
         exchange(cp, ns, &addr, request, &token, body.as_ref())
     };

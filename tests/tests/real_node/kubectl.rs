@@ -14,7 +14,7 @@ use cairn_tests::harness::ControlPlane;
 
 use super::{
     build_log, ccr_key, client_pod, exchange, json_of, kubectl, pod_ready, session_secrets,
-    shared_cluster, shared_node, shared_operator, skip, summary_text, wait_for,
+    shared_cluster, shared_node, shared_operator, skip, summary_text, wait_for, worker_endpoint,
 };
 
 /// The namespace of this test's session (one the operator of `shared_operator` manages).
@@ -189,38 +189,7 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
 
     // The agent's own answers, from a client pod of the namespace with the session's
     // token, to hold the plugin's output to.
-    let token = {
-        use base64::Engine;
-        let raw = kubectl(
-            cp,
-            &[
-                "get",
-                "secret",
-                "cairn-worker-api-token",
-                "-n",
-                ns,
-                "-o",
-                "jsonpath={.data.token}",
-            ],
-        );
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(raw.trim())
-            .expect("base64 token");
-        String::from_utf8(bytes).expect("UTF-8 token")
-    };
-    let ip = kubectl(
-        cp,
-        &[
-            "get",
-            "service",
-            "cairn-worker",
-            "-n",
-            ns,
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ],
-    );
-    let addr = format!("{}:8080", ip.trim());
+    let (token, addr) = worker_endpoint(cp, ns);
     let call = |request: (&str, &str), body: Option<serde_json::Value>| {
         exchange(cp, ns, &addr, request, &token, body.as_ref())
     };
