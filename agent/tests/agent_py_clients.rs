@@ -7,55 +7,21 @@
 
 mod agent_support;
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use agent_support::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{ScriptedReply, Sim};
+use cairn_tests::harness::python::{self, line};
 use serde_json::json;
 
-/// The venv's python, installed by the harness script when missing.
-fn python() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new("bash")
-        .arg(root.join("tests/harness/install-py-clients.sh"))
-        .output()
-        .expect("install-py-clients.sh");
-    assert!(
-        out.status.success(),
-        "installing the Python clients failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 async fn run_python(script: &'static str, base: String, extra: Vec<(String, String)>) -> String {
-    let py = python();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(py)
-            .args(["-c", script])
-            .env("BASE", base)
-            .env("TOKEN", TOKEN)
-            .envs(extra)
-            .output()
-            .expect("python")
-    })
-    .await
-    .expect("join");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
-fn line<'a>(out: &'a str, key: &str) -> &'a str {
-    out.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= line in:\n{out}"))
+    let mut env = vec![
+        ("BASE".to_owned(), base),
+        ("TOKEN".to_owned(), TOKEN.to_owned()),
+    ];
+    env.extend(extra);
+    tokio::task::spawn_blocking(move || python::run(script, &env))
+        .await
+        .expect("join")
 }
 
 const CHAT: &str = r#"

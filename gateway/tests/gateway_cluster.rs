@@ -16,6 +16,7 @@ use cairn_gateway::config::{IdentityClaims, JwksSource, OidcSettings, Settings};
 use cairn_gateway::directory::{Directory, KubeDirectory, WAKE_ANNOTATION};
 use cairn_gateway::server::Gateway;
 use cairn_sim::{ScriptedReply, Sim};
+use cairn_tests::harness::python::{self, line};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -324,44 +325,10 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
-fn python() -> PathBuf {
-    let script = cairn_tests::harness::repo_root().join("tests/harness/install-py-clients.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .output()
-        .expect("install-py-clients.sh");
-    assert!(
-        out.status.success(),
-        "installing the Python clients failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 async fn run_python(script: &'static str, env: Vec<(&'static str, String)>) -> String {
-    let py = python();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(py)
-            .args(["-c", script])
-            .envs(env)
-            .output()
-            .expect("python")
-    })
-    .await
-    .expect("join");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
-fn line<'a>(out: &'a str, key: &str) -> &'a str {
-    out.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= line in:\n{out}"))
+    tokio::task::spawn_blocking(move || python::run(script, &env))
+        .await
+        .expect("join")
 }
 
 const SDK: &str = r#"

@@ -11,12 +11,12 @@
 //! without the tools `.ci/install.sh` installs.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cairn_sim::{ScriptedReply, Sim};
 use cairn_tests::harness::node::{self, RealNode};
+use cairn_tests::harness::python::{self, line};
 use cairn_tests::harness::{ControlPlane, S3Server, built_paths, helm, repo_root, run_dir, s3};
 use serde_json::json;
 
@@ -159,39 +159,8 @@ fn jwks() -> String {
     json!({"keys": [{"kty": "oct", "kid": "k1", "alg": "HS256", "k": k}]}).to_string()
 }
 
-fn python() -> PathBuf {
-    let script = repo_root().join("tests/harness/install-py-clients.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .output()
-        .expect("install-py-clients.sh");
-    assert!(
-        out.status.success(),
-        "installing the Python clients failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 fn run_python(script: &str, env: &[(&str, String)]) -> String {
-    let out = Command::new(python())
-        .args(["-c", script])
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("python");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
-fn line<'a>(out: &'a str, key: &str) -> &'a str {
-    out.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= line in:\n{out}"))
+    python::run(script, env)
 }
 
 const PRELUDE: &str = r#"

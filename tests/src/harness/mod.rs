@@ -7,6 +7,7 @@ pub mod llama;
 pub mod node;
 pub mod pki;
 pub mod proc;
+pub mod python;
 pub mod runtime;
 pub mod s3;
 pub mod seaweedfs;
