@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use crate::history::Message;
 use crate::memory::SessionMemory;
-use crate::provider::Usage;
 
-use super::{Session, count_tokens};
+use super::Session;
 
 /// A background update; dropping it (the session goes away) stops the update, as a killed
 /// process would: what is queued stays queued.
@@ -90,21 +89,7 @@ impl Session {
             return;
         };
         if let Some((used, model)) = memory.take_usage() {
-            count_tokens(
-                &mut self.summarizer_tokens,
-                &used,
-                &self.metrics,
-                "summarizer",
-            );
-            if used != Usage::default() {
-                self.accounting.charge(
-                    crate::cost::Client::Summarizer,
-                    &model,
-                    &used,
-                    crate::catalog::PriceTable::fleet(),
-                    &self.metrics,
-                );
-            }
+            self.charge_summarizer(&model, &used);
         }
         if let Some(e) = memory.take_unreported_error() {
             self.pending_notices

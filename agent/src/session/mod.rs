@@ -614,25 +614,31 @@ impl Session {
             .with_metrics(Arc::clone(&self.metrics))
     }
 
-    /// Learns what the summarizer's own overflow said: the session's window and ratio when it
-    /// used the session's model, its own window otherwise.
-    fn learn_from_summarizer(&mut self, summarizer: &ProviderSummarizer) {
-        let used = summarizer.take_usage();
+    /// Counts tokens the summarizer used (its own calls or the memory's updates) and what
+    /// they cost at `model`'s prices.
+    pub(super) fn charge_summarizer(&mut self, model: &str, used: &Usage) {
         count_tokens(
             &mut self.summarizer_tokens,
-            &used,
+            used,
             &self.metrics,
             "summarizer",
         );
-        if used != Usage::default() {
+        if *used != Usage::default() {
             self.accounting.charge(
                 crate::cost::Client::Summarizer,
-                summarizer.model(),
-                &used,
+                model,
+                used,
                 crate::catalog::PriceTable::fleet(),
                 &self.metrics,
             );
         }
+    }
+
+    /// Learns what the summarizer's own overflow said: the session's window and ratio when it
+    /// used the session's model, its own window otherwise.
+    fn learn_from_summarizer(&mut self, summarizer: &ProviderSummarizer) {
+        let used = summarizer.take_usage();
+        self.charge_summarizer(summarizer.model(), &used);
         let Some((count, sent)) = summarizer.take_learned() else {
             return;
         };
