@@ -180,13 +180,22 @@ impl ObjectStore for DirObjects {
             .join(format!(".tmp-{}-{}", std::process::id(), fastrand::u64(..)));
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             use std::io::Write;
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&body)?;
             f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
+            // Nested names (`memory/…`) get their directory on first use.
+            if let Err(e) = std::fs::rename(&tmp, &path) {
+                match path.parent() {
+                    Some(parent) if e.kind() == std::io::ErrorKind::NotFound => {
+                        std::fs::create_dir_all(parent)?;
+                        std::fs::rename(&tmp, &path)?;
+                    }
+                    _ => {
+                        let _ = std::fs::remove_file(&tmp);
+                        return Err(e);
+                    }
+                }
+            }
             if let Some(parent) = path.parent()
                 && let Ok(d) = std::fs::File::open(parent)
             {
@@ -602,7 +611,27 @@ fn splice(
 /// The splice that turns `old` into `new`: messages kept from the start, the range of `new`
 /// to store, and the range of `old` kept at the end.
 fn diff(old: &[Message], new: &[Message]) -> (usize, std::ops::Range<usize>, Option<[usize; 2]>) {
-    let p = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+    diff_from(old, new, 0)
+}
+
+/// [`diff`] when the first `synced` messages of both are known to be equal: the comparison
+/// starts there (debug builds check the claim).
+fn diff_from(
+    old: &[Message],
+    new: &[Message],
+    synced: usize,
+) -> (usize, std::ops::Range<usize>, Option<[usize; 2]>) {
+    let synced = synced.min(old.len()).min(new.len());
+    debug_assert!(
+        old[..synced] == new[..synced],
+        "the history's first {synced} messages were claimed to be journaled and are not"
+    );
+    let p = synced
+        + old[synced..]
+            .iter()
+            .zip(&new[synced..])
+            .take_while(|(a, b)| a == b)
+            .count();
     let room = old.len().min(new.len()) - p;
     let s = old
         .iter()
@@ -956,6 +985,10 @@ pub struct Journal {
     /// Entries below this seq are superseded by a checkpoint and are deleted once this
     /// writer's ownership is confirmed.
     collect_below: Option<u64>,
+    /// The deletion of superseded entries, running beside the writes (at most one at a
+    /// time): a turn does not wait for it. It yields the seq to retry below when it could
+    /// not delete everything.
+    collecting: Option<tokio::task::JoinHandle<Option<u64>>>,
     /// Where the replaced messages of a compaction are archived, so entries name a key
     /// instead of carrying them (`None`: inline).
     segments: Option<Arc<dyn Store>>,
@@ -1050,6 +1083,7 @@ impl Journal {
                 pending: None,
                 fenced: None,
                 collect_below: rebuilt.garbage_below,
+                collecting: None,
                 segments,
             },
             rebuilt,
@@ -1138,6 +1172,18 @@ impl Journal {
         history: &[Message],
         change: Change,
     ) -> Result<Option<u64>, JournalError> {
+        self.write_synced(history, 0, change).await
+    }
+
+    /// [`Journal::write`] for a history whose first `synced` messages are known to equal the
+    /// journal's (the writer tracked every change since the last write): only the rest is
+    /// compared.
+    pub async fn write_synced(
+        &mut self,
+        history: &[Message],
+        synced: usize,
+        change: Change,
+    ) -> Result<Option<u64>, JournalError> {
         if let Some(f) = &self.fenced {
             return Err(clone_fenced(f));
         }
@@ -1154,7 +1200,14 @@ impl Journal {
         // land late and become the newest entry; any entry written after it leaves it off
         // the chain, so one is written even when nothing changed.
         let spent = self.next_seq > self.view.chain.head.map_or(0, |h| h + 1);
-        if history == self.view.history.as_slice()
+        let held = self.view.history.as_slice();
+        let synced = synced.min(held.len()).min(history.len());
+        debug_assert!(
+            history[..synced] == held[..synced],
+            "the history's first {synced} messages were claimed to be journaled and are not"
+        );
+        if history.len() == held.len()
+            && history[synced..] == held[synced..]
             && change.undo.is_none()
             && !change.rewinds
             && !change.persist_state
@@ -1168,7 +1221,7 @@ impl Journal {
             None => None,
         };
         let seq = self.next_seq;
-        let (body, full, next) = self.prepare(seq, history, change, new_undo)?;
+        let (body, full, next) = self.prepare(seq, history, synced, change, new_undo)?;
         let name = entry_name(self.token, seq, full);
         // Spent whatever happens next: a sequence number is never sent twice.
         self.next_seq += 1;
@@ -1238,11 +1291,12 @@ impl Journal {
         &self,
         seq: u64,
         history: &[Message],
+        synced: usize,
         mut change: Change,
         new_undo: Option<StoredUndo>,
     ) -> Result<(Vec<u8>, bool, Next), JournalError> {
         let old = &self.view;
-        let (at, range, tail) = diff(&old.history, history);
+        let (at, range, tail) = diff_from(&old.history, history, synced);
         let delta = &history[range];
         let delta_sizes: Vec<u64> = delta.iter().map(json_len).collect();
         let mut sizes = Vec::with_capacity(history.len());
@@ -1401,7 +1455,8 @@ impl Journal {
             state: self.view.state.clone(),
             ..Change::default()
         };
-        let (body, full, next) = self.prepare(seq, &self.view.history, change, None)?;
+        let (body, full, next) =
+            self.prepare(seq, &self.view.history, self.view.history.len(), change, None)?;
         let name = entry_name(self.token, seq, full);
         self.next_seq += 1;
         if let Err(e) = self.objects.put(&name, body.clone()).await {
@@ -1437,39 +1492,53 @@ impl Journal {
         }
     }
 
-    /// Deletes the entries a confirmed checkpoint superseded. Best effort: what cannot be
-    /// deleted now is deleted after the next confirmed write.
+    /// Starts deleting the entries a confirmed checkpoint superseded, in the background: a
+    /// turn never waits for it (on S3 it is a LIST and a DELETE per entry). Best effort:
+    /// what cannot be deleted now is deleted after a later confirmed write. One deletion
+    /// runs at a time; a checkpoint confirmed meanwhile is collected by the next write.
     async fn collect(&mut self) {
-        let Some(below) = self.collect_below else {
-            return;
-        };
-        let names = match self.objects.list("e").await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(error = %e, "journal: listing superseded entries");
+        if let Some(running) = &self.collecting {
+            if !running.is_finished() {
                 return;
             }
-        };
-        let old: Vec<String> = names
-            .into_iter()
-            .filter(|n| parse_entry_name(n).is_some_and(|(_, seq, _)| seq < below))
-            .collect();
-        let mut failed = Vec::new();
-        for batch in old.chunks(8) {
-            let results =
-                futures::future::join_all(batch.iter().map(|n| self.objects.delete(n))).await;
-            failed.extend(results.into_iter().filter_map(Result::err));
-        }
-        match failed.first() {
-            None => {
-                tracing::debug!(
-                    below,
-                    deleted = old.len(),
-                    "journal: superseded entries deleted"
-                );
-                self.collect_below = None;
+            if let Some(done) = self.collecting.take() {
+                self.retry_below(done.await);
             }
-            Some(e) => tracing::warn!(error = %e, "journal: deleting superseded entries"),
+        }
+        self.start_collecting();
+    }
+
+    fn start_collecting(&mut self) {
+        if let Some(below) = self.collect_below.take() {
+            let objects = Arc::clone(&self.objects);
+            self.collecting = Some(tokio::spawn(delete_superseded(objects, below)));
+        }
+    }
+
+    fn retry_below(&mut self, outcome: Result<Option<u64>, tokio::task::JoinError>) {
+        if let Ok(Some(retry)) = outcome {
+            self.collect_below = Some(self.collect_below.map_or(retry, |b| b.max(retry)));
+        }
+    }
+
+    /// Waits until every confirmed checkpoint's superseded entries are deleted, or a
+    /// deletion failed (retried after the next confirmed write).
+    pub async fn collected(&mut self) {
+        if let Some(running) = self.collecting.take() {
+            let outcome = running.await;
+            let failed = matches!(outcome, Ok(Some(_)));
+            self.retry_below(outcome);
+            if failed {
+                return;
+            }
+        }
+        // Only a confirmed writer deletes.
+        if self.pending.is_none() && self.fenced.is_none() {
+            self.start_collecting();
+        }
+        if let Some(running) = self.collecting.take() {
+            let outcome = running.await;
+            self.retry_below(outcome);
         }
     }
 
@@ -1503,6 +1572,40 @@ impl Journal {
             return Err(err);
         }
         Ok(())
+    }
+}
+
+/// Deletes every entry below `below`; `Some(below)` when some could not be deleted.
+async fn delete_superseded(objects: Arc<dyn ObjectStore>, below: u64) -> Option<u64> {
+    let names = match objects.list("e").await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "journal: listing superseded entries");
+            return Some(below);
+        }
+    };
+    let old: Vec<String> = names
+        .into_iter()
+        .filter(|n| parse_entry_name(n).is_some_and(|(_, seq, _)| seq < below))
+        .collect();
+    let mut failed = Vec::new();
+    for batch in old.chunks(8) {
+        let results = futures::future::join_all(batch.iter().map(|n| objects.delete(n))).await;
+        failed.extend(results.into_iter().filter_map(Result::err));
+    }
+    match failed.first() {
+        None => {
+            tracing::debug!(
+                below,
+                deleted = old.len(),
+                "journal: superseded entries deleted"
+            );
+            None
+        }
+        Some(e) => {
+            tracing::warn!(error = %e, "journal: deleting superseded entries");
+            Some(below)
+        }
     }
 }
 
@@ -2131,6 +2234,7 @@ mod tests {
                 ..change()
             };
             a.write(&pre, rewind).await.unwrap();
+            a.collected().await;
             assert!(
                 stored() <= 3 * history_bytes + CHECKPOINT_SLACK + 8 * ENTRY_OVERHEAD,
                 "{} bytes for a {history_bytes}-byte history",
@@ -2138,6 +2242,7 @@ mod tests {
             );
         }
         a.write(&post, compact()).await.unwrap();
+        a.collected().await;
         let entries = objects
             .names()
             .iter()

@@ -163,6 +163,8 @@ proptest! {
                     }
                 };
                 journal.write(&history, change).await.unwrap();
+                // Superseded entries are deleted beside the writes.
+                journal.collected().await;
                 let history_bytes = to_jsonl(&history).len() as u64;
                 let rewind_bytes = rewind.as_ref().map_or(0, |u| to_jsonl(&u.pre).len() as u64);
                 let bound = 3 * history_bytes + 128 * 1024;

@@ -121,11 +121,11 @@ impl Session {
         options: InspectOptions,
     ) -> Result<ContextReport, Box<ProviderError>> {
         self.refresh_live();
-        let saved_history = self.history.clone();
+        let saved_history = self.history.to_vec();
         let saved_catalog = std::mem::take(&mut self.mcp_catalog);
         let saved_options = std::mem::replace(&mut self.options, self.last_options.clone());
         let result = self.assemble_and_measure(&options).await;
-        self.history = saved_history;
+        self.history.replace(saved_history);
         self.mcp_catalog = saved_catalog;
         self.options = saved_options;
         result

@@ -105,7 +105,7 @@ impl Session {
         let Some(memory) = self.memory_on().cloned() else {
             return true;
         };
-        if self.history == before {
+        if *self.history == before {
             return true;
         }
         match memory.enqueue_removed(before, &self.history).await {

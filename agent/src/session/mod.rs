@@ -11,6 +11,7 @@ mod inspect;
 mod memory;
 mod summarizer;
 pub mod tools;
+mod tracked;
 mod turn;
 
 use std::sync::Arc;
@@ -132,7 +133,7 @@ pub struct SessionParts {
 pub struct Session {
     pub namespace: String,
     pub name: String,
-    history: Vec<Message>,
+    history: tracked::Tracked,
     state: SessionState,
     live: Arc<Live>,
     live_rx: watch::Receiver<Arc<Live>>,
@@ -232,7 +233,7 @@ impl Session {
         let mut s = Self {
             namespace: parts.namespace,
             name: parts.name,
-            history: rebuilt.history,
+            history: tracked::Tracked::new(rebuilt.history),
             state,
             live,
             live_rx,
@@ -411,7 +412,7 @@ impl Session {
     /// Replaces the whole history (`run --history`), persisted at once.
     pub async fn replace_history(&mut self, messages: Vec<Message>) -> Result<(), TurnError> {
         self.settle().await?;
-        self.history = messages;
+        self.history.replace(messages);
         // The API clients' conversation is gone with the history it was part of.
         self.ledger = Ledger::default();
         self.commit(Vec::new(), None, false).await
@@ -439,7 +440,7 @@ impl Session {
     /// failed turn that the journal turned out to hold stays out of memory, as it does when
     /// a turn fails after journaling its input: the next entry rewrites it away.
     fn follow_journal(&mut self) {
-        self.history = self.journal.history().to_vec();
+        self.history.follow(self.journal.history());
         self.turns = self.journal.state().turns;
         self.ledger = self.journal.state().replay.clone();
         if let Some(n) = self.failed_turn
@@ -485,8 +486,10 @@ impl Session {
             rewinds,
             persist_state: self.state_dirty,
         };
-        match self.journal.write(&self.history, change).await {
+        let synced = self.history.synced();
+        match self.journal.write_synced(&self.history, synced, change).await {
             Ok(written) => {
+                self.history.mark_synced();
                 self.state_dirty = false;
                 if written.is_some() {
                     self.failed_turn = None;
@@ -504,7 +507,7 @@ impl Session {
                     &[("outcome", e.label())],
                     1.0,
                 );
-                self.history = self.journal.history().to_vec();
+                self.history.follow(self.journal.history());
                 self.turns = self.journal.state().turns;
                 self.ledger = self.journal.state().replay.clone();
                 Err(e.into())
@@ -702,7 +705,7 @@ impl Session {
         // With the session memory, the ladder's level 2 replaces what the memory covers at
         // once, and what the compaction removes past it goes to the memory's queue first.
         let memory = self.memory_on().cloned();
-        let pre = memory.as_ref().map(|_| self.history.clone());
+        let pre = memory.as_ref().map(|_| self.history.to_vec());
         let with_memory = memory.as_deref().map(|m| crate::memory::WithMemory {
             inner: summarizer.as_dyn(),
             memory: m,
@@ -725,7 +728,7 @@ impl Session {
             .await;
         if let (Some(memory), Some(pre)) = (&memory, pre) {
             if !self.queue_removed(&pre).await {
-                self.history = pre;
+                self.history.replace(pre);
                 out.bytes_after = out.bytes_before;
                 out.met = out.bytes_after <= out.target;
                 if let Some(r) = out.reports.last_mut() {
@@ -793,18 +796,18 @@ impl Session {
         }
         self.settle().await?;
         self.refresh_live();
-        let pre = self.history.clone();
+        let pre = self.history.to_vec();
         let abort = self.abort.clone();
         let out = tokio::select! {
             out = self.run_ladder(Trigger::Manual, None, instruction) => out,
             // A summary may take minutes; at shutdown the compaction is given up whole.
             () = abort.cancelled() => {
-                self.history = pre;
+                self.history.replace(pre);
                 return Err(TurnError::ShuttingDown);
             }
         };
         // A compaction that changed nothing writes nothing.
-        if self.history != pre {
+        if *self.history != pre {
             let undo = Undo {
                 pre,
                 post_len: self.history.len(),
@@ -828,7 +831,7 @@ impl Session {
             .get(undo.post_len.min(self.history.len())..)
             .unwrap_or_default()
             .to_vec();
-        self.history = undo.pre;
+        self.history.replace(undo.pre);
         self.history.extend(tail);
         self.commit(Vec::new(), None, true).await?;
         self.publish_gauges();

@@ -388,9 +388,11 @@ impl Session {
         let Some(prompt) = self.live.system_prompt.clone() else {
             return;
         };
-        match self.history.first_mut() {
+        match self.history.first() {
             Some(m) if m.is_system() => {
-                if m.content != prompt {
+                if m.content != prompt
+                    && let Some(m) = self.history.first_mut()
+                {
                     m.content = prompt;
                 }
             }
@@ -538,7 +540,7 @@ impl Session {
     /// next entry rewrites away. A reply the journal may hold stays: the history is then what
     /// the journal holds, as far as is known, and is settled before the next turn.
     fn fail_turn(&mut self, pre_turn_len: usize, ledger_before: &Ledger, e: &TurnError) {
-        self.history = self.journal.history().to_vec();
+        self.history.follow(self.journal.history());
         self.turns = self.journal.state().turns;
         self.ledger = self.journal.state().replay.clone();
         self.failed_turn = Some(pre_turn_len);
@@ -722,14 +724,18 @@ impl Session {
         let live = Arc::clone(&self.live);
         let store = Arc::clone(&self.store);
         let idle_for = self.last_reply_at.and_then(|t| t.elapsed().ok());
+        // Each pass counts every message it changes, removes or adds; only a pass that
+        // changed nothing leaves the journal's mark where it was.
+        let history = self.history.keeping_mark();
         let mut reports: Vec<PassReport> = Vec::new();
-        reports.push(microcompact(&mut self.history, &live.policy, idle_for, store.as_ref()).await);
-        reports.push(dedup_reads(&mut self.history, store.as_ref()).await);
-        reports.push(
-            pairing::repair_archived(&mut self.history, store.as_ref(), Trigger::Turn)
-                .await
-                .0,
-        );
+        reports.push(microcompact(history, &live.policy, idle_for, store.as_ref()).await);
+        reports.push(dedup_reads(history, store.as_ref()).await);
+        let (report, repaired) =
+            pairing::repair_archived(history, store.as_ref(), Trigger::Turn).await;
+        reports.push(report);
+        if repaired.is_change() || reports.iter().any(PassReport::is_change) {
+            self.history.changed(0);
+        }
         reports
     }
 
@@ -820,9 +826,9 @@ impl Session {
         let Some((trigger, ratio)) = trigger else {
             return Ok(());
         };
-        let before = self.history.clone();
+        let before = self.history.to_vec();
         let out = self.run_ladder(trigger, ratio, None).await;
-        if out.not_run.is_some() || self.history == before {
+        if out.not_run.is_some() || *self.history == before {
             if out.breaker_opened
                 || out.not_run == Some(crate::compact::ladder::NotRun::CircuitOpen)
             {
@@ -1072,7 +1078,7 @@ impl Session {
                             .to_string(),
                         ));
                     }
-                    let before = self.history.clone();
+                    let before = self.history.to_vec();
                     let ctx = RecoveryContext {
                         policy,
                         store: store.as_ref(),
@@ -1091,7 +1097,7 @@ impl Session {
                     // What recovery removed goes to the memory's queue before the rewritten
                     // history is journaled; without the queue the step is undone.
                     if outcome.is_ok() && !self.queue_removed(&before).await {
-                        self.history = before.clone();
+                        self.history.replace(before.clone());
                     }
                     match outcome {
                         Ok(o) => {
@@ -1225,12 +1231,15 @@ impl Session {
         let live = Arc::clone(&self.live);
         let policy = &live.policy;
         let limits = self.state.tool_result_limits(policy);
-        let (cuts, cut_report) = budget::cut(&mut self.history, limits, self.store.as_ref()).await;
+        // The cuts are undone when the loan is dropped (see `Loan`), so the journal's mark
+        // stays.
+        let (cuts, cut_report) =
+            budget::cut(self.history.keeping_mark(), limits, self.store.as_ref()).await;
         // What this request weighs as cairn measures it: the basis every token count of
         // the server is converted with.
         let sent_weight = history::weight(&self.history) + tools_bytes;
         let limit = output_limit(max_out, self.window(), &self.state, sent_weight);
-        let mut messages = std::mem::take(&mut self.history);
+        let mut messages = std::mem::take(self.history.keeping_mark());
         // The turn's instructions follow the system prompt in this request only.
         let instructions = self.options.instructions.as_ref().map(|text| {
             let at = messages.iter().take_while(|m| m.is_system()).count();
@@ -1257,7 +1266,7 @@ impl Session {
                 },
                 cuts,
                 instructions,
-                home: &mut self.history,
+                home: self.history.keeping_mark(),
             },
             sent_weight,
             limit,
@@ -1326,7 +1335,7 @@ impl Session {
         use crate::provider::engine::AppliedContext;
         let live = Arc::clone(&self.live);
         let e = &live.policy.provider_engine;
-        let before = self.history.clone();
+        let before = self.history.to_vec();
         let (kind, out, message) = match &resp.context {
             Some(AppliedContext::ClearedToolUses {
                 cleared_tool_uses,
