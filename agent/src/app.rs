@@ -546,6 +546,10 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
                             .ok()
                             .as_deref(),
                     ),
+                    Some(crate::kube::IdleFeeds {
+                        in_flight: state.in_flight(),
+                        live: live_tx.subscribe(),
+                    }),
                 ));
                 let keeper = Arc::clone(&hold);
                 let st = state.clone();

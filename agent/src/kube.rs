@@ -176,40 +176,112 @@ pub fn status_interval(value: Option<&str>) -> Duration {
     }
 }
 
+/// What the status writer follows besides the counters, for the idle report
+/// (`crate::report`).
+pub struct IdleFeeds {
+    /// Client work in flight (`AppState::in_flight`).
+    pub in_flight: watch::Receiver<usize>,
+    /// The live settings: `spec.idle.suspendAfter`, a `kubectl edit` included.
+    pub live: watch::Receiver<Arc<Live>>,
+}
+
+/// `spec.idle.suspendAfter` of the live settings (`None`: no idle rule).
+fn suspend_after(live: &Live) -> Option<Duration> {
+    live.spec
+        .idle
+        .as_ref()
+        .and_then(|i| i.suspend_after.as_deref())
+        .and_then(cairn_crds::session::parse_duration)
+        .filter(|d| !d.is_zero())
+}
+
+/// Waits for a change of `rx`; never returns for a closed channel or none.
+async fn changed<T>(rx: &mut Option<watch::Receiver<T>>) {
+    if let Some(rx) = rx
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    futures::future::pending().await
+}
+
 /// Writes `status.session` (server-side apply, field manager [`FIELD_MANAGER`]) whenever the
-/// counters change, at most once per `interval`: an idle session writes nothing.
+/// counters change, at most once per `interval`: an idle session writes nothing. With
+/// `idle`, a session with `spec.idle.suspendAfter` also gets the idle report and the write
+/// after it at once (`crate::report`: at most one of each per idle period, so the budget of
+/// one write per interval holds for a session in use). A failed write is tried again after
+/// the interval. Runs until `stats` has no sender.
 pub async fn write_status(
     client: Client,
     ns: String,
     name: String,
     mut stats: watch::Receiver<Option<SessionStats>>,
     interval: Duration,
+    idle: Option<IdleFeeds>,
 ) {
     let api: Api<AgentSession> = Api::namespaced(client, &ns);
-    let mut last: Option<SessionStats> = None;
+    let mut schedule = crate::report::Schedule::new(interval);
+    let (mut in_flight, mut live) = match idle {
+        Some(f) => (Some(f.in_flight), Some(f.live)),
+        None => (None, None),
+    };
     loop {
         let current = stats.borrow_and_update().clone();
-        if current.is_some() && current != last {
-            let patch = serde_json::json!({
-                "apiVersion": format!("{}/{}", cairn_crds::GROUP, cairn_crds::VERSION),
-                "kind": "AgentSession",
-                "status": {"session": current},
-            });
-            match api
-                .patch_status(
-                    &name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&patch),
-                )
-                .await
-            {
-                Ok(_) => last = current,
-                Err(e) => tracing::warn!(error = %e, "writing status.session"),
+        let busy = in_flight.as_mut().map_or(0, |r| *r.borrow_and_update());
+        let after = live
+            .as_mut()
+            .and_then(|r| suspend_after(&r.borrow_and_update()));
+        let now = Timestamp::now();
+        match schedule.step(current.as_ref(), busy, after, now) {
+            crate::report::Step::Write(session) => {
+                let patch = serde_json::json!({
+                    "apiVersion": format!("{}/{}", cairn_crds::GROUP, cairn_crds::VERSION),
+                    "kind": "AgentSession",
+                    "status": {"session": session},
+                });
+                match api
+                    .patch_status(
+                        &name,
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(&patch),
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        if session.idle_since.as_deref() != schedule.reported_written() {
+                            match &session.idle_since {
+                                Some(since) => {
+                                    tracing::info!(idle_since = %since, "reported the session idle")
+                                }
+                                None => tracing::info!("reported the session in use again"),
+                            }
+                        }
+                        schedule.written(*session, Timestamp::now());
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "writing status.session");
+                        schedule.failed(Timestamp::now());
+                    }
+                }
             }
-        }
-        tokio::time::sleep(interval).await;
-        if stats.changed().await.is_err() {
-            return;
+            crate::report::Step::Wait(until) => {
+                let wait = until.map(|t| {
+                    Duration::try_from(t.duration_since(Timestamp::now())).unwrap_or_default()
+                });
+                tokio::select! {
+                    done = stats.changed() => if done.is_err() {
+                        return;
+                    },
+                    () = changed(&mut in_flight) => {}
+                    () = changed(&mut live) => {}
+                    () = async {
+                        match wait {
+                            Some(d) => tokio::time::sleep(d).await,
+                            None => futures::future::pending().await,
+                        }
+                    } => {}
+                }
+            }
         }
     }
 }

@@ -34,6 +34,7 @@ pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod peek;
+pub mod report;
 pub mod server;
 pub mod session;
 pub mod steering;

@@ -137,6 +137,7 @@ async fn a_patched_session_changes_the_live_policy_and_status_is_written() {
         "s2".into(),
         srx,
         interval,
+        None,
     ));
     let turns = |s: &AgentSession| {
         s.status

@@ -126,9 +126,10 @@ pub struct IdleSpec {
     /// How long the session may go without client work (a turn, a compaction, a rewind;
     /// status.session.lastActivity) before its pod is stopped: a duration like `30s`, `15m`
     /// or `1h30m`. Counted from the later of the last activity, the pod's start and the last
-    /// wake-up. Keep it above the agent's status interval (30 s by default), which is how
-    /// stale the operator's view of the last activity can be while the session is in use.
-    /// Absent: never.
+    /// wake-up. The agent reports when this much time passed without client work
+    /// (status.session.idleSince) and the pod is stopped then; without that report (an agent
+    /// that does not send it) the operator waits one status interval (30 s by default) more,
+    /// which is how stale its view of the last activity can be. Absent: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^([0-9]+(h|m|s))+$') && size(self) <= 32").message("idle.suspendAfter must be a duration like 30s, 15m or 1h30m"))]
     #[x_kube(validation = Rule::new("!self.matches('^(0+(h|m|s))+$')").message("idle.suspendAfter must be longer than 0s"))]
@@ -758,6 +759,12 @@ pub struct SessionStats {
     /// (spec.idle.suspendAfter) counts from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_activity: Option<String>,
+    /// Set by the agent when it saw no client activity for spec.idle.suspendAfter since
+    /// this time (its lastActivity), RFC 3339 UTC; written at once, outside the status
+    /// interval, and cleared by the write that reports the next activity. The operator
+    /// suspends on it without waiting for the throttled report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<String>,
 
     /// What the session's provider calls cost in USD by the model price table (the catalog's,
     /// or the fleet's ConfigMap), the session model's and the summarizer's apart.

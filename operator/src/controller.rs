@@ -443,6 +443,9 @@ fn idle_decision(session: &AgentSession) -> idle::Decision {
             last_activity: status
                 .and_then(|s| s.session.as_ref())
                 .and_then(|s| s.last_activity.as_deref()),
+            idle_since: status
+                .and_then(|s| s.session.as_ref())
+                .and_then(|s| s.idle_since.as_deref()),
             ready: condition(status::READY),
             wake_requested: session
                 .metadata

@@ -4,7 +4,13 @@
 //!
 //! A session is idle-suspended when nobody used it for `suspendAfter`, counted from the
 //! latest of the agent's `status.session.lastActivity`, the time its pod became ready and
-//! its last wake-up. The `Idle` condition records it (True, reason `IdleTimeout`); its
+//! its last wake-up. The agent says when that happened: once it saw no client work for
+//! `suspendAfter` it writes `status.session.idleSince` (its last activity) at once, outside
+//! its throttled status writes, and the session is suspended on that report. A report older
+//! than the latest sign of use (written before a wake-up, or before activity reported since)
+//! is stale and ignored. Without a report (an agent that does not send one, a pod with no
+//! agent) the rule waits [`REPORT_LAG`] longer, for activity the throttled writes may not
+//! have brought yet. The `Idle` condition records the suspension (True, reason `IdleTimeout`); its
 //! `lastTransitionTime` is the time of the suspension. A wake-up annotation newer than that
 //! starts the pod again (`Idle` False, reason `Woken`, the wake-up counting as activity). A
 //! manual `spec.suspend: true` always wins: neither idle suspend nor wake-up applies then, and
@@ -22,9 +28,11 @@ pub const IDLE: &str = "Idle";
 
 /// How late the API server may learn of client activity: the agent reports
 /// `lastActivity` with its throttled status write, at most one per status interval, so a
-/// request in the interval after a write is not there yet. The idle clock allows for it, so a
-/// session is never stopped less than `suspendAfter` after its last use (it sleeps between
-/// `suspendAfter` and `suspendAfter` plus this after it).
+/// request in the interval after a write is not there yet. The idle clock allows for it when
+/// the agent sent no `idleSince` report, so a session is never stopped less than
+/// `suspendAfter` after its last use (it then sleeps between `suspendAfter` and
+/// `suspendAfter` plus this after it). With a report it sleeps `suspendAfter` after its last
+/// use.
 pub const REPORT_LAG: Duration =
     Duration::from_secs(cairn_crds::session::DEFAULT_STATUS_INTERVAL_SECONDS);
 
@@ -52,6 +60,8 @@ pub struct Inputs<'a> {
     pub previous: Option<&'a Condition>,
     /// `status.session.lastActivity`.
     pub last_activity: Option<&'a str>,
+    /// `status.session.idleSince`: the agent saw no client activity since then.
+    pub idle_since: Option<&'a str>,
     /// The previous `Ready` condition (its transition to True is the pod's start).
     pub ready: Option<&'a Condition>,
     /// The wake-up annotation.
@@ -158,31 +168,49 @@ pub fn decide(inputs: &Inputs<'_>, now: Timestamp) -> Decision {
             woken_at: None,
         };
     };
-    let idle_for = Duration::try_from(now.duration_since(reference)).unwrap_or_default();
+    let elapsed =
+        |since: Timestamp| Duration::try_from(now.duration_since(since)).unwrap_or_default();
+    let suspend = |message: String| Decision {
+        suspended: true,
+        condition: Some((true, Problem::new("IdleTimeout", message))),
+        recheck: None,
+        woken_at: None,
+    };
+    const STOPPED: &str =
+        "the pod is stopped, journal and archive are kept; a request at the gateway wakes it";
+    // The agent's report, unless a later sign of use (a wake-up this agent has not seen,
+    // activity reported since) makes it stale.
+    let reported = inputs
+        .idle_since
+        .and_then(|text| parse(text).map(|t| (text.trim(), t)))
+        .filter(|(_, t)| *t >= reference);
+    if let Some((text, since)) = reported
+        && elapsed(since) >= after
+    {
+        return suspend(format!(
+            "the agent reported no client activity since {text} (idle.suspendAfter {}): {STOPPED}",
+            human(after)
+        ));
+    }
+    // Without a report, activity of the last status interval may not be known yet.
+    let idle_for = elapsed(reference);
     let needed = after + REPORT_LAG;
     if idle_for >= needed {
-        return Decision {
-            suspended: true,
-            condition: Some((
-                true,
-                Problem::new(
-                    "IdleTimeout",
-                    format!(
-                        "no client activity for {} (idle.suspendAfter {}): the pod is stopped, \
-                         journal and archive are kept; a request at the gateway wakes it",
-                        human(idle_for),
-                        human(after)
-                    ),
-                ),
-            )),
-            recheck: None,
-            woken_at: None,
-        };
+        return suspend(format!(
+            "no client activity for {} (idle.suspendAfter {}): {STOPPED}",
+            human(idle_for),
+            human(after)
+        ));
     }
+    let fallback = needed - idle_for;
+    let recheck = match reported {
+        Some((_, since)) => fallback.min(after.saturating_sub(elapsed(since))),
+        None => fallback,
+    };
     Decision {
         suspended: false,
         condition: Some((false, awake_condition)),
-        recheck: Some(needed - idle_for),
+        recheck: Some(recheck),
         woken_at: None,
     }
 }
@@ -306,6 +334,131 @@ mod tests {
         let d = decide(&Inputs::default(), at(0));
         assert_eq!(d.condition, None);
         assert!(!d.suspended);
+    }
+
+    #[test]
+    fn the_agent_idle_report_suspends_exactly_suspend_after_past_it() {
+        let ready = cond("Ready", "True", "AgentReady", 0);
+        let activity = at(10).to_string();
+        let inputs = Inputs {
+            suspend_after: Some(Duration::from_secs(30)),
+            ready: Some(&ready),
+            last_activity: Some(&activity),
+            idle_since: Some(&activity),
+            ..Inputs::default()
+        };
+        let d = decide(&inputs, at(39));
+        assert!(!d.suspended);
+        assert_eq!(
+            d.recheck,
+            Some(Duration::from_secs(1)),
+            "the report's deadline"
+        );
+        let d = decide(&inputs, at(40));
+        assert!(d.suspended, "no status interval added");
+        let (status, p) = d.condition.expect("condition");
+        assert!(status);
+        assert_eq!(p.reason, "IdleTimeout");
+        assert!(
+            p.message
+                .contains(&format!("no client activity since {activity}")),
+            "{}",
+            p.message
+        );
+        // Sub-second activity times, as the agent writes them.
+        let precise = "2027-01-15T08:00:10.250Z";
+        let base: Timestamp = "2027-01-15T08:00:00Z".parse().expect("time");
+        let ready_at_base = Condition {
+            last_transition_time: Time(base),
+            ..ready.clone()
+        };
+        let inputs = Inputs {
+            ready: Some(&ready_at_base),
+            last_activity: Some(precise),
+            idle_since: Some(precise),
+            ..inputs
+        };
+        let later = |ms: i64| {
+            base.checked_add(k8s_openapi::jiff::SignedDuration::from_millis(ms))
+                .unwrap_or(base)
+        };
+        assert!(!decide(&inputs, later(40_249)).suspended);
+        assert!(decide(&inputs, later(40_250)).suspended);
+        // Manual suspend still wins.
+        let d = decide(
+            &Inputs {
+                manual: true,
+                ..inputs
+            },
+            later(90_000),
+        );
+        assert!(!d.suspended);
+        assert_eq!(
+            d.condition.map(|c| c.1.reason),
+            Some("ManuallySuspended".to_string())
+        );
+    }
+
+    #[test]
+    fn a_report_older_than_later_activity_is_ignored() {
+        let ready = cond("Ready", "True", "AgentReady", 0);
+        let reported = at(10).to_string();
+        let activity = at(50).to_string();
+        let inputs = Inputs {
+            suspend_after: Some(Duration::from_secs(30)),
+            ready: Some(&ready),
+            last_activity: Some(&activity),
+            idle_since: Some(&reported),
+            ..Inputs::default()
+        };
+        let d = decide(&inputs, at(80));
+        assert!(!d.suspended, "used at 50: not idle at 80");
+        // The fallback rule: 50 + 30 s + the status interval.
+        assert_eq!(d.recheck, Some(REPORT_LAG));
+        let lag = REPORT_LAG.as_secs() as i64;
+        assert!(!decide(&inputs, at(79 + lag)).suspended);
+        let d = decide(&inputs, at(80 + lag));
+        assert!(d.suspended);
+        let message = d.condition.map(|c| c.1.message).unwrap_or_default();
+        assert!(message.starts_with("no client activity for"), "{message}");
+    }
+
+    #[test]
+    fn a_report_from_before_a_wake_up_is_ignored() {
+        // The pod slept on the report of idleness since 10; a wake-up at 100 started a new
+        // one, whose agent has not reported yet: the status still holds the old report.
+        let woken = cond(IDLE, "False", "Woken", 100);
+        let ready = cond("Ready", "True", "AgentReady", 105);
+        let old = at(10).to_string();
+        let inputs = Inputs {
+            suspend_after: Some(Duration::from_secs(30)),
+            previous: Some(&woken),
+            ready: Some(&ready),
+            last_activity: Some(&old),
+            idle_since: Some(&old),
+            ..Inputs::default()
+        };
+        let d = decide(&inputs, at(140));
+        assert!(
+            !d.suspended,
+            "a stale report does not put the woken pod to sleep"
+        );
+        let lag = REPORT_LAG.as_secs() as i64;
+        assert_eq!(d.recheck, Some(Duration::from_secs(135 + lag as u64 - 140)));
+        assert!(!decide(&inputs, at(134 + lag)).suspended);
+        assert!(
+            decide(&inputs, at(135 + lag)).suspended,
+            "the fallback still runs"
+        );
+        // The new agent's report after the wake-up counts.
+        let fresh = at(120).to_string();
+        let reported = Inputs {
+            last_activity: Some(&fresh),
+            idle_since: Some(&fresh),
+            ..inputs
+        };
+        assert!(!decide(&reported, at(149)).suspended);
+        assert!(decide(&reported, at(150)).suspended);
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! ```
 //!
 //! The operator runs in-process, scoped to the test's namespace, with a client that counts its
-//! requests.
+//! requests. The kwok pods run no agent: those sessions sleep by the rule for agents that send
+//! no idle report (`suspendAfter` plus a status interval); the test writes the report itself
+//! where it checks the agent's part.
 
 mod support;
 use support::condition;
@@ -325,6 +327,56 @@ async fn an_idle_session_sleeps_on_time_and_a_wake_request_brings_it_back() {
         (30 + lag..=34 + lag).contains(&slept),
         "suspended {slept}s after the pod became ready, not about 30s + {lag}s"
     );
+    env.teardown().await;
+}
+
+#[tokio::test]
+async fn the_agent_idle_report_suspends_without_the_status_interval() {
+    let env = Env::new("idle-report").await;
+    env.create("chat", spec("10s")).await;
+    env.wait("chat", "Running", |s| phase(s) == Some(Phase::Running))
+        .await;
+    // What the agent writes once it saw no client work for suspendAfter (here written
+    // early, as a clock ahead of the operator's would): its last activity, idle since then.
+    let since = Timestamp::now();
+    env.sessions()
+        .patch_status(
+            "chat",
+            &PatchParams::apply("cairn-agent").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "cairn.dev/v1alpha1",
+                "kind": "AgentSession",
+                "status": {"session": {
+                    "turns": 1,
+                    "lastActivity": since.to_string(),
+                    "idleSince": since.to_string(),
+                }},
+            })),
+        )
+        .await
+        .expect("agent status write");
+    let asleep = env
+        .wait("chat", "idle-suspended", |s| {
+            phase(s) == Some(Phase::Suspended) && idle_since(s).is_some()
+        })
+        .await;
+    // suspendAfter past the report, not a status interval later.
+    let slept = seconds_between(since, idle_since(&asleep).expect("Idle since"));
+    assert!(
+        (9..=14).contains(&slept),
+        "suspended {slept}s after the reported idle time, not about 10s"
+    );
+    let message = asleep
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Idle"))
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("the agent reported no client activity since"),
+        "{message}"
+    );
+    assert_eq!(env.replicas("chat").await, Some(0), "the pod is stopped");
     env.teardown().await;
 }
 

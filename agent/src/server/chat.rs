@@ -266,9 +266,10 @@ pub async fn create(
                 }
             }
         };
-        task_state.touch();
+        let work = task_state.begin();
         let (result, ()) = tokio::join!(turn, forward);
         task_state.publish(&session);
+        drop(work);
         drop(session);
         match result {
             Ok(outcome) => {

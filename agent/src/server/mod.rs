@@ -53,6 +53,8 @@ pub struct AppState {
     stats_tx: Arc<watch::Sender<Option<SessionStats>>>,
     /// When work for a client last started or ended (`status.session.lastActivity`).
     last_activity: Arc<RwLock<Option<String>>>,
+    /// Client work running now (the idle report waits while there is any).
+    in_flight: Arc<watch::Sender<usize>>,
     /// The ids of the newest stored Response objects, oldest first, for `GET
     /// /v1/responses/{id}`: with the object when this process answered it, `None` for one of
     /// an earlier run (read from the store).
@@ -102,6 +104,7 @@ impl AppState {
             lost: Arc::new(RwLock::new(None)),
             stats_tx: Arc::new(stats_tx),
             last_activity: Arc::new(RwLock::new(None)),
+            in_flight: Arc::new(watch::channel(0).0),
             recent: Arc::new(RwLock::new(recent)),
             responses,
             swept: Arc::new(AtomicBool::new(false)),
@@ -217,9 +220,25 @@ impl AppState {
         }
     }
 
-    /// Records that work for a client starts or ends now (`status.session.lastActivity`).
+    /// Client work in flight, as it changes (the status writer's idle report follows it).
+    pub fn in_flight(&self) -> watch::Receiver<usize> {
+        self.in_flight.subscribe()
+    }
+
+    /// Client work starts now: recorded as activity and counted in flight until the
+    /// returned guard is dropped (after the work's [`AppState::publish`]).
+    pub fn begin(&self) -> Work {
+        self.in_flight.send_modify(|n| *n += 1);
+        self.touch();
+        Work {
+            in_flight: Arc::clone(&self.in_flight),
+        }
+    }
+
+    /// Records that work for a client starts or ends now (`status.session.lastActivity`,
+    /// to the millisecond: the idle report is due `idle.suspendAfter` after it).
     pub fn touch(&self) {
-        let now = crate::session::rfc3339(std::time::SystemTime::now());
+        let now = activity_time(k8s_openapi::jiff::Timestamp::now());
         if let Ok(mut l) = self.last_activity.write() {
             *l = Some(now.clone());
         }
@@ -251,6 +270,25 @@ impl AppState {
         stats.last_activity = self.last_activity.read().ok().and_then(|l| l.clone());
         self.stats_tx.send_replace(Some(stats));
     }
+}
+
+/// Client work in flight; dropping it ends it.
+#[must_use = "the work ends when this is dropped"]
+pub struct Work {
+    in_flight: Arc<watch::Sender<usize>>,
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        self.in_flight.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// `status.session.lastActivity` for `t`: RFC 3339 UTC, to the millisecond.
+fn activity_time(t: k8s_openapi::jiff::Timestamp) -> String {
+    t.round(k8s_openapi::jiff::Unit::Millisecond)
+        .unwrap_or(t)
+        .to_string()
 }
 
 fn view_of(session: &Session, status: &str) -> Value {
@@ -313,9 +351,10 @@ async fn detached_turn(
 ) -> Result<crate::session::TurnOutcome, ApiError> {
     let task_state = state.clone();
     let turn = tokio::spawn(async move {
-        task_state.touch();
+        let work = task_state.begin();
         let result = session.turn_with_options(input, options, None).await;
         task_state.publish(&session);
+        drop(work);
         result
     });
     let outcome = turn.await.map_err(|e| {
@@ -612,8 +651,10 @@ async fn compact(
     };
     state.check_owned()?;
     let mut session = state.session.try_lock().map_err(|_| busy())?;
+    let work = state.begin();
     let result = session.compact_now(instruction).await;
     state.publish(&session);
+    drop(work);
     let out = result?;
     Ok(axum::Json(json!({
         "trigger": out.trigger.label(),
@@ -629,8 +670,10 @@ async fn compact(
 async fn rewind(State(state): State<AppState>) -> Result<Response, ApiError> {
     state.check_owned()?;
     let mut session = state.session.try_lock().map_err(|_| busy())?;
+    let work = state.begin();
     let result = session.rewind().await;
     state.publish(&session);
+    drop(work);
     let messages = result?;
     Ok(
         axum::Json(json!({"messages": messages, "historyBytes": session.stats().history_bytes}))
@@ -641,8 +684,10 @@ async fn rewind(State(state): State<AppState>) -> Result<Response, ApiError> {
 async fn reset_payload_cap(State(state): State<AppState>) -> Result<Response, ApiError> {
     state.check_owned()?;
     let mut session = state.session.try_lock().map_err(|_| busy())?;
+    let work = state.begin();
     let result = session.reset_payload_cap().await;
     state.publish(&session);
+    drop(work);
     let previous = result?;
     Ok(axum::Json(json!({
         "previous": previous,
@@ -692,5 +737,38 @@ async fn get_recall(
             "archive_unavailable",
             e.to_string(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn activity_times_are_rfc3339_to_the_millisecond() {
+        let t: Timestamp = "2027-01-15T08:00:10.250999Z".parse().expect("time");
+        assert_eq!(activity_time(t), "2027-01-15T08:00:10.251Z");
+        let whole: Timestamp = "2027-01-15T08:00:10Z".parse().expect("time");
+        assert_eq!(activity_time(whole), "2027-01-15T08:00:10Z");
+    }
+
+    #[test]
+    fn work_is_in_flight_until_dropped() {
+        let (tx, rx) = watch::channel(0usize);
+        let tx = Arc::new(tx);
+        let begin = |tx: &Arc<watch::Sender<usize>>| {
+            tx.send_modify(|n| *n += 1);
+            Work {
+                in_flight: Arc::clone(tx),
+            }
+        };
+        let a = begin(&tx);
+        let b = begin(&tx);
+        assert_eq!(*rx.borrow(), 2);
+        drop(a);
+        assert_eq!(*rx.borrow(), 1);
+        drop(b);
+        assert_eq!(*rx.borrow(), 0);
     }
 }

@@ -384,9 +384,10 @@ pub async fn create(
                 out.on_event(ev).await;
             }
         };
-        task_state.touch();
+        let work = task_state.begin();
         let (result, ()) = tokio::join!(turn, forward);
         task_state.publish(&session);
+        drop(work);
         drop(session);
         match result {
             Ok(outcome) => {

@@ -895,6 +895,7 @@ impl Session {
             unsupported: crate::config::unsupported(&self.live),
             // The server knows when a client last had work done (`AppState::touch`).
             last_activity: None,
+            idle_since: None,
             memory: self.memory_on().map(|m| m.stats(&self.history, self.turns)),
         }
     }
