@@ -136,6 +136,12 @@ impl Schedule {
         }
         let mut desired = current.clone();
         desired.idle_since.clone_from(&self.reported);
+        // Client work in flight is activity: while it runs (a model call can outlast
+        // `suspendAfter` and the operator's fallback), `lastActivity` moves to now with each
+        // throttled write, at most once per interval.
+        if in_flight > 0 && reached(self.next_write, now) && reached(self.retry_at, now) {
+            desired.last_activity = Some(now.to_string());
+        }
         let idle_at = match due {
             IdleDue::At(t) => Some(t),
             _ => None,
@@ -215,6 +221,25 @@ mod tests {
     }
 
     #[test]
+    fn work_in_flight_refreshes_the_last_activity_once_per_interval() {
+        let mut s = Schedule::new(INTERVAL);
+        // A model call starts at 0 and runs for 100 s: nothing else changes.
+        let busy = stats(1, Some(0));
+        let mut writes = Vec::new();
+        for now in 0..100 {
+            if let Some(w) = run(&mut s, &busy, 1, now) {
+                assert_eq!(w.idle_since, None, "never idle while work runs");
+                writes.push((now, w.last_activity));
+            }
+        }
+        let times: Vec<i64> = writes.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times, vec![0, 30, 60, 90], "one write per interval");
+        for (t, last) in &writes {
+            assert_eq!(last.as_deref(), Some(at(*t).to_string().as_str()));
+        }
+    }
+
+    #[test]
     fn the_idle_report_is_due_suspend_after_past_the_last_activity() {
         let last = Some(at(10));
         assert_eq!(
@@ -290,16 +315,21 @@ mod tests {
         let mut s = Schedule::new(INTERVAL);
         let started = stats(1, Some(0));
         assert!(run(&mut s, &started, 1, 0).is_some());
-        // A model call far longer than suspendAfter.
-        assert_eq!(
-            s.step(Some(&started), 1, Some(S), at(300)),
-            Step::Wait(None)
-        );
+        // A model call far longer than suspendAfter: never reported idle, and its
+        // lastActivity keeps moving with the throttled writes.
+        let w = run(&mut s, &started, 1, 300).expect("a refresh while busy");
+        assert_eq!(w.idle_since, None);
+        assert_eq!(w.last_activity, Some(at(300).to_string()));
         let done = stats(2, Some(310));
-        let w = run(&mut s, &done, 0, 310).expect("the end of the work");
+        assert_eq!(
+            s.step(Some(&done), 0, Some(S), at(310)),
+            Step::Wait(Some(at(330))),
+            "the end of the work waits for the interval"
+        );
+        let w = run(&mut s, &done, 0, 330).expect("the end of the work");
         assert_eq!(w.idle_since, None);
         assert_eq!(
-            s.step(Some(&done), 0, Some(S), at(311)),
+            s.step(Some(&done), 0, Some(S), at(331)),
             Step::Wait(Some(at(340)))
         );
     }
