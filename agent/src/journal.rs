@@ -1455,8 +1455,13 @@ impl Journal {
             state: self.view.state.clone(),
             ..Change::default()
         };
-        let (body, full, next) =
-            self.prepare(seq, &self.view.history, self.view.history.len(), change, None)?;
+        let (body, full, next) = self.prepare(
+            seq,
+            &self.view.history,
+            self.view.history.len(),
+            change,
+            None,
+        )?;
         let name = entry_name(self.token, seq, full);
         self.next_seq += 1;
         if let Err(e) = self.objects.put(&name, body.clone()).await {

@@ -487,7 +487,11 @@ impl Session {
             persist_state: self.state_dirty,
         };
         let synced = self.history.synced();
-        match self.journal.write_synced(&self.history, synced, change).await {
+        match self
+            .journal
+            .write_synced(&self.history, synced, change)
+            .await
+        {
             Ok(written) => {
                 self.history.mark_synced();
                 self.state_dirty = false;
