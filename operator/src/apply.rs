@@ -1,21 +1,23 @@
 //! `apply`: server-side apply of a session's objects, forced, under one field manager. The
 //! API server turns an unchanged apply into a no-op (no new resourceVersion, no watch event),
 //! which is what keeps an idle operator from looping; with the controller's caches
-//! ([`crate::cache`]) an object that is already current is not sent at all.
+//! ([`crate::cache`]) an object that is already current is not sent at all. The pod is not
+//! applied: it is created, and replaced (deleted, then created again once it is gone) when
+//! what was built for it changes ([`pod_step`]).
 
 use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::reflector::Store;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::cache::{self, Accepted, Key, Packed, Stores};
-use crate::objects::{FIELD_MANAGER, SessionObjects, TOKEN_KEY};
+use crate::objects::{FIELD_MANAGER, SessionObjects, TOKEN_KEY, pod_name};
+use crate::validate::Plan;
 
 async fn apply<K>(client: &Client, object: &K) -> Result<K, kube::Error>
 where
@@ -170,15 +172,169 @@ async fn create_token_secret(client: &Client, stamped: &Secret) -> Result<Secret
     }
 }
 
-/// Applies every object that is not current (identity and permissions before the pod) and
-/// returns the StatefulSet as the API server has it, status included.
+/// What the session's pod needs, decided from the pod as built (`None`: suspended) and the
+/// pod as it is. Pure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodStep {
+    /// The pod is as built (or, suspended, there is none).
+    Keep,
+    /// No pod: create it.
+    Create,
+    /// The pod is not as built (a change that needs a new process, a finished pod, or a
+    /// suspended session): delete this one (by uid); its deletion brings the next reconcile,
+    /// which creates the new one.
+    Delete { uid: String },
+    /// A pod is terminating, or one of another owner holds the name (the StatefulSet of an
+    /// earlier operator version, which is retired at start-up): wait for it to go.
+    Wait,
+}
+
+/// The step for the session `owner` (its uid), the pod as built with its digest, and the
+/// pod as it is.
+pub fn pod_step(desired: Option<&Pod>, digest: &str, actual: Option<&Pod>, owner: &str) -> PodStep {
+    let Some(actual) = actual else {
+        return if desired.is_some() {
+            PodStep::Create
+        } else {
+            PodStep::Keep
+        };
+    };
+    let meta = &actual.metadata;
+    let ours = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == owner);
+    if meta.deletion_timestamp.is_some() || !ours {
+        return PodStep::Wait;
+    }
+    let uid = meta.uid.clone().unwrap_or_default();
+    let applied = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(cache::APPLIED_ANNOTATION));
+    let finished = actual
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Failed" || p == "Succeeded");
+    if desired.is_none() || finished || applied.map(String::as_str) != Some(digest) {
+        PodStep::Delete { uid }
+    } else {
+        PodStep::Keep
+    }
+}
+
+/// Whether `pod` is ready to serve: not terminating, its `Ready` condition true.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Brings the session's pod to what was built (`desired`, `None` while suspended) and says
+/// whether it is ready. Without a synced cache the pod is read first.
+async fn ensure_pod(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    owner: &str,
+    desired: Option<&Pod>,
+    store: Option<&Store<Packed<Pod>>>,
+    accepted: &Accepted,
+) -> Result<bool, kube::Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let desired = desired.map(|pod| {
+        let digest = cache::digest(&serde_json::to_value(pod).unwrap_or_default());
+        (cache::stamped(pod, digest.clone()), digest)
+    });
+    let digest = desired
+        .as_ref()
+        .map(|(_, d)| d.as_str())
+        .unwrap_or_default();
+    let actual = match store {
+        Some(store) => store
+            .get(&ObjectRef::new(name).within(namespace))
+            .and_then(|p| p.unpack()),
+        None => api.get_opt(name).await?,
+    };
+    let key = Key {
+        kind: "Pod".into(),
+        namespace: namespace.into(),
+        name: name.into(),
+    };
+    let step = pod_step(
+        desired.as_ref().map(|(p, _)| p),
+        digest,
+        actual.as_ref(),
+        owner,
+    );
+    let version = || store.and_then(|s| cache::pod_version(s, namespace, name));
+    match step {
+        PodStep::Keep => Ok(actual.as_ref().is_some_and(pod_ready)),
+        PodStep::Wait => Ok(false),
+        PodStep::Create => {
+            let Some((pod, digest)) = desired else {
+                return Ok(false);
+            };
+            if accepted.pending(&key, &digest) {
+                return Ok(false);
+            }
+            let params = PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PostParams::default()
+            };
+            match api.create(&params, &pod).await {
+                Ok(created) => {
+                    accepted.record(key, digest, created.metadata.resource_version, version);
+                    Ok(false)
+                }
+                // The cache lags: the watch brings the pod, and the next reconcile judges it.
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+        PodStep::Delete { uid } => {
+            let marker = format!("delete:{uid}");
+            if accepted.pending(&key, &marker) {
+                return Ok(false);
+            }
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(name, &params).await {
+                Ok(deleted) => {
+                    let version_now = deleted.left().and_then(|p| p.metadata.resource_version);
+                    accepted.record(key, marker, version_now, version);
+                    Ok(false)
+                }
+                // Gone already, or replaced meanwhile: the watch tells.
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+/// Applies every object that is not current (identity and permissions before the pod),
+/// brings the pod to what was built and says whether it is ready.
 pub async fn apply_all(
     client: &Client,
+    plan: &Plan,
     objects: &SessionObjects,
     stores: Option<&Stores>,
     token: TokenSecret,
     accepted: &Accepted,
-) -> Result<StatefulSet, kube::Error> {
+) -> Result<bool, kube::Error> {
     ensure(
         client,
         &objects.service_account,
@@ -209,11 +365,98 @@ pub async fn apply_all(
         accepted,
     )
     .await?;
-    ensure(
+    ensure_pod(
         client,
-        &objects.stateful_set,
-        stores.map(|s| &s.stateful_sets),
+        &plan.namespace,
+        &pod_name(&plan.name),
+        &plan.owner.uid,
+        objects.pod.as_ref(),
+        stores.map(|s| &s.pods),
         accepted,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(owner: &str, digest: &str, extra: serde_json::Value) -> Pod {
+        let mut value = json!({
+            "metadata": {"name": "cairn-a-0", "uid": "p-1",
+                         "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                             "kind": "AgentSession", "name": "a", "uid": owner,
+                             "controller": true}],
+                         "annotations": {"cairn.dev/applied": digest}},
+            "status": {"phase": "Running"},
+        });
+        if let (Some(v), Some(e)) = (value.as_object_mut(), extra.as_object()) {
+            for (k, x) in e {
+                v.insert(k.clone(), x.clone());
+            }
+        }
+        serde_json::from_value(value).expect("pod fixture")
+    }
+
+    #[test]
+    fn the_pod_step_follows_the_build_and_the_pod() {
+        let built = pod("u", "d1", json!({}));
+        let delete = PodStep::Delete { uid: "p-1".into() };
+        assert_eq!(pod_step(Some(&built), "d1", None, "u"), PodStep::Create);
+        assert_eq!(
+            pod_step(None, "", None, "u"),
+            PodStep::Keep,
+            "suspended, gone"
+        );
+        let current = pod("u", "d1", json!({}));
+        assert_eq!(
+            pod_step(Some(&built), "d1", Some(&current), "u"),
+            PodStep::Keep
+        );
+        assert_eq!(
+            pod_step(Some(&built), "d2", Some(&current), "u"),
+            delete,
+            "another build replaces the pod"
+        );
+        assert_eq!(pod_step(None, "", Some(&current), "u"), delete, "suspended");
+        let failed = pod("u", "d1", json!({"status": {"phase": "Failed"}}));
+        assert_eq!(
+            pod_step(Some(&built), "d1", Some(&failed), "u"),
+            delete,
+            "an evicted pod is replaced"
+        );
+        let mut terminating = current.clone();
+        terminating.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(
+            pod_step(Some(&built), "d2", Some(&terminating), "u"),
+            PodStep::Wait
+        );
+        let foreign = pod("statefulset-uid", "", json!({}));
+        assert_eq!(
+            pod_step(Some(&built), "d1", Some(&foreign), "u"),
+            PodStep::Wait,
+            "a pod of another owner is never deleted by the session"
+        );
+    }
+
+    #[test]
+    fn ready_means_the_ready_condition_of_a_pod_not_terminating() {
+        let ready = pod(
+            "u",
+            "d",
+            json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
+        );
+        assert!(pod_ready(&ready));
+        assert!(!pod_ready(&pod("u", "d", json!({}))));
+        let mut going = ready.clone();
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(!pod_ready(&going));
+    }
 }

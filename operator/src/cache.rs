@@ -23,8 +23,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cairn_crds::AgentSession;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, PodStatus, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Resource;
@@ -195,13 +194,14 @@ pub struct Stores {
     pub secrets: Store<PartialObjectMeta<Secret>>,
     pub services: Store<Packed<Service>>,
     pub network_policies: Store<Packed<NetworkPolicy>>,
-    pub stateful_sets: Store<Packed<StatefulSet>>,
+    /// The sessions' pods, trimmed to what [`crate::apply::pod_step`] reads ([`trim_pod`]).
+    pub pods: Store<Packed<Pod>>,
 }
 
 /// A cached object kept as its JSON text, with the few metadata fields a store and the
 /// owner triggers read (name, namespace, uid, resourceVersion, owner references). A
-/// k8s-openapi struct takes five to seven times the memory of its JSON (a session's
-/// StatefulSet about 20 KiB against 3 KiB): at 10,000 sessions that is the operator's memory.
+/// k8s-openapi struct takes five to seven times the memory of its JSON (a session's pod
+/// spec about 20 KiB against 3 KiB): at 10,000 sessions that is the operator's memory.
 #[derive(Debug)]
 pub struct Packed<K> {
     metadata: ObjectMeta,
@@ -306,7 +306,7 @@ impl Stores {
                 && self.role_bindings.wait_until_ready().await.is_ok()
                 && self.services.wait_until_ready().await.is_ok()
                 && self.network_policies.wait_until_ready().await.is_ok()
-                && self.stateful_sets.wait_until_ready().await.is_ok()
+                && self.pods.wait_until_ready().await.is_ok()
         };
         tokio::time::timeout(wait, all).await.unwrap_or(false)
     }
@@ -327,6 +327,36 @@ pub fn stamped<K: Resource + Clone>(object: &K, digest: String) -> K {
         .get_or_insert_with(Default::default)
         .insert(APPLIED_ANNOTATION.to_string(), digest);
     out
+}
+
+/// Keeps of a watched pod only what the operator reads: its identity, owners, deletion,
+/// the digest it was built with, its phase and its `Ready` condition. The spec (most of a
+/// pod) is immutable where it matters and judged by that digest.
+pub fn trim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.generate_name = None;
+    meta.creation_timestamp = None;
+    meta.annotations = meta.annotations.take().and_then(|mut a| {
+        let applied = a.remove(APPLIED_ANNOTATION)?;
+        Some([(APPLIED_ANNOTATION.to_string(), applied)].into())
+    });
+    pod.spec = None;
+    pod.status = pod.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        conditions: s
+            .conditions
+            .map(|c| c.into_iter().filter(|c| c.type_ == "Ready").collect()),
+        ..PodStatus::default()
+    });
+}
+
+/// The resourceVersion of the cached pod `namespace`/`name`, if any.
+pub fn pod_version(store: &Store<Packed<Pod>>, namespace: &str, name: &str) -> Option<String> {
+    store
+        .get(&ObjectRef::new(name).within(namespace))
+        .and_then(|p| p.meta().resource_version.clone())
 }
 
 /// Whether `actual` holds every value of `desired`: objects key by key (extra keys in
@@ -480,5 +510,35 @@ mod tests {
         let b = json!({"metadata": {"name": "a"}});
         assert_eq!(digest(&a), digest(&a.clone()));
         assert_ne!(digest(&a), digest(&b));
+    }
+
+    #[test]
+    fn a_trimmed_pod_keeps_what_the_pod_step_reads() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "cairn-a-0", "uid": "p", "resourceVersion": "9",
+                         "labels": {"x": "y"},
+                         "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                             "kind": "AgentSession", "name": "a", "uid": "u", "controller": true}],
+                         "annotations": {"cairn.dev/applied": "d", "other": "z"}},
+            "spec": {"containers": [{"name": "agent", "image": "i"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                       "conditions": [{"type": "Ready", "status": "True"},
+                                      {"type": "PodScheduled", "status": "True"}]},
+        }))
+        .expect("pod fixture");
+        trim_pod(&mut pod);
+        assert_eq!(
+            serde_json::to_value(&pod).expect("json"),
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "cairn-a-0", "uid": "p", "resourceVersion": "9",
+                             "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                                 "kind": "AgentSession", "name": "a", "uid": "u",
+                                 "controller": true}],
+                             "annotations": {"cairn.dev/applied": "d"}},
+                "status": {"phase": "Running",
+                           "conditions": [{"type": "Ready", "status": "True"}]},
+            })
+        );
     }
 }

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ObjectReference, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::{DeserializeGuard, ObjectMeta, PartialObjectMeta};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -334,7 +334,7 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
         idle: idle.condition.clone(),
         policy: Err(Problem::new("Unknown", "")),
         blocker: None,
-        ready_replicas: None,
+        ready_pods: None,
         archive: validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults)
             .map_err(|e| Problem::new(e.label(), e.to_string()))
             .and_then(|a| archive_state(&a, &namespace, &name)),
@@ -393,16 +393,16 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                             Err(e) => return Err(e),
                             Ok(inputs) => {
                                 let built = objects::build(&plan, &inputs);
-                                let sts = apply::apply_all(
+                                let ready = apply::apply_all(
                                     &ctx.client,
+                                    &plan,
                                     &built,
                                     stores.as_ref(),
                                     token,
                                     &ctx.accepted,
                                 )
                                 .await?;
-                                obs.ready_replicas =
-                                    Some(sts.status.and_then(|s| s.ready_replicas).unwrap_or(0));
+                                obs.ready_pods = Some(i32::from(ready));
                                 // The idle deadline, a moment after it so that it has passed.
                                 let requeue = idle
                                     .recheck
@@ -792,6 +792,7 @@ fn secret_scopes(watched: &BTreeSet<String>, scope: Option<&str>) -> Vec<String>
 fn owned_cache<K>(
     api: Api<K>,
     config: watcher::Config,
+    trim: fn(&mut K),
     accepted: Arc<cache::Accepted>,
 ) -> (
     Store<cache::Packed<K>>,
@@ -810,7 +811,10 @@ where
     let (reader, writer) = reflector::store();
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(|o| o.managed_fields_mut().clear())
+        .modify(move |o| {
+            o.managed_fields_mut().clear();
+            trim(o);
+        })
         .map_ok(cache::pack_event)
         .reflect(writer)
         .inspect(move |event| {
@@ -822,6 +826,46 @@ where
     (reader, stream)
 }
 
+/// Deletes the StatefulSets through which an earlier operator version ran sessions' pods
+/// (labelled as the operator's, owned by an AgentSession); their pods go with them, and each
+/// session's own pod takes the name once the old one is gone. One list per scope at start.
+async fn retire_stateful_sets(client: &Client, ns: Option<&str>) {
+    let params = ListParams::default().labels("app.kubernetes.io/managed-by=cairn-operator");
+    let listed = match scoped::<StatefulSet>(client.clone(), ns)
+        .list_metadata(&params)
+        .await
+    {
+        Ok(listed) => listed,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing StatefulSets of an earlier version failed");
+            return;
+        }
+    };
+    for sts in listed.items {
+        let session_owned = sts
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == AgentSession::kind(&()) && o.controller == Some(true));
+        let (Some(namespace), Some(name)) = (&sts.metadata.namespace, &sts.metadata.name) else {
+            continue;
+        };
+        if !session_owned {
+            continue;
+        }
+        let api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {
+                tracing::info!(%namespace, %name, "retired the StatefulSet of an earlier version")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, %namespace, %name, "retiring a StatefulSet failed")
+            }
+        }
+    }
+}
+
 /// Runs the controller for one scope (a namespace, or all) until `shutdown` resolves.
 pub async fn run(
     ctx: Arc<Context>,
@@ -831,6 +875,7 @@ pub async fn run(
 ) {
     let client = ctx.client.clone();
     let ns = namespace.as_deref();
+    retire_stateful_sets(&client, ns).await;
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=cairn-operator");
     // The sessions' own watch, as `Controller::new` builds it (managed fields dropped), plus:
     // the event of an accepted
@@ -861,34 +906,40 @@ pub async fn run(
     // Each owned kind is watched once: the watch both triggers the owner's reconcile and
     // fills the cache that lets a reconcile skip what is current.
     let accepted = &ctx.accepted;
-    let (stateful_sets, sts_stream) = owned_cache(
-        scoped::<StatefulSet>(client.clone(), ns),
+    let (pods, pod_stream) = owned_cache(
+        scoped::<Pod>(client.clone(), ns),
         owned.clone(),
+        cache::trim_pod,
         accepted.clone(),
     );
     let (services, svc_stream) = owned_cache(
         scoped::<Service>(client.clone(), ns),
         owned.clone(),
+        |_| {},
         accepted.clone(),
     );
     let (service_accounts, sa_stream) = owned_cache(
         scoped::<ServiceAccount>(client.clone(), ns),
         owned.clone(),
+        |_| {},
         accepted.clone(),
     );
     let (roles, role_stream) = owned_cache(
         scoped::<Role>(client.clone(), ns),
         owned.clone(),
+        |_| {},
         accepted.clone(),
     );
     let (role_bindings, rb_stream) = owned_cache(
         scoped::<RoleBinding>(client.clone(), ns),
         owned.clone(),
+        |_| {},
         accepted.clone(),
     );
     let (network_policies, np_stream) = owned_cache(
         scoped::<NetworkPolicy>(client.clone(), ns),
         owned.clone(),
+        |_| {},
         accepted.clone(),
     );
     // The operator's own Secrets (the token Secrets): metadata only.
@@ -922,11 +973,11 @@ pub async fn run(
             secrets,
             services,
             network_policies,
-            stateful_sets,
+            pods,
         },
     );
     let mut controller = controller
-        .owns_stream(sts_stream)
+        .owns_stream(pod_stream)
         .owns_stream(svc_stream)
         .owns_stream(sa_stream)
         .owns_stream(role_stream)

@@ -1,5 +1,5 @@
 //! The cairn operator: reconciles each AgentSession into a ServiceAccount, Role, RoleBinding,
-//! Secret, StatefulSet, Service and NetworkPolicy, and keeps its status.
+//! Secret, Pod, Service and NetworkPolicy, and keeps its status.
 //!
 //! The reconcile pipeline is [`dereference`] → [`validate`] → [`objects::build`] → [`apply`]
 //! → [`status`]; `validate`, `build` and `status` are pure functions of plain data.

@@ -48,8 +48,8 @@ pub struct Observed {
     /// The effective policy's hash, or why it could not be resolved.
     pub policy: Result<String, Problem>,
     pub blocker: Option<Blocker>,
-    /// Ready replicas of the session's StatefulSet; `None` when it was not applied.
-    pub ready_replicas: Option<i32>,
+    /// Ready pods of the session (0 or 1); `None` when its objects were not applied.
+    pub ready_pods: Option<i32>,
     /// Where the archive lives, or why it is not durable / not healthy.
     pub archive: Result<String, Problem>,
     /// The `Idle` condition of a session with an idle rule (`crate::idle`); True: the pod is
@@ -65,7 +65,7 @@ pub fn desired(
     now: &Time,
 ) -> AgentSessionStatus {
     let prev_phase = prev.and_then(|s| s.phase);
-    let ready = obs.ready_replicas.unwrap_or(0) > 0;
+    let ready = obs.ready_pods.unwrap_or(0) > 0;
     let phase = match (&obs.blocker, obs.suspended) {
         (Some(Blocker::Invalid(_)), _) => Phase::Failed,
         (_, true) => Phase::Suspended,
@@ -156,7 +156,7 @@ pub fn desired(
     .map(|(kind, status, p)| condition(prev_conditions, kind, status, p, obs.generation, now))
     .collect();
 
-    let applied = obs.ready_replicas.is_some();
+    let applied = obs.ready_pods.is_some();
     AgentSessionStatus {
         phase: Some(phase),
         observed_generation: obs.generation,

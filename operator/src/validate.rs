@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 
 use crate::config::{Defaults, OtlpExport};
 
-/// Longest session name: `cairn-<name>` names the StatefulSet, whose pods carry a
-/// `controller-revision-hash` label of `<statefulset>-<10 chars>` that must fit in 63.
+/// Longest session name: every object name built from it (`cairn-<name>-api-token` the
+/// longest) fits in a 63-character DNS label.
 pub const MAX_SESSION_NAME: usize = 46;
 
 /// Why a session cannot be built. Waiting for a spec change is the only cure.

@@ -12,7 +12,7 @@ use cairn_operator::objects::{
 };
 use cairn_operator::{Defaults, OperatorArgs, Plan, ValidationError, validate};
 use clap::Parser;
-use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
@@ -95,14 +95,12 @@ fn container(objects: &SessionObjects) -> &Container {
     &pod(objects).containers[0]
 }
 
+fn the_pod(objects: &SessionObjects) -> &Pod {
+    objects.pod.as_ref().expect("a running session has a pod")
+}
+
 fn pod(objects: &SessionObjects) -> &PodSpec {
-    objects
-        .stateful_set
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .expect("pod spec")
+    the_pod(objects).spec.as_ref().expect("pod spec")
 }
 
 fn env(objects: &SessionObjects) -> BTreeMap<String, String> {
@@ -136,7 +134,7 @@ fn all_metas(o: &SessionObjects) -> Vec<(&'static str, &ObjectMeta)> {
         ("Secret", &o.token_secret.metadata),
         ("Service", &o.service.metadata),
         ("NetworkPolicy", &o.network_policy.metadata),
-        ("StatefulSet", &o.stateful_set.metadata),
+        ("Pod", &the_pod(o).metadata),
     ]
 }
 
@@ -148,7 +146,7 @@ fn assert_snapshot(name: &str, objects: &SessionObjects) {
         serde_yaml::to_string(&objects.token_secret),
         serde_yaml::to_string(&objects.service),
         serde_yaml::to_string(&objects.network_policy),
-        serde_yaml::to_string(&objects.stateful_set),
+        serde_yaml::to_string(&objects.pod),
     ];
     let mut actual = String::new();
     for doc in docs {
@@ -187,10 +185,10 @@ fn minimal_session_builds_hardened_owned_objects() {
     assert_eq!(pod(&objects).termination_grace_period_seconds, Some(60));
 
     for (kind, meta) in all_metas(&objects) {
-        let expected_name = if kind == "Secret" {
-            "cairn-chat-api-token"
-        } else {
-            "cairn-chat"
+        let expected_name = match kind {
+            "Secret" => "cairn-chat-api-token",
+            "Pod" => "cairn-chat-0",
+            _ => "cairn-chat",
         };
         assert_eq!(meta.name.as_deref(), Some(expected_name), "{kind}");
         assert_eq!(meta.namespace.as_deref(), Some("team-a"), "{kind}");
@@ -209,10 +207,12 @@ fn minimal_session_builds_hardened_owned_objects() {
         assert_eq!(labels["cairn.dev/session"], "chat");
     }
 
-    let sts = &objects.stateful_set.spec;
-    assert_eq!(sts.replicas, Some(1));
-    assert_eq!(sts.service_name.as_deref(), Some("cairn-chat"));
+    assert_eq!(
+        the_pod(&objects).metadata.name.as_deref(),
+        Some("cairn-chat-0")
+    );
     let pod = pod(&objects);
+    assert_eq!(pod.restart_policy.as_deref(), Some("Always"));
     assert_eq!(pod.service_account_name.as_deref(), Some("cairn-chat"));
     let psc = pod.security_context.as_ref().expect("pod security context");
     assert_eq!(psc.run_as_non_root, Some(true));
@@ -405,13 +405,10 @@ fn full_session_wires_policy_credentials_archive_and_template() {
         "agents"
     );
     assert_eq!(pod.tolerations.as_ref().map(Vec::len), Some(1));
-    let annotations = objects
-        .stateful_set
-        .spec
-        .template
+    let annotations = the_pod(&objects)
         .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.clone())
+        .annotations
+        .clone()
         .unwrap_or_default();
     assert_eq!(annotations["team"], "a");
     assert_eq!(
@@ -443,17 +440,17 @@ fn full_session_wires_policy_credentials_archive_and_template() {
 }
 
 #[test]
-fn suspended_session_scales_to_zero_and_keeps_everything_else() {
+fn suspended_session_has_no_pod_and_keeps_everything_else() {
     let running = build(&plan("chat", MINIMAL, None), &inputs());
     let suspended = build(
         &plan("chat", &format!("{MINIMAL}\nsuspend: true"), None),
         &inputs(),
     );
     assert_snapshot("suspended", &suspended);
-    assert_eq!(suspended.stateful_set.spec.replicas, Some(0));
+    assert_eq!(suspended.pod, None);
     let mut resumed = suspended.clone();
-    resumed.stateful_set.spec.replicas = Some(1);
-    assert_eq!(resumed, running, "suspend changes only the replica count");
+    resumed.pod = running.pod.clone();
+    assert_eq!(resumed, running, "suspend removes only the pod");
 }
 
 #[test]
@@ -508,8 +505,8 @@ fn policy_changes_never_touch_the_pod_template() {
             restart_hash(other, &inputs())
         );
         assert_eq!(
-            build(&base, &inputs()).stateful_set,
-            build(other, &inputs()).stateful_set,
+            build(&base, &inputs()).pod,
+            build(other, &inputs()).pod,
             "a policy edit must not roll the pod"
         );
     }
@@ -727,19 +724,11 @@ fn otlp_export_adds_the_standard_variables_and_nothing_else() {
     );
     let mut stripped = objects.clone();
     for o in [&mut stripped, &mut plain] {
-        let template = &mut o.stateful_set.spec.template;
-        if let Some(a) = template
-            .metadata
-            .as_mut()
-            .and_then(|m| m.annotations.as_mut())
-        {
+        let pod = o.pod.as_mut().expect("pod");
+        if let Some(a) = pod.metadata.annotations.as_mut() {
             a.remove(RESTART_HASH_ANNOTATION);
         }
-        if let Some(env) = template
-            .spec
-            .as_mut()
-            .and_then(|p| p.containers[0].env.as_mut())
-        {
+        if let Some(env) = pod.spec.as_mut().and_then(|p| p.containers[0].env.as_mut()) {
             env.retain(|e| !e.name.starts_with("OTEL_"));
         }
     }
@@ -1011,14 +1000,11 @@ fn validate_refuses_names_that_cannot_name_the_objects() {
     let longest = "x".repeat(46);
     let p = plan(&longest, MINIMAL, None);
     let objects = build(&p, &inputs());
-    // The pod's controller-revision-hash label is "<statefulset>-<10 chars>" (<= 63).
-    let sts_name = objects
-        .stateful_set
-        .metadata
-        .name
-        .clone()
-        .unwrap_or_default();
-    assert!(sts_name.len() + 11 <= 63, "{sts_name}");
+    // Every name built from the session's is a DNS label (<= 63).
+    for (kind, meta) in all_metas(&objects) {
+        let name = meta.name.clone().unwrap_or_default();
+        assert!(name.len() <= 63, "{kind} {name}");
+    }
     assert!(AgentSession::kind(&()) == "AgentSession");
 }
 
@@ -1182,13 +1168,7 @@ fn fleet_pod_defaults_land_on_the_pod_and_the_service_account() {
             .is_some()
     );
 
-    let meta = objects
-        .stateful_set
-        .spec
-        .template
-        .clone()
-        .metadata
-        .unwrap_or_default();
+    let meta = the_pod(&objects).metadata.clone();
     let labels = meta.labels.unwrap_or_default();
     assert_eq!(labels.get("team").map(String::as_str), Some("platform"));
     assert_eq!(
@@ -1257,13 +1237,7 @@ template:
     let affinity = p.affinity.clone().unwrap_or_default();
     assert!(affinity.node_affinity.is_none() && affinity.pod_anti_affinity.is_some());
 
-    let meta = objects
-        .stateful_set
-        .spec
-        .template
-        .clone()
-        .metadata
-        .unwrap_or_default();
+    let meta = the_pod(&objects).metadata.clone();
     let labels = meta.labels.unwrap_or_default();
     assert_eq!(labels.get("team").map(String::as_str), Some("a"));
     assert_eq!(labels.get("cost-center").map(String::as_str), Some("42"));
@@ -1335,7 +1309,7 @@ fn the_operators_selector_labels_cannot_be_overridden() {
         "a misspelt field stops the operator rather than being ignored"
     );
     // A session stored before the API server's rule refused it (or written around it): the
-    // operator's labels still win, so the StatefulSet's selector keeps matching.
+    // operator's labels still win, so the Service's selector keeps matching.
     let objects = build(
         &plan(
             "chat",
@@ -1344,14 +1318,10 @@ fn the_operators_selector_labels_cannot_be_overridden() {
         ),
         &inputs(),
     );
-    let labels = objects
-        .stateful_set
-        .spec
-        .template
-        .clone()
+    let labels = the_pod(&objects)
         .metadata
-        .unwrap_or_default()
         .labels
+        .clone()
         .unwrap_or_default();
     assert_eq!(
         labels.get("cairn.dev/session").map(String::as_str),
@@ -1584,9 +1554,9 @@ fn a_scoped_session_mounts_its_own_credentials_and_holds_no_key_pair() {
         "{rules}"
     );
     // Nothing about the credentials' contents is in the restart hash: a refresh (new keys,
-    // same Secret) builds the same StatefulSet.
+    // same Secret) builds the same pod.
     let again = build(&plan, &inputs());
-    assert_eq!(objects.stateful_set, again.stateful_set);
+    assert_eq!(objects.pod, again.pod);
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! The operator against a real control plane: kube-apiserver, kube-controller-manager (garbage
-//! collection, the StatefulSet controller), kube-scheduler and kwok (fake nodes, so pods get
+//! collection, the EndpointSlice controller), kube-scheduler and kwok (fake nodes, so pods get
 //! scheduled and marked Running). The cluster is the one `KUBECONFIG` points at when it is
 //! set (a kind cluster, `tests/e2e/kind.sh`), else the local control plane of `tests/harness`,
 //! started for this test binary:
@@ -35,7 +35,6 @@ use cairn_operator::metrics::Metrics;
 use cairn_operator::objects::RESTART_HASH_ANNOTATION;
 use cairn_operator::purge::S3Purger;
 use cairn_tests::harness::S3Server;
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -282,13 +281,10 @@ where
     support::eventually(WAIT, what, probe).await
 }
 
-fn restart_hash(sts: &StatefulSet) -> String {
-    sts.spec
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(RESTART_HASH_ANNOTATION).cloned())
+fn restart_hash(pod: &Pod) -> String {
+    pod.annotations()
+        .get(RESTART_HASH_ANNOTATION)
+        .cloned()
         .unwrap_or_default()
 }
 
@@ -337,13 +333,9 @@ async fn create_builds_owned_objects_and_becomes_ready() {
 
     let name = "cairn-chat";
     assert_owned_by(
-        &env.api::<StatefulSet>()
-            .get(name)
-            .await
-            .expect("sts")
-            .metadata,
+        &env.pod("chat").await.expect("pod").metadata,
         &session,
-        "StatefulSet",
+        "Pod",
     );
     assert_owned_by(
         &env.api::<Service>().get(name).await.expect("svc").metadata,
@@ -464,12 +456,7 @@ async fn policy_edit_changes_the_hash_without_restarting_the_pod() {
     env.create_session("chat", spec).await;
     let before = env.wait_phase("chat", Phase::Running).await;
     let hash_before = before.status.and_then(|s| s.policy_hash).expect("hash");
-    let sts_before = env
-        .api::<StatefulSet>()
-        .get("cairn-chat")
-        .await
-        .expect("sts");
-    let pod_before = env.pod("chat").await.and_then(|p| p.uid()).expect("pod");
+    let pod_before = env.pod("chat").await.expect("pod");
 
     env.api::<CompactionPolicy>()
         .patch(
@@ -492,22 +479,10 @@ async fn policy_edit_changes_the_hash_without_restarting_the_pod() {
     .await;
     assert_ne!(hash_before, expected);
 
-    let sts_after = env
-        .api::<StatefulSet>()
-        .get("cairn-chat")
-        .await
-        .expect("sts");
-    assert_eq!(restart_hash(&sts_before), restart_hash(&sts_after));
-    assert_eq!(
-        sts_before.metadata.generation, sts_after.metadata.generation,
-        "the StatefulSet spec did not change"
-    );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        env.pod("chat").await.and_then(|p| p.uid()),
-        Some(pod_before),
-        "same pod"
-    );
+    let pod_after = env.pod("chat").await.expect("pod");
+    assert_eq!(restart_hash(&pod_before), restart_hash(&pod_after));
+    assert_eq!(pod_after.uid(), pod_before.uid(), "same pod");
     env.teardown().await;
 }
 
@@ -516,34 +491,24 @@ async fn image_change_replaces_the_pod() {
     let env = TestEnv::new("image").await;
     env.create_session("chat", minimal()).await;
     env.wait_phase("chat", Phase::Running).await;
-    let sts_before = env
-        .api::<StatefulSet>()
-        .get("cairn-chat")
-        .await
-        .expect("sts");
-    let pod_before = env.pod("chat").await.and_then(|p| p.uid()).expect("pod");
+    let before = env.pod("chat").await.expect("pod");
 
     env.patch_session(
         "chat",
         json!({"spec": {"template": {"image": "cairn-agent:next"}}}),
     )
     .await;
-    let new_hash = eventually("the restart hash to change", || async {
-        let sts = env.api::<StatefulSet>().get("cairn-chat").await.ok()?;
-        let h = restart_hash(&sts);
-        (h != restart_hash(&sts_before)).then_some(h)
-    })
-    .await;
     let pod = eventually("a new pod with the new image", || async {
         let pod = env.pod("chat").await?;
-        let replaced = pod.uid() != Some(pod_before.clone());
+        let replaced = pod.uid() != before.uid();
         let image = pod.spec.as_ref()?.containers.first()?.image.clone();
         (replaced && image.as_deref() == Some("cairn-agent:next")).then_some(pod)
     })
     .await;
-    assert_eq!(
-        pod.annotations().get(RESTART_HASH_ANNOTATION),
-        Some(&new_hash)
+    assert_ne!(
+        restart_hash(&pod),
+        restart_hash(&before),
+        "the restart hash follows the image"
     );
     env.wait_phase("chat", Phase::Running).await;
     env.teardown().await;
@@ -645,12 +610,6 @@ async fn suspend_scales_to_zero_and_resume_brings_the_pod_back() {
         .await;
     let suspended = env.wait_phase("chat", Phase::Suspended).await;
     assert_eq!(suspended.status.as_ref().and_then(|s| s.pod.clone()), None);
-    let sts = env
-        .api::<StatefulSet>()
-        .get("cairn-chat")
-        .await
-        .expect("sts");
-    assert_eq!(sts.spec.replicas, Some(0));
     eventually("the pod to go away", || async {
         env.pod("chat").await.is_none().then_some(())
     })
@@ -685,11 +644,7 @@ async fn a_missing_policy_is_reported_and_picked_up_once_created() {
     .await;
     assert_eq!(waiting.status.and_then(|s| s.phase), Some(Phase::Pending));
     assert!(
-        env.api::<StatefulSet>()
-            .get_opt("cairn-chat")
-            .await
-            .expect("get")
-            .is_none(),
+        env.pod("chat").await.is_none(),
         "nothing is started without its policy"
     );
 
@@ -738,11 +693,7 @@ async fn without_a_secret_watch_a_session_waiting_for_its_secret_is_rechecked_by
     })
     .await;
     assert!(
-        env.api::<StatefulSet>()
-            .get_opt("cairn-chat")
-            .await
-            .expect("get")
-            .is_none(),
+        env.pod("chat").await.is_none(),
         "nothing is started without its credentials"
     );
     env.api::<Secret>()
@@ -794,7 +745,7 @@ async fn a_rotated_secret_rolls_the_pod_through_the_metadata_watch() {
 }
 
 #[tokio::test]
-async fn template_pass_throughs_land_on_the_stateful_set_and_service_account() {
+async fn template_pass_throughs_land_on_the_pod_and_service_account() {
     if std::env::var_os("CAIRN_TEST_EXTERNAL_OPERATOR").is_some() {
         eprintln!("the external operator's pod defaults are the chart's");
         return;
@@ -843,19 +794,34 @@ async fn template_pass_throughs_land_on_the_stateful_set_and_service_account() {
             "whenUnsatisfiable": "ScheduleAnyway"}],
         "runtimeClassName": "runc-test",
     });
+    // The named PriorityClass and RuntimeClass must exist for the pod to be admitted.
+    for manifest in [
+        json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+               "metadata": {"name": "cairn-test-agents"}, "value": 1000}),
+        json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+               "metadata": {"name": "runc-test"}, "handler": "runc"}),
+    ] {
+        let kind = manifest["kind"].as_str().unwrap_or_default().to_string();
+        let object: kube::api::DynamicObject = serde_json::from_value(manifest).expect("manifest");
+        let resource = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            if kind == "PriorityClass" {
+                "scheduling.k8s.io"
+            } else {
+                "node.k8s.io"
+            },
+            "v1",
+            &kind,
+        ));
+        let api: Api<kube::api::DynamicObject> = Api::all_with(env.client.clone(), &resource);
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("creating the {kind}: {e}"),
+        }
+    }
     env.create_session("chat", spec).await;
-    // Only the StatefulSet and ServiceAccount are looked at: the named PriorityClass and
-    // RuntimeClass do not exist here, so no pod is admitted.
-    let sts = eventually("the StatefulSet", || async {
-        env.api::<StatefulSet>()
-            .get_opt("cairn-chat")
-            .await
-            .ok()
-            .flatten()
-    })
-    .await;
-    let template = sts.spec.template;
-    let meta = template.metadata.expect("pod metadata");
+    let pod = eventually("the pod", || async { env.pod("chat").await }).await;
+    let meta = pod.metadata;
     let labels = meta.labels.expect("labels");
     assert_eq!(labels.get("app").map(String::as_str), Some("chat"));
     assert_eq!(labels.get("team").map(String::as_str), Some("platform"));
@@ -870,7 +836,7 @@ async fn template_pass_throughs_land_on_the_stateful_set_and_service_account() {
             .map(String::as_str),
         Some("a")
     );
-    let pod = template.spec.expect("pod spec");
+    let pod = pod.spec.expect("pod spec");
     let pull: Vec<String> = pod
         .image_pull_secrets
         .unwrap_or_default()
@@ -1202,17 +1168,10 @@ async fn delete_purges_the_archive_and_children_are_collected() {
         "the doomed session's prefix is purged, the retained one is kept"
     );
     eventually("children to be garbage-collected", || async {
-        let sts = env
-            .api::<StatefulSet>()
-            .list(&ListParams::default())
-            .await
-            .ok()?;
-        let secrets = env
-            .api::<Secret>()
-            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=cairn-operator"))
-            .await
-            .ok()?;
-        (sts.items.is_empty() && secrets.items.is_empty()).then_some(())
+        let managed = ListParams::default().labels("app.kubernetes.io/managed-by=cairn-operator");
+        let pods = env.api::<Pod>().list(&managed).await.ok()?;
+        let secrets = env.api::<Secret>().list(&managed).await.ok()?;
+        (pods.items.is_empty() && secrets.items.is_empty()).then_some(())
     })
     .await;
     env.teardown().await;
@@ -1246,7 +1205,7 @@ async fn an_operator_restart_converges_without_duplicates() {
 
     let managed = ListParams::default().labels("cairn.dev/session=chat");
     assert_eq!(
-        env.api::<StatefulSet>()
+        env.api::<Pod>()
             .list(&managed)
             .await
             .expect("list")

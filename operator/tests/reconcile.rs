@@ -13,8 +13,7 @@ use cairn_operator::metrics::Metrics;
 use cairn_operator::purge::S3Purger;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
 use kube::Client;
 use kube::client::Body;
 use kube::core::DeserializeGuard;
@@ -54,24 +53,29 @@ async fn serve_into(
             format!("{method} {path}?{}", uri.query().unwrap_or_default()),
             body.clone(),
         ));
-        let (status, reply) =
-            if method == http::Method::GET && path.ends_with("/secrets/cairn-chat-api-token") {
-                (
-                    StatusCode::NOT_FOUND,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        let (status, reply) = if method == http::Method::GET
+            && (path.ends_with("/secrets/cairn-chat-api-token")
+                || path.ends_with("/pods/cairn-chat-0"))
+        {
+            (
+                StatusCode::NOT_FOUND,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                        "reason": "NotFound", "code": 404, "message": "not found"}),
-                )
-            } else if path.ends_with("/status") {
-                let mut stored = serde_json::to_value(session(None)).unwrap_or_default();
-                stored["status"] = body["status"].clone();
-                (StatusCode::OK, stored)
-            } else if path.contains("/statefulsets/") {
-                let mut sts = body;
-                sts["status"] = json!({"replicas": 1, "readyReplicas": 1});
-                (StatusCode::OK, sts)
-            } else {
-                (StatusCode::OK, body)
-            };
+            )
+        } else if path.ends_with("/status") {
+            let mut stored = serde_json::to_value(session(None)).unwrap_or_default();
+            stored["status"] = body["status"].clone();
+            (StatusCode::OK, stored)
+        } else if method == http::Method::DELETE && path.contains("/pods/") {
+            (
+                StatusCode::OK,
+                json!({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": "cairn-chat-0", "namespace": "team-a",
+                                        "deletionTimestamp": "2026-12-02T00:00:00Z"}}),
+            )
+        } else {
+            (StatusCode::OK, body)
+        };
         let mut reply = reply;
         if status == StatusCode::OK
             && let Some(meta) = reply.get_mut("metadata").and_then(Value::as_object_mut)
@@ -139,7 +143,8 @@ async fn first_reconcile_applies_every_object_then_writes_status() {
         ssa("/api/v1/namespaces/team-a/secrets/cairn-chat-api-token"),
         ssa("/api/v1/namespaces/team-a/services/cairn-chat"),
         ssa("/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-chat"),
-        ssa("/apis/apps/v1/namespaces/team-a/statefulsets/cairn-chat"),
+        "GET /api/v1/namespaces/team-a/pods/cairn-chat-0".to_string(),
+        "POST /api/v1/namespaces/team-a/pods".to_string(),
         ssa("/apis/cairn.dev/v1alpha1/namespaces/team-a/agentsessions/chat/status"),
     ];
     let got = requests(&seen);
@@ -166,8 +171,21 @@ async fn first_reconcile_applies_every_object_then_writes_status() {
         .1;
     assert_eq!(status["apiVersion"], "cairn.dev/v1alpha1");
     assert_eq!(status["kind"], "AgentSession");
-    assert_eq!(status["status"]["phase"], "Running");
+    assert_eq!(
+        status["status"]["phase"], "Pending",
+        "the pod was just created"
+    );
     assert_eq!(status["status"]["pod"], "cairn-chat-0");
+    let pod = &seen
+        .iter()
+        .find(|(r, _)| r.starts_with("POST") && r.contains("/pods"))
+        .expect("pod created")
+        .1;
+    assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "u-1");
+    assert!(
+        pod["metadata"]["annotations"]["cairn.dev/applied"].is_string(),
+        "the pod carries the digest it was built with"
+    );
     assert!(
         status["status"].get("session").is_none(),
         "the agent's block is not ours"
@@ -330,15 +348,20 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
     let (secrets, _secrets_writer) = synced();
     let (services, mut svc_writer) = synced::<Packed<Service>>();
     let (network_policies, _np_writer) = synced();
-    let (stateful_sets, mut sts_writer) = synced::<Packed<StatefulSet>>();
-    // The cache holds an older build of the StatefulSet, its pod ready.
-    let older: StatefulSet = serde_json::from_value(json!({
-        "metadata": {"name": "cairn-chat", "namespace": "team-a", "resourceVersion": "7",
+    let (pods, mut pod_writer) = synced::<Packed<Pod>>();
+    // The cache holds the session's pod of an older build, ready.
+    let older: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "cairn-chat-0", "namespace": "team-a", "resourceVersion": "7",
+                     "uid": "p-1",
+                     "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                                          "kind": "AgentSession", "name": "chat", "uid": "u-1",
+                                          "controller": true}],
                      "annotations": {"cairn.dev/applied": "an-older-build"}},
-        "status": {"replicas": 1, "readyReplicas": 1},
+        "status": {"phase": "Running",
+                   "conditions": [{"type": "Ready", "status": "True"}]},
     }))
-    .expect("sts fixture");
-    sts_writer.apply_watcher_event(&pack_event(Event::Apply(older)));
+    .expect("pod fixture");
+    pod_writer.apply_watcher_event(&pack_event(Event::Apply(older)));
     ctx.add_stores(
         Some("team-a".into()),
         Stores {
@@ -349,7 +372,7 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
             secrets,
             services,
             network_policies,
-            stateful_sets,
+            pods,
         },
     );
     let outdated = Arc::new(DeserializeGuard(Ok(session(None))));
@@ -373,10 +396,11 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
             "POST /api/v1/namespaces/team-a/secrets",
             "PATCH /api/v1/namespaces/team-a/services/cairn-chat",
             "PATCH /apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-chat",
-            "PATCH /apis/apps/v1/namespaces/team-a/statefulsets/cairn-chat",
+            "DELETE /api/v1/namespaces/team-a/pods/cairn-chat-0",
             "PATCH /apis/cairn.dev/v1alpha1/namespaces/team-a/agentsessions/chat/status",
         ],
-        "everything is sent once (the token Secret created, the cache has none)"
+        "everything is sent once (the token Secret created, the cache has none; the pod of \
+         an older build is replaced)"
     );
     assert!(first.iter().any(|r| r.contains("/events")), "transitions");
     assert_eq!(

@@ -29,7 +29,6 @@ use cairn_tests::harness::seaweedfs::{
     ADMIN_ACCESS_KEY_ID, ADMIN_SECRET_ACCESS_KEY, REGION, ROLE_ARN,
 };
 use cairn_tests::harness::{SeaweedFs, SeaweedOptions};
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -626,8 +625,8 @@ async fn credentials_are_refreshed_before_expiry_without_rolling_the_pod() {
     .await;
     env.create_session("r", minimal()).await;
     env.wait_phase("r", Phase::Running).await;
-    let sts_api = env.api::<StatefulSet>();
-    let before = sts_api.get("cairn-r").await.expect("statefulset");
+    let pod_api = env.api::<Pod>();
+    let before = pod_api.get("cairn-r-0").await.expect("pod");
     let (first_secret, first) = env.credentials("r").await.expect("scoped Secret");
     let granted = first
         .expiration
@@ -676,14 +675,17 @@ async fn credentials_are_refreshed_before_expiry_without_rolling_the_pod() {
         Ok("v2")
     );
 
-    // Rotation never rolled the pod: the pod template is exactly what it was.
-    let after = sts_api.get("cairn-r").await.expect("statefulset");
+    // Rotation never rolled the pod: the same pod, its spec exactly what it was.
+    let after = pod_api.get("cairn-r-0").await.expect("pod");
     assert_eq!(
-        serde_json::to_value(&before.spec.template).expect("json"),
-        serde_json::to_value(&after.spec.template).expect("json"),
-        "the pod template changed"
+        before.metadata.uid, after.metadata.uid,
+        "the pod was replaced"
     );
-    assert_eq!(before.metadata.generation, after.metadata.generation);
+    assert_eq!(
+        serde_json::to_value(&before.spec).expect("json"),
+        serde_json::to_value(&after.spec).expect("json"),
+        "the pod spec changed"
+    );
     let events: Api<Event> = env.api();
     let issued = events
         .list(&ListParams::default())
@@ -725,8 +727,8 @@ async fn a_failed_minting_is_reported_and_retried_until_it_works() {
     );
     // No pod that could not start: nothing was applied without credentials.
     assert!(
-        env.api::<StatefulSet>()
-            .get_opt("cairn-f")
+        env.api::<Pod>()
+            .get_opt("cairn-f-0")
             .await
             .expect("get")
             .is_none()
@@ -843,8 +845,8 @@ async fn a_failed_refresh_keeps_the_running_pod_and_says_so_until_it_works_again
         assert_eq!(condition(&s, "Ready").map(|c| c.0).as_deref(), Some("True"));
     }
     assert!(
-        env.api::<StatefulSet>()
-            .get_opt("cairn-g")
+        env.api::<Pod>()
+            .get_opt("cairn-g-0")
             .await
             .expect("get")
             .is_some()

@@ -24,7 +24,7 @@ fn observed() -> Observed {
         suspended: false,
         policy: Ok("abc123".into()),
         blocker: None,
-        ready_replicas: Some(1),
+        ready_pods: Some(1),
         archive: Ok("s3://b/cairn/team-a/chat/".into()),
         idle: None,
     }
@@ -172,7 +172,7 @@ fn last_transition_time_moves_only_when_status_flips() {
 fn missing_policy_on_a_new_session_is_pending_not_failed() {
     let mut obs = observed();
     obs.policy = Err(Problem::new("PolicyNotFound", "missing"));
-    obs.ready_replicas = None;
+    obs.ready_pods = None;
     let s = status::desired(None, &obs, &at(0));
     assert_eq!(s.phase, Some(Phase::Pending));
     assert_eq!(s.policy_hash, None);
@@ -187,7 +187,7 @@ fn missing_policy_on_a_new_session_is_pending_not_failed() {
 fn phases_follow_suspend_invalid_waiting_and_readiness() {
     let mut obs = observed();
     obs.suspended = true;
-    obs.ready_replicas = Some(0);
+    obs.ready_pods = Some(0);
     let s = status::desired(None, &obs, &at(0));
     assert_eq!(s.phase, Some(Phase::Suspended));
     assert_eq!(s.pod, None, "no pod while suspended");
@@ -195,7 +195,7 @@ fn phases_follow_suspend_invalid_waiting_and_readiness() {
 
     let mut obs = observed();
     obs.blocker = Some(Blocker::Invalid(Problem::new("InvalidPayloadCap", "bad")));
-    obs.ready_replicas = None;
+    obs.ready_pods = None;
     let s = status::desired(None, &obs, &at(0));
     assert_eq!(s.phase, Some(Phase::Failed));
     assert_eq!(condition(&s, status::READY).reason, "InvalidPayloadCap");
@@ -205,13 +205,13 @@ fn phases_follow_suspend_invalid_waiting_and_readiness() {
         "SecretNotFound",
         "Secret team-a/k not found",
     )));
-    obs.ready_replicas = None;
+    obs.ready_pods = None;
     let s = status::desired(None, &obs, &at(0));
     assert_eq!(s.phase, Some(Phase::Pending));
     assert_eq!(condition(&s, status::READY).reason, "SecretNotFound");
 
     let mut obs = observed();
-    obs.ready_replicas = Some(0);
+    obs.ready_pods = Some(0);
     let s = status::desired(None, &obs, &at(0));
     assert_eq!(s.phase, Some(Phase::Pending));
     assert_eq!(condition(&s, status::READY).reason, "PodNotReady");
@@ -240,7 +240,7 @@ fn agent_written_counters_are_kept_but_not_compared() {
 fn transitions_name_the_new_phase_and_changed_conditions() {
     let pending = {
         let mut o = observed();
-        o.ready_replicas = Some(0);
+        o.ready_pods = Some(0);
         status::desired(None, &o, &at(0))
     };
     let first = status::transitions(None, &pending);

@@ -10,8 +10,7 @@ mod workload;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -32,8 +31,7 @@ pub const FIELD_MANAGER: &str = "cairn-operator";
 /// Label naming the session an object belongs to.
 pub const SESSION_LABEL: &str = "cairn.dev/session";
 
-/// Name shared by the session's ServiceAccount, Role, RoleBinding, StatefulSet, Service and
-/// NetworkPolicy.
+/// Name shared by the session's ServiceAccount, Role, RoleBinding, Service and NetworkPolicy.
 pub fn object_name(session: &str) -> String {
     format!("cairn-{session}")
 }
@@ -43,7 +41,7 @@ pub fn token_secret_name(session: &str) -> String {
     format!("cairn-{session}-api-token")
 }
 
-/// Name of the single pod of the session's StatefulSet.
+/// Name of the session's pod (the `-0` keeps the name pods of earlier versions had).
 pub fn pod_name(session: &str) -> String {
     format!("{}-0", object_name(session))
 }
@@ -69,7 +67,7 @@ pub fn labels(session: &str) -> BTreeMap<String, String> {
     .collect()
 }
 
-/// Labels that select the session's pod (a StatefulSet selector is immutable: keep it small).
+/// Labels that select the session's pod (the Service's selector and the NetworkPolicy's).
 pub fn selector_labels(session: &str) -> BTreeMap<String, String> {
     [
         ("app.kubernetes.io/name", "cairn-agent"),
@@ -129,7 +127,8 @@ pub struct SessionObjects {
     pub token_secret: Secret,
     pub service: Service,
     pub network_policy: NetworkPolicy,
-    pub stateful_set: StatefulSet,
+    /// `None` while the session is suspended.
+    pub pod: Option<Pod>,
 }
 
 /// Builds every object of the planned session.
@@ -141,7 +140,7 @@ pub fn build(plan: &Plan, inputs: &BuildInputs) -> SessionObjects {
         token_secret: workload::token_secret(plan, &inputs.api_token),
         service: network::service(plan),
         network_policy: network::network_policy(plan),
-        stateful_set: workload::stateful_set(plan, inputs),
+        pod: workload::pod(plan, inputs),
     }
 }
 

@@ -1,18 +1,19 @@
-//! The session's pod: a one-replica StatefulSet running `cairn-agent serve`, hardened, with
-//! its settings and credentials wired in as environment, and the token Secret it serves with.
+//! The session's pod: one Pod, owned by the session, running `cairn-agent serve`, hardened,
+//! with its settings and credentials wired in as environment, and the token Secret it serves
+//! with. The operator creates it itself (no StatefulSet in between): its fixed name keeps at
+//! most one pod per session, and a change that needs a new process replaces it (see
+//! `apply::ensure_pod`).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource,
-    SecurityContext, Volume, VolumeMount,
+    EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, Pod, PodSecurityContext, PodSpec,
+    Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -20,14 +21,14 @@ use sha2::{Digest, Sha256};
 use cairn_crds::ProviderKind;
 
 use super::{
-    AGENT_PORT, ApiToken, BuildInputs, TOKEN_KEY, labels, meta, object_name, selector_labels,
+    AGENT_PORT, ApiToken, BuildInputs, TOKEN_KEY, labels, meta, object_name, pod_name,
     token_secret_name,
 };
 use crate::config::{OTLP_HEADERS_KEY, OtlpExport};
 use crate::validate::{ArchivePlan, Plan};
 
-/// Pod-template annotation over everything whose change needs a new process. The policy is
-/// not part of it: the agent watches its session and applies policy edits on the next turn.
+/// Pod annotation over everything whose change needs a new process. The policy is not part
+/// of it: the agent watches its session and applies policy edits on the next turn.
 pub const RESTART_HASH_ANNOTATION: &str = "cairn.dev/restart-hash";
 
 /// The unprivileged user of distroless images.
@@ -158,8 +159,11 @@ pub fn restart_hash(plan: &Plan, inputs: &BuildInputs) -> String {
     hex::encode(&Sha256::digest(&bytes)[..8])
 }
 
-pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
-    let name = object_name(&plan.name);
+/// The session's pod; `None` while the session is suspended (by hand or for being idle).
+pub(super) fn pod(plan: &Plan, inputs: &BuildInputs) -> Option<Pod> {
+    if plan.spec.suspend {
+        return None;
+    }
     let template = plan.spec.template.as_ref();
     let mut annotations = super::template::pod_annotations(plan);
     annotations.insert(
@@ -167,10 +171,11 @@ pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
         restart_hash(plan, inputs),
     );
 
-    let mut pod = PodSpec {
-        service_account_name: Some(name.clone()),
+    let mut spec = PodSpec {
+        service_account_name: Some(object_name(&plan.name)),
         automount_service_account_token: Some(true),
         enable_service_links: Some(false),
+        restart_policy: Some("Always".into()),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(RUN_AS),
@@ -185,29 +190,16 @@ pub(super) fn stateful_set(plan: &Plan, inputs: &BuildInputs) -> StatefulSet {
         termination_grace_period_seconds: Some(i64::from(grace_seconds(plan))),
         ..Default::default()
     };
-    super::template::apply_to_pod(plan, &mut pod);
+    super::template::apply_to_pod(plan, &mut spec);
 
-    StatefulSet {
-        metadata: meta(plan, name.clone()),
-        spec: StatefulSetSpec {
-            replicas: Some(if plan.spec.suspend { 0 } else { 1 }),
-            service_name: Some(name),
-            selector: LabelSelector {
-                match_labels: Some(selector_labels(&plan.name)),
-                ..Default::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(super::template::pod_labels(plan, labels(&plan.name))),
-                    annotations: Some(annotations),
-                    ..Default::default()
-                }),
-                spec: Some(pod),
-            },
-            ..Default::default()
-        },
+    let mut metadata = meta(plan, pod_name(&plan.name));
+    metadata.labels = Some(super::template::pod_labels(plan, labels(&plan.name)));
+    metadata.annotations = Some(annotations);
+    Some(Pod {
+        metadata,
+        spec: Some(spec),
         ..Default::default()
-    }
+    })
 }
 
 fn volumes(plan: &Plan) -> Vec<Volume> {
