@@ -56,7 +56,7 @@ fn bench(c: &mut Criterion) {
             suspended: false,
             policy: Ok("abc".into()),
             blocker: None,
-            ready_replicas: Some(1),
+            ready_pods: Some(1),
             archive: Ok("s3://b/cairn/team-a/research/".into()),
             idle: None,
         };
