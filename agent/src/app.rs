@@ -67,7 +67,7 @@ fn env(k: &str) -> Option<String> {
 }
 
 /// Who writes the journal and holds the Lease: this process, unique per incarnation. A
-/// StatefulSet's replacement pod has the same name and, in a container, the same pid (1),
+/// session's replacement pod has the same name and, in a container, the same pid (1),
 /// so `HOSTNAME/pid` would name every incarnation alike and the Lease would take a new pod
 /// for the old holder. `pod/uid/incarnation`: the pod name (or host), the pod UID the
 /// operator passes through the downward API (`CAIRN_POD_UID`, first 8 characters; `-`

@@ -1,5 +1,5 @@
 //! The holder identity of the journal claims and of the Lease is unique per incarnation. In a
-//! container the agent is pid 1 and a StatefulSet's replacement pod has the same name, so
+//! container the agent is pid 1 and a session's replacement pod has the same name, so
 //! `HOSTNAME/pid` named every incarnation of `cairn-x-0` alike; the test runs each agent as
 //! pid 1 of its own pid namespace with the same HOSTNAME, as two incarnations of one pod.
 

@@ -2022,7 +2022,7 @@ fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
             ]
         ),
         uid,
-        "the StatefulSet replaced the pod"
+        "the operator replaced the pod"
     );
     sim.push_reply(cairn_sim::ScriptedReply::text("it was OSPREY-3"));
     let (status, body) = turn("what did I ask you to remember?");
