@@ -8,7 +8,7 @@
 use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -325,6 +325,38 @@ async fn ensure_pod(
     }
 }
 
+/// Applies the session's Service. A Service of an earlier version (with a ClusterIP, which is
+/// immutable) is refused as invalid: it is deleted and the headless one applied in its place.
+async fn ensure_service(
+    client: &Client,
+    service: &Service,
+    stores: Option<&Stores>,
+    accepted: &Accepted,
+) -> Result<(), kube::Error> {
+    match ensure(client, service, stores.map(|s| &s.services), accepted).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 422 => {
+            tracing::info!(service = %service.name_any(), error = %e.message,
+                "replacing a Service that cannot be changed in place");
+            let api: Api<Service> =
+                Api::namespaced(client.clone(), &service.namespace().unwrap_or_default());
+            match api
+                .delete(&service.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+            let digest = cache::digest(&serde_json::to_value(service).unwrap_or_default());
+            apply(client, &cache::stamped(service, digest))
+                .await
+                .map(|_| ())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Applies every object that is not current (identity and permissions before the pod),
 /// brings the pod to what was built and says whether it is ready.
 pub async fn apply_all(
@@ -351,13 +383,7 @@ pub async fn apply_all(
     )
     .await?;
     ensure_token_secret(client, &objects.token_secret, token, stores, accepted).await?;
-    ensure(
-        client,
-        &objects.service,
-        stores.map(|s| &s.services),
-        accepted,
-    )
-    .await?;
+    ensure_service(client, &objects.service, stores, accepted).await?;
     ensure(
         client,
         &objects.network_policy,

@@ -211,6 +211,15 @@ fn minimal_session_builds_hardened_owned_objects() {
         the_pod(&objects).metadata.name.as_deref(),
         Some("cairn-chat-0")
     );
+    assert_eq!(
+        objects
+            .service
+            .spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.as_deref()),
+        Some("None"),
+        "headless: the name resolves to the pod, no ClusterIP to allocate"
+    );
     let pod = pod(&objects);
     assert_eq!(pod.restart_policy.as_deref(), Some("Always"));
     assert_eq!(pod.service_account_name.as_deref(), Some("cairn-chat"));

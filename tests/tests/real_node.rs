@@ -20,8 +20,9 @@ use cairn_tests::harness::{
 #[path = "real_node/kubectl.rs"]
 mod plugin;
 
-/// The worker session's API token (from its Secret) and its Service's address, for calls
-/// from a client pod of `ns`.
+/// The worker session's API token (from its Secret) and its address, for calls from a client
+/// pod of `ns`: its pod's IP, which is what the session's headless Service name resolves to
+/// (these client pods have no cluster DNS).
 fn worker_endpoint(cp: &ControlPlane, ns: &str) -> (String, String) {
     use base64::Engine;
     let raw = kubectl(
@@ -40,19 +41,25 @@ fn worker_endpoint(cp: &ControlPlane, ns: &str) -> (String, String) {
         .decode(raw.trim())
         .expect("base64 token");
     let token = String::from_utf8(bytes).expect("UTF-8 token");
+    (token, session_addr(cp, ns, "worker"))
+}
+
+/// The address `cairn-<session>.<ns>.svc:8080` resolves to: the IP of the session's pod (a
+/// replaced pod has a new one, so callers look it up again after a roll).
+fn session_addr(cp: &ControlPlane, ns: &str, session: &str) -> String {
     let ip = kubectl(
         cp,
         &[
             "get",
-            "service",
-            "cairn-worker",
+            "pod",
+            &format!("cairn-{session}-0"),
             "-n",
             ns,
             "-o",
-            "jsonpath={.spec.clusterIP}",
+            "jsonpath={.status.podIP}",
         ],
     );
-    (token, format!("{}:8080", ip.trim()))
+    format!("{}:8080", ip.trim())
 }
 
 fn skip() -> bool {
@@ -1837,20 +1844,9 @@ fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
             .expect("base64 token");
         String::from_utf8(bytes).expect("UTF-8 token")
     };
-    let ip = kubectl(
-        cp,
-        &[
-            "get",
-            "service",
-            "cairn-rolled",
-            "-n",
-            ns,
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ],
-    );
-    let addr = format!("{}:8080", ip.trim());
+    // The pod's address is looked up per call: the image change at the end replaces the pod.
     let call = |request: (&str, &str), body: Option<serde_json::Value>| {
+        let addr = session_addr(cp, ns, "rolled");
         exchange(cp, ns, &addr, request, &token, body.as_ref())
     };
     let turn = |input: &str| {

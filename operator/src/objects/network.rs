@@ -1,4 +1,5 @@
-//! How the session is reached: a Service in front of its pod, and a NetworkPolicy that admits
+//! How the session is reached: a headless Service in front of its pod (its DNS name resolves
+//! to the ready pod; see [`service`]), and a NetworkPolicy that admits
 //! only its own namespace, the operator's and the configured monitoring namespace, and, when
 //! the operator restricts egress, lets the pod reach only DNS and the configured blocks.
 
@@ -14,10 +15,20 @@ use super::{AGENT_PORT, meta, object_name, selector_labels};
 use crate::config::EgressPolicy;
 use crate::validate::Plan;
 
+/// `spec.clusterIP` of a headless Service.
+pub const HEADLESS: &str = "None";
+
+/// The session's Service: headless. `cairn-NAME.NS.svc` resolves to the session's ready pod,
+/// with no ClusterIP: the API server allocates ClusterIPs one at a time (an IPAddress object
+/// each; about eight a second on a two-core control plane, so 10,000 sessions would wait
+/// twenty minutes for theirs), and every ClusterIP costs kube-proxy rules on every node. A
+/// session has one pod, so a virtual IP balances nothing; a client that resolves the name
+/// per connection follows a replaced pod.
 pub(super) fn service(plan: &Plan) -> Service {
     Service {
         metadata: meta(plan, object_name(&plan.name)),
         spec: Some(ServiceSpec {
+            cluster_ip: Some(HEADLESS.into()),
             selector: Some(selector_labels(&plan.name)),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
