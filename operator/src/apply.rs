@@ -38,6 +38,12 @@ where
     .await
 }
 
+/// `object` stamped with its digest, and the digest.
+fn stamp<K: Resource + Clone + Serialize>(object: &K) -> (K, String) {
+    let digest = cache::digest(&serde_json::to_value(object).unwrap_or_default());
+    (cache::stamped(object, digest.clone()), digest)
+}
+
 /// Applies `object` (stamped with its digest) unless the cached copy is current or the
 /// operator's own accepted write of it has not reached the cache yet; returns the object as
 /// the API server has it (as far as the operator knows).
@@ -55,8 +61,7 @@ where
         + Debug
         + 'static,
 {
-    let digest = cache::digest(&serde_json::to_value(object).unwrap_or_default());
-    let stamped = cache::stamped(object, digest.clone());
+    let (stamped, digest) = stamp(object);
     let Some(store) = store else {
         return apply(client, &stamped).await;
     };
@@ -172,8 +177,8 @@ async fn create_token_secret(client: &Client, stamped: &Secret) -> Result<Secret
     }
 }
 
-/// What the session's pod needs, decided from the pod as built (`None`: suspended) and the
-/// pod as it is. Pure.
+/// What the session's pod needs, decided from the digest of the pod as built (`None`:
+/// suspended) and the pod as it is. Pure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodStep {
     /// The pod is as built (or, suspended, there is none).
@@ -189,11 +194,11 @@ pub enum PodStep {
     Wait,
 }
 
-/// The step for the session `owner` (its uid), the pod as built with its digest, and the
-/// pod as it is.
-pub fn pod_step(desired: Option<&Pod>, digest: &str, actual: Option<&Pod>, owner: &str) -> PodStep {
+/// The step for the session `owner` (its uid), the digest of the pod as built, and the pod
+/// as it is.
+pub fn pod_step(built: Option<&str>, actual: Option<&Pod>, owner: &str) -> PodStep {
     let Some(actual) = actual else {
-        return if desired.is_some() {
+        return if built.is_some() {
             PodStep::Create
         } else {
             PodStep::Keep
@@ -218,7 +223,7 @@ pub fn pod_step(desired: Option<&Pod>, digest: &str, actual: Option<&Pod>, owner
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .is_some_and(|p| p == "Failed" || p == "Succeeded");
-    if desired.is_none() || finished || applied.map(String::as_str) != Some(digest) {
+    if built.is_none() || finished || applied.map(String::as_str) != built {
         PodStep::Delete { uid }
     } else {
         PodStep::Keep
@@ -249,18 +254,10 @@ async fn ensure_pod(
     accepted: &Accepted,
 ) -> Result<bool, kube::Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let desired = desired.map(|pod| {
-        let digest = cache::digest(&serde_json::to_value(pod).unwrap_or_default());
-        (cache::stamped(pod, digest.clone()), digest)
-    });
-    let digest = desired
-        .as_ref()
-        .map(|(_, d)| d.as_str())
-        .unwrap_or_default();
+    let desired = desired.map(stamp);
+    let reference = ObjectRef::new(name).within(namespace);
     let actual = match store {
-        Some(store) => store
-            .get(&ObjectRef::new(name).within(namespace))
-            .and_then(|p| p.unpack()),
+        Some(store) => store.get(&reference).and_then(|p| p.unpack()),
         None => api.get_opt(name).await?,
     };
     let key = Key {
@@ -269,12 +266,15 @@ async fn ensure_pod(
         name: name.into(),
     };
     let step = pod_step(
-        desired.as_ref().map(|(p, _)| p),
-        digest,
+        desired.as_ref().map(|(_, d)| d.as_str()),
         actual.as_ref(),
         owner,
     );
-    let version = || store.and_then(|s| cache::pod_version(s, namespace, name));
+    let version = || {
+        store
+            .and_then(|s| s.get(&reference))
+            .and_then(|p| p.meta().resource_version.clone())
+    };
     match step {
         PodStep::Keep => Ok(actual.as_ref().is_some_and(pod_ready)),
         PodStep::Wait => Ok(false),
@@ -348,10 +348,7 @@ async fn ensure_service(
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e),
             }
-            let digest = cache::digest(&serde_json::to_value(service).unwrap_or_default());
-            apply(client, &cache::stamped(service, digest))
-                .await
-                .map(|_| ())
+            apply(client, &stamp(service).0).await.map(|_| ())
         }
         Err(e) => Err(e),
     }
@@ -427,28 +424,20 @@ mod tests {
 
     #[test]
     fn the_pod_step_follows_the_build_and_the_pod() {
-        let built = pod("u", "d1", json!({}));
         let delete = PodStep::Delete { uid: "p-1".into() };
-        assert_eq!(pod_step(Some(&built), "d1", None, "u"), PodStep::Create);
-        assert_eq!(
-            pod_step(None, "", None, "u"),
-            PodStep::Keep,
-            "suspended, gone"
-        );
+        assert_eq!(pod_step(Some("d1"), None, "u"), PodStep::Create);
+        assert_eq!(pod_step(None, None, "u"), PodStep::Keep, "suspended, gone");
         let current = pod("u", "d1", json!({}));
+        assert_eq!(pod_step(Some("d1"), Some(&current), "u"), PodStep::Keep);
         assert_eq!(
-            pod_step(Some(&built), "d1", Some(&current), "u"),
-            PodStep::Keep
-        );
-        assert_eq!(
-            pod_step(Some(&built), "d2", Some(&current), "u"),
+            pod_step(Some("d2"), Some(&current), "u"),
             delete,
             "another build replaces the pod"
         );
-        assert_eq!(pod_step(None, "", Some(&current), "u"), delete, "suspended");
+        assert_eq!(pod_step(None, Some(&current), "u"), delete, "suspended");
         let failed = pod("u", "d1", json!({"status": {"phase": "Failed"}}));
         assert_eq!(
-            pod_step(Some(&built), "d1", Some(&failed), "u"),
+            pod_step(Some("d1"), Some(&failed), "u"),
             delete,
             "an evicted pod is replaced"
         );
@@ -457,13 +446,10 @@ mod tests {
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ));
-        assert_eq!(
-            pod_step(Some(&built), "d2", Some(&terminating), "u"),
-            PodStep::Wait
-        );
+        assert_eq!(pod_step(Some("d2"), Some(&terminating), "u"), PodStep::Wait);
         let foreign = pod("statefulset-uid", "", json!({}));
         assert_eq!(
-            pod_step(Some(&built), "d1", Some(&foreign), "u"),
+            pod_step(Some("d1"), Some(&foreign), "u"),
             PodStep::Wait,
             "a pod of another owner is never deleted by the session"
         );

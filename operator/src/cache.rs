@@ -352,13 +352,6 @@ pub fn trim_pod(pod: &mut Pod) {
     });
 }
 
-/// The resourceVersion of the cached pod `namespace`/`name`, if any.
-pub fn pod_version(store: &Store<Packed<Pod>>, namespace: &str, name: &str) -> Option<String> {
-    store
-        .get(&ObjectRef::new(name).within(namespace))
-        .and_then(|p| p.meta().resource_version.clone())
-}
-
 /// Whether `actual` holds every value of `desired`: objects key by key (extra keys in
 /// `actual` are the API server's defaults and other managers' fields), arrays element by
 /// element with the same length, scalars equal. An empty object or array in `desired` also
