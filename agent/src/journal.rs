@@ -32,8 +32,8 @@
 //! # Fencing
 //!
 //! At most one agent writes a session's journal. A writer takes a fencing token — an *epoch*
-//! (highest existing + 1) and a random nonce that orders two claims of one epoch made at the
-//! same moment: it writes the claim object `claims/e<epoch>n<nonce>.json` naming itself, then
+//! (highest existing + 1) and a nonce that orders two claims of one epoch, the later first
+//! ([`Token`]): it writes the claim object `claims/e<epoch>n<nonce>.json` naming itself, then
 //! lists the journal and completes the claim with `start_seq` = the next free sequence number
 //! (`claims/e<epoch>n<nonce>-start.json`). After every entry it writes, a writer lists
 //! `claims/`: if a higher token exists, it has been replaced, fails the write and never
@@ -773,27 +773,45 @@ pub struct Claim {
     pub start_seq: Option<u64>,
 }
 
-/// A writer's fencing token: its epoch, and a random nonce that orders two claims of the
-/// same epoch (two agents starting at the same moment both pick highest + 1).
+/// A writer's fencing token: its epoch, and a nonce that orders two claims of the same epoch
+/// (two agents starting at the same moment both pick highest + 1).
+///
+/// The nonce is the claim's wall-clock time in milliseconds above 16 random bits
+/// ([`Token::claim`]): of two claims of one epoch the later one wins. A claim whose write
+/// failed may still land afterwards (its request was held somewhere); it was never completed,
+/// so readers ignore it, and being older it cannot fence the claimant that retried after it.
+/// Journals of the first format carry 8 hex digits of a random nonce; they parse, and rank
+/// below any claim of the same epoch made since.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Token {
     pub epoch: u64,
-    pub nonce: u32,
+    pub nonce: u64,
 }
 
 impl Token {
+    /// A token of `epoch`, claimed now.
+    fn claim(epoch: u64) -> Self {
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Self {
+            epoch,
+            nonce: (millis << 16) | u64::from(fastrand::u16(..)),
+        }
+    }
+
     fn name(self) -> String {
-        format!("e{:010}n{:08x}", self.epoch, self.nonce)
+        format!("e{:010}n{:016x}", self.epoch, self.nonce)
     }
 
     fn parse(s: &str) -> Option<Self> {
         let (e, n) = s.strip_prefix('e')?.split_once('n')?;
-        if e.len() != 10 || n.len() != 8 {
+        if e.len() != 10 || !matches!(n.len(), 8 | 16) {
             return None;
         }
         Some(Self {
             epoch: e.parse().ok()?,
-            nonce: u32::from_str_radix(n, 16).ok()?,
+            nonce: u64::from_str_radix(n, 16).ok()?,
         })
     }
 }
@@ -1026,10 +1044,7 @@ impl Journal {
             .max()
             .unwrap_or(0)
             + 1;
-        let token = Token {
-            epoch,
-            nonce: fastrand::u32(..),
-        };
+        let token = Token::claim(epoch);
         let pending = Claim {
             epoch,
             holder: holder.clone(),
@@ -1909,6 +1924,40 @@ mod tests {
     }
 
     #[test]
+    fn first_format_names_parse_and_rank_below_later_claims() {
+        let old = parse_claim("claims/e0000000002nffffffff.json").unwrap();
+        assert_eq!(
+            old,
+            Token {
+                epoch: 2,
+                nonce: 0xffff_ffff
+            }
+        );
+        assert!(Token::claim(2) > old);
+        assert!(Token::claim(3) > Token::claim(2));
+    }
+
+    #[tokio::test]
+    async fn a_failed_claim_that_lands_late_does_not_fence_the_claim_after_it() {
+        let objects = Arc::new(Mem::default());
+        // A claim whose write timed out, held somewhere while its opener retried.
+        let ghost = Token::claim(1);
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        let (mut a, _) = open(&objects, "a").await;
+        assert_eq!(a.epoch(), 1, "the ghost had not landed at the retry");
+        let pending = Claim {
+            epoch: 1,
+            holder: "a".into(),
+            start_seq: None,
+        };
+        objects.raw_put(&claim_name(ghost), serde_json::to_vec(&pending).unwrap());
+        a.write(&users(&["after the ghost"]), change())
+            .await
+            .unwrap();
+        assert_eq!(rebuilt(&objects).await, users(&["after the ghost"]));
+    }
+
+    #[test]
     fn a_diff_splices_back_into_the_new_history() {
         let cases: &[(&[&str], &[&str])] = &[
             (&[], &["a"]),
@@ -2055,10 +2104,10 @@ mod tests {
         // Another agent that started at the same moment picked the same epoch.
         let rival = Token {
             epoch: a.epoch(),
-            nonce: if a.token.nonce == u32::MAX {
+            nonce: if a.token.nonce == u64::MAX {
                 0
             } else {
-                u32::MAX
+                u64::MAX
             },
         };
         let claim = Claim {
