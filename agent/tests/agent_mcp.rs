@@ -10,7 +10,7 @@ mod agent_support;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use agent_support::*;
@@ -60,11 +60,22 @@ fn bin(name: &str) -> String {
         .to_string()
 }
 
+/// A loopback port nothing listens on, never handed out twice in this process: the tests run
+/// at once, and a port one of them has let go of (its server stopped, or "down" on purpose)
+/// would otherwise reach another test's server, which then answers for the wrong one.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A server process of the test, stopped when dropped.
@@ -88,6 +99,18 @@ fn wait_for_port(port: u16) {
     }
 }
 
+/// `child` once its port answers; it must still run then (a server that could not bind
+/// exits, and the port may be another process's).
+fn started(mut child: Child, port: u16) -> Proc {
+    wait_for_port(port);
+    let status = child.try_wait().expect("server status");
+    assert!(
+        status.is_none(),
+        "the server on port {port} exited: {status:?}"
+    );
+    Proc(child)
+}
+
 /// `server-everything` in streamable-HTTP mode on a loopback port.
 fn everything(port: u16) -> Proc {
     let child = Command::new(bin("mcp-server-everything"))
@@ -98,8 +121,7 @@ fn everything(port: u16) -> Proc {
         .stderr(Stdio::null())
         .spawn()
         .expect("start server-everything");
-    wait_for_port(port);
-    Proc(child)
+    started(child, port)
 }
 
 /// The Python SDK's compactor in `mode`, logging its calls to `log`.
@@ -115,8 +137,7 @@ fn compactor(port: u16, mode: &str, log: &Path) -> Proc {
         .stderr(Stdio::null())
         .spawn()
         .expect("start compact_server.py");
-    wait_for_port(port);
-    Proc(child)
+    started(child, port)
 }
 
 async fn session(sim: &Sim, dir: &Path, name: &str, extra: &str) -> Built {
@@ -495,9 +516,11 @@ fn summary_of(h: &[Message]) -> String {
         .unwrap_or_default()
 }
 
+/// The compactor as the engine; its connection may take long on a machine busy with the
+/// other tests' servers starting (the engine's own timeout bounds each call).
 fn engine_yaml(port: u16, timeout: u32) -> String {
     format!(
-        "tools:\n  mcpServers:\n  - name: compactor\n    url: http://127.0.0.1:{port}/mcp\ncompaction:\n  engine: mcp\n  engineServer: compactor\n  engineTimeoutSeconds: {timeout}\n"
+        "tools:\n  mcpServers:\n  - name: compactor\n    url: http://127.0.0.1:{port}/mcp\n    timeoutSeconds: 120\ncompaction:\n  engine: mcp\n  engineServer: compactor\n  engineTimeoutSeconds: {timeout}\n"
     )
 }
 
