@@ -238,26 +238,27 @@ spec:
     let pod_name = format!("cairn-{SESSION}-0");
     let (agent_url, agent_log) = match (&node, &pods) {
         (Some(node), _) => {
-            // The session's Service, reached from the host through a forwarder that dials
-            // from inside the node (as a process on the node would).
+            // The session's pod (its headless Service resolves to it in the cluster),
+            // reached from the host through a forwarder that dials from inside the node (as a
+            // process on the node would).
             let deadline = Instant::now() + Duration::from_secs(120);
             let ip = loop {
                 let ip = cp
                     .kubectl_ok(&[
                         "get",
-                        "service",
-                        &format!("cairn-{SESSION}"),
+                        "pod",
+                        &pod_name,
                         "-n",
                         NS,
                         "-o",
-                        "jsonpath={.spec.clusterIP}",
+                        "jsonpath={.status.podIP}",
                     ])
                     .unwrap_or_default();
                 if let Ok(ip) = ip.trim().parse::<std::net::Ipv4Addr>() {
                     break ip;
                 }
                 if Instant::now() > deadline {
-                    return Err(err("the operator never created the session's Service"));
+                    return Err(err("the session's pod never got an address"));
                 }
                 std::thread::sleep(Duration::from_millis(300));
             };
