@@ -7,10 +7,9 @@
 
 mod agent_support;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use agent_support::*;
@@ -60,22 +59,8 @@ fn bin(name: &str) -> String {
         .to_string()
 }
 
-/// A loopback port nothing listens on, never handed out twice in this process: the tests run
-/// at once, and a port one of them has let go of (its server stopped, or "down" on purpose)
-/// would otherwise reach another test's server, which then answers for the wrong one.
 fn free_port() -> u16 {
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
+    cairn_tests::harness::proc::free_port().expect("free port")
 }
 
 /// A server process of the test, stopped when dropped.

@@ -60,8 +60,8 @@ impl LlamaServer {
             .args(["--ctx-size", &ctx_size.to_string()])
             .args(["--parallel", "1", "--threads", "2", "--no-webui"])
             // Reuse cached chunks of the prompt that moved (a compaction drops the oldest
-            // messages and the rest shift forward): about 300 tokens evaluated per served turn
-            // instead of about 1,400 at 2,048 tokens. The server's limits are unchanged.
+            // messages and the rest shift forward), so a turn evaluates little beyond its new
+            // message. The server's limits are unchanged.
             .args(["--cache-reuse", "128"])
             // Fixed sampling seed: output still varies with the prompt, but a rerun of one
             // test is comparable.

@@ -115,13 +115,22 @@ pub fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, never handed out twice in this process: tests
+/// run at once, and a port one of them has let go of (its server stopped, or "down" on
+/// purpose) would otherwise reach another test's server, which then answers for the wrong one.
 pub fn free_port() -> Result<u16, HarnessError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| HarnessError::io("finding a free port", e))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| HarnessError::io("finding a free port", e))
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| HarnessError::io("finding a free port", e))?;
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
 }
 
 /// Polls `probe` until it returns true or `timeout` passes; checks that `procs` stay alive.
