@@ -33,9 +33,10 @@ pub fn token_secret_name(session: &str) -> String {
     format!("cairn-{session}-api-token")
 }
 
-/// In-cluster URL of a session's Service, as the operator names it.
+/// In-cluster URL of a session, as the operator names it: its pod's hostname under the
+/// namespace's shared headless Service `cairn-sessions`.
 pub fn service_url(session: &str, namespace: &str) -> String {
-    format!("http://cairn-{session}.{namespace}.svc:{AGENT_PORT}")
+    format!("http://cairn-{session}.cairn-sessions.{namespace}.svc:{AGENT_PORT}")
 }
 
 /// Whether a session can take a request now.

@@ -351,7 +351,7 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
     eprintln!("both sessions Running in {:?}", created.elapsed());
     assert_eq!(
         jsonpath(cp, NS_A, "agentsession", "alpha", "{.status.serviceUrl}"),
-        format!("http://cairn-alpha.{NS_A}.svc:8080"),
+        format!("http://cairn-alpha.cairn-sessions.{NS_A}.svc:8080"),
         "the gateway reaches the session by its Service's name"
     );
 

@@ -9,6 +9,7 @@ use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -16,7 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::cache::{self, Accepted, Key, Packed, Stores};
-use crate::objects::{FIELD_MANAGER, SessionObjects, TOKEN_KEY, pod_name};
+use crate::objects::{FIELD_MANAGER, SessionObjects, TOKEN_KEY, object_name, pod_name};
 use crate::validate::Plan;
 
 async fn apply<K>(client: &Client, object: &K) -> Result<K, kube::Error>
@@ -325,7 +326,7 @@ async fn ensure_pod(
     }
 }
 
-/// Applies the session's Service. A Service of an earlier version (with a ClusterIP, which is
+/// Applies the namespace's shared Service. A Service of that name with a ClusterIP (which is
 /// immutable) is refused as invalid: it is deleted and the headless one applied in its place.
 async fn ensure_service(
     client: &Client,
@@ -352,6 +353,97 @@ async fn ensure_service(
         }
         Err(e) => Err(e),
     }
+}
+
+/// Deletes the namespace's shared Service and NetworkPolicy once its last session is gone (a
+/// session created meanwhile has them applied again by its reconcile, which their deletion
+/// triggers).
+pub async fn release_namespace(client: Client, namespace: String) {
+    async fn delete<K>(client: &Client, namespace: &str)
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + DeserializeOwned
+            + Clone
+            + Debug,
+    {
+        let api: Api<K> = Api::namespaced(client.clone(), namespace);
+        match api
+            .delete(crate::objects::SESSIONS, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => tracing::info!(kind = %K::kind(&()), %namespace,
+                "deleted the namespace's shared object with its last session"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => tracing::warn!(kind = %K::kind(&()), %namespace, error = %e,
+                "deleting the namespace's shared object failed"),
+        }
+    }
+    delete::<Service>(&client, &namespace).await;
+    delete::<NetworkPolicy>(&client, &namespace).await;
+}
+
+/// Deletes the session's own Service or NetworkPolicy named `name` that an earlier version
+/// of the operator made (one per session, owned by it; the namespace's shared ones replace
+/// them), if the cache holds one. Without a cache nothing is looked up: garbage collection
+/// takes them with the session.
+async fn remove_per_session<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    owner_uid: &str,
+    store: Option<&Store<Packed<K>>>,
+    accepted: &Accepted,
+) -> Result<(), kube::Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Debug,
+{
+    let Some(store) = store else { return Ok(()) };
+    let Some(cached) = store.get(&ObjectRef::new(name).within(namespace)) else {
+        return Ok(());
+    };
+    let owned = cached
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == owner_uid);
+    // What a deletion leaves in `accepted` until the watch delivers it (a digest no built
+    // object has), so an outdated cache does not send the deletion again.
+    const DELETED: &str = "deleted";
+    let key = Key {
+        kind: K::kind(&()).into_owned(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    };
+    if !owned || accepted.pending(&key, DELETED) {
+        return Ok(());
+    }
+    tracing::info!(kind = %K::kind(&()), name, namespace,
+        "deleting a session's own object the namespace's shared one replaces");
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let precondition = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: cached.meta().uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &precondition).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+        Err(e) => return Err(e),
+    }
+    accepted.record(
+        key,
+        DELETED.into(),
+        cached.meta().resource_version.clone(),
+        || None,
+    );
+    Ok(())
 }
 
 /// Applies every object that is not current (identity and permissions before the pod),
@@ -384,6 +476,25 @@ pub async fn apply_all(
     ensure(
         client,
         &objects.network_policy,
+        stores.map(|s| &s.network_policies),
+        accepted,
+    )
+    .await?;
+    let own = object_name(&plan.name);
+    remove_per_session::<Service>(
+        client,
+        &plan.namespace,
+        &own,
+        &plan.owner.uid,
+        stores.map(|s| &s.services),
+        accepted,
+    )
+    .await?;
+    remove_per_session::<NetworkPolicy>(
+        client,
+        &plan.namespace,
+        &own,
+        &plan.owner.uid,
         stores.map(|s| &s.network_policies),
         accepted,
     )

@@ -15,7 +15,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::{DeserializeGuard, ObjectMeta, PartialObjectMeta};
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -52,7 +51,7 @@ type Guarded = DeserializeGuard<AgentSession>;
 pub struct Context {
     pub client: Client,
     pub defaults: Defaults,
-    pub recorder: Recorder,
+    pub events: crate::events::Events,
     pub metrics: Arc<Metrics>,
     pub backoff: Backoff,
     pub purger: Arc<dyn ArchivePurger>,
@@ -81,12 +80,12 @@ impl Context {
         purger: Arc<dyn ArchivePurger>,
         resync: Duration,
     ) -> Self {
-        let reporter = Reporter {
-            controller: "cairn-operator".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: crate::events::Events::new(
+                client.clone(),
+                "cairn-operator",
+                std::env::var("POD_NAME").ok(),
+            ),
             client,
             defaults,
             metrics,
@@ -153,18 +152,15 @@ impl Context {
         reason: &str,
         note: String,
     ) {
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_string(),
-            note: Some(truncate(note, 1000)),
-            action: "Reconcile".into(),
-            secondary: None,
+        let note = truncate(note, 1000);
+        let event = crate::events::Event {
+            regarding: reference,
+            warning,
+            reason,
+            note: &note,
+            action: "Reconcile",
         };
-        if let Err(e) = self.recorder.publish(&event, reference).await {
+        if let Err(e) = self.events.publish(&event).await {
             tracing::warn!(error = %e, reason, "publishing an Event failed");
         }
     }
@@ -766,6 +762,62 @@ pub fn sessions_for_secret(
         .collect()
 }
 
+/// The session a Service or NetworkPolicy event concerns: its controlling session for one
+/// of an earlier version's per-session objects; for the namespace's shared object, the first
+/// live session of that namespace (one reconcile repairs the namespace's objects, as the
+/// reconcile of any of its sessions would).
+pub fn session_for_network_object(
+    sessions: &[Arc<Guarded>],
+    meta: &ObjectMeta,
+) -> Option<ObjectRef<Guarded>> {
+    let namespace = meta.namespace.as_deref()?;
+    if let Some(owner) = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == AgentSession::kind(&()) && o.controller == Some(true))
+    {
+        return Some(ObjectRef::new(&owner.name).within(namespace));
+    }
+    if meta.name.as_deref() != Some(objects::SESSIONS) {
+        return None;
+    }
+    sessions
+        .iter()
+        .filter(|g| g.namespace().as_deref() == Some(namespace))
+        .filter(|g| g.meta().deletion_timestamp.is_none())
+        .filter_map(|g| g.meta().name.clone())
+        .min()
+        .map(|name| ObjectRef::new(&name).within(namespace))
+}
+
+/// Reconcile triggers from a watch of the Services or NetworkPolicies ([`session_for_network_object`]).
+fn network_triggers<K>(
+    stream: impl futures::Stream<Item = Result<cache::Packed<K>, watcher::Error>> + Send + 'static,
+    sessions: Store<Guarded>,
+) -> impl futures::Stream<Item = ObjectRef<Guarded>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Send + 'static,
+{
+    stream.filter_map(move |event| {
+        let target = match event {
+            Ok(object) => session_for_network_object(&sessions.state(), object.meta()),
+            Err(e) => {
+                tracing::warn!(error = %e, kind = %K::kind(&()), "watch failed");
+                None
+            }
+        };
+        futures::future::ready(target)
+    })
+}
+
+/// Whether `namespace` still has a session in `sessions`.
+fn namespace_has_sessions(sessions: &[Arc<Guarded>], namespace: &str) -> bool {
+    sessions
+        .iter()
+        .any(|g| g.namespace().as_deref() == Some(namespace))
+}
+
 fn scoped<K>(client: Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
@@ -891,11 +943,21 @@ pub async fn run(
         )
         .modify(|s| s.managed_fields_mut().clear())
         .reflect(sessions_writer)
-        .inspect(move |event| {
-            if let Ok(event) = event {
-                accepted.observe(event);
-                if let watcher::Event::Delete(session) = event {
-                    metrics.set_phase(&key_of(session.meta()), None);
+        .inspect({
+            let sessions = sessions.clone();
+            let client = client.clone();
+            move |event| {
+                if let Ok(event) = event {
+                    accepted.observe(event);
+                    if let watcher::Event::Delete(session) = event {
+                        metrics.set_phase(&key_of(session.meta()), None);
+                        // The namespace's last session is gone: so are its shared objects.
+                        if let Some(namespace) = session.namespace()
+                            && !namespace_has_sessions(&sessions.state(), &namespace)
+                        {
+                            tokio::spawn(apply::release_namespace(client.clone(), namespace));
+                        }
+                    }
                 }
             }
         })
@@ -963,6 +1025,7 @@ pub async fn run(
         }
     })
     .touched_objects();
+    let sessions_for_network = sessions.clone();
     ctx.add_stores(
         namespace.clone(),
         cache::Stores {
@@ -978,11 +1041,11 @@ pub async fn run(
     );
     let mut controller = controller
         .owns_stream(pod_stream)
-        .owns_stream(svc_stream)
         .owns_stream(sa_stream)
         .owns_stream(role_stream)
         .owns_stream(rb_stream)
-        .owns_stream(np_stream)
+        .reconcile_on(network_triggers(svc_stream, sessions_for_network.clone()))
+        .reconcile_on(network_triggers(np_stream, sessions_for_network))
         .owns_stream(secret_stream)
         .watches(
             scoped::<CompactionPolicy>(client.clone(), ns),

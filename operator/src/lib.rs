@@ -1,5 +1,6 @@
 //! The cairn operator: reconciles each AgentSession into a ServiceAccount, Role, RoleBinding,
-//! Secret, Pod, Service and NetworkPolicy, and keeps its status.
+//! Secret and Pod, with the Service and NetworkPolicy its namespace's sessions share, and
+//! keeps its status.
 //!
 //! The reconcile pipeline is [`dereference`] → [`validate`] → [`objects::build`] → [`apply`]
 //! → [`status`]; `validate`, `build` and `status` are pure functions of plain data.
@@ -13,6 +14,7 @@ pub mod controller;
 pub mod crds;
 pub mod dereference;
 pub mod error;
+pub mod events;
 pub mod http;
 pub mod idle;
 pub mod metrics;

@@ -132,8 +132,6 @@ fn all_metas(o: &SessionObjects) -> Vec<(&'static str, &ObjectMeta)> {
         ("Role", &o.role.metadata),
         ("RoleBinding", &o.role_binding.metadata),
         ("Secret", &o.token_secret.metadata),
-        ("Service", &o.service.metadata),
-        ("NetworkPolicy", &o.network_policy.metadata),
         ("Pod", &the_pod(o).metadata),
     ]
 }
@@ -220,7 +218,31 @@ fn minimal_session_builds_hardened_owned_objects() {
         Some("None"),
         "headless: the name resolves to the pod, no ClusterIP to allocate"
     );
+    // The namespace's shared Service and NetworkPolicy: no owner, no session's labels.
+    for (kind, meta) in [
+        ("Service", &objects.service.metadata),
+        ("NetworkPolicy", &objects.network_policy.metadata),
+    ] {
+        assert_eq!(meta.name.as_deref(), Some("cairn-sessions"), "{kind}");
+        assert_eq!(meta.namespace.as_deref(), Some("team-a"), "{kind}");
+        assert_eq!(
+            meta.owner_references, None,
+            "{kind} outlives any one session"
+        );
+        let labels = meta.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels["app.kubernetes.io/managed-by"], "cairn-operator",
+            "{kind}"
+        );
+        assert!(!labels.contains_key("cairn.dev/session"), "{kind}");
+    }
     let pod = pod(&objects);
+    assert_eq!(pod.hostname.as_deref(), Some("cairn-chat"));
+    assert_eq!(
+        pod.subdomain.as_deref(),
+        Some("cairn-sessions"),
+        "cairn-chat.cairn-sessions.team-a.svc names the pod"
+    );
     assert_eq!(pod.restart_policy.as_deref(), Some("Always"));
     assert_eq!(pod.service_account_name.as_deref(), Some("cairn-chat"));
     let psc = pod.security_context.as_ref().expect("pod security context");
@@ -338,15 +360,34 @@ fn minimal_session_builds_hardened_owned_objects() {
     );
     let svc = objects.service.spec.as_ref().expect("service spec");
     assert_eq!(svc.ports.as_ref().map(|p| p[0].port), Some(8080));
+    let every_session_pod = BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            "cairn-agent".to_string(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "cairn-operator".to_string(),
+        ),
+    ]);
+    assert_eq!(svc.selector.clone().unwrap_or_default(), every_session_pod);
     assert_eq!(
-        svc.selector.clone().unwrap_or_default(),
-        BTreeMap::from([
-            (
-                "app.kubernetes.io/name".to_string(),
-                "cairn-agent".to_string()
-            ),
-            ("cairn.dev/session".to_string(), "chat".to_string()),
-        ])
+        np.pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .unwrap_or_default(),
+        every_session_pod
+    );
+    let pod_labels = the_pod(&objects)
+        .metadata
+        .labels
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        every_session_pod
+            .iter()
+            .all(|(k, v)| pod_labels.get(k) == Some(v)),
+        "the shared objects select the session's pod"
     );
 }
 

@@ -20,6 +20,7 @@
 mod support;
 use support::condition;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -38,6 +39,7 @@ use cairn_tests::harness::S3Server;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -310,7 +312,10 @@ async fn create_builds_owned_objects_and_becomes_ready() {
     assert_eq!(status.pod.as_deref(), Some("cairn-chat-0"));
     assert_eq!(
         status.service_url,
-        Some(format!("http://cairn-chat.{}.svc:8080", env.ns))
+        Some(format!(
+            "http://cairn-chat.cairn-sessions.{}.svc:8080",
+            env.ns
+        ))
     );
     assert_eq!(status.observed_generation, session.metadata.generation);
     assert_eq!(
@@ -338,11 +343,6 @@ async fn create_builds_owned_objects_and_becomes_ready() {
         "Pod",
     );
     assert_owned_by(
-        &env.api::<Service>().get(name).await.expect("svc").metadata,
-        &session,
-        "Service",
-    );
-    assert_owned_by(
         &env.api::<ServiceAccount>()
             .get(name)
             .await
@@ -365,15 +365,54 @@ async fn create_builds_owned_objects_and_becomes_ready() {
         &session,
         "RoleBinding",
     );
-    assert_owned_by(
-        &env.api::<NetworkPolicy>()
-            .get(name)
-            .await
-            .expect("np")
-            .metadata,
-        &session,
-        "NetworkPolicy",
-    );
+    // The namespace's shared Service and NetworkPolicy: no session owns them, and they
+    // select the session's pod, whose hostname and subdomain give it its DNS name.
+    let shared = |meta: &ObjectMeta, kind: &str| {
+        assert_eq!(meta.owner_references, None, "{kind}");
+        assert_eq!(
+            meta.labels.clone().unwrap_or_default()["app.kubernetes.io/managed-by"],
+            "cairn-operator",
+            "{kind}"
+        );
+    };
+    let service = env
+        .api::<Service>()
+        .get("cairn-sessions")
+        .await
+        .expect("svc");
+    shared(&service.metadata, "Service");
+    let policy = env
+        .api::<NetworkPolicy>()
+        .get("cairn-sessions")
+        .await
+        .expect("np");
+    shared(&policy.metadata, "NetworkPolicy");
+    let pod_labels = env
+        .pod("chat")
+        .await
+        .expect("pod")
+        .metadata
+        .labels
+        .unwrap_or_default();
+    let selects = |selector: &BTreeMap<String, String>| {
+        selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
+    };
+    assert!(selects(
+        &service
+            .spec
+            .and_then(|s| s.selector)
+            .expect("service selector")
+    ));
+    assert!(selects(
+        &policy
+            .spec
+            .and_then(|s| s.pod_selector)
+            .and_then(|s| s.match_labels)
+            .expect("policy selector")
+    ));
+    let spec = env.pod("chat").await.expect("pod").spec.expect("pod spec");
+    assert_eq!(spec.hostname.as_deref(), Some("cairn-chat"));
+    assert_eq!(spec.subdomain.as_deref(), Some("cairn-sessions"));
     let token = env
         .api::<Secret>()
         .get("cairn-chat-api-token")
@@ -399,6 +438,25 @@ async fn create_builds_owned_objects_and_becomes_ready() {
         .await
         .expect("token secret");
     assert_eq!(token.data, again.data, "the API token is never regenerated");
+
+    // The namespace's last session goes, and its shared objects with it.
+    env.api::<AgentSession>()
+        .delete("chat", &DeleteParams::default())
+        .await
+        .expect("delete session");
+    eventually(
+        "the shared Service and NetworkPolicy to be deleted",
+        || async {
+            let svc = env.api::<Service>().get_opt("cairn-sessions").await.ok()?;
+            let np = env
+                .api::<NetworkPolicy>()
+                .get_opt("cairn-sessions")
+                .await
+                .ok()?;
+            (svc.is_none() && np.is_none()).then_some(())
+        },
+    )
+    .await;
     env.teardown().await;
 }
 
@@ -1230,7 +1288,7 @@ async fn an_operator_restart_converges_without_duplicates() {
     );
     assert_eq!(
         env.api::<Service>()
-            .list(&managed)
+            .list(&ListParams::default().labels("app.kubernetes.io/component=cairn-sessions"))
             .await
             .expect("list")
             .items

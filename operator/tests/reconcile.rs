@@ -14,6 +14,7 @@ use cairn_operator::purge::S3Purger;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::client::Body;
 use kube::core::DeserializeGuard;
@@ -141,8 +142,8 @@ async fn first_reconcile_applies_every_object_then_writes_status() {
         ssa("/apis/rbac.authorization.k8s.io/v1/namespaces/team-a/roles/cairn-chat"),
         ssa("/apis/rbac.authorization.k8s.io/v1/namespaces/team-a/rolebindings/cairn-chat"),
         ssa("/api/v1/namespaces/team-a/secrets/cairn-chat-api-token"),
-        ssa("/api/v1/namespaces/team-a/services/cairn-chat"),
-        ssa("/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-chat"),
+        ssa("/api/v1/namespaces/team-a/services/cairn-sessions"),
+        ssa("/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-sessions"),
         "GET /api/v1/namespaces/team-a/pods/cairn-chat-0".to_string(),
         "POST /api/v1/namespaces/team-a/pods".to_string(),
         ssa("/apis/cairn.dev/v1alpha1/namespaces/team-a/agentsessions/chat/status"),
@@ -347,8 +348,23 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
     let (role_bindings, _rb_writer) = synced();
     let (secrets, _secrets_writer) = synced();
     let (services, mut svc_writer) = synced::<Packed<Service>>();
-    let (network_policies, _np_writer) = synced();
+    let (network_policies, mut np_writer) = synced::<Packed<NetworkPolicy>>();
     let (pods, mut pod_writer) = synced::<Packed<Pod>>();
+    // An earlier version's Service and NetworkPolicy of the session itself (owned by it), and
+    // another session's.
+    let own = |name: &str, uid: &str| {
+        json!({"metadata": {"name": name, "namespace": "team-a", "resourceVersion": "5",
+                            "uid": format!("{name}-{uid}"),
+                            "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                                                 "kind": "AgentSession", "name": "x",
+                                                 "uid": uid, "controller": true}]}})
+    };
+    for (name, uid) in [("cairn-chat", "u-1"), ("cairn-other", "u-2")] {
+        let svc: Service = serde_json::from_value(own(name, uid)).expect("svc fixture");
+        svc_writer.apply_watcher_event(&pack_event(Event::Apply(svc)));
+        let np: NetworkPolicy = serde_json::from_value(own(name, uid)).expect("np fixture");
+        np_writer.apply_watcher_event(&pack_event(Event::Apply(np)));
+    }
     // The cache holds the session's pod of an older build, ready.
     let older: Pod = serde_json::from_value(json!({
         "metadata": {"name": "cairn-chat-0", "namespace": "team-a", "resourceVersion": "7",
@@ -394,19 +410,22 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
             "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/team-a/roles/cairn-chat",
             "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/team-a/rolebindings/cairn-chat",
             "POST /api/v1/namespaces/team-a/secrets",
-            "PATCH /api/v1/namespaces/team-a/services/cairn-chat",
-            "PATCH /apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-chat",
+            "PATCH /api/v1/namespaces/team-a/services/cairn-sessions",
+            "PATCH /apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-sessions",
+            "DELETE /api/v1/namespaces/team-a/services/cairn-chat",
+            "DELETE /apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-chat",
             "DELETE /api/v1/namespaces/team-a/pods/cairn-chat-0",
             "PATCH /apis/cairn.dev/v1alpha1/namespaces/team-a/agentsessions/chat/status",
         ],
         "everything is sent once (the token Secret created, the cache has none; the pod of \
-         an older build is replaced)"
+         an older build is replaced; the session's own Service and NetworkPolicy of an \
+         earlier version are deleted, another session's are left to it)"
     );
     assert!(first.iter().any(|r| r.contains("/events")), "transitions");
     assert_eq!(
         ctx.accepted.len(),
-        8,
-        "every write remembered until the watch has it"
+        10,
+        "every write and deletion remembered until the watch has it"
     );
 
     // Nothing reached the caches: the same outdated session, the same outdated caches.
@@ -461,7 +480,7 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
         writes(&sent(&log)[before..]),
         [
             "PATCH /api/v1/namespaces/team-a/serviceaccounts/cairn-chat",
-            "PATCH /api/v1/namespaces/team-a/services/cairn-chat",
+            "PATCH /api/v1/namespaces/team-a/services/cairn-sessions",
         ],
         "the deleted and the edited object are repaired, nothing else is sent"
     );

@@ -238,7 +238,7 @@ spec:
     let pod_name = format!("cairn-{SESSION}-0");
     let (agent_url, agent_log) = match (&node, &pods) {
         (Some(node), _) => {
-            // The session's pod (its headless Service resolves to it in the cluster),
+            // The session's pod (the namespace's headless Service resolves its name to it),
             // reached from the host through a forwarder that dials from inside the node (as a
             // process on the node would).
             let deadline = Instant::now() + Duration::from_secs(120);

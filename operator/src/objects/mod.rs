@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::validate::Plan;
 
+pub use network::shared_labels;
 pub use rbac::lease_name;
 pub use template::expand_placeholders;
 pub use workload::{RESTART_HASH_ANNOTATION, provider_key_env, restart_hash};
@@ -31,7 +32,11 @@ pub const FIELD_MANAGER: &str = "cairn-operator";
 /// Label naming the session an object belongs to.
 pub const SESSION_LABEL: &str = "cairn.dev/session";
 
-/// Name shared by the session's ServiceAccount, Role, RoleBinding, Service and NetworkPolicy.
+/// Name of the headless Service and the NetworkPolicy every session of a namespace shares
+/// (and the `app.kubernetes.io/component` label value they carry).
+pub const SESSIONS: &str = "cairn-sessions";
+
+/// Name shared by the session's ServiceAccount, Role and RoleBinding, and its pod's hostname.
 pub fn object_name(session: &str) -> String {
     format!("cairn-{session}")
 }
@@ -46,10 +51,11 @@ pub fn pod_name(session: &str) -> String {
     format!("{}-0", object_name(session))
 }
 
-/// In-cluster URL of the session's HTTP API.
+/// In-cluster URL of the session's HTTP API: its pod's name under the namespace's shared
+/// headless Service.
 pub fn service_url(session: &str, namespace: &str) -> String {
     format!(
-        "http://{}.{namespace}.svc:{AGENT_PORT}",
+        "http://{}.{SESSIONS}.{namespace}.svc:{AGENT_PORT}",
         object_name(session)
     )
 }
@@ -67,7 +73,7 @@ pub fn labels(session: &str) -> BTreeMap<String, String> {
     .collect()
 }
 
-/// Labels that select the session's pod (the Service's selector and the NetworkPolicy's).
+/// Labels that select the session's pod.
 pub fn selector_labels(session: &str) -> BTreeMap<String, String> {
     [
         ("app.kubernetes.io/name", "cairn-agent"),
@@ -117,15 +123,18 @@ pub struct BuildInputs {
     pub otlp_headers_digest: Option<String>,
 }
 
-/// All objects owned by one session, in apply order (identity and permissions first, so the
-/// pod never starts without its ServiceAccount and Role).
+/// All objects of one session, in apply order (identity and permissions first, so the pod
+/// never starts without its ServiceAccount and Role): the ones it owns, and the namespace's
+/// shared ones it needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionObjects {
     pub service_account: ServiceAccount,
     pub role: Role,
     pub role_binding: RoleBinding,
     pub token_secret: Secret,
+    /// The namespace's shared headless Service ([`SESSIONS`]).
     pub service: Service,
+    /// The namespace's shared NetworkPolicy ([`SESSIONS`]).
     pub network_policy: NetworkPolicy,
     /// `None` while the session is suspended.
     pub pod: Option<Pod>,
@@ -138,8 +147,8 @@ pub fn build(plan: &Plan, inputs: &BuildInputs) -> SessionObjects {
         role: rbac::role(plan),
         role_binding: rbac::role_binding(plan),
         token_secret: workload::token_secret(plan, &inputs.api_token),
-        service: network::service(plan),
-        network_policy: network::network_policy(plan),
+        service: network::sessions_service(plan),
+        network_policy: network::sessions_network_policy(plan),
         pod: workload::pod(plan, inputs),
     }
 }

@@ -1,35 +1,78 @@
-//! How the session is reached: a headless Service in front of its pod (its DNS name resolves
-//! to the ready pod; see [`service`]), and a NetworkPolicy that admits
-//! only its own namespace, the operator's and the configured monitoring namespace, and, when
-//! the operator restricts egress, lets the pod reach only DNS and the configured blocks.
+//! How sessions are reached, one pair of objects per namespace rather than per session: a
+//! headless Service over every session pod of the namespace (each pod's hostname and
+//! subdomain give it its own DNS name; see [`sessions_service`]), and a NetworkPolicy that
+//! admits only its own namespace, the operator's and the configured monitoring namespace,
+//! and, when the operator restricts egress, lets the pods reach only DNS and the configured
+//! blocks. Both depend on the namespace and the operator's configuration alone, never on a
+//! session, so one of each serves every session of the namespace: a session costs the API
+//! server no Service, no EndpointSlice and no NetworkPolicy of its own, and the
+//! EndpointSlice controller syncs one Service per namespace instead of scanning every
+//! Service of the namespace for each pod event.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{AGENT_PORT, meta, object_name, selector_labels};
+use super::{AGENT_PORT, SESSIONS};
 use crate::config::EgressPolicy;
 use crate::validate::Plan;
 
 /// `spec.clusterIP` of a headless Service.
 pub const HEADLESS: &str = "None";
 
-/// The session's Service: headless. `cairn-NAME.NS.svc` resolves to the session's ready pod,
-/// with no ClusterIP: the API server allocates ClusterIPs one at a time (an IPAddress object
-/// each; about eight a second on a two-core control plane, so 10,000 sessions would wait
-/// twenty minutes for theirs), and every ClusterIP costs kube-proxy rules on every node. A
-/// session has one pod, so a virtual IP balances nothing; a client that resolves the name
-/// per connection follows a replaced pod.
-pub(super) fn service(plan: &Plan) -> Service {
+/// Labels of the namespace's shared objects: the operator's, and no session's.
+pub fn shared_labels() -> BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name", "cairn-agent"),
+        ("app.kubernetes.io/component", SESSIONS),
+        ("app.kubernetes.io/managed-by", "cairn-operator"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// The labels every session pod carries and the shared objects select.
+fn session_pods() -> BTreeMap<String, String> {
+    [
+        ("app.kubernetes.io/name", "cairn-agent"),
+        ("app.kubernetes.io/managed-by", "cairn-operator"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// A shared object's metadata: no owner (it outlives any one session; the operator deletes
+/// it when the namespace's last session is gone).
+fn shared_meta(plan: &Plan) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(SESSIONS.to_string()),
+        namespace: Some(plan.namespace.clone()),
+        labels: Some(shared_labels()),
+        ..Default::default()
+    }
+}
+
+/// The namespace's Service: headless, over every session pod. A pod's `hostname`
+/// (`cairn-NAME`) and `subdomain` (this Service) make `cairn-NAME.cairn-sessions.NS.svc`
+/// resolve to that session's ready pod. No ClusterIP: the API server allocates ClusterIPs one
+/// at a time (an IPAddress object each; about eight a second on a two-core control plane, so
+/// 10,000 sessions would wait twenty minutes for theirs), and every ClusterIP costs
+/// kube-proxy rules on every node. A session has one pod, so a virtual IP balances nothing;
+/// a client that resolves the name per connection follows a replaced pod.
+pub(super) fn sessions_service(plan: &Plan) -> Service {
     Service {
-        metadata: meta(plan, object_name(&plan.name)),
+        metadata: shared_meta(plan),
         spec: Some(ServiceSpec {
             cluster_ip: Some(HEADLESS.into()),
-            selector: Some(selector_labels(&plan.name)),
+            selector: Some(session_pods()),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
                 port: AGENT_PORT,
@@ -96,7 +139,8 @@ fn egress_rules(egress: &EgressPolicy) -> Vec<NetworkPolicyEgressRule> {
     rules
 }
 
-pub(super) fn network_policy(plan: &Plan) -> NetworkPolicy {
+/// The namespace's NetworkPolicy over every session pod.
+pub(super) fn sessions_network_policy(plan: &Plan) -> NetworkPolicy {
     let same_namespace = NetworkPolicyPeer {
         pod_selector: Some(LabelSelector::default()),
         ..Default::default()
@@ -113,10 +157,10 @@ pub(super) fn network_policy(plan: &Plan) -> NetworkPolicy {
         policy_types.push("Egress".into());
     }
     NetworkPolicy {
-        metadata: meta(plan, object_name(&plan.name)),
+        metadata: shared_meta(plan),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(LabelSelector {
-                match_labels: Some(selector_labels(&plan.name)),
+                match_labels: Some(session_pods()),
                 ..Default::default()
             }),
             policy_types: Some(policy_types),

@@ -173,6 +173,10 @@ pub(super) fn pod(plan: &Plan, inputs: &BuildInputs) -> Option<Pod> {
 
     let mut spec = PodSpec {
         service_account_name: Some(object_name(&plan.name)),
+        // `cairn-NAME.cairn-sessions.NS.svc`: the namespace's shared headless Service gives
+        // the pod its DNS name.
+        hostname: Some(object_name(&plan.name)),
+        subdomain: Some(super::SESSIONS.to_string()),
         automount_service_account_token: Some(true),
         enable_service_links: Some(false),
         restart_policy: Some("Always".into()),

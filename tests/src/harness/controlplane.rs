@@ -113,9 +113,10 @@ impl ControlPlane {
             // A real node's name does not resolve: logs and exec go to its InternalIP.
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--enable-priority-and-fairness=false",
-            "--profiling=false",
             "--v=1",
         ]);
+        // `/debug/pprof` for measuring the API server itself (the scale runs); off otherwise.
+        api.arg(format!("--profiling={}", profiling()));
         procs.push(Proc::spawn(
             "kube-apiserver",
             api,
@@ -311,6 +312,12 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Whether the API server serves `/debug/pprof`: `CAIRN_HARNESS_PROFILING=1` (for profiling the
+/// control plane in the scale runs; see docs/benchmarks.md).
+fn profiling() -> bool {
+    std::env::var("CAIRN_HARNESS_PROFILING").is_ok_and(|v| v == "1")
 }
 
 fn write_kubeconfig(path: &Path, server: &str, pki: &Pki) -> Result<(), HarnessError> {
