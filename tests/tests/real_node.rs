@@ -44,7 +44,7 @@ fn worker_endpoint(cp: &ControlPlane, ns: &str) -> (String, String) {
     (token, session_addr(cp, ns, "worker"))
 }
 
-/// The address `cairn-<session>.<ns>.svc:8080` resolves to: the IP of the session's pod (a
+/// The address `cairn-<session>.cairn-sessions.<ns>.svc:8080` resolves to: the IP of the session's pod (a
 /// replaced pod has a new one, so callers look it up again after a roll).
 fn session_addr(cp: &ControlPlane, ns: &str, session: &str) -> String {
     let ip = kubectl(
