@@ -112,7 +112,7 @@ fn running_session_reports_pod_url_hash_and_true_conditions() {
     assert_eq!(s.pod.as_deref(), Some("cairn-chat-0"));
     assert_eq!(
         s.service_url.as_deref(),
-        Some("http://cairn-chat.team-a.svc:8080")
+        Some("http://cairn-chat.cairn-sessions.team-a.svc:8080")
     );
     assert_eq!(s.policy_hash.as_deref(), Some("abc123"));
     for kind in [
