@@ -1359,7 +1359,7 @@ fn the_operators_selector_labels_cannot_be_overridden() {
         "a misspelt field stops the operator rather than being ignored"
     );
     // A session stored before the API server's rule refused it (or written around it): the
-    // operator's labels still win, so the Service's selector keeps matching.
+    // operator's labels still win, so the shared Service's selector keeps matching.
     let objects = build(
         &plan(
             "chat",

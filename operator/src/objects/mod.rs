@@ -73,17 +73,6 @@ pub fn labels(session: &str) -> BTreeMap<String, String> {
     .collect()
 }
 
-/// Labels that select the session's pod.
-pub fn selector_labels(session: &str) -> BTreeMap<String, String> {
-    [
-        ("app.kubernetes.io/name", "cairn-agent"),
-        (SESSION_LABEL, session),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
 /// The session's API bearer token. Its `Debug` never shows the value.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ApiToken(String);
