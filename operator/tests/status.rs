@@ -6,7 +6,9 @@ use std::sync::Arc;
 use cairn_crds::{AgentSession, AgentSessionStatus, CompactionPolicy, Phase};
 use cairn_operator::Defaults;
 use cairn_operator::config::OtlpExport;
-use cairn_operator::controller::{sessions_for_policy, sessions_for_secret};
+use cairn_operator::controller::{
+    session_for_network_object, sessions_for_policy, sessions_for_secret,
+};
 use cairn_operator::status::{self, Blocker, Observed, Problem};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -355,6 +357,59 @@ fn policy_changes_map_to_the_sessions_that_reference_them() {
     let mut policy = CompactionPolicy::new("frugal", Default::default());
     policy.metadata.namespace = Some("team-a".into());
     assert_eq!(names(sessions_for_policy(&sessions, &policy)), ["team-a/a"]);
+}
+
+#[test]
+fn a_shared_network_object_maps_to_the_first_live_session_of_its_namespace() {
+    let m = "provider: {kind: openai, model: m}";
+    let mut going = AgentSession::new("a", serde_yaml::from_str(m).expect("spec"));
+    going.metadata.namespace = Some("team-a".into());
+    going.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    let sessions = vec![
+        Arc::new(DeserializeGuard(Ok(going))),
+        guarded("c", "team-a", m),
+        guarded("b", "team-a", m),
+        guarded("a", "team-b", m),
+    ];
+    let meta = |name: &str, ns: &str, owner: Option<&str>| ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(ns.into()),
+        owner_references: owner.map(|o| {
+            vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "cairn.dev/v1alpha1".into(),
+                    kind: "AgentSession".into(),
+                    name: o.into(),
+                    uid: "u".into(),
+                    controller: Some(true),
+                    ..Default::default()
+                },
+            ]
+        }),
+        ..Default::default()
+    };
+    let target = |m: ObjectMeta| {
+        names(
+            session_for_network_object(&sessions, &m)
+                .into_iter()
+                .collect(),
+        )
+    };
+    assert_eq!(
+        target(meta("cairn-sessions", "team-a", None)),
+        ["team-a/b"],
+        "the first session of the namespace not being deleted"
+    );
+    assert_eq!(
+        target(meta("cairn-x", "team-a", Some("x"))),
+        ["team-a/x"],
+        "an earlier version's per-session object: its owner"
+    );
+    assert!(
+        target(meta("cairn-sessions", "team-c", None)).is_empty(),
+        "no session there"
+    );
+    assert!(target(meta("unrelated", "team-a", None)).is_empty());
 }
 
 #[test]
