@@ -382,15 +382,13 @@ pub async fn release_namespace(client: Client, namespace: String) {
     delete::<NetworkPolicy>(&client, &namespace).await;
 }
 
-/// Deletes the session's own Service or NetworkPolicy named `name` that an earlier version
+/// Deletes the session's own Service or NetworkPolicy (`cairn-NAME`) that an earlier version
 /// of the operator made (one per session, owned by it; the namespace's shared ones replace
 /// them), if the cache holds one. Without a cache nothing is looked up: garbage collection
 /// takes them with the session.
 async fn remove_per_session<K>(
     client: &Client,
-    namespace: &str,
-    name: &str,
-    owner_uid: &str,
+    plan: &Plan,
     store: Option<&Store<Packed<K>>>,
     accepted: &Accepted,
 ) -> Result<(), kube::Error>
@@ -402,7 +400,8 @@ where
         + Debug,
 {
     let Some(store) = store else { return Ok(()) };
-    let Some(cached) = store.get(&ObjectRef::new(name).within(namespace)) else {
+    let name = object_name(&plan.name);
+    let Some(cached) = store.get(&ObjectRef::new(&name).within(&plan.namespace)) else {
         return Ok(());
     };
     let owned = cached
@@ -410,21 +409,17 @@ where
         .owner_references
         .iter()
         .flatten()
-        .any(|o| o.uid == owner_uid);
+        .any(|o| o.uid == plan.owner.uid);
     // What a deletion leaves in `accepted` until the watch delivers it (a digest no built
     // object has), so an outdated cache does not send the deletion again.
     const DELETED: &str = "deleted";
-    let key = Key {
-        kind: K::kind(&()).into_owned(),
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-    };
+    let key = Key::of(&*cached);
     if !owned || accepted.pending(&key, DELETED) {
         return Ok(());
     }
-    tracing::info!(kind = %K::kind(&()), name, namespace,
+    tracing::info!(kind = %K::kind(&()), %name, namespace = %plan.namespace,
         "deleting a session's own object the namespace's shared one replaces");
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let api: Api<K> = Api::namespaced(client.clone(), &plan.namespace);
     let precondition = DeleteParams {
         preconditions: Some(Preconditions {
             uid: cached.meta().uid.clone(),
@@ -432,7 +427,7 @@ where
         }),
         ..DeleteParams::default()
     };
-    match api.delete(name, &precondition).await {
+    match api.delete(&name, &precondition).await {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
         Err(e) => return Err(e),
@@ -480,25 +475,8 @@ pub async fn apply_all(
         accepted,
     )
     .await?;
-    let own = object_name(&plan.name);
-    remove_per_session::<Service>(
-        client,
-        &plan.namespace,
-        &own,
-        &plan.owner.uid,
-        stores.map(|s| &s.services),
-        accepted,
-    )
-    .await?;
-    remove_per_session::<NetworkPolicy>(
-        client,
-        &plan.namespace,
-        &own,
-        &plan.owner.uid,
-        stores.map(|s| &s.network_policies),
-        accepted,
-    )
-    .await?;
+    remove_per_session(client, plan, stores.map(|s| &s.services), accepted).await?;
+    remove_per_session(client, plan, stores.map(|s| &s.network_policies), accepted).await?;
     ensure_pod(
         client,
         &plan.namespace,

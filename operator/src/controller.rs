@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::{DeserializeGuard, ObjectMeta, PartialObjectMeta};
@@ -762,27 +762,30 @@ pub fn sessions_for_secret(
         .collect()
 }
 
-/// The session a Service or NetworkPolicy event concerns: its controlling session for one
-/// of an earlier version's per-session objects; for the namespace's shared object, the first
-/// live session of that namespace (one reconcile repairs the namespace's objects, as the
-/// reconcile of any of its sessions would).
-pub fn session_for_network_object(
-    sessions: &[Arc<Guarded>],
-    meta: &ObjectMeta,
-) -> Option<ObjectRef<Guarded>> {
-    let namespace = meta.namespace.as_deref()?;
-    if let Some(owner) = meta
-        .owner_references
+/// The AgentSession that controls the object of `meta`, if one does.
+fn controlling_session(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references
         .iter()
         .flatten()
         .find(|o| o.kind == AgentSession::kind(&()) && o.controller == Some(true))
-    {
+}
+
+/// The session a Service or NetworkPolicy event concerns: its controlling session for one
+/// of an earlier version's per-session objects; for the namespace's shared object, the first
+/// live session of that namespace (one reconcile repairs the namespace's objects, as the
+/// reconcile of any of its sessions would). `sessions` is read only for a shared object.
+pub fn session_for_network_object(
+    sessions: impl FnOnce() -> Vec<Arc<Guarded>>,
+    meta: &ObjectMeta,
+) -> Option<ObjectRef<Guarded>> {
+    let namespace = meta.namespace.as_deref()?;
+    if let Some(owner) = controlling_session(meta) {
         return Some(ObjectRef::new(&owner.name).within(namespace));
     }
     if meta.name.as_deref() != Some(objects::SESSIONS) {
         return None;
     }
-    sessions
+    sessions()
         .iter()
         .filter(|g| g.namespace().as_deref() == Some(namespace))
         .filter(|g| g.meta().deletion_timestamp.is_none())
@@ -801,7 +804,7 @@ where
 {
     stream.filter_map(move |event| {
         let target = match event {
-            Ok(object) => session_for_network_object(&sessions.state(), object.meta()),
+            Ok(object) => session_for_network_object(|| sessions.state(), object.meta()),
             Err(e) => {
                 tracing::warn!(error = %e, kind = %K::kind(&()), "watch failed");
                 None
@@ -809,13 +812,6 @@ where
         };
         futures::future::ready(target)
     })
-}
-
-/// Whether `namespace` still has a session in `sessions`.
-fn namespace_has_sessions(sessions: &[Arc<Guarded>], namespace: &str) -> bool {
-    sessions
-        .iter()
-        .any(|g| g.namespace().as_deref() == Some(namespace))
 }
 
 fn scoped<K>(client: Client, namespace: Option<&str>) -> Api<K>
@@ -894,12 +890,7 @@ async fn retire_stateful_sets(client: &Client, ns: Option<&str>) {
         }
     };
     for sts in listed.items {
-        let session_owned = sts
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|o| o.kind == AgentSession::kind(&()) && o.controller == Some(true));
+        let session_owned = controlling_session(&sts.metadata).is_some();
         let (Some(namespace), Some(name)) = (&sts.metadata.namespace, &sts.metadata.name) else {
             continue;
         };
@@ -953,7 +944,9 @@ pub async fn run(
                         metrics.set_phase(&key_of(session.meta()), None);
                         // The namespace's last session is gone: so are its shared objects.
                         if let Some(namespace) = session.namespace()
-                            && !namespace_has_sessions(&sessions.state(), &namespace)
+                            && sessions
+                                .find(|g| g.namespace().as_deref() == Some(&namespace))
+                                .is_none()
                         {
                             tokio::spawn(apply::release_namespace(client.clone(), namespace));
                         }

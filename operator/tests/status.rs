@@ -390,7 +390,7 @@ fn a_shared_network_object_maps_to_the_first_live_session_of_its_namespace() {
     };
     let target = |m: ObjectMeta| {
         names(
-            session_for_network_object(&sessions, &m)
+            session_for_network_object(|| sessions.clone(), &m)
                 .into_iter()
                 .collect(),
         )

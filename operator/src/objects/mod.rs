@@ -18,7 +18,6 @@ use sha2::{Digest, Sha256};
 
 use crate::validate::Plan;
 
-pub use network::shared_labels;
 pub use rbac::lease_name;
 pub use template::expand_placeholders;
 pub use workload::{RESTART_HASH_ANNOTATION, provider_key_env, restart_hash};

@@ -26,18 +26,6 @@ use crate::validate::Plan;
 /// `spec.clusterIP` of a headless Service.
 pub const HEADLESS: &str = "None";
 
-/// Labels of the namespace's shared objects: the operator's, and no session's.
-pub fn shared_labels() -> BTreeMap<String, String> {
-    [
-        ("app.kubernetes.io/name", "cairn-agent"),
-        ("app.kubernetes.io/component", SESSIONS),
-        ("app.kubernetes.io/managed-by", "cairn-operator"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
 /// The labels every session pod carries and the shared objects select.
 fn session_pods() -> BTreeMap<String, String> {
     [
@@ -47,6 +35,13 @@ fn session_pods() -> BTreeMap<String, String> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
+}
+
+/// Labels of the namespace's shared objects: the operator's, and no session's.
+fn shared_labels() -> BTreeMap<String, String> {
+    let mut labels = session_pods();
+    labels.insert("app.kubernetes.io/component".into(), SESSIONS.into());
+    labels
 }
 
 /// A shared object's metadata: no owner (it outlives any one session; the operator deletes
