@@ -3,8 +3,7 @@
 //!
 //! `cargo bench -p cairn-agent --bench engine`
 
-#[path = "../tests/core_support/mod.rs"]
-mod core_support;
+use cairn_engine::testing as core_support;
 #[path = "support/pipeline.rs"]
 mod pipeline;
 

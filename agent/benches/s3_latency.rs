@@ -16,8 +16,7 @@
 //!
 //! `cargo bench -p cairn-agent --bench s3_latency`
 
-#[path = "../tests/core_support/mod.rs"]
-mod core_support;
+use cairn_engine::testing as core_support;
 #[allow(dead_code)]
 #[path = "../tests/support/faults.rs"]
 mod faults;

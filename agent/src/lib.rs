@@ -5,22 +5,15 @@
 //! data; I/O (providers, the archive store, the journal, the Kubernetes API) sits behind
 //! traits at the edges.
 
-pub mod catalog;
+// The pure core lives in `cairn-engine`; its modules keep their paths here.
+pub use cairn_engine::{
+    catalog, classify, compact, compress, cost, history, inspect, meter, overflow, recovery,
+    replay, steering, tokens,
+};
+
 pub mod ccr;
-pub mod compress;
-pub mod cost;
-pub mod history;
 pub mod images;
 pub mod provider;
-
-// Classification, compaction and recovery.
-pub mod classify;
-pub mod compact;
-pub mod inspect;
-pub mod overflow;
-pub mod recovery;
-pub mod replay;
-pub mod tokens;
 
 // The running agent: settings, journal, session loop, HTTP API, cluster integration.
 pub mod allocator;
@@ -37,5 +30,4 @@ pub mod peek;
 pub mod report;
 pub mod server;
 pub mod session;
-pub mod steering;
 pub mod telemetry;

@@ -365,6 +365,62 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// The engine's countable events as this registry's series.
+impl cairn_engine::meter::Meter for Metrics {
+    fn model_tokens(&self, model: &str, kind: &'static str, n: u64) {
+        self.inc(
+            "cairn_agent_model_tokens_total",
+            &[("model", model), ("kind", kind)],
+            n as f64,
+        );
+    }
+
+    fn cost_usd(&self, client: &'static str, model: &str, usd: f64) {
+        self.inc(
+            "cairn_agent_cost_usd_total",
+            &[("client", client), ("model", model)],
+            usd,
+        );
+    }
+
+    fn compression(&self, strategy: &'static str, bytes_in: usize, bytes_out: Option<usize>) {
+        let outcome = if bytes_out.is_some() {
+            "compressed"
+        } else {
+            "unchanged"
+        };
+        let out = bytes_out.unwrap_or(bytes_in);
+        self.inc(
+            "cairn_agent_compression_total",
+            &[("strategy", strategy), ("outcome", outcome)],
+            1.0,
+        );
+        self.inc(
+            "cairn_agent_compression_bytes_total",
+            &[("strategy", strategy), ("direction", "in")],
+            bytes_in as f64,
+        );
+        self.inc(
+            "cairn_agent_compression_bytes_total",
+            &[("strategy", strategy), ("direction", "out")],
+            out as f64,
+        );
+    }
+
+    fn recall_keys(&self, found: usize, missing: usize) {
+        self.inc(
+            "cairn_agent_recall_keys_total",
+            &[("outcome", "found")],
+            found as f64,
+        );
+        self.inc(
+            "cairn_agent_recall_keys_total",
+            &[("outcome", "missing")],
+            missing as f64,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,8 +8,7 @@
 //! the result, again and again. The parent kills it with SIGKILL — as soon as a batch's temp
 //! files appear, or after a random delay — then rebuilds and checks.
 
-#[path = "core_support/mod.rs"]
-mod core_support;
+use cairn_engine::testing as core_support;
 #[path = "../benches/support/pipeline.rs"]
 mod pipeline;
 

@@ -157,3 +157,33 @@ proptest! {
         prop_assert!(r.is_err(), "{wire:?} cut at {at}/{}", bytes.len());
     }
 }
+
+/// A length stop of llama-server whose context filled is classified as the output limit.
+#[test]
+fn llama_cpp_length_stop_by_a_full_context_decodes_as_max_tokens() {
+    use cairn_agent::classify::{FailureClass, classify_stop};
+    use cairn_agent::provider::{StopReason, decode};
+
+    // Verbatim from llama-server --ctx-size 256 (the reply text shortened, timings left out):
+    // the context filled during generation, so the reply stopped at 256 tokens in total, far
+    // below max_tokens 8000.
+    let body = br#"{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant","content":"The sea has been a relentless companion to these islanders, and yet, it has also been a home."}}],"created":1796116139,"model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion","usage":{"completion_tokens":209,"prompt_tokens":47,"total_tokens":256,"prompt_tokens_details":{"cached_tokens":0}},"id":"chatcmpl-iRTsgUrSQAhNAtFbCQYM3KUqxXTewIef"}"#;
+    let r = decode::openai(body).expect("decodes");
+    assert_eq!(r.stop, StopReason::MaxTokens);
+    assert_eq!(classify_stop(r.stop), Some(FailureClass::MaxOutputTokens));
+    assert_eq!(r.usage.input_tokens + r.usage.output_tokens, 256);
+    // The same reply streamed: the last chunks, verbatim.
+    let stream = concat!(
+        r#"data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"created":1796116142,"id":"chatcmpl-uobgHCBLJaQ7M7HuRRIIETth31l9eGld","model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion.chunk"}"#,
+        "\n\n",
+        r#"data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":" were"}}],"created":1796116142,"id":"chatcmpl-uobgHCBLJaQ7M7HuRRIIETth31l9eGld","model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion.chunk"}"#,
+        "\n\n",
+        r#"data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],"created":1796116142,"id":"chatcmpl-uobgHCBLJaQ7M7HuRRIIETth31l9eGld","model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion.chunk"}"#,
+        "\n\n",
+        r#"data: {"choices":[],"created":1796116142,"id":"chatcmpl-uobgHCBLJaQ7M7HuRRIIETth31l9eGld","model":"/root/.cache/cairn/models/SmolLM2-135M-Instruct.Q4_1.gguf","system_fingerprint":"b0-unknown","object":"chat.completion.chunk","usage":{"completion_tokens":209,"prompt_tokens":47,"total_tokens":256,"prompt_tokens_details":{"cached_tokens":46}}}"#,
+        "\n\ndata: [DONE]\n\n"
+    );
+    let r = decode::openai_stream(stream.as_bytes()).expect("decodes");
+    assert_eq!(r.stop, StopReason::MaxTokens);
+    assert_eq!(r.usage.input_tokens + r.usage.output_tokens, 256);
+}

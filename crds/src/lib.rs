@@ -16,7 +16,7 @@ pub use session::{
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResourceExt;
+use kube_core::CustomResourceExt;
 
 /// API group of every cairn resource.
 pub const GROUP: &str = "cairn.dev";

@@ -6,7 +6,7 @@
 //! could not fall through to the next layer); the defaults live in [`EffectivePolicy::default`]
 //! and are quoted in each field's description.
 
-use kube::{CustomResource, KubeSchema};
+use kube_derive::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -16,7 +16,9 @@ use crate::session::ProviderKind;
 /// A reusable context-management policy. Sessions reference it with `spec.policyRef`; fields
 /// set inline on a session override it; fields set nowhere take the built-in defaults.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "cairn.dev",
     version = "v1alpha1",
     kind = "CompactionPolicy",
@@ -121,6 +123,7 @@ pub struct CompactionPolicySpec {
 
 /// The session memory.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct MemorySpec {
     /// Keep a session memory. It costs a summarizer call every few turns (off the turn's
@@ -140,6 +143,7 @@ pub struct MemorySpec {
 
 /// `engine: provider`, as each provider family documents it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderEngineSpec {
     /// Anthropic: input tokens of a request at which the server clears old tool results
@@ -171,6 +175,7 @@ pub struct ProviderEngineSpec {
 
 /// Auto-compaction thresholds, in tokens of headroom left in the context window.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.blockingBufferTokens) || !has(self.bufferTokens) || self.blockingBufferTokens < self.bufferTokens").message("blockingBufferTokens must be smaller than bufferTokens"))]
 #[x_kube(validation = Rule::new("!has(self.bufferTokens) || !has(self.warningBufferTokens) || self.bufferTokens <= self.warningBufferTokens").message("bufferTokens must not exceed warningBufferTokens"))]
@@ -194,6 +199,7 @@ pub struct AutoCompactSpec {
 
 /// Microcompaction: old tool results shrink without any LLM call; originals are archived.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.truncateAfterTurns) || !has(self.summarizeAfterTurns) || self.truncateAfterTurns < self.summarizeAfterTurns").message("truncateAfterTurns must be smaller than summarizeAfterTurns"))]
 pub struct MicrocompactSpec {
@@ -236,6 +242,7 @@ pub struct MicrocompactSpec {
 
 /// Per-request tool-result budgets (largest results are shrunk first).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.perResultChars) || !has(self.perTurnChars) || self.perResultChars <= self.perTurnChars").message("perResultChars must not exceed perTurnChars"))]
 pub struct ToolResultsSpec {
@@ -255,6 +262,7 @@ pub struct ToolResultsSpec {
 /// level 3 keeps fewer messages (`emergencyKeepMessages`, then `nuclearKeepMessages`, each cut
 /// to `nuclearMessageChars`, then only the newest) until the target is met.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.nuclearKeepMessages) || !has(self.emergencyKeepMessages) || self.nuclearKeepMessages <= self.emergencyKeepMessages").message("nuclearKeepMessages must not exceed emergencyKeepMessages"))]
 pub struct RecoverySpec {
@@ -287,6 +295,7 @@ pub struct RecoverySpec {
 
 /// Total deadlines, from the first byte sent to the last byte received, streamed or not.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.providerCallSeconds) || !has(self.turnSeconds) || self.providerCallSeconds <= self.turnSeconds").message("providerCallSeconds must not exceed turnSeconds"))]
 pub struct TimeoutsSpec {
@@ -305,6 +314,7 @@ pub struct TimeoutsSpec {
 
 /// The level-2 summarizer.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct SummarizerSpec {
     /// Whether level-2 summaries are written at all; when false the ladder goes from level
@@ -343,6 +353,7 @@ pub struct SummarizerSpec {
 
 /// Content-aware compression.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct CompressionSpec {
     /// `lossy` compresses large tool outputs (originals archived), `lossless` only
@@ -460,6 +471,7 @@ impl Memory {
 
 /// Output-token steering.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct OutputSpec {
     /// How long the answers are asked to be, by a fixed directive after the system prompt

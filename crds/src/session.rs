@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::{CustomResource, KubeSchema};
+use kube_derive::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +19,9 @@ use crate::policy::CompactionPolicySpec;
 /// may grow, and how it compacts. The operator runs it as a single pod; the agent in that pod
 /// keeps the session alive through context overflows and proxy body-size limits.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "cairn.dev",
     version = "v1alpha1",
     kind = "AgentSession",
@@ -121,6 +123,7 @@ pub struct AgentSessionSpec {
 
 /// When an unused session is suspended.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct IdleSpec {
     /// How long the session may go without client work (a turn, a compaction, a rewind;
@@ -166,6 +169,7 @@ pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
 
 /// Server-side tools of a session.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct ToolsSpec {
     /// MCP (Model Context Protocol) servers the agent connects to. Their tools are offered
@@ -180,6 +184,7 @@ pub struct ToolsSpec {
 /// One MCP server: reached over streamable HTTP at `url`, or launched by the agent as a
 /// child process speaking MCP over stdio (`command` and `args`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.url) != has(self.command)").message("an mcpServers entry needs exactly one of url (streamable HTTP) or command (stdio)"))]
 #[x_kube(validation = Rule::new("!has(self.args) || has(self.command)").message("mcpServers args are only for a command (stdio) server"))]
@@ -263,6 +268,7 @@ impl AgentSessionSpec {
 
 /// The provider endpoint a session talks to.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.kind != 'bedrock' || has(self.region)").message("provider.region is required when provider.kind is bedrock"))]
 #[x_kube(validation = Rule::new("self.kind != 'openai-compatible' || has(self.baseUrl)").message("provider.baseUrl is required when provider.kind is openai-compatible"))]
@@ -303,6 +309,7 @@ pub struct ProviderSpec {
 
 /// A PEM bundle in a ConfigMap or a Secret of the session's namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.configMapName) != has(self.secretName)").message("provider.caBundle needs exactly one of configMapName and secretName"))]
 pub struct CaBundleRef {
@@ -328,6 +335,7 @@ fn default_ca_key() -> String {
 /// `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY` variables define them. Each field set here
 /// replaces the operator's fleet-wide one.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct ProxySettings {
     /// Proxy of `https://` endpoints (a CONNECT tunnel), e.g. `http://proxy.corp:3128`.
@@ -387,6 +395,7 @@ impl std::fmt::Display for ProviderKind {
 
 /// A key of a Secret in the session's namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct SecretKeyRef {
     /// Name of the Secret.
@@ -404,6 +413,7 @@ fn default_api_key() -> String {
 
 /// A key of a ConfigMap in the session's namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct ConfigMapKeyRef {
     /// Name of the ConfigMap.
@@ -416,6 +426,7 @@ pub struct ConfigMapKeyRef {
 
 /// Reference to a CompactionPolicy in the same namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyRef {
     /// Name of the CompactionPolicy.
@@ -427,6 +438,7 @@ pub struct PolicyRef {
 /// `<prefix>/<namespace>/<session>/ccr/` and `.../journal/`; in a cluster `<prefix>` is the
 /// operator's root, the same for every session, so no session can reach into another's.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct ArchiveSpec {
     /// Bucket name. Default: the operator's configured bucket.
@@ -484,6 +496,7 @@ pub const DEFAULT_ARCHIVE_MAX_IN_FLIGHT: u32 = 32;
 
 /// Keys of a Secret holding S3 credentials.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct S3CredentialsRef {
     /// Name of the Secret, in the session's namespace.
@@ -526,6 +539,7 @@ fn default_secret_key_key() -> String {
 
 /// Overrides for the session's pod.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct PodOverrides {
     /// Agent container image. Default: the operator's configured agent image. Changing it
@@ -829,6 +843,7 @@ pub struct MemoryStats {
 
 /// A session's cost budget.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetSpec {
     /// Most the session may cost, in USD (status.session.costUSD.total). Unset: no budget.

@@ -14,7 +14,9 @@ use super::eventstream::EventStreamDecoder;
 use super::retry::{Decision, is_quota_exhausted, parse_retry_after};
 use super::sse::{SseDecoder, SseEvent};
 use super::wire_cache::WireCache;
-use super::{ChatRequest, ChatResponse, Delta, DeltaSink, ProviderError, StopReason, Usage};
+use super::{
+    ChatRequest, ChatResponse, Delta, DeltaSink, ProviderError, StopReason, Usage, looks_like_html,
+};
 use crate::history::{Message, ToolCall};
 
 /// Bytes of an error body kept for the classifier and logs.
@@ -86,23 +88,6 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
             DecodeError::json(what, e)
         }
     })
-}
-
-/// True when a body starts like an HTML document (after whitespace).
-pub fn looks_like_html(body: &[u8]) -> bool {
-    let start = body
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(body.len());
-    let head: Vec<u8> = body[start..]
-        .iter()
-        .take(15)
-        .map(u8::to_ascii_lowercase)
-        .collect();
-    head.starts_with(b"<!doctype html")
-        || head.starts_with(b"<html")
-        || head.starts_with(b"<head")
-        || head.starts_with(b"<body")
 }
 
 /// A provider's decoded reply before it is bound to a request size.

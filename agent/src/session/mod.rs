@@ -242,7 +242,7 @@ impl Session {
             store: parts.store,
             journal,
             archive_counters: parts.archive_counters,
-            compression_counters: CompressionCounters::with_metrics(Arc::clone(&parts.metrics)),
+            compression_counters: CompressionCounters::with_metrics(parts.metrics.clone()),
             metrics: parts.metrics,
             turns: rebuilt.state.turns,
             tokens: Usage {
@@ -636,7 +636,7 @@ impl Session {
                 model,
                 used,
                 crate::catalog::PriceTable::fleet(),
-                &self.metrics,
+                self.metrics.as_ref(),
             );
         }
     }
@@ -976,7 +976,7 @@ impl Session {
             &model,
             used,
             crate::catalog::PriceTable::fleet(),
-            &self.metrics,
+            self.metrics.as_ref(),
         );
     }
 }

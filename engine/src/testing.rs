@@ -1,16 +1,16 @@
-//! Fixtures shared by the core tests and the engine benchmark: a store that always fails, a
-//! scripted summarizer, realistic synthetic sessions, and the recoverability check.
-#![allow(dead_code)]
+//! Test doubles and fixtures shared by the engine's tests, the agent's tests and the benchmarks:
+//! a store that always fails, a scripted summarizer, realistic synthetic sessions, and the
+//! recoverability check.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
+use crate::ccr::{ArchiveError, Hashed, Key, Store};
+use crate::compact::archive::{parse_segment, referenced_keys};
+use crate::compact::summarize::{SECTIONS, SummaryRequest};
+use crate::compact::{SummarizeError, Summarizer};
+use crate::history::{Message, ToolCall};
 use async_trait::async_trait;
-use cairn_agent::ccr::{ArchiveError, Hashed, Key, Store};
-use cairn_agent::compact::archive::{parse_segment, referenced_keys};
-use cairn_agent::compact::summarize::{SECTIONS, SummaryRequest};
-use cairn_agent::compact::{SummarizeError, Summarizer};
-use cairn_agent::history::{Message, ToolCall};
 
 /// A store whose durable tier is unreachable.
 pub struct FailingStore;
@@ -29,14 +29,14 @@ impl Store for FailingStore {
 /// times first, so the writes of one batch (up to 8 in flight) finish out of order.
 #[derive(Default)]
 pub struct ConcurrentStore {
-    inner: cairn_agent::ccr::MemoryStore,
+    inner: crate::ccr::MemoryStore,
 }
 
 #[async_trait]
 impl Store for ConcurrentStore {
     async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
         for _ in 0..fastrand::usize(..4) {
-            tokio::task::yield_now().await;
+            yield_now().await;
         }
         self.inner.put_hashed(original).await
     }
@@ -46,6 +46,20 @@ impl Store for ConcurrentStore {
     fn in_flight(&self) -> usize {
         8
     }
+}
+
+/// Hands control back to the executor once (the runtime-free `yield_now`).
+async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Replies from a script; when the script runs out, writes a well-formed summary sized to
@@ -157,7 +171,7 @@ pub fn session(bytes: usize) -> Vec<Message> {
         "You are a careful coding agent. Use tools to read and edit files.".repeat(20),
     )];
     let mut turn = 0usize;
-    while cairn_agent::history::weight(&h) < bytes {
+    while crate::history::weight(&h) < bytes {
         h.push(Message::user(format!(
             "Step {turn}: please look at module {} and fix the failing test.",
             turn % 7

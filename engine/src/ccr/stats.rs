@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::metrics::Metrics;
+use crate::meter::Meter;
 
 /// Archive traffic of one session.
 #[derive(Default, Debug)]
@@ -137,7 +137,7 @@ pub struct CompressionCounters {
     by_strategy: Mutex<BTreeMap<&'static str, StrategySnapshot>>,
     recall_found: AtomicU64,
     recall_missing: AtomicU64,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<Arc<dyn Meter>>,
 }
 
 impl std::fmt::Debug for CompressionCounters {
@@ -163,7 +163,7 @@ pub struct StrategySnapshot {
 impl CompressionCounters {
     /// Counters that also count in `metrics` (`cairn_agent_compression_total`,
     /// `cairn_agent_compression_bytes_total`, `cairn_agent_recall_keys_total`).
-    pub fn with_metrics(metrics: Arc<Metrics>) -> Self {
+    pub fn with_metrics(metrics: Arc<dyn Meter>) -> Self {
         Self {
             metrics: Some(metrics),
             ..Self::default()
@@ -172,27 +172,7 @@ impl CompressionCounters {
 
     pub fn record(&self, strategy: &'static str, bytes_in: usize, bytes_out: Option<usize>) {
         if let Some(m) = &self.metrics {
-            let outcome = if bytes_out.is_some() {
-                "compressed"
-            } else {
-                "unchanged"
-            };
-            let out = bytes_out.unwrap_or(bytes_in);
-            m.inc(
-                "cairn_agent_compression_total",
-                &[("strategy", strategy), ("outcome", outcome)],
-                1.0,
-            );
-            m.inc(
-                "cairn_agent_compression_bytes_total",
-                &[("strategy", strategy), ("direction", "in")],
-                bytes_in as f64,
-            );
-            m.inc(
-                "cairn_agent_compression_bytes_total",
-                &[("strategy", strategy), ("direction", "out")],
-                out as f64,
-            );
+            m.compression(strategy, bytes_in, bytes_out);
         }
         let Ok(mut map) = self.by_strategy.lock() else {
             return;
@@ -224,16 +204,7 @@ impl CompressionCounters {
         self.recall_missing
             .fetch_add(missing as u64, Ordering::Relaxed);
         if let Some(m) = &self.metrics {
-            m.inc(
-                "cairn_agent_recall_keys_total",
-                &[("outcome", "found")],
-                found as f64,
-            );
-            m.inc(
-                "cairn_agent_recall_keys_total",
-                &[("outcome", "missing")],
-                missing as f64,
-            );
+            m.recall_keys(found, missing);
         }
     }
 
@@ -296,22 +267,28 @@ mod tests {
     }
 
     #[test]
-    fn counters_reach_the_metrics_and_the_status() {
-        let metrics = Arc::new(Metrics::new());
-        let c = CompressionCounters::with_metrics(Arc::clone(&metrics));
+    fn counters_reach_the_meter_and_the_status() {
+        #[derive(Default)]
+        struct Seen(Mutex<Vec<String>>);
+        impl Meter for Seen {
+            fn compression(&self, strategy: &'static str, bytes_in: usize, out: Option<usize>) {
+                if let Ok(mut v) = self.0.lock() {
+                    v.push(format!("{strategy} {bytes_in} {out:?}"));
+                }
+            }
+            fn recall_keys(&self, found: usize, missing: usize) {
+                if let Ok(mut v) = self.0.lock() {
+                    v.push(format!("recall {found} {missing}"));
+                }
+            }
+        }
+        let seen = Arc::new(Seen::default());
+        let c = CompressionCounters::with_metrics(Arc::clone(&seen) as Arc<dyn Meter>);
         c.record("log", 1000, Some(100));
         c.record_recall(3, 1);
-        let m = |name, l: &[(&'static str, &str)]| metrics.counter(name, l);
         assert_eq!(
-            m(
-                "cairn_agent_compression_bytes_total",
-                &[("strategy", "log"), ("direction", "out")]
-            ),
-            100.0
-        );
-        assert_eq!(
-            m("cairn_agent_recall_keys_total", &[("outcome", "missing")]),
-            1.0
+            *seen.0.lock().expect("lock"),
+            ["log 1000 Some(100)", "recall 3 1"]
         );
         let s = c.session_stats();
         assert_eq!(s.strategies["log"].bytes_in, 1000);

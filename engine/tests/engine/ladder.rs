@@ -1,19 +1,17 @@
 //! The compaction ladder end to end: levels 1-3, the verbatim budget, the circuit breaker,
 //! the archive-before-loss rule with a failing store, and per-session isolation.
 
-mod core_support;
-
-use cairn_agent::ccr::{Key, MemoryStore, Store, extract_markers};
-use cairn_agent::compact::archive::parse_segment;
-use cairn_agent::compact::ladder::{LadderContext, NotRun};
-use cairn_agent::compact::pairing;
-use cairn_agent::compact::summarize::SECTIONS;
-use cairn_agent::compact::{
+use cairn_crds::EffectivePolicy;
+use cairn_engine::ccr::{Key, MemoryStore, Store, extract_markers};
+use cairn_engine::compact::archive::parse_segment;
+use cairn_engine::compact::ladder::{LadderContext, NotRun};
+use cairn_engine::compact::pairing;
+use cairn_engine::compact::summarize::SECTIONS;
+use cairn_engine::compact::{
     BudgetInputs, SessionState, SummarizeError, Summarizer, Trigger, compact,
 };
-use cairn_agent::history::{self, Message, Role};
-use cairn_crds::EffectivePolicy;
-use core_support::*;
+use cairn_engine::history::{self, Message, Role};
+use cairn_engine::testing::*;
 
 fn ctx<'a>(
     policy: &'a EffectivePolicy,

@@ -1,19 +1,17 @@
 //! Property tests over random histories: the invariants every pass must keep.
 
-mod core_support;
-
 use std::time::Duration;
 
-use cairn_agent::ccr::{Key, MemoryStore};
-use cairn_agent::compact::ladder::LadderContext;
-use cairn_agent::compact::state::ToolResultLimits;
-use cairn_agent::compact::{
+use cairn_crds::EffectivePolicy;
+use cairn_engine::ccr::{Key, MemoryStore};
+use cairn_engine::compact::ladder::LadderContext;
+use cairn_engine::compact::state::ToolResultLimits;
+use cairn_engine::compact::{
     BudgetInputs, SessionState, SummarizeError, Summarizer, Trigger, budget, compact, dedup,
     microcompact, pairing,
 };
-use cairn_agent::history::{Message, Role};
-use cairn_crds::EffectivePolicy;
-use core_support::*;
+use cairn_engine::history::{Message, Role};
+use cairn_engine::testing::*;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -224,7 +222,7 @@ proptest! {
         let (b, _) = rt.block_on(budget::apply(&h, limits, &store));
         prop_assert_eq!(&a, &b);
         for m in a.iter().filter(|m| m.role == Role::Tool && !m.meta.preserve_verbatim) {
-            if !cairn_agent::ccr::has_marker(&m.content) || m.content.contains("omitted; full original") {
+            if !cairn_engine::ccr::has_marker(&m.content) || m.content.contains("omitted; full original") {
                 prop_assert!(m.content.len() <= per_result, "{} > {}", m.content.len(), per_result);
             }
         }
@@ -273,7 +271,7 @@ proptest! {
         }
         let floor_reported = out.reports.iter().any(|r| r.notes.iter().any(|n| n.contains("floor")));
         prop_assert!(out.met || floor_reported, "target {} after {}", out.target, out.bytes_after);
-        prop_assert_eq!(out.bytes_after, cairn_agent::history::weight(&h));
+        prop_assert_eq!(out.bytes_after, cairn_engine::history::weight(&h));
         let lost = rt.block_on(lost_texts(&original, &h, &store));
         prop_assert!(lost.is_empty(), "lost {} texts, e.g. {:?}", lost.len(), lost.first().map(|t| t.chars().take(80).collect::<String>()));
     }

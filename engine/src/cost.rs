@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::PriceTable;
-use crate::metrics::Metrics;
+use crate::meter::Meter;
 use crate::provider::Usage;
 
 /// Whose call a usage is of.
@@ -61,7 +61,7 @@ impl Accounting {
         model: &str,
         used: &Usage,
         prices: &PriceTable,
-        metrics: &Metrics,
+        metrics: &dyn Meter,
     ) -> f64 {
         let i = client as usize;
         self.cache_write_tokens[i] += used.cache_write_tokens;
@@ -70,11 +70,7 @@ impl Accounting {
         }
         for (kind, v) in used.by_kind() {
             if v > 0 {
-                metrics.inc(
-                    "cairn_agent_model_tokens_total",
-                    &[("model", model), ("kind", kind)],
-                    v as f64,
-                );
+                metrics.model_tokens(model, kind, v);
             }
         }
         let Some(p) = prices.prices(model) else {
@@ -86,11 +82,7 @@ impl Accounting {
         let cost = p.cost(used);
         self.usd[i] += cost;
         if cost > 0.0 {
-            metrics.inc(
-                "cairn_agent_cost_usd_total",
-                &[("client", client.label()), ("model", model)],
-                cost,
-            );
+            metrics.cost_usd(client.label(), model, cost);
         }
         cost
     }
@@ -114,11 +106,41 @@ fn round(usd: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
+
+    /// Sums per series, keyed like the shell's metrics.
+    #[derive(Default)]
+    struct Sums(Mutex<Vec<(String, f64)>>);
+
+    impl Sums {
+        fn add(&self, key: String, v: f64) {
+            if let Ok(mut all) = self.0.lock() {
+                match all.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, sum)) => *sum += v,
+                    None => all.push((key, v)),
+                }
+            }
+        }
+        fn get(&self, key: &str) -> f64 {
+            let all = self.0.lock().expect("lock");
+            all.iter().find(|(k, _)| k == key).map_or(0.0, |(_, v)| *v)
+        }
+    }
+
+    impl Meter for Sums {
+        fn model_tokens(&self, model: &str, kind: &'static str, n: u64) {
+            self.add(format!("tokens {model} {kind}"), n as f64);
+        }
+        fn cost_usd(&self, client: &'static str, model: &str, usd: f64) {
+            self.add(format!("usd {client} {model}"), usd);
+        }
+    }
 
     #[test]
     fn calls_are_priced_per_client_and_unknown_models_are_named() {
-        let metrics = Metrics::default();
+        let metrics = Sums::default();
         let mut a = Accounting::default();
         let table = PriceTable::default();
         let used = Usage {
@@ -150,20 +172,7 @@ mod tests {
         assert!(s.summarizer > 0.0 && s.summarizer < s.session);
         assert_eq!(s.unpriced, vec!["local-llm".to_string()]);
         assert_eq!(a.cache_write_tokens, [500, 1_000]);
-        assert_eq!(
-            metrics.counter(
-                "cairn_agent_model_tokens_total",
-                &[("model", "claude-haiku-4-5"), ("kind", "cache_write")]
-            ),
-            500.0
-        );
-        assert!(
-            (metrics.counter(
-                "cairn_agent_cost_usd_total",
-                &[("client", "session"), ("model", "claude-sonnet-4-5")]
-            ) - want)
-                .abs()
-                < 1e-12
-        );
+        assert_eq!(metrics.get("tokens claude-haiku-4-5 cache_write"), 500.0);
+        assert!((metrics.get("usd session claude-sonnet-4-5") - want).abs() < 1e-12);
     }
 }

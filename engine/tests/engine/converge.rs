@@ -4,16 +4,14 @@
 //! not smaller than the one rejected. With a server whose count follows one ratio, the first
 //! attempt already fits.
 
-mod core_support;
-
-use cairn_agent::ccr::{Key, MemoryStore, Store};
-use cairn_agent::classify::{FailureClass, classify};
-use cairn_agent::compact::{BudgetInputs, SessionState};
-use cairn_agent::history::{self, Message, Role};
-use cairn_agent::provider::ProviderError;
-use cairn_agent::recovery::{FLOOR_WINDOW_SHARE, RecoveryContext, RecoveryError, recover};
 use cairn_crds::EffectivePolicy;
-use core_support::*;
+use cairn_engine::ccr::{Key, MemoryStore, Store};
+use cairn_engine::classify::{FailureClass, classify};
+use cairn_engine::compact::{BudgetInputs, SessionState};
+use cairn_engine::history::{self, Message, Role};
+use cairn_engine::provider::ProviderError;
+use cairn_engine::recovery::{FLOOR_WINDOW_SHARE, RecoveryContext, RecoveryError, recover};
+use cairn_engine::testing::*;
 use proptest::prelude::*;
 
 /// A server that counts `weight / ratio` tokens and answers like llama-server.
@@ -119,7 +117,7 @@ proptest! {
                     Err(e @ RecoveryError::WindowFloor { .. }) => {
                         prop_assert_eq!(&h, &before, "fail fast changes nothing");
                         // The floor really cannot fit: system + catalog + newest at its floor.
-                        let floor = cairn_agent::compact::emergency::floor_with_keep(&h, 1) + reserve;
+                        let floor = cairn_engine::compact::emergency::floor_with_keep(&h, 1) + reserve;
                         let limit = window.min(configured);
                         prop_assert!(
                             server.count(floor) as f64 > limit as f64 * FLOOR_WINDOW_SHARE * 0.9,

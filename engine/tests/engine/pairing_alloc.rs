@@ -1,21 +1,31 @@
 //! Pairing repair allocates nothing when the history needs no repair (it runs every turn).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
 
-use cairn_agent::ccr::MemoryStore;
-use cairn_agent::compact::Trigger;
-use cairn_agent::compact::pairing::{self, OrphanMode};
-use cairn_agent::history::{Message, ToolCall};
+use cairn_engine::ccr::MemoryStore;
+use cairn_engine::compact::Trigger;
+use cairn_engine::compact::pairing::{self, OrphanMode};
+use cairn_engine::history::{Message, ToolCall};
 
+/// Counts the allocations of each thread: the other tests of this binary run on threads of
+/// their own and do not disturb the count.
 struct Counting;
 
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Allocations made so far by the calling thread.
+fn allocations() -> usize {
+    ALLOCATIONS.with(Cell::get)
+}
 
 // SAFETY: every call is forwarded unchanged to the system allocator.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        // A const-initialised `Cell<usize>` needs no allocation and no destructor.
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -45,10 +55,10 @@ fn valid_history_is_checked_and_repaired_without_allocating() {
         }
         h.push(Message::assistant("ok"));
     }
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let before = allocations();
     let valid = pairing::is_valid(&h);
     let report = pairing::repair(&mut h, OrphanMode::Remove);
-    let after = ALLOCATIONS.load(Ordering::SeqCst);
+    let after = allocations();
     assert!(valid);
     assert!(!report.is_change());
     assert_eq!(after - before, 0, "no allocation on the happy path");
@@ -59,9 +69,9 @@ fn valid_history_is_checked_and_repaired_without_allocating() {
         .expect("runtime");
     let store = MemoryStore::new();
     rt.block_on(pairing::repair_archived(&mut h, &store, Trigger::Turn));
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let before = allocations();
     let (pass, report) = rt.block_on(pairing::repair_archived(&mut h, &store, Trigger::Turn));
-    let after = ALLOCATIONS.load(Ordering::SeqCst);
+    let after = allocations();
     assert!(!report.is_change() && pass.archived.is_empty());
     assert_eq!(
         after - before,
@@ -71,8 +81,8 @@ fn valid_history_is_checked_and_repaired_without_allocating() {
 
     // A broken history does get repaired (the counter is not vacuous).
     h.push(Message::tool("orphan", "x"));
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let before = allocations();
     pairing::repair(&mut h, OrphanMode::Remove);
-    assert!(ALLOCATIONS.load(Ordering::SeqCst) > before);
+    assert!(allocations() > before);
     assert!(pairing::is_valid(&h));
 }

@@ -2,20 +2,18 @@
 //! ratios and payload caps, the floor diagnoses, the payload-limit notice, and output-token
 //! escalation.
 
-mod core_support;
-
-use cairn_agent::ccr::MemoryStore;
-use cairn_agent::classify::{FailureClass, OtherReason, classify};
-use cairn_agent::compact::pairing;
-use cairn_agent::compact::{BudgetInputs, SessionState, Trigger};
-use cairn_agent::history::{self, Message, Role};
-use cairn_agent::provider::ProviderError;
-use cairn_agent::recovery::{
+use cairn_crds::EffectivePolicy;
+use cairn_engine::ccr::MemoryStore;
+use cairn_engine::classify::{FailureClass, OtherReason, classify};
+use cairn_engine::compact::pairing;
+use cairn_engine::compact::{BudgetInputs, SessionState, Trigger};
+use cairn_engine::history::{self, Message, Role};
+use cairn_engine::provider::ProviderError;
+use cairn_engine::recovery::{
     ASSUMED_REJECTED_BYTES, CONTINUATION_MESSAGE, PAYLOAD_NOTICE_HEADER, RecoveryContext,
     RecoveryError, escalate_output, recover,
 };
-use cairn_crds::EffectivePolicy;
-use core_support::*;
+use cairn_engine::testing::*;
 
 fn nginx_413(bytes: u64) -> ProviderError {
     ProviderError::http(
@@ -109,11 +107,11 @@ async fn the_first_attempt_fits_the_window_the_server_named() {
     // the newest message at its floor) when that is more.
     let tokens = st.chars_per_token.tokens(history::weight(&h));
     assert!(
-        tokens as f64 <= 2_048.0 * cairn_agent::recovery::FLOOR_WINDOW_SHARE,
+        tokens as f64 <= 2_048.0 * cairn_engine::recovery::FLOOR_WINDOW_SHARE,
         "{tokens} tokens after recovery"
     );
     assert!(
-        history::weight(&h) <= cairn_agent::compact::emergency::floor_with_keep(&h, 1).max(2_090),
+        history::weight(&h) <= cairn_engine::compact::emergency::floor_with_keep(&h, 1).max(2_090),
         "{} bytes",
         history::weight(&h)
     );
