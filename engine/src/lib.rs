@@ -23,3 +23,4 @@ pub mod replay;
 pub mod steering;
 pub mod testing;
 pub mod tokens;
+pub mod turn;

@@ -9,16 +9,17 @@ use std::time::{Duration, Instant, SystemTime};
 use cairn_crds::session::LastRecovery;
 use tracing::Instrument;
 
-use crate::classify::classify;
+use cairn_engine::turn::{self, GiveUp, Plan, StopVerdict, Truncation, output_limit};
+
+use crate::classify::{FailureClass, classify};
 use crate::compact::dedup::dedup_reads;
-use crate::compact::ladder::{Preflight, preflight};
 use crate::compact::microcompact::microcompact;
 use crate::compact::pairing;
-use crate::compact::{Budget, BudgetInputs, Headroom, PassReport, SessionState, Trigger, budget};
+use crate::compact::{Budget, BudgetInputs, PassReport, Trigger, budget};
 use crate::history::{self, Message, Role};
 use crate::journal::{CompactionRecord, JournalError, Undo};
-use crate::provider::{ChatRequest, ChatResponse, Controls, Delta, StopReason, ToolSpec, Usage};
-use crate::recovery::{RecoveryContext, RecoveryError, escalate_output, recover};
+use crate::provider::{ChatRequest, ChatResponse, Controls, Delta, ProviderError, ToolSpec, Usage};
+use crate::recovery::{RecoveryContext, RecoveryError, RecoveryOutcome, escalate_output, recover};
 use crate::replay::{self, Held, Ledger};
 
 use crate::mcp::{McpCatalog, Route};
@@ -119,6 +120,13 @@ struct Changes {
 }
 
 impl Changes {
+    /// Keeps `before` as the history before the turn's first compaction.
+    fn keep_pre(&mut self, before: Vec<Message>) {
+        if self.pre.is_none() {
+            self.pre = Some(before);
+        }
+    }
+
     fn undo(&mut self) -> Option<Undo> {
         self.pre.take().map(|pre| Undo {
             pre,
@@ -191,6 +199,67 @@ impl Answer {
         self.text.push_str(text);
         self.after_tools = false;
     }
+}
+
+/// What belongs to one turn while it runs: its notices, its compactions, the answer so far,
+/// the usage of its model calls and its output-token limit.
+struct TurnScope {
+    notices: Notices,
+    changes: Changes,
+    answer: Answer,
+    usage: Usage,
+    /// The output-token limit of the next request; escalation raises it.
+    max_out: u64,
+    /// The model's (or the client's) ceiling for `max_out`.
+    model_max: u64,
+}
+
+impl TurnScope {
+    fn new(events: Option<TurnEvents>) -> Self {
+        Self {
+            notices: Notices {
+                list: Vec::new(),
+                live: events,
+            },
+            changes: Changes::default(),
+            answer: Answer::default(),
+            usage: Usage::default(),
+            max_out: 0,
+            model_max: 0,
+        }
+    }
+
+    /// The turn's outcome so far, ended by `stopped` (`None`: a whole answer), with the
+    /// client's tool calls to run.
+    fn outcome(
+        &mut self,
+        rounds: u32,
+        stopped: Option<&'static str>,
+        calls: Vec<crate::history::ToolCall>,
+    ) -> TurnOutcome {
+        TurnOutcome {
+            text: std::mem::take(&mut self.answer.text),
+            usage: self.usage,
+            notices: Vec::new(),
+            rounds,
+            stopped,
+            truncated: self.answer.truncated,
+            calls,
+        }
+    }
+}
+
+/// The turn's tool catalog and the bytes it (with the client's instructions and output
+/// format) adds to every request.
+struct Offered {
+    specs: Vec<ToolSpec>,
+    bytes: usize,
+}
+
+/// What one model call sent: the request's weight and its output limit.
+struct Sent {
+    sent_weight: usize,
+    limit: u64,
 }
 
 fn add_usage(total: &mut Usage, u: &Usage) {
@@ -452,22 +521,18 @@ impl Session {
             }
         }
 
-        let mut notices = Notices {
-            list: Vec::new(),
-            live: events,
-        };
+        let mut scope = TurnScope::new(events);
         self.ensure_memory().await;
         self.absorb_memory_events();
         for (kind, message) in std::mem::take(&mut self.pending_notices) {
-            notice(&mut notices, kind, message);
+            notice(&mut scope.notices, kind, message);
         }
-        let mut changes = Changes::default();
         // The turn's deadline and a shutdown cut the model calls, tool rounds and
         // compactions short, never a journal write (the entries around them stay whole).
         let turn_secs = self.live.policy.timeouts.turn_seconds;
         let abort = self.abort.clone();
         let rounds = tokio::select! {
-            r = self.rounds(&mut notices, &mut changes, provider_time) => r,
+            r = self.rounds(&mut scope, provider_time) => r,
             () = tokio::time::sleep(Duration::from_secs(u64::from(turn_secs))) => {
                 Err(TurnError::Deadline(format!(
                     "the turn did not finish within its deadline of {turn_secs}s (timeouts.turnSeconds); it was not persisted and its input was dropped"
@@ -481,7 +546,7 @@ impl Session {
                 // Recovery no longer halves the tool-result budgets, but a journal written by
                 // an older agent may carry halvings: once a turn went through they are whole.
                 let halvings = std::mem::take(&mut self.state.tool_budget_halvings);
-                let undo = changes.undo();
+                let undo = scope.changes.undo();
                 if let Some(l) = ledger_turn {
                     let outputs = replay::output_items(&out.text, &out.calls)
                         .into_iter()
@@ -491,7 +556,7 @@ impl Session {
                 }
                 // 6. The reply and the compactions are journaled before the turn is answered.
                 match self
-                    .commit(std::mem::take(&mut changes.records), undo, false)
+                    .commit(std::mem::take(&mut scope.changes.records), undo, false)
                     .await
                 {
                     Ok(()) => Ok(out),
@@ -510,11 +575,11 @@ impl Session {
                 self.last_reply_at = Some(SystemTime::now());
                 // Off the turn's path: the update runs while the client reads the answer.
                 self.maybe_update_memory();
-                for n in &notices.list {
+                for n in &scope.notices.list {
                     self.metrics
                         .inc("cairn_agent_notices_total", &[("kind", n.kind)], 1.0);
                 }
-                out.notices = notices.list;
+                out.notices = scope.notices.list;
                 Ok(out)
             }
             Err(e) => {
@@ -559,8 +624,7 @@ impl Session {
 
     async fn rounds(
         &mut self,
-        notices: &mut Notices,
-        changes: &mut Changes,
+        scope: &mut TurnScope,
         provider_time: &mut Duration,
     ) -> Result<TurnOutcome, TurnError> {
         let live = Arc::clone(&self.live);
@@ -580,47 +644,26 @@ impl Session {
             );
         }
 
-        let (tool_specs, tools_bytes) = self.offer_tools(notices).await;
-        let model_max = self.model_max();
-        let mut max_out = model_max.min(INITIAL_OUTPUT_TOKENS);
-        let mut usage = Usage::default();
+        let (specs, bytes) = self.offer_tools(&mut scope.notices).await;
+        let offered = Offered { specs, bytes };
+        scope.model_max = self.model_max();
+        scope.max_out = scope.model_max.min(INITIAL_OUTPUT_TOKENS);
         let mut guard = StagnationGuard::default();
-        let mut answer = Answer::default();
         let mut rounds = 0;
 
         loop {
             if rounds >= MAX_TOOL_ROUNDS {
                 notice(
-                    notices,
+                    &mut scope.notices,
                     "tools",
                     format!("the tool-call loop stopped after {MAX_TOOL_ROUNDS} model calls"),
                 );
-                return Ok(TurnOutcome {
-                    text: answer.text,
-                    usage,
-                    notices: Vec::new(),
-                    rounds,
-                    stopped: Some("max_rounds"),
-                    truncated: answer.truncated,
-                    calls: Vec::new(),
-                });
+                return Ok(scope.outcome(rounds, Some("max_rounds"), Vec::new()));
             }
             // 3-4. Pre-flight and the compaction ladder.
-            self.prepare(notices, changes).await?;
+            self.prepare(scope).await?;
             // 5. Send, recovering from classified failures.
-            let resp = self
-                .send(
-                    &tool_specs,
-                    tools_bytes,
-                    &mut max_out,
-                    model_max,
-                    &mut answer,
-                    notices,
-                    changes,
-                    provider_time,
-                    &mut usage,
-                )
-                .await?;
+            let resp = self.send(&offered, scope, provider_time).await?;
             rounds += 1;
             let mut resp = resp;
             // `parallel_tool_calls: false` holds whatever the provider did with it.
@@ -629,17 +672,9 @@ impl Session {
             }
             let calls = resp.message.tool_calls.clone();
             self.history.push(resp.message.clone());
-            answer.push(&resp.message.content);
+            scope.answer.push(&resp.message.content);
             if calls.is_empty() {
-                return Ok(TurnOutcome {
-                    text: answer.text,
-                    usage,
-                    notices: Vec::new(),
-                    rounds,
-                    stopped: None,
-                    truncated: answer.truncated,
-                    calls: Vec::new(),
-                });
+                return Ok(scope.outcome(rounds, None, Vec::new()));
             }
             let stagnating = guard.record(&calls);
             let compression = policy.compression.clone();
@@ -684,36 +719,20 @@ impl Session {
                     .await;
                 self.history.push(message);
             }
-            answer.after_tools = true;
+            scope.answer.after_tools = true;
             if !client.is_empty() {
-                return Ok(TurnOutcome {
-                    text: answer.text,
-                    usage,
-                    notices: Vec::new(),
-                    rounds,
-                    stopped: None,
-                    truncated: answer.truncated,
-                    calls: client,
-                });
+                return Ok(scope.outcome(rounds, None, client));
             }
             if stagnating {
                 notice(
-                    notices,
+                    &mut scope.notices,
                     "tools",
                     format!(
                         "the same tool calls came {} times in a row; the tool-call loop was stopped",
                         tools::STAGNATION_REPEATS
                     ),
                 );
-                return Ok(TurnOutcome {
-                    text: answer.text,
-                    usage,
-                    notices: Vec::new(),
-                    rounds,
-                    stopped: Some("stagnation"),
-                    truncated: answer.truncated,
-                    calls: Vec::new(),
-                });
+                return Ok(scope.outcome(rounds, Some("stagnation"), Vec::new()));
             }
         }
     }
@@ -786,45 +805,25 @@ impl Session {
 
     /// Pre-flight against a known payload cap, then the ladder when over budget; a request
     /// still in the blocking buffer after that is refused.
-    async fn prepare(
-        &mut self,
-        notices: &mut Notices,
-        changes: &mut Changes,
-    ) -> Result<(), TurnError> {
-        let live = Arc::clone(&self.live);
-        let policy = &live.policy;
+    async fn prepare(&mut self, scope: &mut TurnScope) -> Result<(), TurnError> {
         let inputs = self.budget_inputs();
         let weight = history::weight(&self.history);
-        let request_bytes = weight + inputs.reserve_bytes;
-        let mut trigger = None;
-        match preflight(request_bytes, live.payload_cap, &mut self.state) {
-            Preflight::Compact { budget_ratio } => {
-                trigger = Some((Trigger::PreFlight, Some(budget_ratio)));
-            }
-            Preflight::WarnLargeHistory => notice(
-                notices,
-                "warning",
-                format!(
-                    "the request is {request_bytes} bytes and no payload cap is known; if a proxy limits request bodies, set spec.payloadCap"
-                ),
-            ),
-            Preflight::Send => {}
+        let live = Arc::clone(&self.live);
+        let prep = turn::before_send(weight, &inputs, &live.policy, &mut self.state);
+        if let Some(bytes) = prep.large_history {
+            let message = turn::large_history_notice(bytes);
+            notice(&mut scope.notices, "warning", message);
         }
-        if trigger.is_none() {
-            let budget = Budget::compute(&inputs, policy, &self.state);
-            let (headroom, left) = Headroom::of(request_bytes, &inputs, policy, &self.state);
-            if headroom == Headroom::Blocking && self.state.auto_compaction_disabled() {
-                // The breaker stops routine auto-compaction; at the blocking buffer the CRD
-                // says compact first, no matter what.
-                trigger = Some((Trigger::PreFlight, None));
-            } else if !budget.fits(weight) || headroom >= Headroom::AutoCompact {
-                trigger = Some((Trigger::Auto, None));
-            } else if headroom == Headroom::Warning {
-                self.headroom_warning(notices, left);
+        let (trigger, ratio) = match prep.plan {
+            Plan::Send => return Ok(()),
+            Plan::WarnHeadroom { left } => {
+                self.headroom_warning(&mut scope.notices, left);
+                return Ok(());
             }
-        }
-        let Some((trigger, ratio)) = trigger else {
-            return Ok(());
+            Plan::Compact {
+                trigger,
+                budget_ratio,
+            } => (trigger, budget_ratio),
         };
         let before = self.history.to_vec();
         let out = self.run_ladder(trigger, ratio, None).await;
@@ -845,30 +844,24 @@ impl Session {
             .filter(|r| r.pass == crate::compact::Pass::Summary && r.bytes_after == r.bytes_before)
         {
             if let Some(why) = r.notes.last() {
-                notice(notices, "summary", format!("no summary this time: {why}"));
+                notice(
+                    &mut scope.notices,
+                    "summary",
+                    format!("no summary this time: {why}"),
+                );
             }
         }
-        if changes.pre.is_none() {
-            changes.pre = Some(before);
-        }
-        changes.post_len = self.history.len();
-        changes.records.push(record(&out));
-        notice(
-            notices,
-            "compaction",
-            format!(
-                "compacted the history ({}, level {}) from {} to {} bytes{}",
-                trigger.label(),
-                out.level.unwrap_or(0),
-                out.bytes_before,
-                out.bytes_after,
-                if out.breaker_opened {
-                    "; three compactions in a row missed their target, auto-compaction is now off for this session"
-                } else {
-                    ""
-                }
-            ),
+        scope.changes.keep_pre(before);
+        scope.changes.post_len = self.history.len();
+        scope.changes.records.push(record(&out));
+        let message = turn::compaction_notice(
+            trigger,
+            out.level.unwrap_or(0),
+            out.bytes_before,
+            out.bytes_after,
+            out.breaker_opened,
         );
+        notice(&mut scope.notices, "compaction", message);
         self.refuse_if_blocking()
     }
 
@@ -883,14 +876,8 @@ impl Session {
         }
         self.metrics
             .inc("cairn_agent_headroom_warnings_total", &[], 1.0);
-        let warn_at = self.live.policy.auto_compact.warning_buffer_tokens;
-        notice(
-            notices,
-            "warning",
-            format!(
-                "the context headroom is down to about {left} tokens (autoCompact.warningBufferTokens is {warn_at}); the history will be compacted soon"
-            ),
-        );
+        let message = turn::headroom_notice(left, &self.live.policy);
+        notice(notices, "warning", message);
     }
 
     /// The `blocking` tier of the CRD: a request that leaves no more than
@@ -898,321 +885,295 @@ impl Session {
     fn refuse_if_blocking(&self) -> Result<(), TurnError> {
         let inputs = self.budget_inputs();
         let request_bytes = history::weight(&self.history) + inputs.reserve_bytes;
-        let policy = &self.live.policy;
-        let (headroom, left) = Headroom::of(request_bytes, &inputs, policy, &self.state);
-        if headroom != Headroom::Blocking {
-            return Ok(());
+        match turn::blocking(request_bytes, &inputs, &self.live.policy, &self.state) {
+            Some(full) => Err(TurnError::ContextFull(full.to_string())),
+            None => Ok(()),
         }
-        Err(TurnError::ContextFull(format!(
-            "the request would leave about {left} tokens of headroom in the {}-token context window, at or below autoCompact.blockingBufferTokens ({}), and compaction could not make room{}; it was not sent",
-            inputs.context_window,
-            policy.auto_compact.blocking_buffer_tokens,
-            if self.state.auto_compaction_disabled() {
-                " (auto-compaction is off for this session after three compactions missed their target)"
-            } else {
-                ""
-            }
-        )))
     }
 
-    /// Sends until a usable reply arrives or recovery gives up.
+    /// Sends until a usable reply arrives or recovery gives up: each rejection either ends
+    /// the turn or leaves a recovered history to send again, each reply cut at the output
+    /// limit an escalated continuation.
+    async fn send(
+        &mut self,
+        tools: &Offered,
+        scope: &mut TurnScope,
+        provider_time: &mut Duration,
+    ) -> Result<ChatResponse, TurnError> {
+        loop {
+            let (result, sent) = self.call_provider(tools, scope, provider_time).await;
+            match result {
+                Ok(reply) => {
+                    if let Some(reply) = self.on_reply(reply, &sent, scope).await? {
+                        return Ok(reply);
+                    }
+                }
+                Err(err) => self.on_rejection(&err, tools.bytes, &sent, scope).await?,
+            }
+        }
+    }
+
+    /// One model call with the history lent to it, streamed to the client when the turn
+    /// streams; its time and size counted.
     ///
     /// Each request carries the history itself, lent with that request's tool-result cuts
     /// (see [`Loan`]), not a copy of it.
-    #[allow(clippy::too_many_arguments)]
-    async fn send(
+    async fn call_provider(
         &mut self,
-        tool_specs: &[crate::provider::ToolSpec],
-        tools_bytes: usize,
-        max_out: &mut u64,
-        model_max: u64,
-        answer: &mut Answer,
-        notices: &mut Notices,
-        changes: &mut Changes,
+        tools: &Offered,
+        scope: &mut TurnScope,
         provider_time: &mut Duration,
-        usage: &mut Usage,
-    ) -> Result<ChatResponse, TurnError> {
-        let live = Arc::clone(&self.live);
-        let policy = &live.policy;
-        let store = Arc::clone(&self.store);
+    ) -> (Result<ChatResponse, ProviderError>, Sent) {
         let provider = Arc::clone(&self.provider);
-        loop {
-            let Lent {
-                loan,
-                sent_weight,
-                limit,
-                cuts_made,
-            } = self
-                .lend_request(tool_specs, tools_bytes, *max_out, notices.live.is_some())
-                .await;
-            let request = &loan.request;
-            let span = tracing::info_span!(
-                "provider_call",
-                provider = provider.name(),
-                max_out = *max_out
-            );
-            let t = Instant::now();
-            let lead = answer.lead();
-            let streamed = AtomicBool::new(false);
-            let result = match &notices.live {
-                Some(tx) => {
-                    let sink = |d: Delta<'_>| {
-                        if let Delta::Text(text) = d
-                            && !text.is_empty()
-                        {
-                            if !streamed.swap(true, Ordering::Relaxed) && !lead.is_empty() {
-                                let _ = tx.send(TurnEvent::Text(lead.to_owned()));
-                            }
-                            let _ = tx.send(TurnEvent::Text(text.to_owned()));
-                        }
-                    };
-                    provider
-                        .send_streaming(request, &sink)
-                        .instrument(span)
-                        .await
-                }
-                None => provider.send(request).instrument(span).await,
-            };
-            drop(loan);
-            self.passes.tool_results_cut += cuts_made;
-            *provider_time += t.elapsed();
-            if result.is_err()
-                && streamed.load(Ordering::Relaxed)
-                && let Some(tx) = &notices.live
-            {
-                let _ = tx.send(TurnEvent::Discarded {
-                    kept: answer.text.clone(),
-                });
-            }
-            self.metrics.observe(
-                "cairn_agent_provider_seconds",
-                &[],
-                t.elapsed().as_secs_f64(),
-            );
-            match result {
-                Ok(resp) => {
-                    self.metrics.observe(
-                        "cairn_agent_request_bytes",
-                        &[],
-                        resp.request_bytes as f64,
-                    );
-                    // The server's context management counted a request other than the one
-                    // sent: its token count calibrates nothing.
-                    if resp.context.is_none() {
-                        self.state
-                            .chars_per_token
-                            .observe(sent_weight as u64, resp.usage.input_tokens);
-                    } else {
-                        self.mirror_server_context(&resp, changes, notices).await;
-                    }
-                    add_usage(usage, &resp.usage);
-                    self.count_session_tokens(&resp.usage);
-                    if resp.stop == StopReason::MaxTokens && resp.message.tool_calls.is_empty() {
-                        let cut = Truncation::judge(&resp.usage, limit, *max_out, self.window());
-                        if cut == Truncation::OutputLimit
-                            && let Some(esc) = escalate_output(
-                                &mut self.history,
-                                &resp.message,
-                                *max_out,
-                                model_max,
-                                policy,
-                                &mut self.state,
-                            )
-                        {
-                            answer.push(&resp.message.content);
-                            notice(
-                                notices,
-                                "escalation",
-                                format!(
-                                    "the reply hit the output-token limit of {limit}; continuing with {}",
-                                    esc.max_output_tokens
-                                ),
-                            );
-                            *max_out = esc.max_output_tokens;
-                            // The continuation carries the partial reply: it is compacted to
-                            // fit like any other request.
-                            self.prepare(notices, changes).await?;
-                            continue;
-                        }
-                        answer.truncated =
-                            Some(self.report_truncation(cut, &resp.usage, limit, notices));
-                    }
-                    return Ok(resp);
-                }
-                Err(err) => {
-                    self.metrics.observe(
-                        "cairn_agent_request_bytes",
-                        &[],
-                        err.request_bytes as f64,
-                    );
-                    let class = classify(&err);
-                    self.metrics.inc(
-                        "cairn_agent_provider_errors_total",
-                        &[
-                            ("error", err.label()),
-                            ("class", class.label()),
-                            ("client", "session"),
-                        ],
-                        1.0,
-                    );
-                    let uncompactable = self
-                        .history
-                        .iter()
-                        .filter(|m| m.is_system())
-                        .map(Message::weight)
-                        .sum::<usize>()
-                        + tools_bytes;
-                    // Rejected again although what remains compactable was already cut
-                    // down, and the part that can never shrink is over the learned cap: no
-                    // retry can pass.
-                    if class.is_payload()
-                        && self.state.recovery_attempts >= 1
-                        && let Some(cap) = self.state.learned_payload_cap
-                        && uncompactable as u64 >= cap
+        let max_out = scope.max_out;
+        let Lent {
+            loan,
+            sent_weight,
+            limit,
+            cuts_made,
+        } = self
+            .lend_request(
+                &tools.specs,
+                tools.bytes,
+                max_out,
+                scope.notices.live.is_some(),
+            )
+            .await;
+        let request = &loan.request;
+        let span = tracing::info_span!("provider_call", provider = provider.name(), max_out);
+        let t = Instant::now();
+        let lead = scope.answer.lead();
+        let streamed = AtomicBool::new(false);
+        let result = match &scope.notices.live {
+            Some(tx) => {
+                let sink = |d: Delta<'_>| {
+                    if let Delta::Text(text) = d
+                        && !text.is_empty()
                     {
-                        return Err(TurnError::Floor(
-                            RecoveryError::Floor {
-                                uncompactable: uncompactable as u64,
-                                rejected: err.request_bytes,
-                            }
-                            .to_string(),
-                        ));
-                    }
-                    let before = self.history.to_vec();
-                    let ctx = RecoveryContext {
-                        policy,
-                        store: store.as_ref(),
-                        uncompactable_bytes: uncompactable as u64,
-                        inputs: BudgetInputs {
-                            context_window: live.limits.context_window,
-                            payload_cap: live.payload_cap,
-                            reserve_bytes: tools_bytes,
-                        },
-                        sent_weight,
-                    };
-                    let span = tracing::info_span!("recovery", class = class.label());
-                    let outcome = recover(&mut self.history, &err, class, &ctx, &mut self.state)
-                        .instrument(span)
-                        .await;
-                    // What recovery removed goes to the memory's queue before the rewritten
-                    // history is journaled; without the queue the step is undone.
-                    if outcome.is_ok() && !self.queue_removed(&before).await {
-                        self.history.replace(before.clone());
-                    }
-                    match outcome {
-                        Ok(o) => {
-                            let attempt = o.attempt.to_string();
-                            self.metrics.inc(
-                                "cairn_agent_recoveries_total",
-                                &[
-                                    ("class", class.label()),
-                                    ("attempt", &attempt),
-                                    ("outcome", "retried"),
-                                ],
-                                1.0,
-                            );
-                            self.last_recovery = Some(LastRecovery {
-                                at: super::rfc3339(SystemTime::now()),
-                                trigger: format!("{class:?}"),
-                                level: o.attempt,
-                                outcome: "Recovered".into(),
-                            });
-                            if changes.pre.is_none() {
-                                changes.pre = Some(before);
-                            }
-                            changes.post_len = self.history.len();
-                            changes.records.push(CompactionRecord {
-                                trigger: "recovery".into(),
-                                level: 0,
-                                bytes_before: o.report.bytes_before as u64,
-                                bytes_after: o.report.bytes_after as u64,
-                                archived: o
-                                    .report
-                                    .archived
-                                    .iter()
-                                    .map(|k| k.as_str().to_owned())
-                                    .collect(),
-                            });
-                            notice(
-                                notices,
-                                "recovery",
-                                format!(
-                                    "{} ({}); recovery attempt {} took the history from {} to {} bytes",
-                                    class.label(),
-                                    err.label(),
-                                    o.attempt,
-                                    o.report.bytes_before,
-                                    o.report.bytes_after
-                                ),
-                            );
-                            if let Some(cap) = o.learned_cap {
-                                notice(
-                                    notices,
-                                    "learned_cap",
-                                    format!(
-                                        "the network path rejected {} bytes; requests now stay under {cap} bytes",
-                                        err.request_bytes
-                                    ),
-                                );
-                            }
-                            if let Some(w) = o.floor_warning {
-                                notice(notices, "warning", w);
-                            }
-                            if let Some(tokens) = o.counted.prompt_tokens {
-                                notice(
-                                    notices,
-                                    "learned_window",
-                                    format!(
-                                        "the server counted {tokens} tokens for a {sent_weight}-byte request ({:.2} bytes per token){}; requests are now budgeted with its numbers",
-                                        self.state.chars_per_token.get(),
-                                        o.learned_window
-                                            .map(|w| format!(
-                                                " and enforces a context window of {w} tokens"
-                                            ))
-                                            .unwrap_or_default()
-                                    ),
-                                );
-                            }
-                            // A learned cap takes effect on the retry itself.
-                            self.prepare(notices, changes).await?;
+                        if !streamed.swap(true, Ordering::Relaxed) && !lead.is_empty() {
+                            let _ = tx.send(TurnEvent::Text(lead.to_owned()));
                         }
-                        Err(re) => {
-                            self.metrics.inc(
-                                "cairn_agent_recoveries_total",
-                                &[
-                                    ("class", class.label()),
-                                    ("attempt", "none"),
-                                    ("outcome", re.label()),
-                                ],
-                                1.0,
-                            );
-                            if class.is_recoverable() {
-                                self.last_recovery = Some(LastRecovery {
-                                    at: super::rfc3339(SystemTime::now()),
-                                    trigger: format!("{class:?}"),
-                                    level: self.state.recovery_attempts,
-                                    outcome: "Failed".into(),
-                                });
-                            }
-                            return Err(match re {
-                                RecoveryError::Floor { .. } | RecoveryError::WindowFloor { .. } => {
-                                    TurnError::Floor(re.to_string())
-                                }
-                                RecoveryError::NotRecoverable(_) => TurnError::Provider {
-                                    class: class.label(),
-                                    message: err.to_string(),
-                                },
-                                RecoveryError::Exhausted(_) | RecoveryError::Stuck { .. } => {
-                                    TurnError::Provider {
-                                        class: class.label(),
-                                        message: format!("{err} ({re})"),
-                                    }
-                                }
-                            });
-                        }
+                        let _ = tx.send(TurnEvent::Text(text.to_owned()));
                     }
-                }
+                };
+                provider
+                    .send_streaming(request, &sink)
+                    .instrument(span)
+                    .await
             }
+            None => provider.send(request).instrument(span).await,
+        };
+        drop(loan);
+        self.passes.tool_results_cut += cuts_made;
+        *provider_time += t.elapsed();
+        if result.is_err()
+            && streamed.load(Ordering::Relaxed)
+            && let Some(tx) = &scope.notices.live
+        {
+            let _ = tx.send(TurnEvent::Discarded {
+                kept: scope.answer.text.clone(),
+            });
+        }
+        let seconds = t.elapsed().as_secs_f64();
+        self.metrics
+            .observe("cairn_agent_provider_seconds", &[], seconds);
+        let bytes = match &result {
+            Ok(reply) => reply.request_bytes,
+            Err(err) => err.request_bytes,
+        };
+        self.metrics
+            .observe("cairn_agent_request_bytes", &[], bytes as f64);
+        (result, Sent { sent_weight, limit })
+    }
+
+    /// A reply arrived: calibrate on it, count it, and judge its stop. `None` when it was cut
+    /// at the output limit and an escalated continuation is to be sent instead.
+    async fn on_reply(
+        &mut self,
+        reply: ChatResponse,
+        call: &Sent,
+        scope: &mut TurnScope,
+    ) -> Result<Option<ChatResponse>, TurnError> {
+        // The server's context management counted a request other than the one sent: its
+        // token count calibrates nothing.
+        if reply.context.is_none() {
+            self.state
+                .chars_per_token
+                .observe(call.sent_weight as u64, reply.usage.input_tokens);
+        } else {
+            self.mirror_server_context(&reply, &mut scope.changes, &mut scope.notices)
+                .await;
+        }
+        add_usage(&mut scope.usage, &reply.usage);
+        self.count_session_tokens(&reply.usage);
+        let cut = match turn::judge_stop(&reply, call.limit, scope.max_out, self.window()) {
+            StopVerdict::Complete => return Ok(Some(reply)),
+            StopVerdict::Truncated(cut) => cut,
+            StopVerdict::Escalate => {
+                let policy = &self.live.policy;
+                let Some(esc) = escalate_output(
+                    &mut self.history,
+                    &reply.message,
+                    scope.max_out,
+                    scope.model_max,
+                    policy,
+                    &mut self.state,
+                ) else {
+                    scope.answer.truncated = Some(self.report_truncation(
+                        Truncation::OutputLimit,
+                        &reply.usage,
+                        call.limit,
+                        &mut scope.notices,
+                    ));
+                    return Ok(Some(reply));
+                };
+                scope.answer.push(&reply.message.content);
+                let message = turn::escalation_notice(call.limit, esc.max_output_tokens);
+                notice(&mut scope.notices, "escalation", message);
+                scope.max_out = esc.max_output_tokens;
+                // The continuation carries the partial reply: it is compacted to fit like any
+                // other request.
+                self.prepare(scope).await?;
+                return Ok(None);
+            }
+        };
+        scope.answer.truncated =
+            Some(self.report_truncation(cut, &reply.usage, call.limit, &mut scope.notices));
+        Ok(Some(reply))
+    }
+
+    /// A request was rejected: classify it, and either recover (the history is rewritten to
+    /// be sent again) or end the turn with what recovery could not fix.
+    async fn on_rejection(
+        &mut self,
+        err: &ProviderError,
+        tools_bytes: usize,
+        call: &Sent,
+        scope: &mut TurnScope,
+    ) -> Result<(), TurnError> {
+        let class = classify(err);
+        let labels = [
+            ("error", err.label()),
+            ("class", class.label()),
+            ("client", "session"),
+        ];
+        self.metrics
+            .inc("cairn_agent_provider_errors_total", &labels, 1.0);
+        let uncompactable = self
+            .history
+            .iter()
+            .filter(|m| m.is_system())
+            .map(Message::weight)
+            .sum::<usize>()
+            + tools_bytes;
+        if let Some(floor) =
+            turn::floor_before_recovery(class, &self.state, uncompactable as u64, err.request_bytes)
+        {
+            return Err(TurnError::Floor(floor.to_string()));
+        }
+        let before = self.history.to_vec();
+        let live = Arc::clone(&self.live);
+        let store = Arc::clone(&self.store);
+        let ctx = RecoveryContext {
+            policy: &live.policy,
+            store: store.as_ref(),
+            uncompactable_bytes: uncompactable as u64,
+            inputs: BudgetInputs {
+                context_window: live.limits.context_window,
+                payload_cap: live.payload_cap,
+                reserve_bytes: tools_bytes,
+            },
+            sent_weight: call.sent_weight,
+        };
+        let span = tracing::info_span!("recovery", class = class.label());
+        let outcome = recover(&mut self.history, err, class, &ctx, &mut self.state)
+            .instrument(span)
+            .await;
+        // What recovery removed goes to the memory's queue before the rewritten history is
+        // journaled; without the queue the step is undone.
+        if outcome.is_ok() && !self.queue_removed(&before).await {
+            self.history.replace(before.clone());
+        }
+        match outcome {
+            Ok(o) => {
+                self.recovered(class, err, &o, call.sent_weight, before, scope);
+                // A learned cap takes effect on the retry itself.
+                self.prepare(scope).await
+            }
+            Err(re) => Err(self.gave_up(class, err, &re)),
+        }
+    }
+
+    /// Records a recovery attempt: metrics, `status.session.lastRecovery`, the turn's
+    /// compaction record and its notices.
+    fn recovered(
+        &mut self,
+        class: FailureClass,
+        err: &ProviderError,
+        o: &RecoveryOutcome,
+        sent_weight: usize,
+        before: Vec<Message>,
+        scope: &mut TurnScope,
+    ) {
+        let attempt = o.attempt.to_string();
+        let labels = [
+            ("class", class.label()),
+            ("attempt", attempt.as_str()),
+            ("outcome", "retried"),
+        ];
+        self.metrics
+            .inc("cairn_agent_recoveries_total", &labels, 1.0);
+        self.last_recovery = Some(LastRecovery {
+            at: super::rfc3339(SystemTime::now()),
+            trigger: format!("{class:?}"),
+            level: o.attempt,
+            outcome: "Recovered".into(),
+        });
+        scope.changes.keep_pre(before);
+        scope.changes.post_len = self.history.len();
+        scope.changes.records.push(CompactionRecord {
+            trigger: "recovery".into(),
+            level: 0,
+            bytes_before: o.report.bytes_before as u64,
+            bytes_after: o.report.bytes_after as u64,
+            archived: o
+                .report
+                .archived
+                .iter()
+                .map(|k| k.as_str().to_owned())
+                .collect(),
+        });
+        let ratio = self.state.chars_per_token.get();
+        for (kind, message) in turn::recovery_notices(class, err, o, sent_weight, ratio) {
+            notice(&mut scope.notices, kind, message);
+        }
+    }
+
+    /// Recovery from `err` ended in `re`: counted, recorded, and the turn's error.
+    fn gave_up(
+        &mut self,
+        class: FailureClass,
+        err: &ProviderError,
+        re: &RecoveryError,
+    ) -> TurnError {
+        let labels = [
+            ("class", class.label()),
+            ("attempt", "none"),
+            ("outcome", re.label()),
+        ];
+        self.metrics
+            .inc("cairn_agent_recoveries_total", &labels, 1.0);
+        if class.is_recoverable() {
+            self.last_recovery = Some(LastRecovery {
+                at: super::rfc3339(SystemTime::now()),
+                trigger: format!("{class:?}"),
+                level: self.state.recovery_attempts,
+                outcome: "Failed".into(),
+            });
+        }
+        match turn::give_up(class, err, re) {
+            GiveUp::Floor(message) => TurnError::Floor(message),
+            GiveUp::Provider { class, message } => TurnError::Provider { class, message },
         }
     }
 }
@@ -1284,43 +1245,6 @@ pub(super) struct Lent<'h> {
     pub(super) limit: u64,
     /// Tool results the request carries cut.
     pub(super) cuts_made: u64,
-}
-
-/// The least output room a request asks for, even when the estimate says the window is
-/// nearly full.
-pub const MIN_OUTPUT_TOKENS: u64 = 128;
-
-/// The output limit of one request: the turn's limit, but never more than the window leaves
-/// after the prompt (servers such as vLLM and OpenAI reject prompt + limit > window).
-fn output_limit(max_out: u64, window: u64, state: &SessionState, sent_weight: usize) -> u64 {
-    let prompt = state.chars_per_token.tokens(sent_weight);
-    max_out.min(window.saturating_sub(prompt).max(MIN_OUTPUT_TOKENS))
-}
-
-/// Why a reply stopped at a length limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Truncation {
-    /// The output-token limit sent, which escalation may raise.
-    OutputLimit,
-    /// The context window filled during generation (the reply stopped short of the limit,
-    /// or prompt and reply add up to the window): a higher limit cannot help.
-    ContextFull,
-    /// The limit sent was already all the window leaves after the prompt.
-    WindowBound,
-}
-
-impl Truncation {
-    fn judge(usage: &Usage, sent_limit: u64, turn_limit: u64, window: u64) -> Self {
-        let out = usage.output_tokens;
-        let total = usage.input_tokens + out;
-        if out > 0 && (out < sent_limit || total >= window) {
-            Self::ContextFull
-        } else if sent_limit < turn_limit {
-            Self::WindowBound
-        } else {
-            Self::OutputLimit
-        }
-    }
 }
 
 impl Session {
@@ -1404,34 +1328,11 @@ impl Session {
         limit: u64,
         notices: &mut Notices,
     ) -> &'static str {
-        let (reason, why) = match cut {
-            Truncation::ContextFull => {
-                let total = usage.input_tokens + usage.output_tokens;
-                if total > 0 && total < self.live.limits.context_window {
-                    self.state.learn_window(total);
-                }
-                (
-                    "context_full",
-                    format!(
-                        "the model's context window filled during generation ({} prompt + {} reply tokens)",
-                        usage.input_tokens, usage.output_tokens
-                    ),
-                )
-            }
-            Truncation::WindowBound => (
-                "window_bound",
-                format!(
-                    "the output limit of {limit} tokens was all the context window ({} tokens) left after the prompt",
-                    self.window()
-                ),
-            ),
-            Truncation::OutputLimit => (
-                "output_limit",
-                format!(
-                    "the output limit of {limit} tokens could not be raised (the model's maximum, or escalations used up)"
-                ),
-            ),
-        };
+        if let Some(window) = cut.learned_window(usage, self.live.limits.context_window) {
+            self.state.learn_window(window);
+        }
+        let reason = cut.label();
+        let why = cut.explain(usage, limit, self.window());
         self.state.truncated_replies += 1;
         self.metrics.inc(
             "cairn_agent_truncated_replies_total",

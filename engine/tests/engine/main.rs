@@ -8,3 +8,4 @@ mod ladder;
 mod pairing_alloc;
 mod props;
 mod recovery;
+mod turn;
