@@ -7,13 +7,11 @@
 //!
 //! `cargo test -p cairn-agent --test agent_serve_lease`
 
-mod agent_support;
-mod support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::kube::LeaseHold;
 use cairn_crds::{AgentSession, AgentSessionSpec};
 use cairn_sim::{ScriptedReply, Sim};
@@ -173,7 +171,7 @@ async fn an_archive_that_does_not_answer_is_reported_and_waited_for() {
         .await
         .expect("create namespace");
     let sim = Sim::start().await.expect("sim");
-    let moto = support::moto::Moto::start().await;
+    let moto = crate::support::moto::Moto::start().await;
     let spec: AgentSessionSpec = serde_yaml::from_str(&format!(
         "provider: {{kind: openai-compatible, model: {MODEL}, baseUrl: {}/v1}}\ncontextWindow: 100000\n",
         sim.url()

@@ -3,9 +3,8 @@
 //! (streamed as the OpenAI SDKs parse it), the client's `function_call_output` goes back to
 //! the provider as that family's tool result, and built-in tools still run inside the turn.
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_crds::ProviderKind;
 use cairn_sim::{ScriptedReply, Sim};

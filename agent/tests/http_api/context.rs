@@ -5,14 +5,13 @@
 //! turn is sent; the breakdown sums to the size of the request cairn-sim received, to the
 //! byte, and `?view=request` is that request's body.
 
-mod agent_support;
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use agent_support::*;
+use crate::support::agent::*;
 use base64::Engine as _;
 use cairn_agent::history::{Image, Message, ToolCall};
 use cairn_agent::provider::ToolSpec;

@@ -2,11 +2,10 @@
 //! to the end and is journaled, as a streamed turn is. The next provider request therefore
 //! carries the earlier question and its answer, never two user messages in a row.
 
-mod agent_support;
 
 use std::time::{Duration, Instant};
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use serde_json::{Value, json};

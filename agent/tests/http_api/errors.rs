@@ -3,9 +3,8 @@
 //! routes, missing tokens, oversized and malformed bodies, and the same while the session is
 //! still opening (the `Gate` the binary serves first).
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::server::{AppState, Gate, router};
 use cairn_sim::Sim;
 use serde_json::Value;

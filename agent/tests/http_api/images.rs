@@ -2,11 +2,10 @@
 //! most 1568 px on their longest edge (JPEG and PNG respectively), the originals are archived
 //! and recalled byte-identical, and images that cannot be read are refused with a 400.
 
-mod agent_support;
 
 use std::io::Cursor;
 
-use agent_support::*;
+use crate::support::agent::*;
 use base64::Engine as _;
 use cairn_agent::server::{AppState, router};
 use cairn_sim::{ScriptedReply, Sim};

@@ -1,11 +1,10 @@
 //! The official OpenAI Python SDK drives a served session through `/v1/responses`,
 //! non-streaming and streaming. The SDK is installed with pip when it is missing.
 
-mod agent_support;
 
 use std::process::Command;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_sim::{ScriptedReply, Sim};
 
 const SCRIPT: &str = r#"

@@ -5,9 +5,8 @@
 //! replay mode and in `previous_response_id` mode. cairn-sim scripts the model's tool calls.
 //! The clients come pinned from PyPI (`tests/harness/install-py-clients.sh`).
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{ScriptedReply, Sim};
 use cairn_tests::harness::python::{self, line};

@@ -2,11 +2,10 @@
 //! sending it, against cairn-sim streaming slowly; a model call cut off mid-answer closes the
 //! message it streamed as incomplete and leaves the history as it was.
 
-mod agent_support;
 
 use std::time::{Duration, Instant};
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{Fault, ScriptedReply, Sim, Stop};
 use serde_json::{Value, json};

@@ -1,12 +1,11 @@
 //! `cairn-agent run` and `cairn-agent recall` as a script would use them: answer on stdout,
 //! notices on stderr, the documented exit codes, the local directory as the default store.
 
-mod agent_support;
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::ccr::Key;
 use cairn_agent::history::{Message, ToolCall, to_jsonl};
 use cairn_sim::nginx::{Middlebox, MiddleboxConfig};

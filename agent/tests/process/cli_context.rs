@@ -5,12 +5,11 @@
 //! cairn-sim then receives for that turn — without sending anything to the provider and
 //! without fencing the serving agent.
 
-mod agent_support;
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
 

@@ -3,12 +3,11 @@
 //! `HOSTNAME/pid` named every incarnation of `cairn-x-0` alike; the test runs each agent as
 //! pid 1 of its own pid namespace with the same HOSTNAME, as two incarnations of one pod.
 
-mod agent_support;
 
 use std::path::Path;
 use std::process::Command;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::Value;
 

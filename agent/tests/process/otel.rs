@@ -3,12 +3,11 @@
 //! requests and finds the turn and provider-call spans, the session in the resource, no
 //! message bodies, and the last spans flushed at SIGTERM.
 
-mod agent_support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_support::*;
+use crate::support::agent::*;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;

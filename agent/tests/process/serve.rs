@@ -2,15 +2,13 @@
 //! session, a policy change picked up between turns, graceful shutdown. Providers are
 //! cairn-sim, S3 is moto.
 
-mod agent_support;
-mod support;
 
 use std::time::{Duration, Instant};
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use serde_json::Value;
-use support::moto::Moto;
+use crate::support::moto::Moto;
 
 struct Rig {
     sim: Sim,

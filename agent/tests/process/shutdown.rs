@@ -4,11 +4,10 @@
 //! acknowledged (503 `shutting_down`) and its input is dropped from the journal, so the
 //! restarted agent goes on from the last acknowledged turn.
 
-mod agent_support;
 
 use std::time::{Duration, Instant};
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use serde_json::Value;
 

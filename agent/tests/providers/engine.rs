@@ -3,9 +3,8 @@
 //! mirrored as stubs whose originals stay recallable; a provider family without server-side
 //! context management reports the setting as unsupported and gets no such request field.
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};

@@ -3,14 +3,12 @@
 //! CONNECT tunnels for HTTPS; S3 traffic through it too; `NO_PROXY` honoured) and mitmproxy
 //! as a TLS-inspecting proxy (refused without its CA, trusted with `CAIRN_CA_BUNDLE`).
 
-mod agent_support;
-mod support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::Sim;
 use cairn_sim::proxies::{Mitm, Squid};
-use support::moto::Moto;
+use crate::support::moto::Moto;
 
 fn with(env: &[(String, String)], extra: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut v = env.to_vec();

@@ -4,9 +4,8 @@
 //! simulator reports land in usage, status and metrics, and the cost of the session model
 //! and of a separate summarizer model match a hand computation from the recorded usage.
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::history::Message;
 use cairn_sim::{RecordedRequest, ScriptedReply, Sim, Wire};
 use serde_json::Value;

@@ -7,12 +7,11 @@
 //! Model output is real and varies: the tests assert properties (status codes, sizes, what
 //! the server counted, notices), never text.
 
-mod agent_support;
 
 use std::path::Path;
 use std::time::Duration;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_tests::harness::llama::Recorded;
 use cairn_tests::harness::{LlamaServer, RecordingProxy};
 use serde_json::json;

@@ -2,11 +2,10 @@
 //! URL, model and API family through a rebuilt client, without a restart; settings that
 //! cannot be built fail that turn with a clear message and leave the history untouched.
 
-mod agent_support;
 
 use std::sync::Arc;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::config::Live;
 use cairn_agent::history::Message;
 use cairn_agent::session::TurnError;

@@ -2,9 +2,8 @@
 //! Anthropic cairn-sim beside the session's OpenAI-compatible one), with its model, sized by
 //! its own window; its tokens are counted apart and its failures are classified.
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::history::Message;
 use cairn_sim::{Fault, ScriptedReply, Sim, Wire};
 

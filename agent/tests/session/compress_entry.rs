@@ -4,14 +4,12 @@
 //! `maxResultBytes` ceiling on entry, so no request the model server records exceeds the
 //! payload cap; the counters show both.
 
-mod agent_support;
-mod support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::server::{AppState, router};
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
-use support::moto::Moto;
+use crate::support::moto::Moto;
 
 /// 1 MiB: the request-body ceiling of the network path in this test.
 const PAYLOAD_CAP: u64 = 1024 * 1024;

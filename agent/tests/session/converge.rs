@@ -4,9 +4,8 @@
 //! every turn answers, the window is learned from the first rejection, no later turn needs
 //! more than one retry, and no rejected request is resent unchanged.
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::Sim;
 

@@ -3,11 +3,10 @@
 //! (`timeouts.turnSeconds`), whether the reply is streamed or not, trickles in a byte at a
 //! time, keeps the connection alive with SSE comments, or never sends a byte at all.
 
-mod agent_support;
 
 use std::time::{Duration, Instant};
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::history::{Message, Role};
 use cairn_agent::session::{Session, TurnError};
 use cairn_sim::{Fault, ScriptedReply, Sim};

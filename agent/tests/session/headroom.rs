@@ -4,9 +4,8 @@
 //! notice and `cairn_agent_headroom_warnings_total` counts it, and `status.session.headroom`
 //! reports the tier for the operator's condition and Event.
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::history::Message;
 use cairn_agent::session::Session;
 use cairn_sim::{ScriptedReply, Sim};

@@ -4,11 +4,10 @@
 //! hand (journaled, so a restart keeps the reset). The tool-result budgets that recovery
 //! halved are restored once the recovered turn succeeded.
 
-mod agent_support;
 
 use std::sync::Arc;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::config::{ConfigFile, Live};
 use cairn_agent::history::Message;
 use cairn_agent::server::AppState;

@@ -5,14 +5,13 @@
 //! is cairn-sim, scripted to call the tools. The servers are installed (pinned, cached) by
 //! `tests/harness/install-mcp-servers.sh`.
 
-mod agent_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::ccr::{Key, extract_markers};
 use cairn_agent::history::{Message, Role};
 use cairn_agent::server::AppState;

@@ -1,9 +1,8 @@
 //! Pre-flight has one implementation (`compact::ladder::preflight`) and the turn uses it: the
 //! large-history warning comes at 2.5 MiB of request, the threshold the ladder documents.
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::compact::ladder::LARGE_HISTORY_WARN_BYTES;
 use cairn_agent::history::Message;
 use cairn_sim::Sim;

@@ -2,9 +2,8 @@
 //! every request, byte for byte, and effort routing lowers the reasoning effort of trivial
 //! prompts only, never over the client's own choice.
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::history::Message;
 use cairn_agent::provider::Effort;
 use cairn_agent::session::TurnOptions;

@@ -1,9 +1,8 @@
 //! The tool-call loop of a turn against cairn-sim: the built-in `compress` tool, the
 //! stagnation guard, unknown tools, and output-token escalation.
 
-mod agent_support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::ccr::{Key, extract_markers};
 use cairn_agent::history::{Message, Role, ToolCall};
 use cairn_sim::{ScriptedReply, Sim, Stop};

@@ -3,11 +3,10 @@
 //! history itself with that request's tool-result cuts, and those are undone even when the
 //! call never returns.
 
-mod agent_support;
 
 use std::time::Duration;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::history::{Message, ToolCall};
 use cairn_sim::{Fault, ScriptedReply, Sim};
 

@@ -3,13 +3,11 @@
 //! `status.session.archiveCheck` (also `GET /v1/session`), which the operator's
 //! `ArchiveReady` follows. Against moto: a bucket that exists, one that does not.
 
-mod agent_support;
-mod support;
 
-use agent_support::*;
+use crate::support::agent::*;
 use cairn_agent::config::{ConfigFile, Storage, StorageSettings};
 use cairn_sim::Sim;
-use support::moto::Moto;
+use crate::support::moto::Moto;
 
 fn storage(env: &[(String, String)]) -> Storage {
     let cfg = ConfigFile::parse(

@@ -8,9 +8,9 @@
 //! the result, again and again. The parent kills it with SIGKILL — as soon as a batch's temp
 //! files appear, or after a random delay — then rebuilds and checks.
 
-#[path = "core_support/mod.rs"]
+#[path = "../core_support/mod.rs"]
 mod core_support;
-#[path = "../benches/support/pipeline.rs"]
+#[path = "../../benches/support/pipeline.rs"]
 mod pipeline;
 
 use std::path::{Path, PathBuf};
@@ -98,12 +98,13 @@ fn killed_mid_batch_leaves_no_marker_without_its_bytes() {
         return;
     }
     let exe = std::env::current_exe().expect("test binary");
+    let test_name = crate::support::test_name(module_path!(), TEST_NAME);
     let mut mid_batch = 0;
     let mut checked_keys = 0;
     for round in 0..12u64 {
         let root = tempfile::tempdir().expect("tempdir");
         let mut child = Command::new(&exe)
-            .args(["--exact", TEST_NAME, "--nocapture", "--test-threads", "1"])
+            .args(["--exact", &test_name, "--nocapture", "--test-threads", "1"])
             .env(WORKER_DIR, root.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -6,7 +6,6 @@
 //! One test: the default chain reads the process environment, which is set once before the
 //! runtime starts.
 
-mod support;
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -21,7 +20,7 @@ use cairn_agent::history::Message;
 use cairn_agent::provider::{ChatRequest, ClientOptions, Credentials, RetryPolicy, build};
 use cairn_crds::{ProviderKind, ProviderSpec};
 use cairn_sim::Sim;
-use support::moto::Moto;
+use crate::support::moto::Moto;
 
 const ROLE: &str = "cairn-agent";
 const ROLE_ARN: &str = "arn:aws:iam::123456789012:role/cairn-agent";
@@ -170,12 +169,20 @@ fn publish(dir: &Path, generation: u32, keys: &AwsKeys, expires: Option<SystemTi
 
 #[test]
 fn aws_identities_against_moto_and_the_simulator() {
+    // The test sets the AWS variables of the default chain: in a process of its own, where no
+    // other test of this binary reads or changes the environment meanwhile.
+    if !crate::support::in_own_process(
+        module_path!(),
+        "aws_identities_against_moto_and_the_simulator",
+    ) {
+        return;
+    }
     let scratch = tempfile::tempdir().unwrap();
     let token = scratch.path().join("token");
     std::fs::write(&token, "a-projected-service-account-token").unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let moto = rt.block_on(Moto::start());
-    // SAFETY: no other thread reads the environment yet (one test in this binary; the
+    // SAFETY: no other thread reads the environment yet (the only test in this process; the
     // runtime's workers are idle and moto is a child process).
     unsafe {
         for k in [

@@ -1,6 +1,5 @@
 //! The archive against a real S3-compatible server (moto), started by the tests.
 
-mod support;
 
 use std::path::Path;
 use std::process::Command;
@@ -9,7 +8,7 @@ use std::time::{Duration, Instant};
 use cairn_agent::ccr::{
     ArchiveError, Key, LayeredStore, LocalLimits, S3Store, SessionScope, Store, recall,
 };
-use support::moto::{self, BUCKET, Moto, Stalled};
+use crate::support::moto::{self, BUCKET, Moto, Stalled};
 
 fn limits() -> LocalLimits {
     LocalLimits {
@@ -133,7 +132,7 @@ async fn a_new_process_recalls_identical_bytes() {
         .args([
             "--ignored",
             "--exact",
-            "child_process_recall",
+            &crate::support::test_name(module_path!(), "child_process_recall"),
             "--test-threads=1",
         ])
         .env("CCR_CHILD_ENDPOINT", &moto.endpoint)

@@ -3,7 +3,6 @@
 //! every check made by a restart (a new session opened over the same storage, straight to
 //! moto and with a fresh local cache).
 
-mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -19,8 +18,8 @@ use cairn_sim::{ScriptedReply, Sim};
 use cairn_tests::harness::S3Server;
 use proptest::prelude::*;
 use proptest::test_runner::{RngSeed, TestCaseError, TestRunner};
-use support::faults::{Fault, FaultProxy, Op};
-use support::moto::{BUCKET, config_for};
+use crate::support::faults::{Fault, FaultProxy, Op};
+use crate::support::moto::{BUCKET, config_for};
 use tokio::sync::watch;
 
 /// One moto for the whole binary; every case works under its own session name.

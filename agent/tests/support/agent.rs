@@ -1,6 +1,5 @@
 //! Fixtures of the agent tests: sessions wired to cairn-sim, an in-process API server, the
 //! real `cairn-agent` binary as a child process, and a small HTTP client.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
