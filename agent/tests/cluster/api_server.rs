@@ -2,7 +2,7 @@
 //! else the local control plane of `tests/harness` — with the cairn CRDs installed: the
 //! session Lease, live policy, and `status.session`.
 //!
-//! `cargo test -p cairn-agent --test agent_cluster`
+//! `cargo test -p cairn-agent --test cluster api_server::`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! opens and answers a turn from cairn-sim. An agent whose archive does not answer says so
 //! (readyz, `status.session.archiveCheck`) and waits until it does.
 //!
-//! `cargo test -p cairn-agent --test agent_serve_lease`
+//! `cargo test -p cairn-agent --test cluster serve_lease::`
 
 
 use std::process::{Command, Stdio};

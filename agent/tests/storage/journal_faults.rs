@@ -1,4 +1,4 @@
-//! The journal and the archive under S3 faults: a real S3 server (moto, one per test binary)
+//! The journal and the archive under S3 faults: a real S3 server (moto, one shared by these tests)
 //! behind a fault-injecting proxy, sessions in process with cairn-sim as the provider, and
 //! every check made by a restart (a new session opened over the same storage, straight to
 //! moto and with a fresh local cache).
