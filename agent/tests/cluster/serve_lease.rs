@@ -7,17 +7,17 @@
 //!
 //! `cargo test -p cairn-agent --test cluster serve_lease::`
 
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use cairn_agent::kube::LeaseHold;
 use cairn_crds::{AgentSession, AgentSessionSpec};
 use cairn_sim::{ScriptedReply, Sim};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api as KubeApi, Client};
+
+use crate::support::agent::*;
 
 fn kubeconfig() -> std::path::PathBuf {
     match std::env::var_os("KUBECONFIG") {

@@ -3,12 +3,12 @@
 //! (streamed as the OpenAI SDKs parse it), the client's `function_call_output` goes back to
 //! the provider as that family's tool result, and built-in tools still run inside the turn.
 
-
-use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_crds::ProviderKind;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 
 fn yaml(kind: ProviderKind, sim: &Sim, name: &str) -> String {
     let base = match kind {

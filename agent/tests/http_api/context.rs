@@ -5,13 +5,11 @@
 //! turn is sent; the breakdown sums to the size of the request cairn-sim received, to the
 //! byte, and `?view=request` is that request's body.
 
-
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use crate::support::agent::*;
 use base64::Engine as _;
 use cairn_agent::history::{Image, Message, ToolCall};
 use cairn_agent::provider::ToolSpec;
@@ -20,6 +18,8 @@ use cairn_agent::session::TurnOptions;
 use cairn_crds::ProviderKind;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 
 /// `node_modules` of the reference MCP servers (`tests/harness/install-mcp-servers.sh`).
 fn node_modules() -> &'static PathBuf {

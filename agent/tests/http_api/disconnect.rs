@@ -2,13 +2,13 @@
 //! to the end and is journaled, as a streamed turn is. The next provider request therefore
 //! carries the earlier question and its answer, never two user messages in a row.
 
-
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 
 /// Roles of the messages of a recorded Chat Completions request.
 fn roles(body: &str) -> Vec<String> {

@@ -1,16 +1,16 @@
 //! The agent end to end, in process, against real parts: cairn-sim as the provider, moto as
 //! S3, nginx as the body-size-limiting proxy, and the HTTP API on a real socket.
 
-
 use std::time::Duration;
 
-use crate::support::agent::*;
 use cairn_agent::ccr::Key;
 use cairn_agent::history::{self, Message, ToolCall};
 use cairn_agent::server::AppState;
 use cairn_sim::nginx::{Middlebox, MiddleboxConfig};
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 use crate::support::moto::Moto;
 
 fn data_dir() -> tempfile::TempDir {

@@ -3,11 +3,11 @@
 //! routes, missing tokens, oversized and malformed bodies, and the same while the session is
 //! still opening (the `Gate` the binary serves first).
 
-
-use crate::support::agent::*;
 use cairn_agent::server::{AppState, Gate, router};
 use cairn_sim::Sim;
 use serde_json::Value;
+
+use crate::support::agent::*;
 
 /// Sends `method path` (with the token when `auth`) and returns the status and the body,
 /// which must be a JSON error with a message, a type and a code.

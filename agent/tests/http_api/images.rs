@@ -2,15 +2,15 @@
 //! most 1568 px on their longest edge (JPEG and PNG respectively), the originals are archived
 //! and recalled byte-identical, and images that cannot be read are refused with a 400.
 
-
 use std::io::Cursor;
 
-use crate::support::agent::*;
 use base64::Engine as _;
 use cairn_agent::server::{AppState, router};
 use cairn_sim::{ScriptedReply, Sim};
 use image::{DynamicImage, ImageFormat, Rgb, RgbImage, Rgba, RgbaImage};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 
 fn b64() -> base64::engine::GeneralPurpose {
     base64::engine::general_purpose::STANDARD

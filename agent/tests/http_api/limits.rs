@@ -4,13 +4,13 @@
 //! for new ones. So with the agent at the usual fd limit of 1,024, 1,100 idle sockets do not
 //! stop `/healthz` (the liveness probe) or the API from answering.
 
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use cairn_sim::Sim;
+
+use crate::support::agent::*;
 
 const IDLE_SOCKETS: usize = 1_100;
 

@@ -1,11 +1,11 @@
 //! The official OpenAI Python SDK drives a served session through `/v1/responses`,
 //! non-streaming and streaming. The SDK is installed with pip when it is missing.
 
-
 use std::process::Command;
 
-use crate::support::agent::*;
 use cairn_sim::{ScriptedReply, Sim};
+
+use crate::support::agent::*;
 
 const SCRIPT: &str = r#"
 import os, sys

@@ -5,12 +5,12 @@
 //! replay mode and in `previous_response_id` mode. cairn-sim scripts the model's tool calls.
 //! The clients come pinned from PyPI (`tests/harness/install-py-clients.sh`).
 
-
-use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{ScriptedReply, Sim};
 use cairn_tests::harness::python::{self, line};
 use serde_json::json;
+
+use crate::support::agent::*;
 
 async fn run_python(script: &'static str, base: String, extra: Vec<(String, String)>) -> String {
     let mut env = vec![

@@ -2,13 +2,13 @@
 //! sending it, against cairn-sim streaming slowly; a model call cut off mid-answer closes the
 //! message it streamed as incomplete and leaves the history as it was.
 
-
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{Fault, ScriptedReply, Sim, Stop};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 
 /// One SSE event with the time it reached the client.
 struct Received {

@@ -1,15 +1,15 @@
 //! `cairn-agent run` and `cairn-agent recall` as a script would use them: answer on stdout,
 //! notices on stderr, the documented exit codes, the local directory as the default store.
 
-
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::support::agent::*;
 use cairn_agent::ccr::Key;
 use cairn_agent::history::{Message, ToolCall, to_jsonl};
 use cairn_sim::nginx::{Middlebox, MiddleboxConfig};
 use cairn_sim::{Fault, ScriptedReply, Sim};
+
+use crate::support::agent::*;
 
 async fn cairn(args: Vec<String>, data: &Path) -> Output {
     let data = data.to_path_buf();

@@ -5,13 +5,13 @@
 //! cairn-sim then receives for that turn — without sending anything to the provider and
 //! without fencing the serving agent.
 
-
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::support::agent::*;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 
 fn context(config: &Path, env: &[(String, String)], args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cairn-agent"))

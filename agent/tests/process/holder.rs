@@ -3,13 +3,13 @@
 //! `HOSTNAME/pid` named every incarnation of `cairn-x-0` alike; the test runs each agent as
 //! pid 1 of its own pid namespace with the same HOSTNAME, as two incarnations of one pod.
 
-
 use std::path::Path;
 use std::process::Command;
 
-use crate::support::agent::*;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::Value;
+
+use crate::support::agent::*;
 
 fn holders(journal: &Path) -> Vec<String> {
     let mut out: Vec<String> = std::fs::read_dir(journal.join("claims"))

@@ -3,11 +3,9 @@
 //! requests and finds the turn and provider-call spans, the session in the resource, no
 //! message bodies, and the last spans flushed at SIGTERM.
 
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
@@ -16,6 +14,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
+
+use crate::support::agent::*;
 
 /// What the receiver got: raw bodies and their decoding.
 #[derive(Clone, Default)]

@@ -2,12 +2,12 @@
 //! session, a policy change picked up between turns, graceful shutdown. Providers are
 //! cairn-sim, S3 is moto.
 
-
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use serde_json::Value;
+
+use crate::support::agent::*;
 use crate::support::moto::Moto;
 
 struct Rig {

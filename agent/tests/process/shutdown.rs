@@ -4,12 +4,12 @@
 //! acknowledged (503 `shutting_down`) and its input is dropped from the journal, so the
 //! restarted agent goes on from the last acknowledged turn.
 
-
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use serde_json::Value;
+
+use crate::support::agent::*;
 
 const GRACE_SECS: u64 = 8;
 

@@ -3,11 +3,11 @@
 //! mirrored as stubs whose originals stay recallable; a provider family without server-side
 //! context management reports the setting as unsupported and gets no such request field.
 
-
-use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 
 fn read_tool() -> Value {
     json!([{

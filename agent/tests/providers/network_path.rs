@@ -3,11 +3,11 @@
 //! CONNECT tunnels for HTTPS; S3 traffic through it too; `NO_PROXY` honoured) and mitmproxy
 //! as a TLS-inspecting proxy (refused without its CA, trusted with `CAIRN_CA_BUNDLE`).
 
-
-use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::Sim;
 use cairn_sim::proxies::{Mitm, Squid};
+
+use crate::support::agent::*;
 use crate::support::moto::Moto;
 
 fn with(env: &[(String, String)], extra: &[(&str, &str)]) -> Vec<(String, String)> {

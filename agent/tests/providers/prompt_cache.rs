@@ -4,11 +4,11 @@
 //! simulator reports land in usage, status and metrics, and the cost of the session model
 //! and of a separate summarizer model match a hand computation from the recorded usage.
 
-
-use crate::support::agent::*;
 use cairn_agent::history::Message;
 use cairn_sim::{RecordedRequest, ScriptedReply, Sim, Wire};
 use serde_json::Value;
+
+use crate::support::agent::*;
 
 const TURNS: usize = 20;
 

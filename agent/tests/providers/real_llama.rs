@@ -7,14 +7,14 @@
 //! Model output is real and varies: the tests assert properties (status codes, sizes, what
 //! the server counted, notices), never text.
 
-
 use std::path::Path;
 use std::time::Duration;
 
-use crate::support::agent::*;
 use cairn_tests::harness::llama::Recorded;
 use cairn_tests::harness::{LlamaServer, RecordingProxy};
 use serde_json::json;
+
+use crate::support::agent::*;
 
 /// Prose of about `bytes` bytes, different for every `seed`.
 fn prose(seed: usize, bytes: usize) -> String {

@@ -2,15 +2,15 @@
 //! URL, model and API family through a rebuilt client, without a restart; settings that
 //! cannot be built fail that turn with a clear message and leave the history untouched.
 
-
 use std::sync::Arc;
 
-use crate::support::agent::*;
 use cairn_agent::config::Live;
 use cairn_agent::history::Message;
 use cairn_agent::session::TurnError;
 use cairn_crds::{ProviderKind, ProviderSpec};
 use cairn_sim::{ScriptedReply, Sim, Wire};
+
+use crate::support::agent::*;
 
 /// Edits of `spec.provider`, as the AgentSession watch delivers them.
 struct Edits(tokio::sync::watch::Sender<Arc<Live>>);

@@ -2,10 +2,10 @@
 //! Anthropic cairn-sim beside the session's OpenAI-compatible one), with its model, sized by
 //! its own window; its tokens are counted apart and its failures are classified.
 
-
-use crate::support::agent::*;
 use cairn_agent::history::Message;
 use cairn_sim::{Fault, ScriptedReply, Sim, Wire};
+
+use crate::support::agent::*;
 
 /// A summary with the nine sections, long enough for the quality gate.
 fn summary_text() -> String {

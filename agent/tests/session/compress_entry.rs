@@ -4,11 +4,11 @@
 //! `maxResultBytes` ceiling on entry, so no request the model server records exceeds the
 //! payload cap; the counters show both.
 
-
-use crate::support::agent::*;
 use cairn_agent::server::{AppState, router};
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 use crate::support::moto::Moto;
 
 /// 1 MiB: the request-body ceiling of the network path in this test.

@@ -4,10 +4,10 @@
 //! every turn answers, the window is learned from the first rejection, no later turn needs
 //! more than one retry, and no rejected request is resent unchanged.
 
-
-use crate::support::agent::*;
 use cairn_agent::server::AppState;
 use cairn_sim::Sim;
+
+use crate::support::agent::*;
 
 /// Log lines: 1.6–1.8 bytes per token with small vocabularies.
 fn logs(turn: usize, bytes: usize) -> String {

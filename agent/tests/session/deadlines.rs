@@ -3,14 +3,14 @@
 //! (`timeouts.turnSeconds`), whether the reply is streamed or not, trickles in a byte at a
 //! time, keeps the connection alive with SSE comments, or never sends a byte at all.
 
-
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use cairn_agent::history::{Message, Role};
 use cairn_agent::session::{Session, TurnError};
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use serde_json::json;
+
+use crate::support::agent::*;
 
 /// Far longer than any deadline the tests set: a turn still running then was not bounded.
 const BOUND: Duration = Duration::from_secs(20);

@@ -4,11 +4,11 @@
 //! notice and `cairn_agent_headroom_warnings_total` counts it, and `status.session.headroom`
 //! reports the tier for the operator's condition and Event.
 
-
-use crate::support::agent::*;
 use cairn_agent::history::Message;
 use cairn_agent::session::Session;
 use cairn_sim::{ScriptedReply, Sim};
+
+use crate::support::agent::*;
 
 /// A 10,000-token window with small buffers: warn at 4,000 tokens left, compact at 3,000,
 /// block at 2,000. The budget is the whole window so only the headroom tiers decide.

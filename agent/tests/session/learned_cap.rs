@@ -4,15 +4,15 @@
 //! hand (journaled, so a restart keeps the reset). The tool-result budgets that recovery
 //! halved are restored once the recovered turn succeeded.
 
-
 use std::sync::Arc;
 
-use crate::support::agent::*;
 use cairn_agent::config::{ConfigFile, Live};
 use cairn_agent::history::Message;
 use cairn_agent::server::AppState;
 use cairn_sim::{Fault, ScriptedReply, Sim};
 use serde_json::json;
+
+use crate::support::agent::*;
 
 fn rejected() -> Fault {
     Fault::Status {

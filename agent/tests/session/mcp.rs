@@ -5,19 +5,19 @@
 //! is cairn-sim, scripted to call the tools. The servers are installed (pinned, cached) by
 //! `tests/harness/install-mcp-servers.sh`.
 
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use cairn_agent::ccr::{Key, extract_markers};
 use cairn_agent::history::{Message, Role};
 use cairn_agent::server::AppState;
 use cairn_sim::proxies::{Mitm, Squid};
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
+
+use crate::support::agent::*;
 
 struct Installed {
     node_modules: PathBuf,

@@ -5,15 +5,15 @@
 //! level 2 runs as without one. The provider is cairn-sim (routes answer the summarizer's
 //! requests, with a delay), the store a local directory or moto.
 
-
 use std::time::{Duration, Instant};
 
-use crate::support::agent::*;
 use cairn_agent::compact::summarize::SECTIONS;
 use cairn_agent::history::Message;
 use cairn_agent::memory::UPDATE_PHRASE;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::Value;
+
+use crate::support::agent::*;
 use crate::support::moto::Moto;
 
 /// What only a level-2 summary request carries.

@@ -1,11 +1,11 @@
 //! Pre-flight has one implementation (`compact::ladder::preflight`) and the turn uses it: the
 //! large-history warning comes at 2.5 MiB of request, the threshold the ladder documents.
 
-
-use crate::support::agent::*;
 use cairn_agent::compact::ladder::LARGE_HISTORY_WARN_BYTES;
 use cairn_agent::history::Message;
 use cairn_sim::Sim;
+
+use crate::support::agent::*;
 
 async fn warned_at(history_bytes: usize) -> bool {
     let sim = Sim::start().await.expect("sim");

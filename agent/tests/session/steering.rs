@@ -2,13 +2,13 @@
 //! every request, byte for byte, and effort routing lowers the reasoning effort of trivial
 //! prompts only, never over the client's own choice.
 
-
-use crate::support::agent::*;
 use cairn_agent::history::Message;
 use cairn_agent::provider::Effort;
 use cairn_agent::session::TurnOptions;
 use cairn_sim::{ScriptedReply, Sim};
 use serde_json::Value;
+
+use crate::support::agent::*;
 
 fn yaml(sim: &Sim, output: &str) -> String {
     format!(

@@ -1,12 +1,12 @@
 //! The tool-call loop of a turn against cairn-sim: the built-in `compress` tool, the
 //! stagnation guard, unknown tools, and output-token escalation.
 
-
-use crate::support::agent::*;
 use cairn_agent::ccr::{Key, extract_markers};
 use cairn_agent::history::{Message, Role, ToolCall};
 use cairn_sim::{ScriptedReply, Sim, Stop};
 use serde_json::json;
+
+use crate::support::agent::*;
 
 async fn session(sim: &Sim, dir: &std::path::Path, extra: &str) -> Built {
     let env = storage_env(dir, None);

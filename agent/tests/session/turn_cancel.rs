@@ -3,12 +3,12 @@
 //! history itself with that request's tool-result cuts, and those are undone even when the
 //! call never returns.
 
-
 use std::time::Duration;
 
-use crate::support::agent::*;
 use cairn_agent::history::{Message, ToolCall};
 use cairn_sim::{Fault, ScriptedReply, Sim};
+
+use crate::support::agent::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_cancelled_mid_call_leaves_the_history_whole() {

@@ -3,10 +3,10 @@
 //! `status.session.archiveCheck` (also `GET /v1/session`), which the operator's
 //! `ArchiveReady` follows. Against moto: a bucket that exists, one that does not.
 
-
-use crate::support::agent::*;
 use cairn_agent::config::{ConfigFile, Storage, StorageSettings};
 use cairn_sim::Sim;
+
+use crate::support::agent::*;
 use crate::support::moto::Moto;
 
 fn storage(env: &[(String, String)]) -> Storage {

@@ -6,7 +6,6 @@
 //! One test: the default chain reads the process environment, which is set once before the
 //! runtime starts.
 
-
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -20,6 +19,7 @@ use cairn_agent::history::Message;
 use cairn_agent::provider::{ChatRequest, ClientOptions, Credentials, RetryPolicy, build};
 use cairn_crds::{ProviderKind, ProviderSpec};
 use cairn_sim::Sim;
+
 use crate::support::moto::Moto;
 
 const ROLE: &str = "cairn-agent";

@@ -1,6 +1,5 @@
 //! The archive against a real S3-compatible server (moto), started by the tests.
 
-
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -8,6 +7,7 @@ use std::time::{Duration, Instant};
 use cairn_agent::ccr::{
     ArchiveError, Key, LayeredStore, LocalLimits, S3Store, SessionScope, Store, recall,
 };
+
 use crate::support::moto::{self, BUCKET, Moto, Stalled};
 
 fn limits() -> LocalLimits {

@@ -3,7 +3,6 @@
 //! every check made by a restart (a new session opened over the same storage, straight to
 //! moto and with a fresh local cache).
 
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -18,9 +17,10 @@ use cairn_sim::{ScriptedReply, Sim};
 use cairn_tests::harness::S3Server;
 use proptest::prelude::*;
 use proptest::test_runner::{RngSeed, TestCaseError, TestRunner};
+use tokio::sync::watch;
+
 use crate::support::faults::{Fault, FaultProxy, Op};
 use crate::support::moto::{BUCKET, config_for};
-use tokio::sync::watch;
 
 /// One moto for the whole binary; every case works under its own session name.
 fn moto() -> &'static S3Server {

@@ -25,7 +25,10 @@ pub fn in_own_process(module: &str, test: &str) -> bool {
         .env(CHILD, &name)
         .status()
         .expect("spawn the test binary");
-    assert!(status.success(), "{name} failed in its own process: {status}");
+    assert!(
+        status.success(),
+        "{name} failed in its own process: {status}"
+    );
     false
 }
 
