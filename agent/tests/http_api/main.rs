@@ -1,0 +1,18 @@
+//! The agent's HTTP API (`/v1/responses`, `/v1/chat/completions`, the session routes) on a
+//! real socket, in process against cairn-sim, moto and nginx, and through official clients:
+//! errors and limits, streaming, disconnects, the context inspector, images, client tools.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod client_tools;
+mod context;
+mod disconnect;
+mod e2e;
+mod errors;
+mod images;
+mod limits;
+mod openai_sdk;
+mod py_clients;
+mod replay_props;
+mod stream;

@@ -1,0 +1,157 @@
+//! The real `cairn-agent serve` exports its spans over OTLP/HTTP when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set: a receiver in the test decodes the protobuf
+//! requests and finds the turn and provider-call spans, the session in the resource, no
+//! message bodies, and the last spans flushed at SIGTERM.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use cairn_sim::{ScriptedReply, Sim};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message as _;
+
+use crate::support::agent::*;
+
+/// What the receiver got: raw bodies and their decoding.
+#[derive(Clone, Default)]
+struct Received {
+    raw: Arc<Mutex<Vec<Vec<u8>>>>,
+    decoded: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
+}
+
+async fn traces(State(r): State<Received>, body: Bytes) -> (axum::http::StatusCode, Vec<u8>) {
+    r.raw.lock().expect("lock").push(body.to_vec());
+    match ExportTraceServiceRequest::decode(body) {
+        Ok(req) => {
+            r.decoded.lock().expect("lock").push(req);
+            // An empty ExportTraceServiceResponse.
+            (axum::http::StatusCode::OK, Vec::new())
+        }
+        Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+    }
+}
+
+/// An OTLP/HTTP receiver on a free port; returns its base URL.
+async fn receiver(received: Received) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let app = axum::Router::new()
+        .route("/v1/traces", post(traces))
+        .with_state(received);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
+fn string(v: &Option<AnyValue>) -> Option<&str> {
+    match v.as_ref()?.value.as_ref()? {
+        any_value::Value::StringValue(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    attrs
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| string(&kv.value))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_receiver_with_the_session_and_without_bodies() {
+    let received = Received::default();
+    let endpoint = receiver(received.clone()).await;
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("otel.yaml");
+    std::fs::write(
+        &config,
+        config_yaml("traced", &format!("{}/v1", sim.url()), 200_000, ""),
+    )
+    .expect("config");
+    let mut env = storage_env(dir.path(), None);
+    env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), endpoint));
+    // Nothing is sent on a timer during the test: what arrives was flushed at shutdown.
+    env.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "600000".into()));
+    let mut agent = AgentProcess::start(&config, &env, &dir.path().join("agent.log"));
+
+    let question = "QUESTION-7f3a9c: what is the secret plan?";
+    let answer = "ANSWER-2b8e41: there is no plan.";
+    sim.push_reply(ScriptedReply::text(answer));
+    let (status, body) = agent.api().turn(question).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(output_text(&body), answer);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        received.raw.lock().expect("lock").is_empty(),
+        "spans were sent before the shutdown"
+    );
+
+    let exit = agent.terminate();
+    assert!(exit.success(), "{exit}: {}", agent.log());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while received.decoded.lock().expect("lock").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no spans arrived: {}",
+            agent.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let requests = received.decoded.lock().expect("lock").clone();
+    let mut spans: Vec<Span> = Vec::new();
+    for req in &requests {
+        for rs in &req.resource_spans {
+            let resource = rs.resource.as_ref().expect("resource");
+            assert_eq!(
+                attr(&resource.attributes, "service.name"),
+                Some("cairn-agent")
+            );
+            assert_eq!(
+                attr(&resource.attributes, "cairn.session.namespace"),
+                Some("tests")
+            );
+            assert_eq!(
+                attr(&resource.attributes, "cairn.session.name"),
+                Some("traced")
+            );
+            spans.extend(rs.scope_spans.iter().flat_map(|s| s.spans.clone()));
+        }
+    }
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    let turn = spans
+        .iter()
+        .find(|s| s.name == "turn")
+        .unwrap_or_else(|| panic!("no turn span in {names:?}"));
+    assert_eq!(attr(&turn.attributes, "session"), Some("traced"));
+    assert_eq!(attr(&turn.attributes, "namespace"), Some("tests"));
+    // The provider call of the turn is a child of the turn.
+    let call = spans
+        .iter()
+        .find(|s| s.name == "provider_call" && s.parent_span_id == turn.span_id)
+        .unwrap_or_else(|| panic!("no provider_call under the turn in {names:?}"));
+    assert_eq!(
+        attr(&call.attributes, "provider"),
+        Some("openai-compatible")
+    );
+    assert_eq!(call.trace_id, turn.trace_id);
+
+    // Neither the question nor the answer left the agent in a span.
+    for raw in received.raw.lock().expect("lock").iter() {
+        let text = String::from_utf8_lossy(raw);
+        assert!(
+            !text.contains("QUESTION-7f3a9c"),
+            "the question was exported"
+        );
+        assert!(!text.contains("ANSWER-2b8e41"), "the answer was exported");
+    }
+}

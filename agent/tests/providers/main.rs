@@ -1,0 +1,18 @@
+//! The provider clients: each wire format against cairn-sim (contract, decoders, faults,
+//! server-side context management, prompt caching, reloads, the summarizer's own provider), no
+//! secret in any output, real middleboxes (nginx, Squid, mitmproxy) and a real llama-server.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod contract;
+mod decoders;
+mod engine;
+mod faults;
+mod middlebox_nginx;
+mod network_path;
+mod prompt_cache;
+mod real_llama;
+mod reload;
+mod secrets;
+mod summarizer;

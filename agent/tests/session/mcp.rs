@@ -1,0 +1,686 @@
+//! MCP tool servers of a session against real servers nobody on the project wrote: the
+//! reference `@modelcontextprotocol/server-filesystem` (stdio, reading real files) and
+//! `@modelcontextprotocol/server-everything` (streamable HTTP) from npm, and a server written
+//! with the official Python SDK (`tests/mcp/compact_server.py`) for `engine: mcp`. The model
+//! is cairn-sim, scripted to call the tools. The servers are installed (pinned, cached) by
+//! `tests/harness/install-mcp-servers.sh`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use cairn_agent::ccr::{Key, extract_markers};
+use cairn_agent::history::{Message, Role};
+use cairn_agent::server::AppState;
+use cairn_sim::proxies::{Mitm, Squid};
+use cairn_sim::{ScriptedReply, Sim};
+use serde_json::{Value, json};
+
+use crate::support::agent::*;
+
+struct Installed {
+    node_modules: PathBuf,
+    python: PathBuf,
+}
+
+fn installed() -> &'static Installed {
+    static INSTALLED: OnceLock<Installed> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/harness/install-mcp-servers.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run install-mcp-servers.sh");
+        assert!(out.status.success(), "install-mcp-servers.sh failed");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let get = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(PathBuf::from)
+                .unwrap_or_else(|| panic!("no {k} in {text}"))
+        };
+        Installed {
+            node_modules: get("node_modules="),
+            python: get("python="),
+        }
+    })
+}
+
+fn bin(name: &str) -> String {
+    installed()
+        .node_modules
+        .join(".bin")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn free_port() -> u16 {
+    cairn_tests::harness::proc::free_port().expect("free port")
+}
+
+/// A server process of the test, stopped when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "server on port {port} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `child` once its port answers; it must still run then (a server that could not bind
+/// exits, and the port may be another process's).
+fn started(mut child: Child, port: u16) -> Proc {
+    wait_for_port(port);
+    let status = child.try_wait().expect("server status");
+    assert!(
+        status.is_none(),
+        "the server on port {port} exited: {status:?}"
+    );
+    Proc(child)
+}
+
+/// `server-everything` in streamable-HTTP mode on a loopback port.
+fn everything(port: u16) -> Proc {
+    let child = Command::new(bin("mcp-server-everything"))
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start server-everything");
+    started(child, port)
+}
+
+/// The Python SDK's compactor in `mode`, logging its calls to `log`.
+fn compactor(port: u16, mode: &str, log: &Path) -> Proc {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/mcp/compact_server.py");
+    let child = Command::new(&installed().python)
+        .arg(script)
+        .arg(port.to_string())
+        .args(["--mode", mode, "--log"])
+        .arg(log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start compact_server.py");
+    started(child, port)
+}
+
+async fn session(sim: &Sim, dir: &Path, name: &str, extra: &str) -> Built {
+    let env = storage_env(dir, None);
+    let yaml = config_yaml(name, &format!("{}/v1", sim.url()), 200_000, extra);
+    build_session(&yaml, &env, "a").await
+}
+
+fn tool_results(h: &[Message]) -> Vec<&Message> {
+    h.iter().filter(|m| m.role == Role::Tool).collect()
+}
+
+/// Whether the model was offered a tool named `name` in the last request (the tools of a
+/// Chat Completions body).
+fn offered(sim: &Sim, name: &str) -> bool {
+    let Some(last) = sim.requests().pop() else {
+        return false;
+    };
+    let body: Value = serde_json::from_str(&last.body).expect("request body");
+    body["tools"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == name))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filesystem_reads_over_stdio_are_deduplicated_microcompacted_and_recalled_byte_identical() {
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let files_dir = files.path().canonicalize().unwrap();
+    let a: String = (0..400)
+        .map(|i| format!("fn a_{i}() -> u32 {{ {i} }}\n"))
+        .collect();
+    let b: String = (0..300)
+        .map(|i| format!("b line {i}: value = {}\n", i * 7))
+        .collect();
+    let a_path = files_dir.join("a.rs");
+    let b_path = files_dir.join("b.txt");
+    std::fs::write(&a_path, &a).unwrap();
+    std::fs::write(&b_path, &b).unwrap();
+    // Microcompact counts a result's age in assistant messages (two per turn here): at 4, a
+    // read is superseded by the next turn's read before microcompact would truncate it, and
+    // the one read of b.txt is truncated a few turns later. Compression on entry is off, so
+    // the reads enter whole and the cheap passes are what acts on them. The age rule runs
+    // regardless of the prompt-cache rebuild it causes (`cacheHorizonTurns: 0`).
+    let extra = format!(
+        "tools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\ncompaction:\n  compression:\n    mode: \"off\"\n  microcompact:\n    truncateAfterTurns: 4\n    summarizeAfterTurns: 50\n    minContentChars: 1000\n    cacheHorizonTurns: 0\n",
+        bin("mcp-server-filesystem"),
+        files_dir.display()
+    );
+    let mut built = session(&sim, dir.path(), "fsreads", &extra).await;
+    let read = |p: &Path| {
+        ScriptedReply::tool_call("read_text_file", json!({"path": p.display().to_string()}))
+    };
+    // Turn 1 reads b once; turns 1-5 read a each time.
+    sim.push_reply(read(&b_path));
+    sim.push_reply(read(&a_path));
+    sim.push_reply(ScriptedReply::text("read both"));
+    built
+        .session
+        .turn(vec![Message::user("read a and b")])
+        .await
+        .expect("turn 1");
+    assert!(
+        offered(&sim, "read_text_file"),
+        "the filesystem tools are in the catalog"
+    );
+    assert!(
+        offered(&sim, "recall") && offered(&sim, "compress"),
+        "beside the built-ins"
+    );
+    {
+        let results = tool_results(built.session.history());
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0].content, b, "a real read of b.txt, byte for byte");
+        assert_eq!(results[1].content, a, "a real read of a.rs, byte for byte");
+        assert_eq!(results[1].name.as_deref(), Some("read_text_file"));
+    }
+    for t in 2..=5 {
+        sim.push_reply(read(&a_path));
+        sim.push_reply(ScriptedReply::text(format!("read a again ({t})")));
+        built
+            .session
+            .turn(vec![Message::user(format!("read a, turn {t}"))])
+            .await
+            .expect("turn");
+    }
+    // One more turn runs the cheap passes over the last read too.
+    built
+        .session
+        .turn(vec![Message::user("status?")])
+        .await
+        .expect("turn 6");
+    let passes = built.session.stats().passes;
+    assert!(passes.deduplicated >= 4, "{passes:?}");
+    assert!(passes.microcompacted >= 1, "{passes:?}");
+    let h = built.session.history().to_vec();
+    let results = tool_results(&h);
+    assert_eq!(results.len(), 6);
+    // Every earlier read of a.rs is a stub with the original's key; the newest is whole or
+    // microcompacted, with its marker.
+    let key_a = Key::of(a.as_bytes());
+    let key_b = Key::of(b.as_bytes());
+    let a_reads: Vec<&&Message> = results.iter().skip(1).collect();
+    for m in &a_reads[..a_reads.len() - 1] {
+        assert!(m.content.contains("superseded"), "{}", m.content);
+        assert_eq!(extract_markers(&m.content), vec![key_a]);
+    }
+    assert!(
+        results[0].content.len() < b.len(),
+        "b.txt was microcompacted"
+    );
+    assert_eq!(extract_markers(&results[0].content), vec![key_b]);
+    // recall, as the model calls it, gives both originals back byte for byte.
+    sim.push_reply(ScriptedReply::tool_call(
+        "recall",
+        json!({"key": key_a.marker()}),
+    ));
+    sim.push_reply(ScriptedReply::tool_call(
+        "recall",
+        json!({"key": key_b.as_str()}),
+    ));
+    sim.push_reply(ScriptedReply::text("recalled"));
+    built
+        .session
+        .turn(vec![Message::user("recall them")])
+        .await
+        .expect("recall turn");
+    let h = built.session.history();
+    let recalled = tool_results(h);
+    let n = recalled.len();
+    assert_eq!(recalled[n - 2].content, a);
+    assert_eq!(recalled[n - 1].content, b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_over_streamable_http_answers_errors_verbatim_and_enforces_allowed_tools() {
+    let port = free_port();
+    let _server = everything(port);
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "tools:\n  mcpServers:\n  - name: every\n    url: http://127.0.0.1:{port}/mcp\n    allowedTools: [echo, get-sum]\n"
+    );
+    let mut built = session(&sim, dir.path(), "every", &extra).await;
+    sim.push_reply(ScriptedReply::tool_call(
+        "echo",
+        json!({"message": "hello over http"}),
+    ));
+    sim.push_reply(ScriptedReply::tool_call("get-sum", json!({"a": "x"})));
+    sim.push_reply(ScriptedReply::tool_call("get-env", json!({})));
+    sim.push_reply(ScriptedReply::text("done"));
+    let out = built
+        .session
+        .turn(vec![Message::user("echo")])
+        .await
+        .expect("turn");
+    assert_eq!(out.text, "done");
+    assert!(offered(&sim, "echo") && offered(&sim, "get-sum"));
+    assert!(
+        !offered(&sim, "get-env"),
+        "a tool outside allowedTools is not offered"
+    );
+    let h = built.session.history();
+    let r = tool_results(h);
+    assert_eq!(r[0].content, "Echo: hello over http");
+    // The server's own error (isError) reaches the model as the server wrote it.
+    assert!(
+        !r[1].content.starts_with("error: MCP server"),
+        "{}",
+        r[1].content
+    );
+    assert!(!r[1].content.is_empty());
+    // A listed tool outside allowedTools is refused without a call.
+    assert!(
+        r[2].content.contains("not in its allowedTools") && r[2].content.contains("get-env"),
+        "{}",
+        r[2].content
+    );
+}
+
+async fn echo_turn(sim: &Sim, built: &mut Built) -> cairn_agent::session::TurnOutcome {
+    sim.push_reply(ScriptedReply::tool_call(
+        "echo",
+        json!({"message": "through"}),
+    ));
+    sim.push_reply(ScriptedReply::text("done"));
+    built
+        .session
+        .turn(vec![Message::user("echo")])
+        .await
+        .expect("turn")
+}
+
+/// `server-everything` behind mitmproxy terminating TLS with its own CA, reached through
+/// Squid (CONNECT): the MCP client is on the agent's network path like the providers are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_behind_a_tls_inspecting_proxy_needs_the_ca_bundle_and_takes_the_forward_proxy() {
+    let port = free_port();
+    let _server = everything(port);
+    let mitm = Mitm::reverse(([127, 0, 0, 1], port).into()).unwrap_or_else(|e| panic!("{e}"));
+    let squid = Squid::start(10 << 20).unwrap_or_else(|e| panic!("{e}"));
+    let sim = Sim::start().await.expect("sim");
+    let extra = format!(
+        "tools:\n  mcpServers:\n  - name: every\n    url: {}/mcp\n    allowedTools: [echo]\n",
+        mitm.url()
+    );
+    let yaml = config_yaml("every-tls", &format!("{}/v1", sim.url()), 200_000, &extra);
+    // Without the bundle the server is unavailable for a TLS reason, said in the turn's
+    // notices; its tools are not offered and the turn goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let mut built = build_session(&yaml, &storage_env(dir.path(), None), "a").await;
+    sim.push_reply(ScriptedReply::text("done"));
+    let out = built
+        .session
+        .turn(vec![Message::user("echo")])
+        .await
+        .expect("turn");
+    assert_eq!(out.text, "done");
+    assert!(!offered(&sim, "echo"));
+    let why: Vec<&str> = out
+        .notices
+        .iter()
+        .filter(|n| n.kind == "tools")
+        .map(|n| n.message.as_str())
+        .collect();
+    assert!(
+        why.iter()
+            .any(|m| m.contains("MCP server \"every\" is unavailable")
+                && (m.contains("certificate") || m.contains("UnknownIssuer"))),
+        "{why:?}"
+    );
+
+    // With mitmproxy's CA as the bundle, and Squid as the HTTPS proxy, the call succeeds
+    // and went through the tunnel.
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = storage_env(dir.path(), None);
+    env.push((
+        "CAIRN_CA_BUNDLE".into(),
+        mitm.ca_cert().display().to_string(),
+    ));
+    env.push(("HTTPS_PROXY".into(), squid.url()));
+    env.push(("NO_PROXY".into(), "127.0.0.1".into()));
+    let mut built = build_session(&yaml, &env, "a").await;
+    let out = echo_turn(&sim, &mut built).await;
+    assert_eq!(out.text, "done");
+    let r = tool_results(built.session.history());
+    assert_eq!(r[0].content, "Echo: through");
+    // A tunnel is logged when it closes; one the MCP client keeps open is an active request.
+    let target = format!("localhost:{}", mitm.port());
+    let (log, active) = (squid.access_log(), squid.active_requests());
+    assert!(
+        log.contains(&target) || active.contains(&format!("uri {target}")),
+        "the MCP traffic did not take the proxy:\n{log}\n{active}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_slow_down_or_failing_gives_clear_tool_errors_and_the_session_goes_on() {
+    let port = free_port();
+    let server = everything(port);
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "tools:\n  mcpServers:\n  - name: every\n    url: http://127.0.0.1:{port}/mcp\n    timeoutSeconds: 2\n  - name: broken\n    command: /bin/false\n"
+    );
+    let mut built = session(&sim, dir.path(), "faults", &extra).await;
+    // Slow: a 20 s operation against a 2 s timeout.
+    sim.push_reply(ScriptedReply::tool_call(
+        "trigger-long-running-operation",
+        json!({"duration": 20, "steps": 2}),
+    ));
+    sim.push_reply(ScriptedReply::text("after the slow call"));
+    let t = Instant::now();
+    let out = built
+        .session
+        .turn(vec![Message::user("slow")])
+        .await
+        .expect("turn survives");
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    assert_eq!(out.text, "after the slow call");
+    // The server that cannot start is reported, its absence is no failure.
+    assert!(
+        out.notices
+            .iter()
+            .any(|n| n.kind == "tools" && n.message.contains("\"broken\"")),
+        "{:?}",
+        out.notices
+    );
+    let last = tool_results(built.session.history())
+        .last()
+        .unwrap()
+        .content
+        .clone();
+    assert!(
+        last.contains("did not answer") && last.contains("timeoutSeconds"),
+        "{last}"
+    );
+
+    // Down: the server goes away between turns.
+    drop(server);
+    sim.push_reply(ScriptedReply::tool_call(
+        "echo",
+        json!({"message": "anyone?"}),
+    ));
+    sim.push_reply(ScriptedReply::text("after the down call"));
+    let out = built
+        .session
+        .turn(vec![Message::user("down")])
+        .await
+        .expect("turn survives");
+    assert_eq!(out.text, "after the down call");
+    let last = tool_results(built.session.history())
+        .last()
+        .unwrap()
+        .content
+        .clone();
+    assert!(last.starts_with("error: MCP server \"every\""), "{last}");
+
+    // Back: after its back-off the server is reached again.
+    let _server = everything(port);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    sim.push_reply(ScriptedReply::tool_call("echo", json!({"message": "back"})));
+    sim.push_reply(ScriptedReply::text("after the server came back"));
+    let out = built
+        .session
+        .turn(vec![Message::user("back")])
+        .await
+        .expect("turn");
+    assert_eq!(out.text, "after the server came back");
+    let last = tool_results(built.session.history())
+        .last()
+        .unwrap()
+        .content
+        .clone();
+    assert_eq!(last, "Echo: back");
+}
+
+/// A history worth summarizing.
+fn padded_history(n: usize) -> Vec<Message> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(Message::user(format!(
+            "question {i}: {}",
+            "why does module_599 fail to build? ".repeat(40)
+        )));
+        out.push(Message::assistant(format!(
+            "answer {i}: {}",
+            "the types mismatch in module_599 (E0308). ".repeat(40)
+        )));
+    }
+    out
+}
+
+/// A summary with the nine sections, long enough for the quality gate.
+fn builtin_summary() -> String {
+    let mut s = String::new();
+    for (n, sec) in cairn_agent::compact::summarize::SECTIONS.iter().enumerate() {
+        s.push_str(&format!(
+            "{}. {sec}\nbuilt-in summarizer: module_599 fails with E0308.\n",
+            n + 1
+        ));
+    }
+    while s.len() < 2_500 {
+        s.push_str("Details: the failing build step is module_599.\n");
+    }
+    s
+}
+
+const SUMMARY_REQUEST: &str = "Summarize the conversation transcript below";
+
+fn summary_of(h: &[Message]) -> String {
+    h.iter()
+        .find(|m| m.meta.is_summary)
+        .map(|m| m.content.clone())
+        .unwrap_or_default()
+}
+
+/// The compactor as the engine; its connection may take long on a machine busy with the
+/// other tests' servers starting (the engine's own timeout bounds each call).
+fn engine_yaml(port: u16, timeout: u32) -> String {
+    format!(
+        "tools:\n  mcpServers:\n  - name: compactor\n    url: http://127.0.0.1:{port}/mcp\n    timeoutSeconds: 120\ncompaction:\n  engine: mcp\n  engineServer: compactor\n  engineTimeoutSeconds: {timeout}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_mcp_writes_the_summary_through_context_compact() {
+    let port = free_port();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("calls.jsonl");
+    let _server = compactor(port, "ok", &log);
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().unwrap();
+    let mut built = session(&sim, dir.path(), "engine", &engine_yaml(port, 180)).await;
+    assert!(
+        built.session.stats().unsupported.is_empty(),
+        "{:?}",
+        built.session.stats().unsupported
+    );
+    built
+        .session
+        .replace_history(padded_history(12))
+        .await
+        .expect("seed");
+    let before = sim.requests().len();
+    let out = built.session.compact_now(None).await.expect("compact");
+    assert!(out.bytes_after < out.bytes_before, "{out:?}");
+    let summary = summary_of(built.session.history());
+    assert!(summary.contains("cairn-test-compactor"), "{summary}");
+    assert!(
+        summary.contains("module_599"),
+        "the server summarized the segment it was given"
+    );
+    assert!(
+        !sim.requests()[before..]
+            .iter()
+            .any(|r| r.contains(SUMMARY_REQUEST)),
+        "the built-in summarizer was not called"
+    );
+    let calls: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(calls.len(), 1);
+    assert!(calls[0]["segment_chars"].as_u64().unwrap() > 10_000);
+    assert!(calls[0]["budget_chars"].as_u64().unwrap() > 0);
+    assert!(calls[0]["instruction_chars"].as_u64().unwrap() > 100);
+    // The segment is archived as always: its marker is in the summary's message.
+    let h = built.session.history();
+    assert!(
+        h.iter()
+            .any(|m| m.meta.is_summary && !m.meta.archived.is_empty())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_mcp_falls_back_to_the_builtin_summarizer_when_the_server_fails() {
+    let logs = tempfile::tempdir().unwrap();
+    let sim = Sim::start().await.expect("sim");
+    // error: isError; empty: no text; slow: past engineTimeoutSeconds; down: nothing listens.
+    for mode in ["error", "empty", "slow", "down"] {
+        let port = free_port();
+        let log = logs.path().join(format!("{mode}.jsonl"));
+        let _server = (mode != "down").then(|| compactor(port, mode, &log));
+        let dir = tempfile::tempdir().unwrap();
+        let mut built = session(
+            &sim,
+            dir.path(),
+            &format!("fallback-{mode}"),
+            &engine_yaml(port, 2),
+        )
+        .await;
+        built
+            .session
+            .replace_history(padded_history(12))
+            .await
+            .expect("seed");
+        let before = sim.requests().len();
+        sim.push_reply(ScriptedReply::text(builtin_summary()));
+        let t = Instant::now();
+        let out = built.session.compact_now(None).await.expect("compact");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{mode}: {:?}",
+            t.elapsed()
+        );
+        assert!(out.bytes_after < out.bytes_before, "{mode}: {out:?}");
+        let summary = summary_of(built.session.history());
+        assert!(summary.contains("built-in summarizer"), "{mode}: {summary}");
+        assert!(
+            sim.requests()[before..]
+                .iter()
+                .any(|r| r.contains(SUMMARY_REQUEST)),
+            "{mode}: the built-in summarizer wrote it"
+        );
+        if mode != "down" {
+            assert!(
+                std::fs::read_to_string(&log)
+                    .unwrap()
+                    .contains("context_compact"),
+                "{mode}: the server was asked first"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_mcp_without_a_declared_server_is_reported_unsupported() {
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().unwrap();
+    let built = session(
+        &sim,
+        dir.path(),
+        "nosrv",
+        "compaction:\n  engine: mcp\n  engineServer: nowhere\n",
+    )
+    .await;
+    let u = built.session.stats().unsupported;
+    assert!(
+        u.iter()
+            .any(|s| s.field == "engineServer" && s.reason.contains("nowhere")),
+        "{u:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_responses_api_selects_declared_servers_and_refuses_undeclared_ones() {
+    let port = free_port();
+    let _server = everything(port);
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "tools:\n  mcpServers:\n  - name: every\n    url: http://127.0.0.1:{port}/mcp\n    allowedTools: [echo]\n  - name: fs\n    command: {}\n    args: [{}]\n",
+        bin("mcp-server-filesystem"),
+        files.path().canonicalize().unwrap().display()
+    );
+    let built = session(&sim, dir.path(), "select", &extra).await;
+    let api = Api::new(serve(AppState::new(built.session, TOKEN)).await);
+    for (tools, what) in [
+        (
+            json!([{"type": "mcp", "server_label": "elsewhere", "server_url": "http://127.0.0.1:1/mcp"}]),
+            "not declared",
+        ),
+        (
+            json!([{"type": "mcp", "server_label": "every", "server_url": "http://127.0.0.1:1/mcp"}]),
+            "server_url",
+        ),
+    ] {
+        let (status, v) = api
+            .post(
+                "/v1/responses",
+                json!({"model": MODEL, "input": "hi", "tools": tools}),
+            )
+            .await;
+        assert_eq!(status, 400, "{v}");
+        assert!(v.to_string().contains(what), "{v}");
+    }
+    // Only the selected server's tools are offered, with the client's function tool.
+    sim.push_reply(ScriptedReply::text("hello"));
+    let (status, v) = api
+        .post(
+            "/v1/responses",
+            json!({"model": MODEL, "input": "hi", "tools": [
+                {"type": "mcp", "server_label": "every", "server_url": format!("http://127.0.0.1:{port}/mcp")},
+                {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(offered(&sim, "echo") && offered(&sim, "lookup") && offered(&sim, "recall"));
+    assert!(!offered(&sim, "read_text_file"), "fs was not selected");
+    // No selection: every declared server.
+    sim.push_reply(ScriptedReply::text("hello again"));
+    let (status, v) = api
+        .post("/v1/responses", json!({"model": MODEL, "input": "hi"}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(offered(&sim, "echo") && offered(&sim, "read_text_file"));
+}
