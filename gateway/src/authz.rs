@@ -77,7 +77,9 @@ pub async fn authorize(
     call: &Call<'_>,
 ) -> Result<Decision, kube::Error> {
     let api: Api<SubjectAccessReview> = Api::all(client.clone());
-    let answered = api.create(&PostParams::default(), &review(who, call)).await?;
+    let answered = api
+        .create(&PostParams::default(), &review(who, call))
+        .await?;
     let status = answered.status.unwrap_or_default();
     if status.allowed && status.denied != Some(true) {
         Ok(Decision::Allowed)

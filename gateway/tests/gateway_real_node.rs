@@ -338,7 +338,10 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
         (&["impersonate", "groups"][..], false),
         (&["get", "secrets", "-n", NS_B][..], false),
         (&["get", "secrets", "-n", NS_A][..], true),
-        (&["create", "subjectaccessreviews.authorization.k8s.io"][..], true),
+        (
+            &["create", "subjectaccessreviews.authorization.k8s.io"][..],
+            true,
+        ),
     ] {
         let mut all = vec!["auth", "can-i"];
         all.extend(args);

@@ -17,9 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::cache::{self, Accepted, Key, Packed, Stores};
-use crate::objects::{
-    ApiToken, FIELD_MANAGER, SessionObjects, TOKEN_KEY, object_name, pod_name,
-};
+use crate::objects::{ApiToken, FIELD_MANAGER, SessionObjects, TOKEN_KEY, object_name, pod_name};
 use crate::validate::Plan;
 
 async fn apply<K>(client: &Client, object: &K) -> Result<K, kube::Error>

@@ -685,7 +685,10 @@ fn crossing_the_cost_budget_is_a_condition_and_a_warning_event() {
 fn the_token_digest_is_published_kept_and_replaced_never_the_token() {
     let token = "f".repeat(64);
     let hash = cairn_crds::session::api_token_hash("team-a", "chat", &token);
-    assert!(hash.starts_with("sha256:") && !hash.contains(&token), "{hash}");
+    assert!(
+        hash.starts_with("sha256:") && !hash.contains(&token),
+        "{hash}"
+    );
     assert_ne!(
         hash,
         cairn_crds::session::api_token_hash("team-b", "chat", &token),

@@ -77,10 +77,7 @@ pub fn findings(docs: &[Value]) -> Vec<Finding> {
         let name = str_of(d, &["metadata", "name"]);
         let role = match kind {
             "ClusterRole" => format!("ClusterRole/{name}"),
-            "Role" => format!(
-                "Role/{}/{name}",
-                str_of(d, &["metadata", "namespace"])
-            ),
+            "Role" => format!("Role/{}/{name}", str_of(d, &["metadata", "namespace"])),
             _ => continue,
         };
         let cluster_wide = kind == "ClusterRole" && cluster_bound.contains(&name);
@@ -237,26 +234,56 @@ rules:
     #[test]
     fn each_forbidden_grant_is_found() {
         let cases = [
-            ("{apiGroups: [''], resources: [users, groups], verbs: [impersonate]}", "impersonate", "users"),
-            ("{apiGroups: [rbac.authorization.k8s.io], resources: [roles], verbs: [escalate]}", "escalate", "roles.rbac.authorization.k8s.io"),
-            ("{apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [bind]}", "bind", "clusterroles.rbac.authorization.k8s.io"),
-            ("{apiGroups: [cairn.dev], resources: [agentsessions], verbs: ['*']}", "*", "agentsessions.cairn.dev"),
-            ("{apiGroups: [cairn.dev], resources: ['*'], verbs: [get]}", "get", "*.cairn.dev"),
-            ("{apiGroups: [''], resources: [secrets], verbs: [get]}", "get", "secrets"),
-            ("{apiGroups: [''], resources: [secrets], verbs: [watch]}", "watch", "secrets"),
+            (
+                "{apiGroups: [''], resources: [users, groups], verbs: [impersonate]}",
+                "impersonate",
+                "users",
+            ),
+            (
+                "{apiGroups: [rbac.authorization.k8s.io], resources: [roles], verbs: [escalate]}",
+                "escalate",
+                "roles.rbac.authorization.k8s.io",
+            ),
+            (
+                "{apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [bind]}",
+                "bind",
+                "clusterroles.rbac.authorization.k8s.io",
+            ),
+            (
+                "{apiGroups: [cairn.dev], resources: [agentsessions], verbs: ['*']}",
+                "*",
+                "agentsessions.cairn.dev",
+            ),
+            (
+                "{apiGroups: [cairn.dev], resources: ['*'], verbs: [get]}",
+                "get",
+                "*.cairn.dev",
+            ),
+            (
+                "{apiGroups: [''], resources: [secrets], verbs: [get]}",
+                "get",
+                "secrets",
+            ),
+            (
+                "{apiGroups: [''], resources: [secrets], verbs: [watch]}",
+                "watch",
+                "secrets",
+            ),
         ];
         for (rule, verb, resource) in cases {
             let found = findings(&with_rule(rule));
             assert!(
-                found
-                    .iter()
-                    .any(|f| f.role == "ClusterRole/app" && f.verb == verb && f.resource == resource),
+                found.iter().any(|f| f.role == "ClusterRole/app"
+                    && f.verb == verb
+                    && f.resource == resource),
                 "{rule}: {found:?}"
             );
         }
         // Writing Secrets is not reading them.
         assert_eq!(
-            findings(&with_rule("{apiGroups: [''], resources: [secrets], verbs: [create, patch]}")),
+            findings(&with_rule(
+                "{apiGroups: [''], resources: [secrets], verbs: [create, patch]}"
+            )),
             []
         );
     }

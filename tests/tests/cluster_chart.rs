@@ -668,7 +668,11 @@ fn render(values: &[&str]) -> Vec<serde_yaml::Value> {
         .expect("rendered YAML parses")
 }
 
-fn role<'a>(docs: &'a mut [serde_yaml::Value], kind: &str, name: &str) -> &'a mut serde_yaml::Value {
+fn role<'a>(
+    docs: &'a mut [serde_yaml::Value],
+    kind: &str,
+    name: &str,
+) -> &'a mut serde_yaml::Value {
     docs.iter_mut()
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("the chart renders {kind} {name}"))
@@ -682,7 +686,10 @@ fn no_role_of_the_chart_reads_every_secret_impersonates_escalates_binds_or_uses_
         let docs = render(&values);
         let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
         for kind in ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"] {
-            assert!(kinds.contains(&kind), "every option renders a {kind}: {kinds:?}");
+            assert!(
+                kinds.contains(&kind),
+                "every option renders a {kind}: {kinds:?}"
+            );
         }
         let left = violations(&docs, ALLOWED);
         assert!(
@@ -692,7 +699,10 @@ fn no_role_of_the_chart_reads_every_secret_impersonates_escalates_binds_or_uses_
         );
         if extra.is_empty() {
             let stale = unused(&docs, ALLOWED);
-            assert!(stale.is_empty(), "allow-list entries no grant needs: {stale:?}");
+            assert!(
+                stale.is_empty(),
+                "allow-list entries no grant needs: {stale:?}"
+            );
         }
     }
 }
@@ -703,10 +713,22 @@ fn the_chart_roles_check_fails_when_a_forbidden_grant_is_added() {
     let clean = render(EVERY_OPTION);
     assert!(violations(&clean, ALLOWED).is_empty());
     let added = [
-        ("{apiGroups: [''], resources: [users, groups], verbs: [impersonate]}", "impersonate"),
-        ("{apiGroups: [''], resources: [secrets], verbs: [get]}", "get"),
-        ("{apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [bind, escalate]}", "bind"),
-        ("{apiGroups: [cairn.dev], resources: ['*'], verbs: ['*']}", "*"),
+        (
+            "{apiGroups: [''], resources: [users, groups], verbs: [impersonate]}",
+            "impersonate",
+        ),
+        (
+            "{apiGroups: [''], resources: [secrets], verbs: [get]}",
+            "get",
+        ),
+        (
+            "{apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [bind, escalate]}",
+            "bind",
+        ),
+        (
+            "{apiGroups: [cairn.dev], resources: ['*'], verbs: ['*']}",
+            "*",
+        ),
     ];
     for (rule, verb) in added {
         let mut docs = clean.clone();
@@ -727,10 +749,15 @@ fn the_chart_roles_check_fails_when_a_forbidden_grant_is_added() {
     role(&mut docs, "ClusterRole", "cairn")["rules"]
         .as_sequence_mut()
         .expect("rules")
-        .push(serde_yaml::from_str("{apiGroups: [''], resources: [secrets], verbs: [list]}").expect("rule"));
+        .push(
+            serde_yaml::from_str("{apiGroups: [''], resources: [secrets], verbs: [list]}")
+                .expect("rule"),
+        );
     let left = violations(&docs, ALLOWED);
     assert_eq!(
-        left.iter().map(|f| (f.role.as_str(), f.verb.as_str())).collect::<Vec<_>>(),
+        left.iter()
+            .map(|f| (f.role.as_str(), f.verb.as_str()))
+            .collect::<Vec<_>>(),
         [("ClusterRole/cairn", "list")]
     );
 }
@@ -769,13 +796,19 @@ fn the_gateway_with_oidc_reads_no_secret_and_impersonates_no_one_on_the_api_serv
         .iter()
         .filter(|v| !v.starts_with("gateway.oidc.tokenSecretNamespaces"))
         .map(|v| v.to_string())
-        .chain([format!("gateway.oidc.tokenSecretNamespaces={{{tokens_ns}}}")])
+        .chain([format!(
+            "gateway.oidc.tokenSecretNamespaces={{{tokens_ns}}}"
+        )])
     {
         args.extend(["--set".to_string(), v]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = helm_cmd(cp, &args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let docs = cairn_tests::chart_roles::parse(&String::from_utf8_lossy(&out.stdout))
         .expect("rendered YAML parses");
     let gateway = format!("{release}-cairn-gateway");
@@ -784,13 +817,22 @@ fn the_gateway_with_oidc_reads_no_secret_and_impersonates_no_one_on_the_api_serv
         .filter(|d| {
             matches!(
                 d["kind"].as_str(),
-                Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding")
+                Some(
+                    "ServiceAccount"
+                        | "ClusterRole"
+                        | "ClusterRoleBinding"
+                        | "Role"
+                        | "RoleBinding"
+                )
             ) && d["metadata"]["name"]
                 .as_str()
                 .is_some_and(|n| n.starts_with(&gateway))
         })
         .collect();
-    assert!(rbac.len() >= 5, "the gateway's identity and roles: {rbac:?}");
+    assert!(
+        rbac.len() >= 5,
+        "the gateway's identity and roles: {rbac:?}"
+    );
     let yaml = rbac
         .iter()
         .map(|d| serde_yaml::to_string(d).expect("yaml"))
@@ -816,7 +858,12 @@ fn the_gateway_with_oidc_reads_no_secret_and_impersonates_no_one_on_the_api_serv
         vec!["escalate", "clusterroles"],
         vec!["bind", "clusterroles"],
         vec!["update", "agentsessions.cairn.dev", "-A"],
-        vec!["patch", "agentsessions.cairn.dev", "--subresource=status", "-A"],
+        vec![
+            "patch",
+            "agentsessions.cairn.dev",
+            "--subresource=status",
+            "-A",
+        ],
         vec!["list", "secrets", "-n", tokens_ns],
     ];
     for args in &no {
