@@ -1,6 +1,7 @@
-//! One turn (docs/architecture.md §3 "One turn"): journal the input → cheap passes → pre-flight →
-//! compaction ladder → send → classify → recovery ladder / output-token escalation → run
-//! built-in tool calls and send again (bounded, with a stagnation guard) → journal.
+//! One turn: journal the input → cheap passes → pre-flight → compaction ladder → send →
+//! classify → recovery ladder / output-token escalation → run built-in tool calls and send
+//! again (bounded, with a stagnation guard) → journal. What to do at each step is decided by
+//! `cairn_engine::turn`; this module performs it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
