@@ -469,4 +469,14 @@ async fn one_turn_at_a_time_auth_and_validation() {
         metrics.contains("cairn_agent_request_bytes_count"),
         "{metrics}"
     );
+    // Every family dashboards read is declared, under its old series name, and no other.
+    let listed: Vec<&str> = include_str!("data/metrics-series.txt")
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        cairn_agent::metrics::exposed_families(&metrics),
+        listed,
+        "{metrics}"
+    );
 }

@@ -22,6 +22,10 @@ use crate::recovery::{RecoveryContext, RecoveryError, escalate_output, recover};
 use crate::replay::{self, Held, Ledger};
 
 use crate::mcp::{McpCatalog, Route};
+use crate::metrics::{
+    Attempt, KindLabels, McpCallLabels, McpServerLabels, OutcomeLabels, ProviderErrorLabels,
+    ReasonLabels, RecoveryLabels, SpecName, ToolLabels,
+};
 
 use super::tools::{self, StagnationGuard};
 use super::{Session, TurnError, record};
@@ -306,14 +310,13 @@ impl Session {
             Err(e) => e.label(),
         };
         self.metrics
-            .inc("cairn_agent_turns_total", &[("outcome", outcome)], 1.0);
+            .turns
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+        self.metrics.turn_seconds.observe(elapsed.as_secs_f64());
         self.metrics
-            .observe("cairn_agent_turn_seconds", &[], elapsed.as_secs_f64());
-        self.metrics.observe(
-            "cairn_agent_overhead_seconds",
-            &[],
-            elapsed.saturating_sub(provider_time).as_secs_f64(),
-        );
+            .overhead_seconds
+            .observe(elapsed.saturating_sub(provider_time).as_secs_f64());
         self.publish_gauges();
         result
     }
@@ -368,16 +371,18 @@ impl Session {
             }
             Err(e) => (format!("error: {e}"), e.label(), true),
         };
-        self.metrics.inc(
-            "cairn_agent_mcp_calls_total",
-            &[("server", &route.server), ("outcome", outcome)],
-            1.0,
-        );
-        self.metrics.observe(
-            "cairn_agent_mcp_call_seconds",
-            &[("server", &route.server)],
-            t.elapsed().as_secs_f64(),
-        );
+        let server = SpecName::from(route.server.as_str());
+        self.metrics
+            .mcp_calls
+            .get_or_create(&McpCallLabels {
+                server: server.clone(),
+                outcome,
+            })
+            .inc();
+        self.metrics
+            .mcp_call_seconds
+            .get_or_create(&McpServerLabels { server })
+            .observe(t.elapsed().as_secs_f64());
         let mut message = Message::tool(call.id.clone(), content);
         message.name = Some(call.name.clone());
         (message, is_error)
@@ -512,7 +517,9 @@ impl Session {
                 self.maybe_update_memory();
                 for n in &notices.list {
                     self.metrics
-                        .inc("cairn_agent_notices_total", &[("kind", n.kind)], 1.0);
+                        .notices
+                        .get_or_create(&KindLabels { kind: n.kind })
+                        .inc();
                 }
                 out.notices = notices.list;
                 Ok(out)
@@ -650,18 +657,15 @@ impl Session {
                 .partition(|c| self.options.is_client_tool(&c.name));
             for call in &own {
                 let route = self.mcp_catalog.route(&call.name).cloned();
-                self.metrics.inc(
-                    "cairn_agent_tool_calls_total",
-                    &[(
-                        "tool",
-                        if route.is_some() {
-                            "mcp"
-                        } else {
-                            tool_label(&call.name)
-                        },
-                    )],
-                    1.0,
-                );
+                let tool = if route.is_some() {
+                    "mcp"
+                } else {
+                    tool_label(&call.name)
+                };
+                self.metrics
+                    .tool_calls
+                    .get_or_create(&ToolLabels { tool })
+                    .inc();
                 let (mut message, is_error) = if let Some(route) = route {
                     self.run_mcp(call, &route).await
                 } else if let Some(refusal) = self.mcp.refused(&call.name).await {
@@ -881,8 +885,7 @@ impl Session {
         {
             return;
         }
-        self.metrics
-            .inc("cairn_agent_headroom_warnings_total", &[], 1.0);
+        self.metrics.headroom_warnings.inc();
         let warn_at = self.live.policy.auto_compact.warning_buffer_tokens;
         notice(
             notices,
@@ -984,18 +987,14 @@ impl Session {
                     kept: answer.text.clone(),
                 });
             }
-            self.metrics.observe(
-                "cairn_agent_provider_seconds",
-                &[],
-                t.elapsed().as_secs_f64(),
-            );
+            self.metrics
+                .provider_seconds
+                .observe(t.elapsed().as_secs_f64());
             match result {
                 Ok(resp) => {
-                    self.metrics.observe(
-                        "cairn_agent_request_bytes",
-                        &[],
-                        resp.request_bytes as f64,
-                    );
+                    self.metrics
+                        .request_bytes
+                        .observe(resp.request_bytes as f64);
                     // The server's context management counted a request other than the one
                     // sent: its token count calibrates nothing.
                     if resp.context.is_none() {
@@ -1040,21 +1039,18 @@ impl Session {
                     return Ok(resp);
                 }
                 Err(err) => {
-                    self.metrics.observe(
-                        "cairn_agent_request_bytes",
-                        &[],
-                        err.request_bytes as f64,
-                    );
+                    self.metrics
+                        .request_bytes
+                        .observe(err.request_bytes as f64);
                     let class = classify(&err);
-                    self.metrics.inc(
-                        "cairn_agent_provider_errors_total",
-                        &[
-                            ("error", err.label()),
-                            ("class", class.label()),
-                            ("client", "session"),
-                        ],
-                        1.0,
-                    );
+                    self.metrics
+                        .provider_errors
+                        .get_or_create(&ProviderErrorLabels {
+                            error: err.label(),
+                            class: class.label(),
+                            client: crate::cost::Client::Session.label(),
+                        })
+                        .inc();
                     let uncompactable = self
                         .history
                         .iter()
@@ -1101,16 +1097,14 @@ impl Session {
                     }
                     match outcome {
                         Ok(o) => {
-                            let attempt = o.attempt.to_string();
-                            self.metrics.inc(
-                                "cairn_agent_recoveries_total",
-                                &[
-                                    ("class", class.label()),
-                                    ("attempt", &attempt),
-                                    ("outcome", "retried"),
-                                ],
-                                1.0,
-                            );
+                            self.metrics
+                                .recoveries
+                                .get_or_create(&RecoveryLabels {
+                                    class: class.label(),
+                                    attempt: Attempt::Nth(o.attempt),
+                                    outcome: "retried",
+                                })
+                                .inc();
                             self.last_recovery = Some(LastRecovery {
                                 at: super::rfc3339(SystemTime::now()),
                                 trigger: format!("{class:?}"),
@@ -1177,15 +1171,14 @@ impl Session {
                             self.prepare(notices, changes).await?;
                         }
                         Err(re) => {
-                            self.metrics.inc(
-                                "cairn_agent_recoveries_total",
-                                &[
-                                    ("class", class.label()),
-                                    ("attempt", "none"),
-                                    ("outcome", re.label()),
-                                ],
-                                1.0,
-                            );
+                            self.metrics
+                                .recoveries
+                                .get_or_create(&RecoveryLabels {
+                                    class: class.label(),
+                                    attempt: Attempt::None,
+                                    outcome: re.label(),
+                                })
+                                .inc();
                             if class.is_recoverable() {
                                 self.last_recovery = Some(LastRecovery {
                                     at: super::rfc3339(SystemTime::now()),
@@ -1373,11 +1366,10 @@ impl Session {
             }
             None => return,
         };
-        self.metrics.inc(
-            "cairn_agent_provider_context_edits_total",
-            &[("kind", kind)],
-            1.0,
-        );
+        self.metrics
+            .provider_context_edits
+            .get_or_create(&KindLabels { kind })
+            .inc();
         if out.stubbed == 0 {
             return;
         }
@@ -1433,11 +1425,10 @@ impl Session {
             ),
         };
         self.state.truncated_replies += 1;
-        self.metrics.inc(
-            "cairn_agent_truncated_replies_total",
-            &[("reason", reason)],
-            1.0,
-        );
+        self.metrics
+            .truncated_replies
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
         notice(
             notices,
             "truncated",
