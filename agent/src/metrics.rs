@@ -9,7 +9,9 @@
 //!
 //! The exposed series names are a contract with dashboards: `tests/data/metrics-series.txt`
 //! lists them and the tests hold this registry to it. Counters are registered without
-//! `_total`, which the encoder appends.
+//! `_total`, which the encoder appends (OpenMetrics names the family without it: `# TYPE
+//! cairn_agent_turns counter` over `cairn_agent_turns_total{...}` samples). A family with no
+//! series yet is left out of the exposition.
 
 use std::fmt::Write as _;
 use std::sync::atomic::AtomicU64;
