@@ -529,7 +529,11 @@ fn archive_registry(a: ArchiveSnapshot) -> Registry {
             "Archive fetches that found their key",
             a.hits,
         ),
-        ("archive_misses", "Archive fetches of unknown keys", a.misses),
+        (
+            "archive_misses",
+            "Archive fetches of unknown keys",
+            a.misses,
+        ),
         (
             "archive_failures",
             "Archives refused by an unreachable store",
@@ -628,7 +632,9 @@ mod tests {
 
     /// One sample in every family.
     fn one_of_each(m: &Metrics) {
-        m.turns.get_or_create(&OutcomeLabels { outcome: "ok" }).inc();
+        m.turns
+            .get_or_create(&OutcomeLabels { outcome: "ok" })
+            .inc();
         m.tokens
             .get_or_create(&TokenLabels {
                 kind: "input",
@@ -658,7 +664,9 @@ mod tests {
             })
             .inc();
         m.headroom_warnings.inc();
-        m.notices.get_or_create(&KindLabels { kind: "warning" }).inc();
+        m.notices
+            .get_or_create(&KindLabels { kind: "warning" })
+            .inc();
         m.provider_errors
             .get_or_create(&ProviderErrorLabels {
                 error: "http_5xx",
@@ -674,7 +682,9 @@ mod tests {
             .inc();
         m.compression("json", 100, Some(40));
         m.recall_keys(1, 0);
-        m.tool_calls.get_or_create(&ToolLabels { tool: "recall" }).inc();
+        m.tool_calls
+            .get_or_create(&ToolLabels { tool: "recall" })
+            .inc();
         m.truncated_replies
             .get_or_create(&ReasonLabels {
                 reason: "output_limit",

@@ -1039,9 +1039,7 @@ impl Session {
                     return Ok(resp);
                 }
                 Err(err) => {
-                    self.metrics
-                        .request_bytes
-                        .observe(err.request_bytes as f64);
+                    self.metrics.request_bytes.observe(err.request_bytes as f64);
                     let class = classify(&err);
                     self.metrics
                         .provider_errors
