@@ -768,7 +768,7 @@ impl Session {
                             engine: SummaryEngine::Mcp,
                             writer,
                         })
-                        .inc_by(n as u64);
+                        .inc_by(n);
                 }
             }
         }
