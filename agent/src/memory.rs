@@ -32,7 +32,7 @@ use crate::compact::summarize::{
 use crate::compact::{Summarizer, summarize};
 use crate::history::{Message, Role};
 use crate::journal::{JournalError, ObjectStore};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, OutcomeLabels, gauge_value};
 use crate::provider::Usage;
 
 /// Prefix of the memory's head objects.
@@ -319,10 +319,10 @@ impl SessionMemory {
                 i.queue.iter().map(|q| q.messages.len()).sum::<usize>(),
             )
         };
+        self.metrics.memory_queue_segments.set(gauge_value(queue));
         self.metrics
-            .set("cairn_agent_memory_queue_segments", &[], queue as f64);
-        self.metrics
-            .set("cairn_agent_memory_queue_messages", &[], messages as f64);
+            .memory_queue_messages
+            .set(gauge_value(messages));
     }
 
     /// The memory's cover of `history[start..end)`: from `start` to just past the frontier
@@ -366,8 +366,7 @@ impl SessionMemory {
                 .and_then(|ix| Frontier::of(history, ix));
         }
         drop(i);
-        self.metrics
-            .inc("cairn_agent_memory_compactions_total", &[], 1.0);
+        self.metrics.memory_compactions.inc();
     }
 
     /// Hands the messages a compaction removed past the frontier to the queue, durably.
@@ -420,8 +419,7 @@ impl SessionMemory {
             name,
             messages: removed,
         });
-        self.metrics
-            .inc("cairn_agent_memory_queued_segments_total", &[], 1.0);
+        self.metrics.memory_queued_segments.inc();
         self.publish();
         Ok(n)
     }
@@ -525,11 +523,10 @@ impl SessionMemory {
             }
         };
         drop(i);
-        self.metrics.inc(
-            "cairn_agent_memory_updates_total",
-            &[("outcome", outcome)],
-            1.0,
-        );
+        self.metrics
+            .memory_updates
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
         self.publish();
         self.changed.notify_waiters();
     }

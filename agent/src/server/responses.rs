@@ -518,11 +518,9 @@ impl Writer {
     async fn delta(&mut self, text: &str) {
         if !self.first_text && !text.is_empty() {
             self.first_text = true;
-            self.metrics.observe(
-                "cairn_agent_first_text_seconds",
-                &[],
-                self.started.elapsed().as_secs_f64(),
-            );
+            self.metrics
+                .first_text_seconds
+                .observe(self.started.elapsed().as_secs_f64());
         }
         for chunk in chunks(text, DELTA_CHARS) {
             self.item.text.push_str(chunk);
@@ -533,8 +531,7 @@ impl Writer {
 
     /// Ends the current message as `incomplete`: its text is not part of the answer.
     async fn abandon(&mut self) {
-        self.metrics
-            .inc("cairn_agent_stream_abandoned_total", &[], 1.0);
+        self.metrics.stream_abandoned.inc();
         let item = message_item(&self.item.id, "incomplete", Some(&self.item.text));
         self.send(
             "response.output_item.done",

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::history::Message;
 use crate::memory::SessionMemory;
+use crate::metrics::OutcomeLabels;
 
 use super::Session;
 
@@ -122,11 +123,12 @@ impl Session {
                 tracing::warn!(
                     "the session memory's queue could not be written; the compaction is undone: {e}"
                 );
-                self.metrics.inc(
-                    "cairn_agent_memory_updates_total",
-                    &[("outcome", "queue_failed")],
-                    1.0,
-                );
+                self.metrics
+                    .memory_updates
+                    .get_or_create(&OutcomeLabels {
+                        outcome: "queue_failed",
+                    })
+                    .inc();
                 false
             }
         }

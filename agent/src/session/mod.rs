@@ -35,7 +35,10 @@ use crate::journal::{
 };
 use crate::mcp::engine::McpSummarizer;
 use crate::mcp::{McpCatalog, McpHub};
-use crate::metrics::Metrics;
+use crate::metrics::{
+    CompactionLabels, Metrics, OutcomeLabels, SummaryEngine, SummaryLabels, SummaryWriter,
+    TokenLabels, gauge_value,
+};
 use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
 use crate::replay::Ledger;
@@ -497,20 +500,18 @@ impl Session {
                 self.state_dirty = false;
                 if written.is_some() {
                     self.failed_turn = None;
-                    self.metrics.inc(
-                        "cairn_agent_journal_writes_total",
-                        &[("outcome", "ok")],
-                        1.0,
-                    );
+                    self.metrics
+                        .journal_writes
+                        .get_or_create(&OutcomeLabels { outcome: "ok" })
+                        .inc();
                 }
                 Ok(())
             }
             Err(e) => {
-                self.metrics.inc(
-                    "cairn_agent_journal_writes_total",
-                    &[("outcome", e.label())],
-                    1.0,
-                );
+                self.metrics
+                    .journal_writes
+                    .get_or_create(&OutcomeLabels { outcome: e.label() })
+                    .inc();
                 self.history.follow(self.journal.history());
                 self.turns = self.journal.state().turns;
                 self.ledger = self.journal.state().replay.clone();
@@ -628,7 +629,7 @@ impl Session {
             &mut self.summarizer_tokens,
             used,
             &self.metrics,
-            "summarizer",
+            crate::cost::Client::Summarizer,
         );
         if *used != Usage::default() {
             self.accounting.charge(
@@ -750,22 +751,24 @@ impl Session {
             }
         }
         if let Summary::Mcp(e) = &summarizer {
-            for (outcome, n) in [
+            for (writer, n) in [
                 (
-                    "mcp",
+                    SummaryWriter::Mcp,
                     e.counts.mcp.load(std::sync::atomic::Ordering::Relaxed),
                 ),
                 (
-                    "fallback",
+                    SummaryWriter::Fallback,
                     e.counts.fallback.load(std::sync::atomic::Ordering::Relaxed),
                 ),
             ] {
                 if n > 0 {
-                    self.metrics.inc(
-                        "cairn_agent_engine_summaries_total",
-                        &[("engine", "mcp"), ("writer", outcome)],
-                        n as f64,
-                    );
+                    self.metrics
+                        .engine_summaries
+                        .get_or_create(&SummaryLabels {
+                            engine: SummaryEngine::Mcp,
+                            writer,
+                        })
+                        .inc_by(n);
                 }
             }
         }
@@ -779,12 +782,13 @@ impl Session {
             "compaction"
         );
         if out.not_run.is_none() {
-            let level = out.level.map_or("0".to_string(), |l| l.to_string());
-            self.metrics.inc(
-                "cairn_agent_compactions_total",
-                &[("level", &level), ("trigger", trigger.label())],
-                1.0,
-            );
+            self.metrics
+                .compactions
+                .get_or_create(&CompactionLabels {
+                    level: out.level.unwrap_or(0),
+                    trigger: trigger.label(),
+                })
+                .inc();
         }
         out
     }
@@ -919,22 +923,14 @@ impl Session {
 
     fn publish_gauges(&self) {
         let s = self.stats();
-        self.metrics
-            .set("cairn_agent_history_bytes", &[], s.history_bytes as f64);
-        self.metrics
-            .set("cairn_agent_context_utilization", &[], s.utilization);
-        self.metrics.set(
-            "cairn_agent_learned_payload_cap_bytes",
-            &[],
-            s.learned_payload_cap.unwrap_or(0) as f64,
-        );
-        self.metrics.set(
-            "cairn_agent_learned_context_window_tokens",
-            &[],
-            s.learned_context_window.unwrap_or(0) as f64,
-        );
-        self.metrics
-            .set("cairn_agent_bytes_per_token", &[], s.bytes_per_token);
+        let m = &self.metrics;
+        m.history_bytes.set(gauge_value(s.history_bytes));
+        m.context_utilization.set(s.utilization);
+        m.learned_payload_cap_bytes
+            .set(gauge_value(s.learned_payload_cap.unwrap_or(0)));
+        m.learned_context_window_tokens
+            .set(gauge_value(s.learned_context_window.unwrap_or(0)));
+        m.bytes_per_token.set(s.bytes_per_token);
     }
 }
 
@@ -969,7 +965,12 @@ impl Session {
 
     /// Counts a reply of the session model: its tokens, and its cost at the model's prices.
     pub(crate) fn count_session_tokens(&mut self, used: &Usage) {
-        count_tokens(&mut self.tokens, used, &self.metrics, "session");
+        count_tokens(
+            &mut self.tokens,
+            used,
+            &self.metrics,
+            crate::cost::Client::Session,
+        );
         let model = self.live.spec.provider.model.clone();
         self.accounting.charge(
             crate::cost::Client::Session,
@@ -983,15 +984,22 @@ impl Session {
 
 /// Adds `used` to `total` and to `cairn_agent_tokens_total{client}` (`session` for the
 /// session's replies, `summarizer` for level-2 summaries).
-pub(crate) fn count_tokens(total: &mut Usage, used: &Usage, metrics: &Metrics, client: &str) {
+pub(crate) fn count_tokens(
+    total: &mut Usage,
+    used: &Usage,
+    metrics: &Metrics,
+    client: crate::cost::Client,
+) {
     total.add(used);
     for (kind, v) in used.by_kind() {
         if v > 0 {
-            metrics.inc(
-                "cairn_agent_tokens_total",
-                &[("kind", kind), ("client", client)],
-                v as f64,
-            );
+            metrics
+                .tokens
+                .get_or_create(&TokenLabels {
+                    kind,
+                    client: client.label(),
+                })
+                .inc_by(v);
         }
     }
 }

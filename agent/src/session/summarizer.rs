@@ -15,7 +15,7 @@ use crate::compact::text;
 use crate::compact::{SummarizeError, Summarizer};
 use crate::config::Live;
 use crate::history::Message;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ProviderErrorLabels};
 use crate::overflow::{ServerCount, server_count};
 use crate::provider::{ChatRequest, Provider, Usage};
 
@@ -85,15 +85,13 @@ impl ProviderSummarizer {
             "summary request failed: {err}"
         );
         if let Some(m) = &self.metrics {
-            m.inc(
-                "cairn_agent_provider_errors_total",
-                &[
-                    ("error", err.label()),
-                    ("class", class.label()),
-                    ("client", "summarizer"),
-                ],
-                1.0,
-            );
+            m.provider_errors
+                .get_or_create(&ProviderErrorLabels {
+                    error: err.label(),
+                    class: class.label(),
+                    client: crate::cost::Client::Summarizer.label(),
+                })
+                .inc();
         }
         class
     }

@@ -24,6 +24,10 @@ use crate::recovery::{RecoveryContext, RecoveryError, RecoveryOutcome, escalate_
 use crate::replay::{self, Held, Ledger};
 
 use crate::mcp::{McpCatalog, Route};
+use crate::metrics::{
+    Attempt, KindLabels, McpCallLabels, McpServerLabels, OutcomeLabels, ProviderErrorLabels,
+    ReasonLabels, RecoveryLabels, SpecName, ToolLabels,
+};
 
 use super::tools::{self, StagnationGuard};
 use super::{Session, TurnError, record};
@@ -376,14 +380,13 @@ impl Session {
             Err(e) => e.label(),
         };
         self.metrics
-            .inc("cairn_agent_turns_total", &[("outcome", outcome)], 1.0);
+            .turns
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+        self.metrics.turn_seconds.observe(elapsed.as_secs_f64());
         self.metrics
-            .observe("cairn_agent_turn_seconds", &[], elapsed.as_secs_f64());
-        self.metrics.observe(
-            "cairn_agent_overhead_seconds",
-            &[],
-            elapsed.saturating_sub(provider_time).as_secs_f64(),
-        );
+            .overhead_seconds
+            .observe(elapsed.saturating_sub(provider_time).as_secs_f64());
         self.publish_gauges();
         result
     }
@@ -438,16 +441,18 @@ impl Session {
             }
             Err(e) => (format!("error: {e}"), e.label(), true),
         };
-        self.metrics.inc(
-            "cairn_agent_mcp_calls_total",
-            &[("server", &route.server), ("outcome", outcome)],
-            1.0,
-        );
-        self.metrics.observe(
-            "cairn_agent_mcp_call_seconds",
-            &[("server", &route.server)],
-            t.elapsed().as_secs_f64(),
-        );
+        let server = SpecName::from(route.server.as_str());
+        self.metrics
+            .mcp_calls
+            .get_or_create(&McpCallLabels {
+                server: server.clone(),
+                outcome,
+            })
+            .inc();
+        self.metrics
+            .mcp_call_seconds
+            .get_or_create(&McpServerLabels { server })
+            .observe(t.elapsed().as_secs_f64());
         let mut message = Message::tool(call.id.clone(), content);
         message.name = Some(call.name.clone());
         (message, is_error)
@@ -578,7 +583,9 @@ impl Session {
                 self.maybe_update_memory();
                 for n in &scope.notices.list {
                     self.metrics
-                        .inc("cairn_agent_notices_total", &[("kind", n.kind)], 1.0);
+                        .notices
+                        .get_or_create(&KindLabels { kind: n.kind })
+                        .inc();
                 }
                 out.notices = scope.notices.list;
                 Ok(out)
@@ -686,18 +693,15 @@ impl Session {
                 .partition(|c| self.options.is_client_tool(&c.name));
             for call in &own {
                 let route = self.mcp_catalog.route(&call.name).cloned();
-                self.metrics.inc(
-                    "cairn_agent_tool_calls_total",
-                    &[(
-                        "tool",
-                        if route.is_some() {
-                            "mcp"
-                        } else {
-                            tool_label(&call.name)
-                        },
-                    )],
-                    1.0,
-                );
+                let tool = if route.is_some() {
+                    "mcp"
+                } else {
+                    tool_label(&call.name)
+                };
+                self.metrics
+                    .tool_calls
+                    .get_or_create(&ToolLabels { tool })
+                    .inc();
                 let (mut message, is_error) = if let Some(route) = route {
                     self.run_mcp(call, &route).await
                 } else if let Some(refusal) = self.mcp.refused(&call.name).await {
@@ -875,8 +879,7 @@ impl Session {
         {
             return;
         }
-        self.metrics
-            .inc("cairn_agent_headroom_warnings_total", &[], 1.0);
+        self.metrics.headroom_warnings.inc();
         let message = turn::headroom_notice(left, &self.live.policy);
         notice(notices, "warning", message);
     }
@@ -976,14 +979,12 @@ impl Session {
             });
         }
         let seconds = t.elapsed().as_secs_f64();
-        self.metrics
-            .observe("cairn_agent_provider_seconds", &[], seconds);
+        self.metrics.provider_seconds.observe(seconds);
         let bytes = match &result {
             Ok(reply) => reply.request_bytes,
             Err(err) => err.request_bytes,
         };
-        self.metrics
-            .observe("cairn_agent_request_bytes", &[], bytes as f64);
+        self.metrics.request_bytes.observe(bytes as f64);
         (result, Sent { sent_weight, limit })
     }
 
@@ -1053,13 +1054,14 @@ impl Session {
         scope: &mut TurnScope,
     ) -> Result<(), TurnError> {
         let class = classify(err);
-        let labels = [
-            ("error", err.label()),
-            ("class", class.label()),
-            ("client", "session"),
-        ];
         self.metrics
-            .inc("cairn_agent_provider_errors_total", &labels, 1.0);
+            .provider_errors
+            .get_or_create(&ProviderErrorLabels {
+                error: err.label(),
+                class: class.label(),
+                client: crate::cost::Client::Session.label(),
+            })
+            .inc();
         let uncompactable = self
             .history
             .iter()
@@ -1116,14 +1118,14 @@ impl Session {
         before: Vec<Message>,
         scope: &mut TurnScope,
     ) {
-        let attempt = o.attempt.to_string();
-        let labels = [
-            ("class", class.label()),
-            ("attempt", attempt.as_str()),
-            ("outcome", "retried"),
-        ];
         self.metrics
-            .inc("cairn_agent_recoveries_total", &labels, 1.0);
+            .recoveries
+            .get_or_create(&RecoveryLabels {
+                class: class.label(),
+                attempt: Attempt::Nth(o.attempt),
+                outcome: "retried",
+            })
+            .inc();
         self.last_recovery = Some(LastRecovery {
             at: super::rfc3339(SystemTime::now()),
             trigger: format!("{class:?}"),
@@ -1157,13 +1159,14 @@ impl Session {
         err: &ProviderError,
         re: &RecoveryError,
     ) -> TurnError {
-        let labels = [
-            ("class", class.label()),
-            ("attempt", "none"),
-            ("outcome", re.label()),
-        ];
         self.metrics
-            .inc("cairn_agent_recoveries_total", &labels, 1.0);
+            .recoveries
+            .get_or_create(&RecoveryLabels {
+                class: class.label(),
+                attempt: Attempt::None,
+                outcome: re.label(),
+            })
+            .inc();
         if class.is_recoverable() {
             self.last_recovery = Some(LastRecovery {
                 at: super::rfc3339(SystemTime::now()),
@@ -1298,11 +1301,10 @@ impl Session {
             }
             None => return,
         };
-        self.metrics.inc(
-            "cairn_agent_provider_context_edits_total",
-            &[("kind", kind)],
-            1.0,
-        );
+        self.metrics
+            .provider_context_edits
+            .get_or_create(&KindLabels { kind })
+            .inc();
         if out.stubbed == 0 {
             return;
         }
@@ -1335,11 +1337,10 @@ impl Session {
         let reason = cut.label();
         let why = cut.explain(usage, limit, self.window());
         self.state.truncated_replies += 1;
-        self.metrics.inc(
-            "cairn_agent_truncated_replies_total",
-            &[("reason", reason)],
-            1.0,
-        );
+        self.metrics
+            .truncated_replies
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
         notice(
             notices,
             "truncated",

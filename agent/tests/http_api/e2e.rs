@@ -467,4 +467,24 @@ async fn one_turn_at_a_time_auth_and_validation() {
         metrics.contains("cairn_agent_request_bytes_count"),
         "{metrics}"
     );
+    // Only families dashboards read, under their listed series names and types. A family
+    // with no series yet is left out, so this is the list less what the test never touched.
+    let exposed = cairn_agent::metrics::exposed_families(&metrics);
+    let listed: Vec<String> = include_str!("../data/metrics-series.txt")
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter(|l| exposed.iter().any(|e| e == l))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(exposed, listed, "{metrics}");
+    for family in [
+        "cairn_agent_turns_total counter",
+        "cairn_agent_tokens_total counter",
+        "cairn_agent_history_bytes gauge",
+        "cairn_agent_request_bytes histogram",
+        "cairn_agent_turn_seconds histogram",
+        "cairn_agent_archive_puts_total counter",
+    ] {
+        assert!(exposed.iter().any(|e| e == family), "{family}\n{metrics}");
+    }
 }

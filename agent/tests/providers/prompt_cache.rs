@@ -5,6 +5,7 @@
 //! and of a separate summarizer model match a hand computation from the recorded usage.
 
 use cairn_agent::history::Message;
+use cairn_agent::metrics::{CostLabels, ModelTokenLabels, TokenLabels};
 use cairn_sim::{RecordedRequest, ScriptedReply, Sim, Wire};
 use serde_json::Value;
 
@@ -197,19 +198,25 @@ async fn the_prefix_is_byte_stable_breakpoints_sit_where_documented_and_cache_to
         assert_eq!(stats.tokens.model.as_deref(), Some(kind_yaml(kind)));
         let metrics = built.session.metrics();
         assert_eq!(
-            metrics.counter(
-                "cairn_agent_tokens_total",
-                &[("kind", "cache_read"), ("client", "session")]
-            ),
-            read as f64,
+            metrics
+                .tokens
+                .get(&TokenLabels {
+                    kind: "cache_read",
+                    client: "session"
+                })
+                .map_or(0, |c| c.get()),
+            read,
             "{kind}"
         );
         assert_eq!(
-            metrics.counter(
-                "cairn_agent_model_tokens_total",
-                &[("model", kind_yaml(kind)), ("kind", "cache_write")]
-            ),
-            write as f64,
+            metrics
+                .model_tokens
+                .get(&ModelTokenLabels {
+                    model: kind_yaml(kind).into(),
+                    kind: "cache_write"
+                })
+                .map_or(0, |c| c.get()),
+            write,
             "{kind}"
         );
         let status = serde_json::to_value(&stats).expect("status");
@@ -368,10 +375,13 @@ async fn the_session_model_and_the_summarizer_model_report_tokens_and_cost_apart
     assert!((cost.total - (want_session + want_summarizer)).abs() < 3e-6);
     assert!(cost.unpriced.is_empty());
     let metrics = built.session.metrics();
-    let metered = metrics.counter(
-        "cairn_agent_cost_usd_total",
-        &[("client", "summarizer"), ("model", "claude-haiku-4-5")],
-    );
+    let metered = metrics
+        .cost_usd
+        .get(&CostLabels {
+            client: "summarizer",
+            model: "claude-haiku-4-5".into(),
+        })
+        .map_or(0.0, |c| c.get());
     assert!((metered - want_summarizer).abs() < 1e-9, "{metered}");
     let status = serde_json::to_value(&stats).expect("status");
     assert!(

@@ -3,6 +3,7 @@
 //! its own window; its tokens are counted apart and its failures are classified.
 
 use cairn_agent::history::Message;
+use cairn_agent::metrics::TokenLabels;
 use cairn_sim::{Fault, ScriptedReply, Sim, Wire};
 
 use crate::support::agent::*;
@@ -92,11 +93,14 @@ async fn summaries_go_to_the_summarizers_own_endpoint_and_its_tokens_are_counted
     assert_eq!(stats.tokens.input, 0, "no session reply yet");
     let metrics = std::sync::Arc::clone(built.session.metrics());
     assert_eq!(
-        metrics.counter(
-            "cairn_agent_tokens_total",
-            &[("kind", "input"), ("client", "summarizer")]
-        ),
-        summarizer.input as f64
+        metrics
+            .tokens
+            .get(&TokenLabels {
+                kind: "input",
+                client: "summarizer"
+            })
+            .map_or(0, |c| c.get()),
+        summarizer.input
     );
 
     // A session turn goes to the session's endpoint and counts as the session's.
