@@ -2,14 +2,16 @@
 //!
 //! Every crate of the workspace is parsed (`src/**/*.rs`, from each crate root: `lib.rs`,
 //! `main.rs`, `bin/*.rs`, following `mod` declarations), every path that names something of
-//! the crate is mapped to the module file it goes through (`use crate::a::{b, c::d}`,
+//! the crate is mapped to the module file that defines it (`use crate::a::{b, c::d}`,
 //! `crate::a::f()` in an expression or a type, `super::x`, `self::x`, a module brought in by
-//! `use` and then used as `a::f()`, paths inside macro calls and attribute arguments), and
-//! the files' graph must have no strongly connected component of more than one file.
+//! `use` and then used as `a::f()`, paths inside macro calls and attribute arguments; an item
+//! named through a re-export, `pub use child::Item` or `pub use child::*`, goes to the file
+//! that defines it, so a re-export cannot hide a circle), and the files' graph must have no
+//! strongly connected component of more than one file.
 //!
 //! Not edges: a module naming its own children (a parent owns its subtree), an item of your
-//! own reached through a parent's re-export of it (`pub use self::child::*` in the parent),
-//! and anything inside a `#[cfg(test)]` item (test code may reach anywhere).
+//! own reached through a parent's re-export of it, an item another crate defines (re-exported
+//! or not), and anything inside a `#[cfg(test)]` item (test code may reach anywhere).
 //!
 //! Run it alone with `cargo test -p cairn-tests --test import_cycles`.
 
@@ -275,6 +277,10 @@ impl<'ast> Visit<'ast> for Walker<'_> {
     }
 
     fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
+        if attr.path().is_ident("doc") {
+            // Prose may name a module (`crate::idle`) without using it.
+            return;
+        }
         match &attr.meta {
             syn::Meta::List(list) => self.scan_tokens(list.tokens.clone()),
             syn::Meta::NameValue(nv) => self.visit_expr(&nv.value),
@@ -549,25 +555,41 @@ impl<'a> Resolver<'a> {
         })
     }
 
-    /// Whether `name` in `target` is an item of `home`'s subtree that `target` re-exports
-    /// (`pub use self::home::*` or `pub use home::Name` in a parent): naming it there is
-    /// naming your own item.
-    fn reexports_own(&self, target: &ModPath, name: &str, home: &ModPath) -> bool {
-        if self.krate.modules[target].items.contains(name) {
-            return false;
+    /// The module that defines the item `name` seen in `module`, following re-exports
+    /// (`pub use a::Name;`, `pub use a::*;`) inside the crate; `None` when it comes from
+    /// another crate (`pub use cairn_engine::provider::*;`).
+    fn owner(&self, module: &ModPath, name: &str, depth: usize) -> Option<ModPath> {
+        if depth > 16 || self.krate.modules[module].items.contains(name) {
+            return Some(module.clone());
         }
-        let mut by_glob = false;
-        for mention in self.krate.mentions.iter().filter(|m| &m.module == target) {
-            let Some((source, _)) = self.resolve(target, &mention.segments) else {
-                continue;
-            };
-            match &mention.kind {
-                Kind::Use(bound) if bound == name => return source.starts_with(home),
-                Kind::Glob => by_glob |= source.starts_with(home),
+        let mut from_glob = None;
+        let mut extern_glob = false;
+        for mention in self.krate.mentions.iter().filter(|m| &m.module == module) {
+            match (&mention.kind, self.resolve(module, &mention.segments)) {
+                (Kind::Use(bound), source) if bound == name => {
+                    let (source, rest) = source?;
+                    return match rest {
+                        [item] => self.owner(&source, item, depth + 1),
+                        _ => Some(source),
+                    };
+                }
+                (Kind::Glob, Some((source, []))) if from_glob.is_none() => {
+                    let owner = self.owner(&source, name, depth + 1);
+                    if owner.as_ref() != Some(&source)
+                        || self.krate.modules[&source].items.contains(name)
+                    {
+                        from_glob = owner;
+                    }
+                }
+                (Kind::Glob, None) => extern_glob = true,
                 _ => {}
             }
         }
-        by_glob
+        match from_glob {
+            Some(owner) => Some(owner),
+            None if extern_glob => None,
+            None => Some(module.clone()),
+        }
     }
 }
 
@@ -591,16 +613,19 @@ fn edges(krate: &Crate) -> BTreeMap<(String, String), String> {
             // `use crate::a::b;` only names the module; using `b::x` is the dependency.
             continue;
         }
+        // An item goes to the file that defines it, through any re-exports.
+        let owner = match rest.first() {
+            Some(name) => match resolver.owner(&target, name, 0) {
+                Some(owner) => owner,
+                None => continue,
+            },
+            None => target,
+        };
         let from = &krate.modules[&mention.module].file;
-        let to = &krate.modules[&target].file;
+        let to = &krate.modules[&owner].file;
         let home = homes[from.as_str()];
-        if from == to || target.starts_with(home) {
+        if from == to || owner.starts_with(home) {
             continue;
-        }
-        if let Some(name) = rest.first() {
-            if resolver.reexports_own(&target, name, home) {
-                continue;
-            }
         }
         edges
             .entry((from.clone(), to.clone()))
@@ -874,4 +899,25 @@ fn a_parent_module_and_another_file_naming_each_other_is_a_circle() {
         ("q.rs", "pub struct Q; fn g(_: crate::p::Own) {}"),
     ]);
     assert_eq!(found, vec![vec!["p/mod.rs", "q.rs"]]);
+}
+
+#[test]
+fn an_item_goes_to_the_file_that_defines_it_through_reexports() {
+    let reexported = [
+        ("lib.rs", "pub mod p; pub mod q;"),
+        ("p/mod.rs", "mod a; mod b; pub use a::A; pub use b::*; pub use other::Foreign;"),
+        ("p/a.rs", "pub struct A(crate::q::Q);"),
+        ("p/b.rs", "pub struct B;"),
+        ("q.rs", "pub struct Q; fn f(_: crate::p::A) {}"),
+    ];
+    assert_eq!(circle_files(&reexported), vec![vec!["p/a.rs", "q.rs"]]);
+
+    // p/mod.rs itself needs q, and q names only items p re-exports from elsewhere.
+    let elsewhere = [
+        ("lib.rs", "pub mod p; pub mod q;"),
+        ("p/mod.rs", "mod b; pub use b::*; pub use other::Foreign; fn f(_: crate::q::Q) {}"),
+        ("p/b.rs", "pub struct B;"),
+        ("q.rs", "pub struct Q; fn g(_: crate::p::B, _: crate::p::Foreign) {}"),
+    ];
+    assert_eq!(circle_files(&elsewhere), Vec::<Vec<String>>::new());
 }
