@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use cairn_crds::{ProviderKind, ProviderSpec};
 use tokio::sync::watch;
 
-use super::config::{ClientOptions, Credentials, Secret, build};
+use super::config::{ClientOptions, Credentials, Secret};
+use super::factory::build;
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError};
 use crate::config::{Live, summarizer_spec};
 
