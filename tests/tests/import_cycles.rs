@@ -290,10 +290,10 @@ impl<'ast> Visit<'ast> for Walker<'_> {
 
     fn visit_lit_str(&mut self, lit: &'ast syn::LitStr) {
         // `#[serde(with = "crate::x")]`, `#[serde(default = "crate::x::f")]`.
-        if let Ok(path) = lit.parse::<syn::Path>() {
-            if path.segments.len() > 1 {
-                self.visit_path(&path);
-            }
+        if let Ok(path) = lit.parse::<syn::Path>()
+            && path.segments.len() > 1
+        {
+            self.visit_path(&path);
         }
     }
 
@@ -315,13 +315,13 @@ impl Walker<'_> {
                 }
                 TokenTree::Literal(lit) => {
                     let text = lit.to_string();
-                    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
-                        if let Ok(path) = syn::parse_str::<syn::Path>(inner) {
-                            if path.segments.len() > 1 && path.leading_colon.is_none() {
-                                let segments = path.segments.iter().map(|s| s.ident.to_string());
-                                self.mention(segments.collect(), Kind::Code);
-                            }
-                        }
+                    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"'))
+                        && let Ok(path) = syn::parse_str::<syn::Path>(inner)
+                        && path.segments.len() > 1
+                        && path.leading_colon.is_none()
+                    {
+                        let segments = path.segments.iter().map(|s| s.ident.to_string());
+                        self.mention(segments.collect(), Kind::Code);
                     }
                     i += 1;
                 }
@@ -905,7 +905,10 @@ fn a_parent_module_and_another_file_naming_each_other_is_a_circle() {
 fn an_item_goes_to_the_file_that_defines_it_through_reexports() {
     let reexported = [
         ("lib.rs", "pub mod p; pub mod q;"),
-        ("p/mod.rs", "mod a; mod b; pub use a::A; pub use b::*; pub use other::Foreign;"),
+        (
+            "p/mod.rs",
+            "mod a; mod b; pub use a::A; pub use b::*; pub use other::Foreign;",
+        ),
         ("p/a.rs", "pub struct A(crate::q::Q);"),
         ("p/b.rs", "pub struct B;"),
         ("q.rs", "pub struct Q; fn f(_: crate::p::A) {}"),
@@ -915,9 +918,15 @@ fn an_item_goes_to_the_file_that_defines_it_through_reexports() {
     // p/mod.rs itself needs q, and q names only items p re-exports from elsewhere.
     let elsewhere = [
         ("lib.rs", "pub mod p; pub mod q;"),
-        ("p/mod.rs", "mod b; pub use b::*; pub use other::Foreign; fn f(_: crate::q::Q) {}"),
+        (
+            "p/mod.rs",
+            "mod b; pub use b::*; pub use other::Foreign; fn f(_: crate::q::Q) {}",
+        ),
         ("p/b.rs", "pub struct B;"),
-        ("q.rs", "pub struct Q; fn g(_: crate::p::B, _: crate::p::Foreign) {}"),
+        (
+            "q.rs",
+            "pub struct Q; fn g(_: crate::p::B, _: crate::p::Foreign) {}",
+        ),
     ];
     assert_eq!(circle_files(&elsewhere), Vec::<Vec<String>>::new());
 }
