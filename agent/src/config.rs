@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cairn_crds::policy::Engine;
 use cairn_crds::session::UnsupportedSetting;
-use cairn_crds::{AgentSessionSpec, CompactionPolicySpec, EffectivePolicy};
+use cairn_crds::{AgentSessionSpec, CompactionPolicySpec, EffectivePolicy, ProviderSpec};
 use serde::Deserialize;
 
 use crate::catalog::{self, Limits};
@@ -174,6 +174,39 @@ impl Live {
     }
 }
 
+/// The provider settings of the level-2 summarizer: `summarizer.provider` and its endpoint
+/// fields, each falling back to the session's own where the CRD says so (the base URL,
+/// credentials and region only when the kind is the session's).
+pub fn summarizer_spec(live: &Live) -> ProviderSpec {
+    let s = &live.policy.summarizer;
+    let own = &live.spec.provider;
+    let kind = s.provider.unwrap_or(own.kind);
+    let same = kind == own.kind;
+    ProviderSpec {
+        kind,
+        model: s.model.clone().unwrap_or_else(|| own.model.clone()),
+        base_url: s
+            .base_url
+            .clone()
+            .or_else(|| same.then(|| own.base_url.clone()).flatten()),
+        credentials: s
+            .credentials
+            .clone()
+            .or_else(|| same.then(|| own.credentials.clone()).flatten()),
+        region: s.region.clone().or_else(|| own.region.clone()),
+        // One bundle trusts every connection of the pod (it is mounted once).
+        ca_bundle: own.ca_bundle.clone(),
+    }
+}
+
+/// True when the summarizer talks to another endpoint than the session (its own kind, base
+/// URL or credentials): it then needs a client of its own.
+pub fn summarizer_has_own_endpoint(live: &Live) -> bool {
+    let s = summarizer_spec(live);
+    let own = &live.spec.provider;
+    s.kind != own.kind || s.base_url != own.base_url || s.credentials != own.credentials
+}
+
 /// The settings of `live` this agent does not honour, with what it does instead. Reported in
 /// `status.session.unsupported` (the operator's `PolicySupported` condition and its Event),
 /// logged when they change: a setting is never silently ignored.
@@ -218,7 +251,7 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
         });
     }
     // The summarizer's own provider is honoured whenever it can be built at all.
-    let s = crate::provider::live::summarizer_spec(live);
+    let s = summarizer_spec(live);
     if s.base_url.is_none()
         && crate::provider::default_base_url(s.kind, s.region.as_deref()).is_none()
     {
@@ -380,7 +413,7 @@ impl Storage {
             location,
             message: result.err(),
             credentials,
-            at: crate::session::rfc3339(std::time::SystemTime::now()),
+            at: cairn_crds::time::rfc3339(std::time::SystemTime::now()),
         }
     }
 }

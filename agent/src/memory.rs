@@ -488,7 +488,7 @@ impl SessionMemory {
     pub async fn update(
         self: Arc<Self>,
         snapshot: Snapshot,
-        summarizer: crate::session::ProviderSummarizer,
+        summarizer: crate::session::summarizer::ProviderSummarizer,
     ) {
         let result = self.try_update(&snapshot, &summarizer).await;
         let used = summarizer.take_usage();
@@ -534,7 +534,7 @@ impl SessionMemory {
     async fn try_update(
         &self,
         snapshot: &Snapshot,
-        summarizer: &crate::session::ProviderSummarizer,
+        summarizer: &crate::session::summarizer::ProviderSummarizer,
     ) -> Result<MemoryDoc, (&'static str, String)> {
         let previous = self.doc();
         let instructions = update_instructions();
@@ -640,7 +640,7 @@ impl SessionMemory {
             updated_at: i
                 .doc
                 .as_ref()
-                .map(|d| crate::session::rfc3339(UNIX_EPOCH + Duration::from_secs(d.updated_at))),
+                .map(|d| cairn_crds::time::rfc3339(UNIX_EPOCH + Duration::from_secs(d.updated_at))),
             age_seconds: i.doc.as_ref().map(|d| now.saturating_sub(d.updated_at)),
             covered_turn: i.doc.as_ref().map_or(0, |d| d.covered_turn),
             turns_behind: turns.saturating_sub(i.doc.as_ref().map_or(0, |d| d.covered_turn)),

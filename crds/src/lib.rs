@@ -1,12 +1,15 @@
 //! cairn's custom resources and the pure logic that both the operator and the agent need:
 //! the `AgentSession` and `CompactionPolicy` types (with their CEL rules and descriptions),
-//! policy resolution with its stable hash, and payload-size parsing.
+//! policy resolution with its stable hash, payload-size parsing and the RFC 3339 timestamps of
+//! their status fields.
 
 pub mod payload;
 pub mod policy;
+pub mod provider;
 pub mod session;
 #[doc(hidden)]
 pub mod testing;
+pub mod time;
 
 pub use payload::{PayloadSize, PayloadSizeError, parse_payload_size};
 pub use policy::{CompactionPolicy, CompactionPolicySpec, EffectivePolicy, PolicyError, resolve};

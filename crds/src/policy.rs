@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::session::ProviderKind;
+use crate::provider::{ProviderKind, SecretKeyRef};
 
 /// A reusable context-management policy. Sessions reference it with `spec.policyRef`; fields
 /// set inline on a session override it; fields set nowhere take the built-in defaults.
@@ -339,7 +339,7 @@ pub struct SummarizerSpec {
     /// operator mounts it in the session's pod. Default: the session's own credentials when
     /// the summarizer uses the session's provider kind, else none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credentials: Option<crate::session::SecretKeyRef>,
+    pub credentials: Option<SecretKeyRef>,
     /// AWS region of a Bedrock summarizer. Default: the session's region.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9-]{2,32}$')").message("summarizer.region must look like us-east-1"))]
@@ -626,7 +626,7 @@ pub struct Summarizer {
     /// `None`: see [`SummarizerSpec::base_url`].
     pub base_url: Option<String>,
     /// `None`: see [`SummarizerSpec::credentials`].
-    pub credentials: Option<crate::session::SecretKeyRef>,
+    pub credentials: Option<SecretKeyRef>,
     pub region: Option<String>,
     /// `None`: from the model catalog.
     pub context_window: Option<u64>,

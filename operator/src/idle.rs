@@ -21,10 +21,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
+pub use crate::status::IDLE;
 use crate::status::Problem;
-
-/// Type of the condition that says why a session sleeps or woke.
-pub const IDLE: &str = "Idle";
 
 /// How late the API server may learn of client activity: the agent reports
 /// `lastActivity` with its throttled status write, at most one per status interval, so a

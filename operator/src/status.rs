@@ -12,6 +12,8 @@ pub const ARCHIVE_READY: &str = "ArchiveReady";
 pub const CONTEXT_HEADROOM: &str = "ContextHeadroom";
 pub const POLICY_SUPPORTED: &str = "PolicySupported";
 pub const COST_BUDGET: &str = "CostBudget";
+/// Type of the condition that says why a session sleeps or woke (`crate::idle` decides it).
+pub const IDLE: &str = "Idle";
 
 /// A reason (CamelCase, stable) and a human message, for a condition or an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,7 +138,7 @@ pub fn desired(
     let idle_cond = obs
         .idle
         .clone()
-        .map(|(asleep, p)| (crate::idle::IDLE, (bool_status(asleep), p)));
+        .map(|(asleep, p)| (IDLE, (bool_status(asleep), p)));
 
     // The agent's cost against spec.budget.maxCostUSD; absent without a budget.
     let budget_cond = agent

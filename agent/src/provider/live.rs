@@ -12,9 +12,10 @@ use async_trait::async_trait;
 use cairn_crds::{ProviderKind, ProviderSpec};
 use tokio::sync::watch;
 
-use super::config::{ClientOptions, Credentials, Secret, build};
+use super::config::{ClientOptions, Credentials, Secret};
+use super::factory::build;
 use super::{ChatRequest, ChatResponse, DeltaSink, Provider, ProviderError};
-use crate::config::Live;
+use crate::config::{Live, summarizer_spec};
 
 /// The environment variable the operator fills from `summarizer.credentials`.
 pub const SUMMARIZER_KEY_ENV: &str = "CAIRN_SUMMARIZER_API_KEY";
@@ -59,39 +60,6 @@ pub struct LiveProvider {
 /// The session's own provider settings.
 pub fn session_spec(live: &Live) -> ProviderSpec {
     live.spec.provider.clone()
-}
-
-/// The provider settings of the level-2 summarizer: `summarizer.provider` and its endpoint
-/// fields, each falling back to the session's own where the CRD says so (the base URL,
-/// credentials and region only when the kind is the session's).
-pub fn summarizer_spec(live: &Live) -> ProviderSpec {
-    let s = &live.policy.summarizer;
-    let own = &live.spec.provider;
-    let kind = s.provider.unwrap_or(own.kind);
-    let same = kind == own.kind;
-    ProviderSpec {
-        kind,
-        model: s.model.clone().unwrap_or_else(|| own.model.clone()),
-        base_url: s
-            .base_url
-            .clone()
-            .or_else(|| same.then(|| own.base_url.clone()).flatten()),
-        credentials: s
-            .credentials
-            .clone()
-            .or_else(|| same.then(|| own.credentials.clone()).flatten()),
-        region: s.region.clone().or_else(|| own.region.clone()),
-        // One bundle trusts every connection of the pod (it is mounted once).
-        ca_bundle: own.ca_bundle.clone(),
-    }
-}
-
-/// True when the summarizer talks to another endpoint than the session (its own kind, base
-/// URL or credentials): it then needs a client of its own.
-pub fn summarizer_has_own_endpoint(live: &Live) -> bool {
-    let s = summarizer_spec(live);
-    let own = &live.spec.provider;
-    s.kind != own.kind || s.base_url != own.base_url || s.credentials != own.credentials
 }
 
 struct Current {

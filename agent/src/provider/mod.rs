@@ -8,6 +8,7 @@ mod bedrock;
 mod config;
 pub mod deadline;
 pub mod eventstream;
+mod factory;
 mod gemini;
 mod http;
 pub mod live;
@@ -19,7 +20,8 @@ mod wire_cache;
 
 pub use anthropic::Anthropic;
 pub use bedrock::{Bedrock, BedrockAuth};
-pub use config::{BuildError, ClientOptions, Credentials, Secret, build, default_base_url};
+pub use config::{BuildError, ClientOptions, Credentials, Secret, default_base_url};
+pub use factory::build;
 pub use gemini::Gemini;
 pub use live::{LiveProvider, summarizer_provider};
 pub use openai::OpenAiChat;
