@@ -380,7 +380,7 @@ impl Storage {
             location,
             message: result.err(),
             credentials,
-            at: crate::session::rfc3339(std::time::SystemTime::now()),
+            at: cairn_crds::time::rfc3339(std::time::SystemTime::now()),
         }
     }
 }

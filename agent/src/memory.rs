@@ -643,7 +643,7 @@ impl SessionMemory {
             updated_at: i
                 .doc
                 .as_ref()
-                .map(|d| crate::session::rfc3339(UNIX_EPOCH + Duration::from_secs(d.updated_at))),
+                .map(|d| cairn_crds::time::rfc3339(UNIX_EPOCH + Duration::from_secs(d.updated_at))),
             age_seconds: i.doc.as_ref().map(|d| now.saturating_sub(d.updated_at)),
             covered_turn: i.doc.as_ref().map_or(0, |d| d.covered_turn),
             turns_behind: turns.saturating_sub(i.doc.as_ref().map_or(0, |d| d.covered_turn)),

@@ -1,12 +1,13 @@
 //! cairn's custom resources and the pure logic that both the operator and the agent need:
 //! the `AgentSession` and `CompactionPolicy` types (with their CEL rules and descriptions),
-//! policy resolution with its stable hash, and payload-size parsing.
+//! policy resolution with its stable hash, payload-size parsing and RFC 3339 timestamps.
 
 pub mod payload;
 pub mod policy;
 pub mod session;
 #[doc(hidden)]
 pub mod testing;
+pub mod time;
 
 pub use payload::{PayloadSize, PayloadSizeError, parse_payload_size};
 pub use policy::{CompactionPolicy, CompactionPolicySpec, EffectivePolicy, PolicyError, resolve};

@@ -1124,7 +1124,7 @@ impl Session {
         self.metrics
             .inc("cairn_agent_recoveries_total", &labels, 1.0);
         self.last_recovery = Some(LastRecovery {
-            at: super::rfc3339(SystemTime::now()),
+            at: cairn_crds::time::rfc3339(SystemTime::now()),
             trigger: format!("{class:?}"),
             level: o.attempt,
             outcome: "Recovered".into(),
@@ -1165,7 +1165,7 @@ impl Session {
             .inc("cairn_agent_recoveries_total", &labels, 1.0);
         if class.is_recoverable() {
             self.last_recovery = Some(LastRecovery {
-                at: super::rfc3339(SystemTime::now()),
+                at: cairn_crds::time::rfc3339(SystemTime::now()),
                 trigger: format!("{class:?}"),
                 level: self.state.recovery_attempts,
                 outcome: "Failed".into(),
