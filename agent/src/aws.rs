@@ -20,6 +20,7 @@ use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider, future};
 use aws_sdk_s3::config::{Region, SharedHttpClient};
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+use cairn_crds::time::rfc3339_micros;
 
 /// Key (file) names of a credentials directory, the names of the Secret's keys: the access
 /// key id and secret access key are required, the session token and expiration optional.
@@ -233,11 +234,7 @@ impl ProvideCredentials for Reporting {
                 Ok(c) => {
                     let first = !self.resolved.swap(true, Ordering::Relaxed);
                     let kind = key_kind(c.access_key_id());
-                    let expires = c.expiry().map(|e| {
-                        aws_smithy_types::DateTime::from(e)
-                            .fmt(aws_smithy_types::date_time::Format::DateTime)
-                            .unwrap_or_default()
-                    });
+                    let expires = c.expiry().map(rfc3339_micros);
                     if first {
                         tracing::info!(
                             client = self.client,
@@ -403,7 +400,7 @@ impl DirectoryCredentials {
         {
             return Err(DirectoryError::Expired {
                 dir: i.dir.display().to_string(),
-                at: rfc3339(at),
+                at: rfc3339_micros(at),
             });
         }
         let recheck = now + i.recheck;
@@ -512,12 +509,6 @@ fn parse_rfc3339(s: &str) -> Option<SystemTime> {
         .and_then(|t| SystemTime::try_from(t).ok())
 }
 
-fn rfc3339(t: SystemTime) -> String {
-    aws_smithy_types::DateTime::from(t)
-        .fmt(aws_smithy_types::date_time::Format::DateTime)
-        .unwrap_or_default()
-}
-
 /// A provider's identity, kept until [`REFRESH_BUFFER`] before it expires (identities
 /// without an expiry are kept for good).
 #[derive(Debug)]
@@ -603,9 +594,9 @@ mod tests {
             "the recheck is sooner"
         );
         let soon = now + Duration::from_secs(5);
-        write(dir.path(), &[(EXPIRATION_KEY, &rfc3339(soon))]);
+        write(dir.path(), &[(EXPIRATION_KEY, &rfc3339_micros(soon))]);
         let c = d.load_at(now).expect("load");
-        assert_eq!(c.expiry().map(rfc3339), Some(rfc3339(soon)));
+        assert_eq!(c.expiry().map(rfc3339_micros), Some(rfc3339_micros(soon)));
         let late = d.load_at(now + Duration::from_secs(6));
         assert!(
             matches!(late, Err(DirectoryError::Expired { .. })),

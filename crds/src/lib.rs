@@ -1,7 +1,6 @@
 //! cairn's custom resources and the pure logic that both the operator and the agent need:
 //! the `AgentSession` and `CompactionPolicy` types (with their CEL rules and descriptions),
-//! policy resolution with its stable hash, payload-size parsing and the RFC 3339 timestamps of
-//! their status fields.
+//! policy resolution with its stable hash, payload-size parsing and RFC 3339 timestamps.
 
 pub mod payload;
 pub mod policy;

@@ -21,6 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::Instrument;
 
+use cairn_crds::time::rfc3339;
 use cairn_crds::{AgentSession, AgentSessionStatus, CompactionPolicy};
 
 use crate::backoff::Backoff;
@@ -523,8 +524,8 @@ async fn scoped_credentials(
             format!(
                 "credentials for {} only, valid until {}, refreshed at {}",
                 target.scope(),
-                scoped::rfc3339(expiration),
-                scoped::rfc3339(ensured.refresh_at)
+                rfc3339(expiration),
+                rfc3339(ensured.refresh_at)
             ),
         )
         .await;

@@ -25,6 +25,7 @@ use kube::api::{Patch, PatchParams};
 use sha2::{Digest, Sha256};
 
 use cairn_crds::session::{S3_EXPIRATION_KEY, S3_SESSION_TOKEN_KEY};
+use cairn_crds::time::rfc3339;
 
 use crate::config::ScopedArchive;
 use crate::objects::{FIELD_MANAGER, labels};
@@ -280,16 +281,6 @@ pub fn env(plan: &Plan) -> Option<EnvVar> {
         value: Some(MOUNT_DIR.into()),
         ..Default::default()
     })
-}
-
-pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or_default();
-    Timestamp::from_second(secs)
-        .unwrap_or(Timestamp::UNIX_EPOCH)
-        .to_string()
 }
 
 fn parse_time(s: &str) -> Option<SystemTime> {

@@ -18,6 +18,7 @@ pub use listen::{Limits, LimitsError, serve as serve_limited};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::SystemTime;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -35,6 +36,7 @@ use crate::ccr::{RecallError, Store, recall};
 use crate::metrics::Metrics;
 use crate::session::{Session, TurnError};
 use cairn_crds::SessionStats;
+use cairn_crds::time::rfc3339_millis;
 
 /// Default request-body limit (`CAIRN_MAX_REQUEST_BYTES`).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
@@ -238,7 +240,7 @@ impl AppState {
     /// Records that work for a client starts or ends now (`status.session.lastActivity`,
     /// to the millisecond: the idle report is due `idle.suspendAfter` after it).
     pub fn touch(&self) {
-        let now = activity_time(k8s_openapi::jiff::Timestamp::now());
+        let now = rfc3339_millis(SystemTime::now());
         if let Ok(mut l) = self.last_activity.write() {
             *l = Some(now.clone());
         }
@@ -282,13 +284,6 @@ impl Drop for Work {
     fn drop(&mut self) {
         self.in_flight.send_modify(|n| *n = n.saturating_sub(1));
     }
-}
-
-/// `status.session.lastActivity` for `t`: RFC 3339 UTC, to the millisecond.
-fn activity_time(t: k8s_openapi::jiff::Timestamp) -> String {
-    t.round(k8s_openapi::jiff::Unit::Millisecond)
-        .unwrap_or(t)
-        .to_string()
 }
 
 fn view_of(session: &Session, status: &str) -> Value {
@@ -746,15 +741,6 @@ async fn get_recall(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::jiff::Timestamp;
-
-    #[test]
-    fn activity_times_are_rfc3339_to_the_millisecond() {
-        let t: Timestamp = "2027-01-15T08:00:10.250999Z".parse().expect("time");
-        assert_eq!(activity_time(t), "2027-01-15T08:00:10.251Z");
-        let whole: Timestamp = "2027-01-15T08:00:10Z".parse().expect("time");
-        assert_eq!(activity_time(whole), "2027-01-15T08:00:10Z");
-    }
 
     #[test]
     fn work_is_in_flight_until_dropped() {

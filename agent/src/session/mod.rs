@@ -42,7 +42,6 @@ use crate::metrics::{
 use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
 use crate::replay::Ledger;
-pub(crate) use cairn_crds::time::rfc3339;
 
 pub use inspect::{ContextReport, InspectOptions};
 pub use summarizer::ProviderSummarizer;

@@ -1127,7 +1127,7 @@ impl Session {
             })
             .inc();
         self.last_recovery = Some(LastRecovery {
-            at: super::rfc3339(SystemTime::now()),
+            at: cairn_crds::time::rfc3339(SystemTime::now()),
             trigger: format!("{class:?}"),
             level: o.attempt,
             outcome: "Recovered".into(),
@@ -1169,7 +1169,7 @@ impl Session {
             .inc();
         if class.is_recoverable() {
             self.last_recovery = Some(LastRecovery {
-                at: super::rfc3339(SystemTime::now()),
+                at: cairn_crds::time::rfc3339(SystemTime::now()),
                 trigger: format!("{class:?}"),
                 level: self.state.recovery_attempts,
                 outcome: "Failed".into(),

@@ -2,6 +2,9 @@
 //! real socket, in process against cairn-sim, moto and nginx, and through official clients:
 //! errors and limits, streaming, disconnects, the context inspector, images, client tools.
 
+// Test helpers outside `#[test]` functions are test code too (STYLE: tests may unwrap).
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -2,6 +2,9 @@
 //! server-side context management, prompt caching, reloads, the summarizer's own provider), no
 //! secret in any output, real middleboxes (nginx, Squid, mitmproxy) and a real llama-server.
 
+// Test helpers outside `#[test]` functions are test code too (STYLE: tests may unwrap).
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

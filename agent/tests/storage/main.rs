@@ -1,6 +1,9 @@
 //! The journal and the archive: properties, S3 (moto) with faults, a process killed mid-batch,
 //! the archive check, AWS identities and the operator's scoped credentials.
 
+// Test helpers outside `#[test]` functions are test code too (STYLE: tests may unwrap).
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -1,6 +1,9 @@
 //! The `cairn-sim` binary over plain HTTP: it prints its address, loads a script, answers in
 //! each wire format, applies header faults and records requests for assertions.
 
+// Test helpers outside `#[test]` functions are test code too (STYLE: tests may unwrap).
+#![allow(clippy::unwrap_used)]
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
