@@ -265,3 +265,14 @@ pub async fn lost_texts(before: &[Message], after: &[Message], store: &dyn Store
     }
     lost
 }
+
+/// nginx's own 413 page for a `bytes`-byte request body.
+pub fn nginx_413(bytes: u64) -> crate::provider::ProviderError {
+    crate::provider::ProviderError::http(
+        "openai",
+        413,
+        Some("text/html".into()),
+        "<html><head><title>413 Request Entity Too Large</title></head></html>",
+        bytes,
+    )
+}

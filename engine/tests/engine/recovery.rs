@@ -15,16 +15,6 @@ use cairn_engine::recovery::{
 };
 use cairn_engine::testing::*;
 
-fn nginx_413(bytes: u64) -> ProviderError {
-    ProviderError::http(
-        "openai",
-        413,
-        Some("text/html".into()),
-        "<html><head><title>413 Request Entity Too Large</title></head></html>",
-        bytes,
-    )
-}
-
 fn overflow() -> ProviderError {
     ProviderError::http(
         "anthropic",

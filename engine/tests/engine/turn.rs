@@ -8,6 +8,7 @@ use cairn_engine::compact::{BudgetInputs, SessionState, Trigger};
 use cairn_engine::history::{self, Message};
 use cairn_engine::provider::{ChatResponse, ProviderError, StopReason, Usage};
 use cairn_engine::recovery::{RecoveryError, escalate_output};
+use cairn_engine::testing::nginx_413;
 use cairn_engine::turn::{
     GiveUp, Plan, StopVerdict, Truncation, before_send, blocking, floor_before_recovery, give_up,
     judge_stop, output_limit,
@@ -19,16 +20,6 @@ fn inputs(window: u64, cap: Option<u64>, reserve: usize) -> BudgetInputs {
         payload_cap: cap,
         reserve_bytes: reserve,
     }
-}
-
-fn nginx_413(bytes: u64) -> ProviderError {
-    ProviderError::http(
-        "openai",
-        413,
-        Some("text/html".into()),
-        "<html><head><title>413 Request Entity Too Large</title></head></html>",
-        bytes,
-    )
 }
 
 fn reply(text: &str, stop: StopReason, input: u64, output: u64) -> ChatResponse {
