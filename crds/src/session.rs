@@ -144,6 +144,20 @@ pub struct IdleSpec {
 /// RFC 3339 UTC time, newer than the suspension.
 pub const WAKE_ANNOTATION: &str = "cairn.dev/wake-requested-at";
 
+/// The digest of a session's API token published as `status.apiTokenHash`:
+/// `sha256:<hex>` of a domain tag, the session's namespace and name (the salt: one token
+/// digest is never another session's) and the token, NUL-separated. One home for the
+/// operator that writes it and the gateway that compares against it.
+pub fn api_token_hash(namespace: &str, name: &str, token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in ["cairn.dev/api-token-v1", namespace, name, token] {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
 /// A duration of the form `1h30m`, `15m`, `30s` (the shape `idle.suspendAfter` is validated
 /// against); `None` for anything else or an overflow.
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
@@ -607,6 +621,11 @@ pub struct AgentSessionStatus {
     /// compaction); changes whenever the policy the agent runs with changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_hash: Option<String>,
+    /// Salted digest of the session's API bearer token ([`api_token_hash`]), written by the
+    /// operator so that the gateway checks a presented token without reading the Secret.
+    /// The token is 256 random bits: its digest reveals nothing usable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_token_hash: Option<String>,
     /// Live counters reported by the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionStats>,

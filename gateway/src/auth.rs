@@ -1,6 +1,7 @@
-//! Who may talk to a session: its own bearer token (read from its Secret, cached, compared in
-//! constant time) or a JWT of the configured issuer whose claim lists the namespace.
-//! No token is ever logged or put in an error message.
+//! Who may talk to a session: its own bearer token (checked in constant time against the
+//! salted digest the operator publishes on the session, so no Secret is read) or a JWT of the
+//! configured issuer whose claim lists the namespace. No token is ever logged or put in an
+//! error message.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,12 +11,11 @@ use http::HeaderMap;
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{DecodingKey, Validation, decode, decode_header};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::RwLock;
 
 use crate::config::{IdentityClaims, JwksSource, OidcSettings};
-use crate::directory::Directory;
+use crate::directory::{Directory, DirectoryError};
 use crate::error::GatewayError;
 
 /// The bearer token of a request, if it carries one.
@@ -28,12 +28,11 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// Equal tokens, compared in time independent of where they differ (and, through the
-/// digests, of their lengths).
-pub fn tokens_equal(a: &str, b: &str) -> bool {
-    let da = Sha256::digest(a.as_bytes());
-    let db = Sha256::digest(b.as_bytes());
-    da.ct_eq(&db).into()
+/// Whether `presented` is the token of session `namespace`/`name`, given the digest the
+/// operator published for it (`status.apiTokenHash`). Constant time in where they differ.
+pub fn token_matches(namespace: &str, name: &str, presented: &str, published: &str) -> bool {
+    let computed = cairn_crds::session::api_token_hash(namespace, name, presented);
+    computed.as_bytes().ct_eq(published.as_bytes()).into()
 }
 
 /// Whether a bearer looks like a JWT (three base64url parts), to be checked as one.
@@ -69,7 +68,7 @@ pub fn namespaces_of(claim: Option<&Value>, prefix: &str) -> Vec<String> {
 pub struct Caller {
     pub subject: Option<String>,
     pub namespaces: Vec<String>,
-    /// The Kubernetes identity the lifecycle API acts as ([`identity_of`]).
+    /// The Kubernetes identity the lifecycle API authorizes ([`identity_of`]).
     pub identity: Result<Identity, String>,
 }
 
@@ -246,18 +245,17 @@ async fn fetch_jwks(http: &reqwest::Client, source: &JwksSource) -> Result<JwkSe
 /// A session's token as read (`None`: no Secret or key) and when it was read, by session.
 type Entries = HashMap<(String, String), (Option<Arc<str>>, Instant)>;
 
-/// Sessions' tokens, read from their Secrets and trusted for a short time.
+/// Sessions' tokens, read from their Secrets and trusted for a short time: what the upstream
+/// request of a JWT caller carries (a session-token caller's own token is forwarded).
 pub struct TokenCache {
     ttl: Duration,
-    refresh_min: Duration,
     entries: std::sync::Mutex<Entries>,
 }
 
 impl TokenCache {
-    pub fn new(ttl: Duration, refresh_min: Duration) -> Self {
+    pub fn new(ttl: Duration) -> Self {
         Self {
             ttl,
-            refresh_min,
             entries: std::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -277,10 +275,18 @@ impl TokenCache {
     ) -> Result<Option<Arc<str>>, GatewayError> {
         let token = dir.fetch_token(ns, name).await.map_err(|e| {
             tracing::warn!(namespace = ns, session = name, error = %e, "reading the session's token Secret");
+            let message = match e {
+                DirectoryError::Kube(kube::Error::Api(s)) if s.code == 403 => format!(
+                    "the gateway may not read session tokens in namespace {ns}, which a JWT \
+                     caller needs (chart value gateway.oidc.tokenSecretNamespaces); use the \
+                     session's own token"
+                ),
+                _ => "the session's token could not be read; retry".to_string(),
+            };
             GatewayError::new(
                 http::StatusCode::SERVICE_UNAVAILABLE,
                 "token_unavailable",
-                "the session's token could not be read; retry",
+                message,
             )
         })?;
         let token: Option<Arc<str>> = token.map(Arc::from);
@@ -305,39 +311,6 @@ impl TokenCache {
             _ => self.refresh(dir, ns, name).await,
         }
     }
-
-    /// Checks `presented` against the session's token; a mismatch re-reads the Secret once
-    /// (a rotated token), at most every `refresh_min`. Gives the session's token.
-    pub async fn check(
-        &self,
-        dir: &dyn Directory,
-        ns: &str,
-        name: &str,
-        presented: &str,
-    ) -> Result<Arc<str>, GatewayError> {
-        let denied = || {
-            GatewayError::unauthorized(
-                "invalid_token",
-                format!("the bearer token is not the token of session {ns}/{name}"),
-            )
-        };
-        let (token, age) = match self.cached(ns, name) {
-            Some((t, age)) if age < self.ttl => (t, age),
-            _ => (self.refresh(dir, ns, name).await?, Duration::ZERO),
-        };
-        if let Some(t) = &token
-            && tokens_equal(t, presented)
-        {
-            return Ok(Arc::clone(t));
-        }
-        if age < self.refresh_min {
-            return Err(denied());
-        }
-        match self.refresh(dir, ns, name).await? {
-            Some(t) if tokens_equal(&t, presented) => Ok(t),
-            _ => Err(denied()),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -357,10 +330,14 @@ mod tests {
     }
 
     #[test]
-    fn tokens_compare_by_content() {
-        assert!(tokens_equal("abc", "abc"));
-        assert!(!tokens_equal("abc", "abd"));
-        assert!(!tokens_equal("abc", "abcd"));
+    fn a_token_matches_only_its_own_sessions_digest() {
+        let published = cairn_crds::session::api_token_hash("team-a", "chat", "s3cret");
+        assert!(token_matches("team-a", "chat", "s3cret", &published));
+        assert!(!token_matches("team-a", "chat", "s3cre", &published));
+        assert!(!token_matches("team-a", "other", "s3cret", &published));
+        assert!(!token_matches("team-b", "chat", "s3cret", &published));
+        assert!(!token_matches("team-a", "chat", "s3cret", ""));
+        assert!(!token_matches("team-a", "chat", "s3cret", "s3cret"));
     }
 
     #[test]

@@ -15,11 +15,9 @@ pub const DEFAULT_RESPONSE_TIMEOUT_SECONDS: u64 = 600;
 pub const DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS: u64 = 300;
 /// How long a request for an idle-suspended session is held while it wakes.
 pub const DEFAULT_WAKE_TIMEOUT_SECONDS: u64 = 120;
-/// How long a session's token, read from its Secret, is trusted before it is read again.
+/// How long a session's token, read from its Secret for a JWT caller's request, is trusted
+/// before it is read again.
 pub const DEFAULT_TOKEN_TTL_SECONDS: u64 = 30;
-/// A token that does not match is re-read from the Secret (it may have been rotated) at
-/// most this often per session.
-pub const DEFAULT_TOKEN_REFRESH_MIN_MILLIS: u64 = 1000;
 /// How long SIGTERM waits for requests in flight before the gateway exits.
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 30;
 /// The JWT claim naming the namespaces a caller may use.
@@ -76,7 +74,7 @@ pub struct GatewayArgs {
     /// a `groups` claim holding `cairn:team-a`.
     #[arg(long, env = "CAIRN_GATEWAY_OIDC_NAMESPACE_PREFIX", default_value = "")]
     pub oidc_namespace_prefix: String,
-    /// Claim naming the Kubernetes user the lifecycle API impersonates (as the API server's
+    /// Claim naming the Kubernetes user the lifecycle API authorizes (as the API server's
     /// own `--oidc-username-claim`).
     #[arg(long, env = "CAIRN_GATEWAY_OIDC_USERNAME_CLAIM", default_value = DEFAULT_OIDC_USERNAME_CLAIM)]
     pub oidc_username_claim: String,
@@ -84,7 +82,7 @@ pub struct GatewayArgs {
     /// RoleBindings written for the API server's OIDC users apply unchanged.
     #[arg(long, env = "CAIRN_GATEWAY_OIDC_USERNAME_PREFIX", default_value = "")]
     pub oidc_username_prefix: String,
-    /// Claim listing the Kubernetes groups the lifecycle API impersonates.
+    /// Claim listing the Kubernetes groups the lifecycle API authorizes.
     #[arg(long, env = "CAIRN_GATEWAY_OIDC_GROUPS_CLAIM", default_value = DEFAULT_OIDC_GROUPS_CLAIM)]
     pub oidc_groups_claim: String,
     /// Prefix put before every group name (as the API server's `--oidc-groups-prefix`).
@@ -125,12 +123,13 @@ pub struct OidcSettings {
     pub audience: Option<String>,
     pub namespace_claim: String,
     pub namespace_prefix: String,
-    /// How a JWT maps to the Kubernetes identity the lifecycle API acts as.
+    /// How a JWT maps to the Kubernetes identity the lifecycle API authorizes.
     pub identity: IdentityClaims,
 }
 
 /// Which claims name the caller's Kubernetes user and groups, and the prefixes put before
-/// them (the lifecycle API impersonates that identity, so RBAC decides).
+/// them (the lifecycle API asks Kubernetes whether that identity may make the call, so RBAC
+/// decides).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IdentityClaims {
     pub username_claim: String,
@@ -159,7 +158,6 @@ pub struct Settings {
     pub stream_idle_timeout: Duration,
     pub wake_timeout: Duration,
     pub token_ttl: Duration,
-    pub token_refresh_min: Duration,
     pub drain_timeout: Duration,
     pub oidc: Option<OidcSettings>,
 }
@@ -173,7 +171,6 @@ impl Default for Settings {
             stream_idle_timeout: Duration::from_secs(DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS),
             wake_timeout: Duration::from_secs(DEFAULT_WAKE_TIMEOUT_SECONDS),
             token_ttl: Duration::from_secs(DEFAULT_TOKEN_TTL_SECONDS),
-            token_refresh_min: Duration::from_millis(DEFAULT_TOKEN_REFRESH_MIN_MILLIS),
             drain_timeout: Duration::from_secs(DEFAULT_DRAIN_TIMEOUT_SECONDS),
             oidc: None,
         }
@@ -216,7 +213,6 @@ impl GatewayArgs {
             stream_idle_timeout: Duration::from_secs(self.stream_idle_timeout_seconds),
             wake_timeout: Duration::from_secs(self.wake_timeout_seconds),
             token_ttl: Duration::from_secs(self.token_ttl_seconds),
-            token_refresh_min: Duration::from_millis(DEFAULT_TOKEN_REFRESH_MIN_MILLIS),
             drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
             oidc,
         })

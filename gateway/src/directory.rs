@@ -60,6 +60,9 @@ pub struct SessionView {
     /// Base URL of the session's API (no trailing slash).
     pub url: String,
     pub readiness: Readiness,
+    /// The salted digest of the session's API token the operator publishes
+    /// (`status.apiTokenHash`, [`cairn_crds::session::api_token_hash`]); `None` until it has.
+    pub token_hash: Option<String>,
 }
 
 fn condition_true(s: &AgentSession, kind: &str) -> bool {
@@ -105,7 +108,16 @@ pub fn view(s: &AgentSession) -> SessionView {
             _ => Readiness::Starting,
         }
     };
-    SessionView { url, readiness }
+    let token_hash = s
+        .status
+        .as_ref()
+        .and_then(|st| st.api_token_hash.clone())
+        .filter(|h| !h.is_empty());
+    SessionView {
+        url,
+        readiness,
+        token_hash,
+    }
 }
 
 /// An API call of the directory failed.
@@ -127,6 +139,9 @@ pub trait Directory: Send + Sync + 'static {
     /// Whether the directory has its first full list.
     fn synced(&self) -> bool;
     /// The session's own API token, read from its Secret (`None`: no such Secret or key).
+    /// Only a caller authenticated by a JWT needs it (a session-token caller presents it, and
+    /// is checked against [`SessionView::token_hash`]); the gateway may read it only in the
+    /// namespaces a Role grants it (chart value `gateway.oidc.tokenSecretNamespaces`).
     async fn fetch_token(
         &self,
         namespace: &str,
@@ -141,7 +156,8 @@ pub trait Directory: Send + Sync + 'static {
     ) -> Result<(), DirectoryError>;
 }
 
-/// The cluster's AgentSessions through a reflector; Secrets read by name.
+/// The cluster's AgentSessions through a reflector; token Secrets read by name (JWT callers
+/// only).
 pub struct KubeDirectory {
     client: kube::Client,
     store: Store<AgentSession>,
@@ -269,9 +285,10 @@ impl Directory for StaticDirectory {
     fn lookup(&self, namespace: &str, name: &str) -> Option<SessionView> {
         self.sessions
             .get(&(namespace.to_string(), name.to_string()))
-            .map(|(url, _)| SessionView {
+            .map(|(url, token)| SessionView {
                 url: url.trim_end_matches('/').to_string(),
                 readiness: Readiness::Ready,
+                token_hash: Some(cairn_crds::session::api_token_hash(namespace, name, token)),
             })
     }
 

@@ -16,7 +16,8 @@ use http::StatusCode;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::auth::{self, Caller, Oidc, TokenCache};
+use crate::auth::{self, Caller, Identity, Oidc, TokenCache};
+use crate::authz;
 use crate::config::Settings;
 use crate::directory::{Directory, Readiness};
 use crate::error::GatewayError;
@@ -40,7 +41,8 @@ pub struct Gateway {
     pub settings: Settings,
     pub metrics: Metrics,
     /// For the lifecycle API (`None`: not served): the gateway's own Kubernetes client
-    /// configuration, from which each call builds a client impersonating the caller.
+    /// configuration. Each call is authorized for the caller with a SubjectAccessReview and
+    /// then made with the gateway's own identity.
     pub kube: Option<kube::Config>,
     pub shutting_down: AtomicBool,
     wakes: std::sync::Mutex<HashMap<(String, String), Instant>>,
@@ -55,7 +57,7 @@ impl Gateway {
     ) -> Result<Arc<Self>, reqwest::Error> {
         Ok(Arc::new(Self {
             dir,
-            tokens: TokenCache::new(settings.token_ttl, settings.token_refresh_min),
+            tokens: TokenCache::new(settings.token_ttl),
             oidc,
             http: proxy::client(settings.connect_timeout)?,
             metrics: Metrics::default(),
@@ -260,17 +262,32 @@ async fn authenticate(
             )),
         };
     }
-    // Only sessions the reflector knows get a Secret read: a request naming anything else
-    // costs the API server nothing.
-    if gw.dir.lookup(namespace, session).is_none() {
-        return Err(GatewayError::unauthorized(
+    // The session's own token: checked against the digest the operator published on the
+    // session (from the reflector's memory: no Secret is read, nothing asked of the API
+    // server). A rotated token is a new digest, seen as soon as the watch delivers it.
+    let denied = || {
+        GatewayError::unauthorized(
             "invalid_token",
             format!("the bearer token is not the token of session {namespace}/{session}"),
-        ));
+        )
+    };
+    let Some(view) = gw.dir.lookup(namespace, session) else {
+        return Err(denied());
+    };
+    match view.token_hash {
+        Some(published) if auth::token_matches(namespace, session, presented, &published) => {
+            Ok(Arc::from(presented))
+        }
+        Some(_) => Err(denied()),
+        None => Err(GatewayError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "token_unavailable",
+            format!(
+                "session {namespace}/{session} has no published token digest yet \
+                 (status.apiTokenHash, written by the operator); retry"
+            ),
+        )),
     }
-    gw.tokens
-        .check(gw.dir.as_ref(), namespace, session, presented)
-        .await
 }
 
 fn allow(caller: &Caller, namespace: &str) -> Result<(), GatewayError> {
@@ -402,14 +419,13 @@ async fn request_wake(gw: &Gateway, namespace: &str, session: &str) -> Result<()
 
 // ---- lifecycle API ----
 
-/// The lifecycle API's caller: a JWT allowing the namespace; gives a Kubernetes client that
-/// acts as the caller (impersonating the JWT's user and groups), so the API server's RBAC
-/// decides what the caller may do, whatever the gateway's own ServiceAccount may.
+/// The lifecycle API's caller: a JWT allowing the namespace, naming a usable Kubernetes
+/// identity.
 async fn lifecycle_caller(
     gw: &Gateway,
     headers: &http::HeaderMap,
     namespace: &str,
-) -> Result<kube::Client, GatewayError> {
+) -> Result<Identity, GatewayError> {
     let Some(oidc) = &gw.oidc else {
         return Err(GatewayError::forbidden(
             "lifecycle_disabled",
@@ -430,14 +446,18 @@ async fn lifecycle_caller(
     }
     let caller = oidc.verify(presented).await?;
     allow(&caller, namespace)?;
-    let identity = caller.identity.clone().map_err(|why| {
+    caller.identity.clone().map_err(|why| {
         tracing::info!(
             subject = caller.subject.as_deref().unwrap_or(""),
             why = %why,
             "JWT names no usable Kubernetes identity"
         );
         GatewayError::forbidden("identity_forbidden", why)
-    })?;
+    })
+}
+
+/// The gateway's own Kubernetes client (its ServiceAccount's narrow role).
+fn own_client(gw: &Gateway) -> Result<kube::Client, GatewayError> {
     let unavailable = |why: &str| {
         GatewayError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -445,17 +465,47 @@ async fn lifecycle_caller(
             format!("this gateway cannot reach Kubernetes: {why}"),
         )
     };
-    let mut config = gw
+    let config = gw
         .kube
         .clone()
         .ok_or_else(|| unavailable("no Kubernetes client"))?;
-    config.auth_info.impersonate = Some(identity.user.clone());
-    config.auth_info.impersonate_groups = Some(identity.groups.clone());
-    tracing::debug!(user = %identity.user, groups = ?identity.groups, namespace, "lifecycle call as the caller");
     kube::Client::try_from(config).map_err(|e| {
-        tracing::warn!(error = %e, "building an impersonating Kubernetes client");
+        tracing::warn!(error = %e, "building the Kubernetes client");
         unavailable("building the client failed")
     })
+}
+
+/// Asks Kubernetes whether the caller may make `call` (a SubjectAccessReview); a refusal is
+/// 403 `kubernetes_forbidden` naming the user, the verb and the resource.
+async fn authorize(
+    client: &kube::Client,
+    who: &Identity,
+    call: &authz::Call<'_>,
+) -> Result<(), GatewayError> {
+    match authz::authorize(client, who, call).await {
+        Ok(authz::Decision::Allowed) => {
+            tracing::debug!(user = %who.user, groups = ?who.groups, verb = call.verb, namespace = call.namespace, "lifecycle call allowed");
+            Ok(())
+        }
+        Ok(authz::Decision::Denied(reason)) => {
+            tracing::info!(user = %who.user, verb = call.verb, namespace = call.namespace, "lifecycle call refused by Kubernetes RBAC");
+            Err(GatewayError::forbidden(
+                "kubernetes_forbidden",
+                format!(
+                    "Kubernetes RBAC does not allow this: {}",
+                    authz::refusal(who, call, Some(&reason))
+                ),
+            ))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "SubjectAccessReview");
+            Err(GatewayError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lifecycle_unavailable",
+                "the gateway could not ask Kubernetes whether the call is allowed; retry",
+            ))
+        }
+    }
 }
 
 fn kube_error(e: kube::Error, namespace: &str, name: &str) -> GatewayError {
@@ -476,12 +526,16 @@ fn kube_error(e: kube::Error, namespace: &str, name: &str) -> GatewayError {
                 "invalid_session",
                 s.message.clone(),
             ),
-            // The caller's RBAC (or the gateway's right to act as the caller) said no; the
-            // API server's message names the user, the verb and the resource.
-            403 => GatewayError::forbidden(
-                "kubernetes_forbidden",
-                format!("Kubernetes RBAC does not allow this: {}", s.message),
-            ),
+            // The caller was allowed, the gateway's own role was not (a chart whose role
+            // lacks the verb): not the caller's fault.
+            403 => {
+                tracing::warn!(message = %s.message, "the gateway's own role refused a lifecycle call");
+                GatewayError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "kubernetes_error",
+                    format!("the gateway's own role does not allow this: {}", s.message),
+                )
+            }
             _ => GatewayError::new(
                 StatusCode::BAD_GATEWAY,
                 "kubernetes_error",
@@ -505,10 +559,15 @@ fn answer(mut s: AgentSession) -> Value {
     serde_json::to_value(s).unwrap_or(Value::Null)
 }
 
+/// One lifecycle call: the caller authenticated (a JWT allowing the namespace), `verb` on
+/// the session `name` (or the collection) authorized for the caller by Kubernetes, then `f`
+/// with the gateway's own client.
 async fn lifecycle<F, Fut>(
     gw: Shared,
     headers: http::HeaderMap,
     namespace: String,
+    verb: &'static str,
+    name: Option<String>,
     f: F,
 ) -> Response
 where
@@ -516,10 +575,18 @@ where
     Fut: std::future::Future<Output = Result<Response, GatewayError>>,
 {
     let start = Instant::now();
-    let r = match lifecycle_caller(&gw, &headers, &namespace).await {
-        Ok(client) => f(Api::namespaced(client, &namespace)).await,
-        Err(e) => Err(e),
-    };
+    let r = async {
+        let who = lifecycle_caller(&gw, &headers, &namespace).await?;
+        let client = own_client(&gw)?;
+        let call = authz::Call {
+            verb,
+            namespace: &namespace,
+            name: name.as_deref(),
+        };
+        authorize(&client, &who, &call).await?;
+        f(Api::namespaced(client, &namespace)).await
+    }
+    .await;
     finish(&gw, "lifecycle", start, r)
 }
 
@@ -529,7 +596,7 @@ async fn list_sessions(
     headers: http::HeaderMap,
 ) -> Response {
     let ns = namespace.clone();
-    lifecycle(gw, headers, namespace, |api| async move {
+    lifecycle(gw, headers, namespace, "list", None, |api| async move {
         let list = api
             .list(&ListParams::default())
             .await
@@ -546,7 +613,8 @@ async fn get_session(
     headers: http::HeaderMap,
 ) -> Response {
     let ns = namespace.clone();
-    lifecycle(gw, headers, namespace, |api| async move {
+    let n = Some(name.clone());
+    lifecycle(gw, headers, namespace, "get", n, |api| async move {
         let s = api
             .get(&name)
             .await
@@ -562,7 +630,8 @@ async fn delete_session(
     headers: http::HeaderMap,
 ) -> Response {
     let ns = namespace.clone();
-    lifecycle(gw, headers, namespace, |api| async move {
+    let n = Some(name.clone());
+    lifecycle(gw, headers, namespace, "delete", n, |api| async move {
         api.delete(&name, &DeleteParams::background())
             .await
             .map_err(|e| kube_error(e, &ns, &name))?;
@@ -617,7 +686,8 @@ async fn create_session(
 ) -> Response {
     let ns = namespace.clone();
     let limit = gw.settings.max_body_bytes;
-    lifecycle(gw, headers, namespace, |api| async move {
+    // RBAC cannot restrict a create by name: the collection is what is authorized.
+    lifecycle(gw, headers, namespace, "create", None, |api| async move {
         let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
             GatewayError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,

@@ -88,6 +88,15 @@ async fn session(client: &Client, ns: &str, name: &str, token: &str, suspend: bo
         .create(&PostParams::default(), &secret)
         .await
         .expect("create secret");
+    // The token's digest, as the operator publishes it: what the gateway checks a session
+    // token against (it reads the Secret only for a JWT caller).
+    set_status(
+        client,
+        ns,
+        name,
+        json!({"apiTokenHash": cairn_crds::session::api_token_hash(ns, name, token)}),
+    )
+    .await;
 }
 
 fn condition(kind: &str, status: &str, reason: &str) -> Value {
@@ -289,8 +298,8 @@ async fn gateway(
         None
     };
     let directory: Arc<dyn Directory> = KubeDirectory::start(client.clone(), None);
-    // The gateway's own credential is the cluster admin's: whatever it may do, the lifecycle
-    // API acts as the caller.
+    // The gateway's own credential is the cluster admin's: whatever it may do, each lifecycle
+    // call is authorized for the caller (a SubjectAccessReview) before it is made.
     let gw = Gateway::new(directory, settings, oidc, Some(config().await)).expect("gateway");
     let api = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -835,7 +844,7 @@ async fn call(r: reqwest::RequestBuilder) -> (u16, String, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lifecycle_api_acts_as_the_caller_so_kubernetes_rbac_decides() {
+async fn kubernetes_rbac_decides_each_lifecycle_call_for_the_caller() {
     let client = client().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (mine, theirs) = (

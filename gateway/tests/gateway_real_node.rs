@@ -320,12 +320,40 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
             format!("gateway.oidc.issuer={ISSUER}"),
             format!("gateway.oidc.jwks=http://{jwks_addr}/jwks.json"),
             format!("gateway.oidc.audience={AUDIENCE}"),
+            // A JWT caller of alpha is forwarded with alpha's token, read from its Secret:
+            // the gateway may read Secrets in NS_A only (a Role), nowhere else.
+            format!("gateway.oidc.tokenSecretNamespaces={{{NS_A}}}"),
         ],
     );
     eprintln!(
         "helm install: operator and gateway Ready in {:?}",
         installed.elapsed()
     );
+    // The gateway with OIDC on reads no Secret cluster-wide and impersonates no one, as the
+    // API server's authorizer answers for its ServiceAccount.
+    let gateway_sa = format!("system:serviceaccount:{OPERATOR_NS}:cairn-gateway");
+    for (args, allowed) in [
+        (&["get", "secrets", "-A"][..], false),
+        (&["impersonate", "users"][..], false),
+        (&["impersonate", "groups"][..], false),
+        (&["get", "secrets", "-n", NS_B][..], false),
+        (&["get", "secrets", "-n", NS_A][..], true),
+        (
+            &["create", "subjectaccessreviews.authorization.k8s.io"][..],
+            true,
+        ),
+    ] {
+        let mut all = vec!["auth", "can-i"];
+        all.extend(args);
+        all.extend(["--as", gateway_sa.as_str()]);
+        let out = cp.kubectl(&all).expect("kubectl runs");
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(
+            answer,
+            if allowed { "yes" } else { "no" },
+            "kubectl {all:?}"
+        );
+    }
 
     cp.apply_yaml(&format!(
         "{}---\n{}",

@@ -57,6 +57,7 @@ fn bench(c: &mut Criterion) {
             policy: Ok("abc".into()),
             blocker: None,
             ready_pods: Some(1),
+            api_token_hash: None,
             archive: Ok("s3://b/cairn/team-a/research/".into()),
             idle: None,
         };

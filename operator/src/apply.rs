@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::cache::{self, Accepted, Key, Packed, Stores};
-use crate::objects::{FIELD_MANAGER, SessionObjects, TOKEN_KEY, object_name, pod_name};
+use crate::objects::{ApiToken, FIELD_MANAGER, SessionObjects, TOKEN_KEY, object_name, pod_name};
 use crate::validate::Plan;
 
 async fn apply<K>(client: &Client, object: &K) -> Result<K, kube::Error>
@@ -124,17 +124,19 @@ impl TokenSecret {
     }
 }
 
+/// Brings the token Secret to `plan`; gives the token the Secret holds when it was written
+/// (`None`: it was current and nothing was read or sent).
 async fn ensure_token_secret(
     client: &Client,
     secret: &Secret,
     plan: TokenSecret,
     stores: Option<&Stores>,
     accepted: &Accepted,
-) -> Result<(), kube::Error> {
+) -> Result<Option<ApiToken>, kube::Error> {
     let digest = cache::secret_digest(secret);
     let stamped = cache::stamped(secret, digest.clone());
     let written = match plan {
-        TokenSecret::Current => return Ok(()),
+        TokenSecret::Current => return Ok(None),
         TokenSecret::Apply => apply(client, &stamped).await?,
         TokenSecret::Create => create_token_secret(client, &stamped).await?,
     };
@@ -147,7 +149,13 @@ async fn ensure_token_secret(
             || cache::secret_version(&stores.secrets, &namespace, &name),
         );
     }
-    Ok(())
+    Ok(written
+        .data
+        .as_ref()
+        .or(stamped.data.as_ref())
+        .and_then(|d| d.get(TOKEN_KEY))
+        .and_then(|t| String::from_utf8(t.0.clone()).ok())
+        .map(ApiToken::from_existing))
 }
 
 /// Creates the token Secret; if it exists after all, applies it with the token it holds.
@@ -441,6 +449,16 @@ where
     Ok(())
 }
 
+/// What [`apply_all`] did that the status reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// The session's pod is ready.
+    pub ready: bool,
+    /// The token the token Secret holds, when it was written (created, or applied with the
+    /// token read from it); `None` when it was current.
+    pub token: Option<ApiToken>,
+}
+
 /// Applies every object that is not current (identity and permissions before the pod),
 /// brings the pod to what was built and says whether it is ready.
 pub async fn apply_all(
@@ -450,7 +468,7 @@ pub async fn apply_all(
     stores: Option<&Stores>,
     token: TokenSecret,
     accepted: &Accepted,
-) -> Result<bool, kube::Error> {
+) -> Result<Applied, kube::Error> {
     ensure(
         client,
         &objects.service_account,
@@ -466,7 +484,7 @@ pub async fn apply_all(
         accepted,
     )
     .await?;
-    ensure_token_secret(client, &objects.token_secret, token, stores, accepted).await?;
+    let token = ensure_token_secret(client, &objects.token_secret, token, stores, accepted).await?;
     ensure_service(client, &objects.service, stores, accepted).await?;
     ensure(
         client,
@@ -477,7 +495,7 @@ pub async fn apply_all(
     .await?;
     remove_per_session(client, plan, stores.map(|s| &s.services), accepted).await?;
     remove_per_session(client, plan, stores.map(|s| &s.network_policies), accepted).await?;
-    ensure_pod(
+    let ready = ensure_pod(
         client,
         &plan.namespace,
         &pod_name(&plan.name),
@@ -486,7 +504,8 @@ pub async fn apply_all(
         stores.map(|s| &s.pods),
         accepted,
     )
-    .await
+    .await?;
+    Ok(Applied { ready, token })
 }
 
 #[cfg(test)]

@@ -332,6 +332,7 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
         policy: Err(Problem::new("Unknown", "")),
         blocker: None,
         ready_pods: None,
+        api_token_hash: None,
         archive: validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults)
             .map_err(|e| Problem::new(e.label(), e.to_string()))
             .and_then(|a| archive_state(&a, &namespace, &name)),
@@ -379,9 +380,15 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                             stores.as_ref(),
                             &ctx.accepted,
                         );
-                        match dereference::build_inputs(&ctx.client, &plan, token.reads_token())
-                            .await
-                        {
+                        // A session whose status has no token digest yet (made before the
+                        // operator published it) has its token read once to publish it.
+                        let publish = session
+                            .status
+                            .as_ref()
+                            .is_none_or(|s| s.api_token_hash.is_none());
+                        let read = token.reads_token()
+                            || (publish && token == apply::TokenSecret::Current);
+                        match dereference::build_inputs(&ctx.client, &plan, read).await {
                             Err(e) if e.class() == ErrorClass::Waiting => {
                                 obs.blocker =
                                     Some(Blocker::Waiting(Problem::new(e.label(), e.to_string())));
@@ -390,7 +397,7 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                             Err(e) => return Err(e),
                             Ok(inputs) => {
                                 let built = objects::build(&plan, &inputs);
-                                let ready = apply::apply_all(
+                                let applied = apply::apply_all(
                                     &ctx.client,
                                     &plan,
                                     &built,
@@ -399,7 +406,18 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
                                     &ctx.accepted,
                                 )
                                 .await?;
-                                obs.ready_pods = Some(i32::from(ready));
+                                obs.ready_pods = Some(i32::from(applied.ready));
+                                obs.api_token_hash = applied
+                                    .token
+                                    .as_ref()
+                                    .or(read.then_some(&inputs.api_token))
+                                    .map(|t| {
+                                        cairn_crds::session::api_token_hash(
+                                            &namespace,
+                                            &name,
+                                            t.expose(),
+                                        )
+                                    });
                                 // The idle deadline, a moment after it so that it has passed.
                                 let requeue = idle
                                     .recheck

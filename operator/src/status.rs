@@ -52,6 +52,9 @@ pub struct Observed {
     pub blocker: Option<Blocker>,
     /// Ready pods of the session (0 or 1); `None` when its objects were not applied.
     pub ready_pods: Option<i32>,
+    /// Digest of the token the token Secret holds, when this reconcile wrote or read it
+    /// (`None`: unchanged, the previous one stays).
+    pub api_token_hash: Option<String>,
     /// Where the archive lives, or why it is not durable / not healthy.
     pub archive: Result<String, Problem>,
     /// The `Idle` condition of a session with an idle rule (`crate::idle`); True: the pod is
@@ -173,6 +176,10 @@ pub fn desired(
             .ok()
             .cloned()
             .or_else(|| prev.and_then(|s| s.policy_hash.clone())),
+        api_token_hash: obs
+            .api_token_hash
+            .clone()
+            .or_else(|| prev.and_then(|s| s.api_token_hash.clone())),
         session: prev.and_then(|s| s.session.clone()),
     }
 }

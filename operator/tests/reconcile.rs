@@ -25,19 +25,32 @@ use serde_json::{Value, json};
 /// What the fake API server saw: "METHOD path?query" and the JSON body.
 type Seen = Vec<(String, Value)>;
 
+/// The token Secret the fake API server holds, kept across servers the way a real API server
+/// keeps it across reconciles.
+type TokenSecret = Arc<Mutex<Option<Value>>>;
+
 async fn serve(handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) -> Seen {
+    serve_with(handle, TokenSecret::default()).await
+}
+
+async fn serve_with(
+    handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    token_secret: TokenSecret,
+) -> Seen {
     let log = Arc::new(Mutex::new(Seen::new()));
-    serve_into(handle, log.clone()).await;
+    serve_into(handle, log.clone(), token_secret).await;
     log.lock().map(|seen| seen.clone()).expect("log")
 }
 
 /// The resourceVersion the fake API server gives every object it stores.
 const STORED_VERSION: &str = "42";
 
-/// `serve`, logging into `log` as the requests come.
+/// `serve`, logging into `log` as the requests come. The token Secret is stored when it is
+/// created or applied and read back from `token_secret`; the pod is never found.
 async fn serve_into(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
     log: Arc<Mutex<Seen>>,
+    token_secret: TokenSecret,
 ) {
     while let Some((request, respond)) = handle.next_request().await {
         let method = request.method().clone();
@@ -54,9 +67,20 @@ async fn serve_into(
             format!("{method} {path}?{}", uri.query().unwrap_or_default()),
             body.clone(),
         ));
+        let token_path = path.ends_with("/secrets/cairn-chat-api-token");
+        if (method == http::Method::POST && path.ends_with("/secrets"))
+            || (method == http::Method::PATCH && token_path)
+        {
+            *token_secret.lock().expect("token secret") = Some(body.clone());
+        }
+        let stored_token = token_secret.lock().expect("token secret").clone();
         let (status, reply) = if method == http::Method::GET
-            && (path.ends_with("/secrets/cairn-chat-api-token")
-                || path.ends_with("/pods/cairn-chat-0"))
+            && token_path
+            && let Some(secret) = stored_token
+        {
+            (StatusCode::OK, secret)
+        } else if method == http::Method::GET
+            && (token_path || path.ends_with("/pods/cairn-chat-0"))
         {
             (
                 StatusCode::NOT_FOUND,
@@ -106,8 +130,13 @@ fn session(status: Option<AgentSessionStatus>) -> AgentSession {
 }
 
 async fn reconcile_once(s: AgentSession) -> Seen {
+    reconcile_against(s, TokenSecret::default()).await
+}
+
+/// One reconcile against a fake API server that holds `token_secret`.
+async fn reconcile_against(s: AgentSession, token_secret: TokenSecret) -> Seen {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle));
+    let server = tokio::spawn(serve_with(handle, token_secret));
     let client = Client::new(service, "default");
     let ctx = Arc::new(Context::new(
         client,
@@ -200,7 +229,8 @@ async fn first_reconcile_applies_every_object_then_writes_status() {
 
 #[tokio::test]
 async fn an_unchanged_session_gets_no_status_write_and_no_event() {
-    let first = reconcile_once(session(None)).await;
+    let token_secret = TokenSecret::default();
+    let first = reconcile_against(session(None), token_secret.clone()).await;
     let written: AgentSessionStatus = serde_json::from_value(
         first
             .iter()
@@ -210,7 +240,11 @@ async fn an_unchanged_session_gets_no_status_write_and_no_event() {
             .clone(),
     )
     .expect("status parses");
-    let second = reconcile_once(session(Some(written))).await;
+    assert!(
+        written.api_token_hash.is_some(),
+        "the token's digest is published"
+    );
+    let second = reconcile_against(session(Some(written)), token_secret).await;
     assert!(
         !second.iter().any(|(r, _)| r.contains("/status")),
         "status unchanged: not written"
@@ -334,7 +368,7 @@ fn sent(log: &Mutex<Seen>) -> Vec<String> {
 async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let log = Arc::new(Mutex::new(Seen::new()));
-    let server = tokio::spawn(serve_into(handle, log.clone()));
+    let server = tokio::spawn(serve_into(handle, log.clone(), TokenSecret::default()));
     let ctx = Arc::new(Context::new(
         Client::new(service, "default"),
         Defaults::default(),
@@ -432,9 +466,11 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
     controller::reconcile(outdated.clone(), ctx.clone())
         .await
         .expect("second reconcile");
+    // The outdated copy has no status, so no token digest: the token Secret is read to
+    // publish it, and the status that digest completes is the one already accepted.
     assert_eq!(
         sent(&log)[first.len()..],
-        [] as [String; 0],
+        ["GET /api/v1/namespaces/team-a/secrets/cairn-chat-api-token"],
         "a reconcile of outdated copies sends nothing the API server accepted"
     );
 

@@ -27,6 +27,7 @@ fn observed() -> Observed {
         policy: Ok("abc123".into()),
         blocker: None,
         ready_pods: Some(1),
+        api_token_hash: None,
         archive: Ok("s3://b/cairn/team-a/chat/".into()),
         idle: None,
     }
@@ -678,4 +679,44 @@ fn crossing_the_cost_budget_is_a_condition_and_a_warning_event() {
             .message
             .contains("turns go on")
     );
+}
+
+#[test]
+fn the_token_digest_is_published_kept_and_replaced_never_the_token() {
+    let token = "f".repeat(64);
+    let hash = cairn_crds::session::api_token_hash("team-a", "chat", &token);
+    assert!(
+        hash.starts_with("sha256:") && !hash.contains(&token),
+        "{hash}"
+    );
+    assert_ne!(
+        hash,
+        cairn_crds::session::api_token_hash("team-b", "chat", &token),
+        "the same token in another session has another digest"
+    );
+    let first = status::desired(
+        None,
+        &Observed {
+            api_token_hash: Some(hash.clone()),
+            ..observed()
+        },
+        &at(0),
+    );
+    assert_eq!(first.api_token_hash.as_deref(), Some(hash.as_str()));
+    // A reconcile that neither wrote nor read the Secret keeps the digest.
+    let kept = status::desired(Some(&first), &observed(), &at(5));
+    assert_eq!(kept.api_token_hash, first.api_token_hash);
+    // A token minted anew (the Secret was deleted) replaces it.
+    let other = cairn_crds::session::api_token_hash("team-a", "chat", &"0".repeat(64));
+    let minted = status::desired(
+        Some(&kept),
+        &Observed {
+            api_token_hash: Some(other.clone()),
+            ..observed()
+        },
+        &at(9),
+    );
+    assert_eq!(minted.api_token_hash, Some(other));
+    let json = serde_json::to_value(&minted).expect("status");
+    assert!(json["apiTokenHash"].is_string(), "{json}");
 }

@@ -7,5 +7,6 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+pub mod chart_roles;
 pub mod demo;
 pub mod harness;

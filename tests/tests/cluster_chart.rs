@@ -613,3 +613,326 @@ fn scoped_credentials_values_mount_the_admin_secret_into_the_operator_only() {
         assert!(!out.status.success(), "{bad:?} should be refused");
     }
 }
+
+/// Every option of the chart that renders RBAC or a Secret reference, on: the operator bound
+/// cluster-wide, the Secret watch, scoped credentials, the gateway with OIDC, its lifecycle
+/// API and its token Secret namespaces, monitors, an Ingress.
+const EVERY_OPTION: &[&str] = &[
+    "secretWatchNamespaces={team-a}",
+    "archive.bucket=cairn",
+    "archive.credentialsSecret=archive-keys",
+    "archive.scoped.enabled=true",
+    "archive.scoped.adminCredentialsSecret=archive-admin",
+    "archive.scoped.roleArn=arn:aws:iam::123456789012:role/cairn-archive",
+    "agent.otlp.endpoint=https://otel-collector.observability:4318",
+    "agent.otlp.headersSecret=otlp-auth",
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.agentPodMonitor.enabled=true",
+    "networkPolicy.enabled=true",
+    "gateway.enabled=true",
+    "gateway.ingress.enabled=true",
+    "gateway.oidc.issuer=https://login.example.com",
+    "gateway.oidc.jwks=https://login.example.com/jwks",
+    "gateway.oidc.tokenSecretNamespaces={team-a,team-b}",
+];
+
+/// The grants the chart-roles check accepts, each with its reason.
+const ALLOWED: &[cairn_tests::chart_roles::Allowed] = &[cairn_tests::chart_roles::Allowed {
+    role: "ClusterRole/cairn",
+    verb: "get",
+    resource: "secrets",
+    reason: "the operator reads, by name, the Secrets a session names (provider key, S3 key \
+             pair) in the session's namespace and each session's token Secret, to keep the \
+             token it holds; sessions live in any namespace. No list or watch cluster-wide \
+             (docs/security.md §5).",
+}];
+
+fn render(values: &[&str]) -> Vec<serde_yaml::Value> {
+    let mut args = vec!["template", "cairn", &chart(), "--namespace", "cairn-system"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    for v in values {
+        args.extend(["--set".to_string(), v.to_string()]);
+    }
+    let out = Command::new(helm().expect("helm installs"))
+        .args(&args)
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "helm template {values:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cairn_tests::chart_roles::parse(&String::from_utf8_lossy(&out.stdout))
+        .expect("rendered YAML parses")
+}
+
+fn role<'a>(
+    docs: &'a mut [serde_yaml::Value],
+    kind: &str,
+    name: &str,
+) -> &'a mut serde_yaml::Value {
+    docs.iter_mut()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("the chart renders {kind} {name}"))
+}
+
+#[test]
+fn no_role_of_the_chart_reads_every_secret_impersonates_escalates_binds_or_uses_wildcards() {
+    use cairn_tests::chart_roles::{unused, violations};
+    for extra in [&[][..], &["watchNamespaces={team-a,team-b}"][..]] {
+        let values: Vec<&str> = EVERY_OPTION.iter().chain(extra).copied().collect();
+        let docs = render(&values);
+        let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+        for kind in ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"] {
+            assert!(
+                kinds.contains(&kind),
+                "every option renders a {kind}: {kinds:?}"
+            );
+        }
+        let left = violations(&docs, ALLOWED);
+        assert!(
+            left.is_empty(),
+            "with {extra:?}:\n{}",
+            left.iter().map(|f| format!("  {f}\n")).collect::<String>()
+        );
+        if extra.is_empty() {
+            let stale = unused(&docs, ALLOWED);
+            assert!(
+                stale.is_empty(),
+                "allow-list entries no grant needs: {stale:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_chart_roles_check_fails_when_a_forbidden_grant_is_added() {
+    use cairn_tests::chart_roles::violations;
+    let clean = render(EVERY_OPTION);
+    assert!(violations(&clean, ALLOWED).is_empty());
+    let added = [
+        (
+            "{apiGroups: [''], resources: [users, groups], verbs: [impersonate]}",
+            "impersonate",
+        ),
+        (
+            "{apiGroups: [''], resources: [secrets], verbs: [get]}",
+            "get",
+        ),
+        (
+            "{apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [bind, escalate]}",
+            "bind",
+        ),
+        (
+            "{apiGroups: [cairn.dev], resources: ['*'], verbs: ['*']}",
+            "*",
+        ),
+    ];
+    for (rule, verb) in added {
+        let mut docs = clean.clone();
+        let rule: serde_yaml::Value = serde_yaml::from_str(rule).expect("rule");
+        role(&mut docs, "ClusterRole", "cairn-gateway")["rules"]
+            .as_sequence_mut()
+            .expect("the gateway's ClusterRole has rules")
+            .push(rule.clone());
+        let left = violations(&docs, ALLOWED);
+        assert!(
+            left.iter()
+                .any(|f| f.role == "ClusterRole/cairn-gateway" && f.verb == verb),
+            "adding {rule:?} to the gateway's role must fail the check: {left:?}"
+        );
+    }
+    // The operator's allowed `get secrets` does not stretch to `list`.
+    let mut docs = clean;
+    role(&mut docs, "ClusterRole", "cairn")["rules"]
+        .as_sequence_mut()
+        .expect("rules")
+        .push(
+            serde_yaml::from_str("{apiGroups: [''], resources: [secrets], verbs: [list]}")
+                .expect("rule"),
+        );
+    let left = violations(&docs, ALLOWED);
+    assert_eq!(
+        left.iter()
+            .map(|f| (f.role.as_str(), f.verb.as_str()))
+            .collect::<Vec<_>>(),
+        [("ClusterRole/cairn", "list")]
+    );
+}
+
+/// What the API server's authorizer answers for `args` as `user`.
+fn can_i(cp: &ControlPlane, user: &str, args: &[&str]) -> bool {
+    let mut all = vec!["auth", "can-i"];
+    all.extend(args);
+    all.extend(["--as", user]);
+    let out = cp.kubectl(&all).expect("kubectl runs");
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        answer == "yes" || answer == "no",
+        "kubectl {all:?}: {answer:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answer == "yes"
+}
+
+/// The API server's answer to a SubjectAccessReview for ServiceAccount `ns`/`name`:
+/// `verb` on `group`/`resource` in every namespace.
+fn service_account_may(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+) -> bool {
+    let review = serde_json::json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": format!("system:serviceaccount:{ns}:{name}"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{ns}"), "system:authenticated"],
+            "resourceAttributes": {"verb": verb, "group": group, "resource": resource},
+        },
+    });
+    let out = cp
+        .kubectl_with_stdin(
+            &["create", "-f", "-", "-o", "jsonpath={.status.allowed}"],
+            &review.to_string(),
+        )
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim() == "true"
+}
+
+/// The gateway's rendered RBAC (every option on, OIDC included) applied to the real API
+/// server: its ServiceAccount reads no Secret cluster-wide, impersonates no one, and has
+/// exactly what its job needs.
+#[test]
+fn the_gateway_with_oidc_reads_no_secret_and_impersonates_no_one_on_the_api_server() {
+    let cp = shared_cluster();
+    let (ns, tokens_ns) = ("cairn-gw-rbac", "cairn-gw-rbac-tokens");
+    for n in [ns, tokens_ns] {
+        let _ = cp.kubectl(&["create", "namespace", n]);
+    }
+    let release = "gwrbac";
+    let mut args = vec!["template", release, &chart(), "--namespace", ns]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    for v in EVERY_OPTION
+        .iter()
+        .filter(|v| !v.starts_with("gateway.oidc.tokenSecretNamespaces"))
+        .map(|v| v.to_string())
+        .chain([format!(
+            "gateway.oidc.tokenSecretNamespaces={{{tokens_ns}}}"
+        )])
+    {
+        args.extend(["--set".to_string(), v]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = helm_cmd(cp, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs = cairn_tests::chart_roles::parse(&String::from_utf8_lossy(&out.stdout))
+        .expect("rendered YAML parses");
+    let gateway = format!("{release}-cairn-gateway");
+    let rbac: Vec<&serde_yaml::Value> = docs
+        .iter()
+        .filter(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some(
+                    "ServiceAccount"
+                        | "ClusterRole"
+                        | "ClusterRoleBinding"
+                        | "Role"
+                        | "RoleBinding"
+                )
+            ) && d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(&gateway))
+        })
+        .collect();
+    assert!(
+        rbac.len() >= 5,
+        "the gateway's identity and roles: {rbac:?}"
+    );
+    let yaml = rbac
+        .iter()
+        .map(|d| serde_yaml::to_string(d).expect("yaml"))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    let applied = cp
+        .kubectl_with_stdin(&["apply", "-f", "-"], &yaml)
+        .expect("kubectl runs");
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let sa = format!("system:serviceaccount:{ns}:{gateway}");
+    let yes = [
+        vec!["create", "subjectaccessreviews.authorization.k8s.io"],
+        vec!["get", "secrets", "-n", tokens_ns],
+    ];
+    // The authorizer sees new bindings through its informers, a moment after the apply:
+    // every "yes" first (so the "no"s below are answered with the roles in force).
+    for args in &yes {
+        let allowed = (0..40).any(|_| {
+            can_i(cp, &sa, args) || {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                false
+            }
+        });
+        assert!(allowed, "the gateway may not {args:?}");
+    }
+    // AgentSessions, asked with a SubjectAccessReview of the ServiceAccount (kubectl's
+    // `can-i` needs the CRD in discovery, which this cluster may not have installed yet).
+    for (verb, allowed) in [
+        ("get", true),
+        ("list", true),
+        ("watch", true),
+        ("patch", true),
+        ("create", true),
+        ("delete", true),
+        ("update", false),
+        ("deletecollection", false),
+    ] {
+        assert_eq!(
+            service_account_may(cp, ns, &gateway, verb, "cairn.dev", "agentsessions"),
+            allowed,
+            "{verb} agentsessions"
+        );
+    }
+    let no = [
+        vec!["get", "secrets", "-A"],
+        vec!["list", "secrets", "-A"],
+        vec!["get", "secrets", "-n", ns],
+        vec!["get", "secrets", "-n", "default"],
+        vec!["impersonate", "users"],
+        vec!["impersonate", "groups"],
+        vec!["impersonate", "serviceaccounts", "-A"],
+        vec!["escalate", "clusterroles"],
+        vec!["bind", "clusterroles"],
+        vec!["update", "agentsessions.cairn.dev", "-A"],
+        vec![
+            "patch",
+            "agentsessions.cairn.dev",
+            "--subresource=status",
+            "-A",
+        ],
+        vec!["list", "secrets", "-n", tokens_ns],
+    ];
+    for args in &no {
+        assert!(!can_i(cp, &sa, args), "the gateway may {args:?}");
+    }
+    let _ = cp.kubectl_with_stdin(&["delete", "--ignore-not-found", "-f", "-"], &yaml);
+}
