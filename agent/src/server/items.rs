@@ -204,6 +204,17 @@ fn content(
     }
 }
 
+/// The `content` of a message that must have one: absent or null is a 400 that names it.
+fn required<'a>(v: Option<&'a Value>, at: &str) -> Result<&'a Value, ApiError> {
+    match v {
+        None | Some(Value::Null) => Err(bad(
+            "missing_content",
+            format!("{at}.content is required"),
+        )),
+        Some(v) => Ok(v),
+    }
+}
+
 fn req_str<'a>(item: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
     item.get(key).and_then(Value::as_str).ok_or_else(|| {
         bad(
@@ -253,7 +264,7 @@ fn responses_item(i: usize, item: &Value) -> Result<Incoming, ApiError> {
         "message" => {
             let role = role_of(item.get("role").and_then(Value::as_str), &at, false)?;
             let (text, images) = content(
-                item.get("content"),
+                Some(required(item.get("content"), &at)?),
                 &at,
                 &["input_text", "output_text", "text"],
                 Some("input_image"),
@@ -326,7 +337,7 @@ pub fn chat_messages(obj: &Map<String, Value>) -> Result<Vec<Incoming>, ApiError
         let at = format!("messages[{i}]");
         let role = m.get("role").and_then(Value::as_str);
         if role == Some("tool") {
-            let (output, _) = content(m.get("content"), &at, &["text"], None)?;
+            let (output, _) = content(Some(required(m.get("content"), &at)?), &at, &["text"], None)?;
             out.push(Incoming {
                 item: Item::FunctionCallOutput {
                     call_id: req_str(m, "tool_call_id", &at)?.to_owned(),
@@ -337,6 +348,11 @@ pub fn chat_messages(obj: &Map<String, Value>) -> Result<Vec<Incoming>, ApiError
             continue;
         }
         let role = role_of(role, &at, true)?;
+        // Only an assistant message that makes tool calls may come without content.
+        let has_calls = m.get("tool_calls").is_some_and(|c| !c.is_null());
+        if role != ItemRole::Assistant || !has_calls {
+            required(m.get("content"), &at)?;
+        }
         let (text, images) = content(m.get("content"), &at, &["text"], Some("image_url"))?;
         if role != ItemRole::User && !images.is_empty() {
             return Err(bad(
@@ -750,6 +766,17 @@ mod tests {
         ] {
             assert!(responses_input(&obj(bad.clone())).is_err(), "{bad}");
         }
+        for without_content in [
+            json!({"input": [{"role": "user"}]}),
+            json!({"input": [{"type": "message", "role": "user", "content": null}]}),
+            json!({"input": [{"role": "developer"}, {"role": "user", "content": "q"}]}),
+        ] {
+            let err = responses_input(&obj(without_content.clone()))
+                .expect_err("a message without content is refused");
+            assert_eq!(err.status, StatusCode::BAD_REQUEST, "{without_content}");
+            assert_eq!(err.code, "missing_content", "{without_content}");
+            assert!(err.message.ends_with(".content is required"), "{}", err.message);
+        }
     }
 
     #[test]
@@ -764,6 +791,17 @@ mod tests {
         let kinds: Vec<_> = items.iter().map(|i| i.item.kind()).collect();
         use crate::replay::Kind::*;
         assert_eq!(kinds, [System, User, Call, Output]);
+        for without_content in [
+            json!({"messages": [{"role": "user"}]}),
+            json!({"messages": [{"role": "system", "content": null}]}),
+            json!({"messages": [{"role": "assistant"}]}),
+            json!({"messages": [{"role": "tool", "tool_call_id": "c1"}]}),
+        ] {
+            let err = chat_messages(&obj(without_content.clone()))
+                .expect_err("a message without content is refused");
+            assert_eq!(err.status, StatusCode::BAD_REQUEST, "{without_content}");
+            assert_eq!(err.code, "missing_content", "{without_content}");
+        }
     }
 
     #[test]
