@@ -220,7 +220,7 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
     }
     match live.policy.engine {
         Engine::Local => {}
-        Engine::Provider if crate::provider::engine::supports_provider_engine(live.spec.provider.kind) => {}
+        Engine::Provider if crate::provider::context_management::supports_provider_engine(live.spec.provider.kind) => {}
         Engine::Provider => out.push(UnsupportedSetting {
             field: "engine".into(),
             reason: format!(

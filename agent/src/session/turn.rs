@@ -1211,7 +1211,7 @@ impl Session {
             messages.insert(at, Message::system(text.clone()));
             at
         });
-        let context = crate::provider::engine::server_context(
+        let context = crate::provider::context_management::server_context(
             live.spec.provider.kind,
             policy,
             self.state
@@ -1260,7 +1260,7 @@ impl Session {
         changes: &mut Changes,
         notices: &mut Notices,
     ) {
-        use crate::provider::engine::AppliedContext;
+        use crate::provider::context_management::AppliedContext;
         let live = Arc::clone(&self.live);
         let e = &live.policy.provider_engine;
         let before = self.history.to_vec();
