@@ -33,7 +33,7 @@ use crate::history::{self, Message};
 use crate::journal::{
     Change, CompactionRecord, Journal, JournalError, ObjectStore, PersistedState, Undo,
 };
-use crate::mcp::engine::McpSummarizer;
+use crate::mcp::summarizer::McpSummarizer;
 use crate::mcp::{McpCatalog, McpHub};
 use crate::metrics::{
     CompactionLabels, Metrics, OutcomeLabels, SummaryEngine, SummaryLabels, SummaryWriter,
