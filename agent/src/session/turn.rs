@@ -1269,7 +1269,7 @@ impl Session {
                 cleared_tool_uses,
                 cleared_input_tokens,
             }) => {
-                let out = crate::compact::server::mirror_cleared_tool_uses(
+                let out = crate::compact::mirror::mirror_cleared_tool_uses(
                     &mut self.history,
                     *cleared_tool_uses as usize,
                     e.keep_tool_uses as usize,
@@ -1284,7 +1284,7 @@ impl Session {
                 ("clear_tool_uses", out, message)
             }
             Some(AppliedContext::Compaction { item }) => {
-                let Some(out) = crate::compact::server::mirror_compaction(
+                let Some(out) = crate::compact::mirror::mirror_compaction(
                     &mut self.history,
                     item,
                     self.store.as_ref(),

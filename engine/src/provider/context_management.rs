@@ -10,6 +10,9 @@
 //!
 //! Every other family has no equivalent: the session reports `engine` in
 //! `status.session.unsupported` and the built-in summarizer writes level-2 summaries.
+//!
+//! What the server did ([`AppliedContext`]) is applied to the local history by
+//! [`crate::compact::mirror`].
 
 use cairn_crds::ProviderKind;
 
