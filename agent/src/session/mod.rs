@@ -672,7 +672,7 @@ impl Session {
         extra: Option<String>,
         builtin: &ProviderSummarizer,
     ) -> Option<McpSummarizer<ProviderSummarizer>> {
-        if live.policy.engine != cairn_crds::policy::Engine::Mcp {
+        if live.policy.engine != cairn_crds::policy::SummaryEngine::Mcp {
             return None;
         }
         let server = live.policy.engine_server.clone()?;
