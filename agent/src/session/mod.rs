@@ -8,7 +8,7 @@
 //! then becomes whatever the journal turned out to hold: what a restart would rebuild.
 
 mod inspect;
-mod memory;
+mod memory_updates;
 pub(crate) mod summarizer;
 pub mod tools;
 mod tracked;
@@ -187,7 +187,7 @@ pub struct Session {
     /// The session memory and its queue (`compaction.memory`), once enabled.
     memory: Option<Arc<crate::memory::SessionMemory>>,
     /// Its update in progress.
-    memory_task: Option<memory::UpdateTask>,
+    memory_task: Option<memory_updates::UpdateTask>,
 }
 
 /// Messages the cheap passes changed over the session's life (`status.session.passes`,
