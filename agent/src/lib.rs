@@ -7,7 +7,7 @@
 
 // The pure core lives in `cairn-engine`; its modules keep their paths here.
 pub use cairn_engine::{
-    catalog, classify, compact, compress, cost, history, inspect, meter, overflow, recovery,
+    breakdown, catalog, classify, compact, compress, cost, history, meter, overflow, recovery,
     replay, steering, tokens,
 };
 
