@@ -7,8 +7,8 @@
 //! whose outcome stayed unknown is settled before the next operation starts, and the history
 //! then becomes whatever the journal turned out to hold: what a restart would rebuild.
 
-mod inspect;
 mod memory_updates;
+mod next_request;
 pub(crate) mod summarizer;
 pub mod tools;
 mod tracked;
@@ -43,7 +43,7 @@ use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
 use crate::replay::Ledger;
 
-pub use inspect::{ContextReport, InspectOptions};
+pub use next_request::{ContextReport, InspectOptions};
 pub use summarizer::ProviderSummarizer;
 pub use turn::{LedgerTurn, McpSelection, Notice, TurnEvent, TurnEvents, TurnOptions, TurnOutcome};
 
