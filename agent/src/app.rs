@@ -455,7 +455,7 @@ pub async fn serve(source: Source, listen: SocketAddr) -> Result<(), AppError> {
 /// An open session being served.
 struct Served {
     state: AppState,
-    lease: Option<Arc<crate::kube::LeaseHold>>,
+    lease: Option<Arc<crate::cluster::LeaseHold>>,
 }
 
 /// Opens the session `serve` serves and starts what follows it: the config file or the
@@ -470,10 +470,10 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
         }
         Source::Cluster(r) => {
             let (ns, name) = crate::config::parse_session_ref(r)?;
-            let client = ::kube::Client::try_default()
+            let client = kube::Client::try_default()
                 .await
                 .map_err(|e| AppError::new(exit::FAILURE, format!("kubernetes client: {e}")))?;
-            let (obj, live) = crate::kube::load(&client, &ns, &name)
+            let (obj, live) = crate::cluster::load(&client, &ns, &name)
                 .await
                 .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
             let settings = StorageSettings::from_spec(&obj.spec, env)?;
@@ -492,7 +492,7 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
                         check.location
                     ));
                 }
-                crate::kube::report_archive_check(&client, &ns, &name, &check).await;
+                crate::cluster::report_archive_check(&client, &ns, &name, &check).await;
                 if ok {
                     break;
                 }
@@ -500,10 +500,10 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
             }
             gate.waiting(format!(
                 "waiting for the journal Lease {} of {ns}/{name}",
-                crate::kube::lease_name(&name)
+                crate::cluster::lease_name(&name)
             ));
             let lease =
-                crate::kube::LeaseHold::acquire(client.clone(), &ns, &name, &holder_identity())
+                crate::cluster::LeaseHold::acquire(client.clone(), &ns, &name, &holder_identity())
                     .await
                     .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
             cluster = Some((client, lease));
@@ -530,23 +530,23 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
         Source::Cluster(_) => {
             if let Some((client, hold)) = cluster {
                 let hold = Arc::new(hold);
-                tokio::spawn(crate::kube::follow(
+                tokio::spawn(crate::cluster::follow(
                     client.clone(),
                     namespace.clone(),
                     name.clone(),
                     (*live_tx).clone(),
                 ));
-                tokio::spawn(crate::kube::write_status(
+                tokio::spawn(crate::cluster::write_status(
                     client,
                     namespace.clone(),
                     name.clone(),
                     state.stats(),
-                    crate::kube::status_interval(
-                        std::env::var(crate::kube::STATUS_INTERVAL_ENV)
+                    crate::cluster::status_interval(
+                        std::env::var(crate::cluster::STATUS_INTERVAL_ENV)
                             .ok()
                             .as_deref(),
                     ),
-                    Some(crate::kube::IdleFeeds {
+                    Some(crate::cluster::IdleFeeds {
                         in_flight: state.in_flight(),
                         live: live_tx.subscribe(),
                     }),

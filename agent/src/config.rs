@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_crds::policy::Engine;
+use cairn_crds::policy::SummaryEngine;
 use cairn_crds::session::UnsupportedSetting;
 use cairn_crds::{AgentSessionSpec, CompactionPolicySpec, EffectivePolicy, ProviderSpec};
 use serde::Deserialize;
@@ -219,16 +219,16 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
         });
     }
     match live.policy.engine {
-        Engine::Local => {}
-        Engine::Provider if crate::provider::engine::supports_provider_engine(live.spec.provider.kind) => {}
-        Engine::Provider => out.push(UnsupportedSetting {
+        SummaryEngine::Local => {}
+        SummaryEngine::Provider if crate::provider::context_management::supports_provider_engine(live.spec.provider.kind) => {}
+        SummaryEngine::Provider => out.push(UnsupportedSetting {
             field: "engine".into(),
             reason: format!(
                 "engine: provider: the {} API has no server-side context management (only anthropic's context editing and openai-responses' compaction are); the built-in summarizer writes level-2 summaries",
                 live.spec.provider.kind.as_str()
             ),
         }),
-        Engine::Mcp => match &live.policy.engine_server {
+        SummaryEngine::Mcp => match &live.policy.engine_server {
             Some(server) if live.spec.mcp_servers().iter().any(|s| s.name == *server) => {}
             Some(server) => out.push(UnsupportedSetting {
                 field: "engineServer".into(),
@@ -243,7 +243,7 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
         },
     }
     if live.policy.memory.enabled
-        && (!live.policy.summarizer.enabled || live.policy.engine != Engine::Local)
+        && (!live.policy.summarizer.enabled || live.policy.engine != SummaryEngine::Local)
     {
         out.push(UnsupportedSetting {
             field: "memory.enabled".into(),

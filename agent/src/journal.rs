@@ -46,7 +46,7 @@
 //! fails after the entry landed leaves the entry in the journal, unconfirmed; the next check
 //! that succeeds confirms it (a claimant that appears after that check lists it). No
 //! conditional write is needed. In a cluster a Kubernetes Lease additionally keeps two pods
-//! from running turns at once (see `kube`); its holder still takes an epoch here.
+//! from running turns at once (see `cluster`); its holder still takes an epoch here.
 //!
 //! # Size
 //!

@@ -7,7 +7,7 @@
 
 // The pure core lives in `cairn-engine`; its modules keep their paths here.
 pub use cairn_engine::{
-    catalog, classify, compact, compress, cost, history, inspect, meter, overflow, recovery,
+    breakdown, catalog, classify, compact, compress, cost, history, meter, overflow, recovery,
     replay, steering, tokens,
 };
 
@@ -19,9 +19,9 @@ pub mod provider;
 pub mod allocator;
 pub mod app;
 pub mod aws;
+pub mod cluster;
 pub mod config;
 pub mod journal;
-pub mod kube;
 pub mod mcp;
 pub mod memory;
 pub mod metrics;

@@ -228,7 +228,7 @@ fn main() -> ExitCode {
                         text.push('\n');
                         text.into_bytes()
                     }
-                    Ok(v) => cairn_agent::inspect::table(&v).into_bytes(),
+                    Ok(v) => cairn_agent::breakdown::table(&v).into_bytes(),
                     Err(e) => {
                         eprintln!("cairn-agent: the report cannot be written: {e}");
                         return ExitCode::from(1);

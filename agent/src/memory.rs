@@ -16,6 +16,9 @@
 //! Layout beside the journal's entries: `memory/head-<epoch>` (the memory, its frontier and
 //! its version; the journal's epoch keeps a fenced writer's late head from winning) and
 //! `memory/queue/<epoch>-<seq>` (one segment each, JSON).
+//!
+//! The session drives it from `session/memory_updates.rs`: it opens the memory, starts the
+//! updates and queues what its compactions remove.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

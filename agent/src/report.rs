@@ -1,4 +1,4 @@
-//! When the agent writes `status.session`: a pure schedule that `kube::write_status` follows.
+//! When the agent writes `status.session`: a pure schedule that `cluster::write_status` follows.
 //!
 //! Counters that changed are written at most once per status interval while the session is
 //! in use, and nothing is written while it is idle. With `spec.idle.suspendAfter = S` two

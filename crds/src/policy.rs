@@ -92,7 +92,7 @@ pub struct CompactionPolicySpec {
     /// `provider` (the provider's server-side compaction, where it has one) or `mcp`
     /// (an external MCP compaction tool). Default: local.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<Engine>,
+    pub engine: Option<SummaryEngine>,
 
     /// With `engine: mcp`: the `tools.mcpServers` entry of the session whose
     /// `context_compact(segment, budget_chars, instruction)` tool writes the level-2
@@ -397,10 +397,12 @@ pub enum CompressionProfile {
     Aggressive,
 }
 
-/// Who writes the level-2 summary.
+/// The policy's `engine`: who writes the level-2 summary — the agent's own summarizer
+/// (`local`), the provider's server-side context management (`provider`) or an MCP server's
+/// `context_compact` tool (`mcp`).
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(rename_all = "lowercase")]
-pub enum Engine {
+pub enum SummaryEngine {
     #[default]
     Local,
     Provider,
@@ -419,7 +421,7 @@ pub struct EffectivePolicy {
     pub recovery: Recovery,
     pub summarizer: Summarizer,
     pub compression: Compression,
-    pub engine: Engine,
+    pub engine: SummaryEngine,
     pub timeouts: Timeouts,
     /// `engine: mcp`'s server (an `mcpServers` name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -687,7 +689,7 @@ impl Default for EffectivePolicy {
                 profile: CompressionProfile::Default,
                 max_result_bytes: 256 * 1024,
             },
-            engine: Engine::Local,
+            engine: SummaryEngine::Local,
             timeouts: Timeouts {
                 turn_seconds: 600,
                 provider_call_seconds: 300,
@@ -919,7 +921,7 @@ mod tests {
             p.microcompact.truncate_after_turns, 2,
             "unset everywhere: default"
         );
-        assert_eq!(p.engine, Engine::Provider);
+        assert_eq!(p.engine, SummaryEngine::Provider);
 
         let only_inline = resolve(None, Some(&inline)).expect("valid");
         assert_eq!(only_inline.min_keep_recent, 8);
@@ -1016,7 +1018,7 @@ mod tests {
             |p| p.compression.max_result_bytes += 1,
             |p| p.summarizer.base_url = Some("http://s".into()),
             |p| p.summarizer.context_window = Some(1000),
-            |p| p.engine = Engine::Mcp,
+            |p| p.engine = SummaryEngine::Mcp,
             |p| p.engine_server = Some("compactor".into()),
             |p| p.engine_timeout_seconds += 1,
             |p| p.timeouts.turn_seconds += 1,

@@ -7,6 +7,7 @@
 //! implements ([`provider::Provider`], [`ccr::Store`], [`meter::Meter`]); the crate depends on
 //! no HTTP client, SDK, server, Kubernetes client, or tokio networking and filesystem.
 
+pub mod breakdown;
 pub mod catalog;
 pub mod ccr;
 pub mod classify;
@@ -14,7 +15,6 @@ pub mod compact;
 pub mod compress;
 pub mod cost;
 pub mod history;
-pub mod inspect;
 pub mod meter;
 pub mod overflow;
 pub mod provider;

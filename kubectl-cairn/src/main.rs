@@ -166,7 +166,7 @@ fn main() -> ExitCode {
                 }
             };
             let text = match other {
-                Output::Table => cairn_agent::inspect::table(&value),
+                Output::Table => cairn_agent::breakdown::table(&value),
                 Output::Compaction => describe_compaction(&value) + "\n",
                 Output::Rewind => describe_rewind(&value) + "\n",
                 _ => serde_json::to_string_pretty(&value).unwrap_or_default() + "\n",

@@ -7,7 +7,7 @@
 //! costs a turn one clear tool error per call, not a connection attempt per call. Every
 //! failure becomes the text of a tool error for the model; nothing here fails a turn.
 
-pub mod engine;
+pub mod summarizer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::config::{BuildError, ClientOptions, Secret};
-use super::engine::{AppliedContext, CLEAR_TOOL_USES};
+use super::context_management::{AppliedContext, CLEAR_TOOL_USES};
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
 use super::wire::{Arguments, SystemText, Turn, is_false, merge_turns};
@@ -320,7 +320,7 @@ impl Provider for Anthropic {
             {
                 h.insert(
                     HeaderName::from_static("anthropic-beta"),
-                    HeaderValue::from_static(super::engine::ANTHROPIC_BETA),
+                    HeaderValue::from_static(super::context_management::ANTHROPIC_BETA),
                 );
             }
             Ok(h)
@@ -340,7 +340,7 @@ impl Provider for Anthropic {
             .as_ref()
             .is_some_and(|c| c.anthropic_body().is_some())
         {
-            headers.push(("anthropic-beta", super::engine::ANTHROPIC_BETA));
+            headers.push(("anthropic-beta", super::context_management::ANTHROPIC_BETA));
         }
         let body = super::http::encode(self.name(), &Self::body(request))?;
         Ok(super::Rendered::post(&self.url, &headers, body))

@@ -98,7 +98,7 @@ pub(crate) struct Reply {
     pub calls: Vec<ToolCall>,
     pub stop: Option<StopReason>,
     pub usage: Usage,
-    pub context: Option<super::engine::AppliedContext>,
+    pub context: Option<super::context_management::AppliedContext>,
 }
 
 impl Reply {

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::config::{BuildError, ClientOptions, Secret};
-use super::engine::AppliedContext;
+use super::context_management::AppliedContext;
 use super::http::{DecodeError, HttpClient, Reply, StreamState, parse_json, secret_header};
 use super::sse::SseEvent;
 use super::wire::{DataUrl, SystemText, is_false};

@@ -1,6 +1,7 @@
 //! The HTTP API of a session (axum): the OpenAI Responses and Chat Completions APIs
 //! (`responses`, `chat`; request items and tools in `items`, replay reconciliation in
-//! `crate::replay`), session endpoints, recall, health and metrics.
+//! `crate::replay`), session endpoints (the context inspector, `GET /v1/session/context`, in
+//! `inspector`), recall, health and metrics.
 //!
 //! Every route but `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer
 //! $CAIRN_API_TOKEN`. `/metrics` carries counters only (no message bodies, no secrets) so a
@@ -9,7 +10,7 @@
 //! ones 400; every error is a JSON `{"error": {"message", "type", "code"}}`.
 
 mod chat;
-mod context;
+mod inspector;
 mod items;
 mod listen;
 mod responses;
@@ -514,7 +515,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/v1/responses/{id}", get(responses::get))
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/session", get(get_session))
-        .route("/v1/session/context", get(context::get_context))
+        .route("/v1/session/context", get(inspector::get_context))
         .route("/v1/session/compact", post(compact))
         .route("/v1/session/rewind", post(rewind))
         .route("/v1/session/reset-payload-cap", post(reset_payload_cap))

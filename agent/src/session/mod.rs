@@ -7,8 +7,8 @@
 //! whose outcome stayed unknown is settled before the next operation starts, and the history
 //! then becomes whatever the journal turned out to hold: what a restart would rebuild.
 
-mod inspect;
-mod memory;
+mod memory_updates;
+mod next_request;
 pub(crate) mod summarizer;
 pub mod tools;
 mod tracked;
@@ -33,7 +33,7 @@ use crate::history::{self, Message};
 use crate::journal::{
     Change, CompactionRecord, Journal, JournalError, ObjectStore, PersistedState, Undo,
 };
-use crate::mcp::engine::McpSummarizer;
+use crate::mcp::summarizer::McpSummarizer;
 use crate::mcp::{McpCatalog, McpHub};
 use crate::metrics::{
     CompactionLabels, Metrics, OutcomeLabels, SummaryEngine, SummaryLabels, SummaryWriter,
@@ -43,7 +43,7 @@ use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
 use crate::replay::Ledger;
 
-pub use inspect::{ContextReport, InspectOptions};
+pub use next_request::{ContextReport, InspectOptions};
 pub use summarizer::ProviderSummarizer;
 pub use turn::{LedgerTurn, McpSelection, Notice, TurnEvent, TurnEvents, TurnOptions, TurnOutcome};
 
@@ -187,7 +187,7 @@ pub struct Session {
     /// The session memory and its queue (`compaction.memory`), once enabled.
     memory: Option<Arc<crate::memory::SessionMemory>>,
     /// Its update in progress.
-    memory_task: Option<memory::UpdateTask>,
+    memory_task: Option<memory_updates::UpdateTask>,
 }
 
 /// Messages the cheap passes changed over the session's life (`status.session.passes`,
@@ -672,7 +672,7 @@ impl Session {
         extra: Option<String>,
         builtin: &ProviderSummarizer,
     ) -> Option<McpSummarizer<ProviderSummarizer>> {
-        if live.policy.engine != cairn_crds::policy::Engine::Mcp {
+        if live.policy.engine != cairn_crds::policy::SummaryEngine::Mcp {
             return None;
         }
         let server = live.policy.engine_server.clone()?;

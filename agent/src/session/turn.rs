@@ -1211,7 +1211,7 @@ impl Session {
             messages.insert(at, Message::system(text.clone()));
             at
         });
-        let context = crate::provider::engine::server_context(
+        let context = crate::provider::context_management::server_context(
             live.spec.provider.kind,
             policy,
             self.state
@@ -1260,7 +1260,7 @@ impl Session {
         changes: &mut Changes,
         notices: &mut Notices,
     ) {
-        use crate::provider::engine::AppliedContext;
+        use crate::provider::context_management::AppliedContext;
         let live = Arc::clone(&self.live);
         let e = &live.policy.provider_engine;
         let before = self.history.to_vec();
@@ -1269,7 +1269,7 @@ impl Session {
                 cleared_tool_uses,
                 cleared_input_tokens,
             }) => {
-                let out = crate::compact::server::mirror_cleared_tool_uses(
+                let out = crate::compact::mirror::mirror_cleared_tool_uses(
                     &mut self.history,
                     *cleared_tool_uses as usize,
                     e.keep_tool_uses as usize,
@@ -1284,7 +1284,7 @@ impl Session {
                 ("clear_tool_uses", out, message)
             }
             Some(AppliedContext::Compaction { item }) => {
-                let Some(out) = crate::compact::server::mirror_compaction(
+                let Some(out) = crate::compact::mirror::mirror_compaction(
                     &mut self.history,
                     item,
                     self.store.as_ref(),

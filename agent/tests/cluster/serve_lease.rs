@@ -10,7 +10,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cairn_agent::kube::LeaseHold;
+use cairn_agent::cluster::LeaseHold;
 use cairn_crds::{AgentSession, AgentSessionSpec};
 use cairn_sim::{ScriptedReply, Sim};
 use k8s_openapi::api::core::v1::Namespace;

@@ -8,9 +8,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod context_management;
 mod contract;
 mod decoders;
-mod engine;
 mod faults;
 mod middlebox_nginx;
 mod network_path;

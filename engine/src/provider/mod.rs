@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::history::{Message, ToolCall};
 
+pub mod context_management;
 mod controls;
-pub mod engine;
 pub mod retry;
 
 pub use controls::{Effort, OutputFormat, unsupported_by};
@@ -92,7 +92,7 @@ pub struct ChatRequest {
     pub stream: bool,
     pub controls: Controls,
     /// The server's own context management for this request (`engine: provider`).
-    pub context: Option<engine::ServerContext>,
+    pub context: Option<context_management::ServerContext>,
 }
 
 /// A request as the provider client would send it, built by the same code as a real send
@@ -191,7 +191,7 @@ pub struct ChatResponse {
     /// Exact size in bytes of the serialized request body that produced this reply.
     pub request_bytes: u64,
     /// What the server's context management did to the request, when it acted.
-    pub context: Option<engine::AppliedContext>,
+    pub context: Option<context_management::AppliedContext>,
 }
 
 impl ChatResponse {

@@ -27,7 +27,7 @@ impl Session {
         let p = &self.live.policy;
         let usable = p.memory.enabled
             && p.summarizer.enabled
-            && p.engine == cairn_crds::policy::Engine::Local;
+            && p.engine == cairn_crds::policy::SummaryEngine::Local;
         self.memory.as_ref().filter(|_| usable)
     }
 

@@ -9,15 +9,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::kube::api::{Patch, PatchParams, PostParams};
-use ::kube::runtime::{WatchStreamExt, watcher};
-use ::kube::{Api, Client};
 use cairn_crds::{AgentSession, CompactionPolicy, CompactionPolicySpec, SessionStats};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
 use tokio::sync::watch;
 
 use crate::config::{ConfigError, Live};

@@ -1,18 +1,18 @@
 //! The context inspector of a session: the next request, assembled by the turn's own code
 //! (cheap passes, tool catalog, tool-result cuts, instructions, request settings) on the
 //! current history and rendered by the provider client, then measured by part
-//! ([`crate::inspect::breakdown`]). Nothing is sent, and the history, the catalog and the
+//! ([`crate::breakdown::breakdown`]). Nothing is sent, and the history, the catalog and the
 //! counters are as before.
 
 use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::breakdown::{Breakdown, ToolSource, breakdown};
 use crate::compact::Budget;
 use crate::compact::ladder::{Preflight, preflight};
 use crate::compact::window::{Buffers, Headroom};
 use crate::history::{self, Message};
-use crate::inspect::{Breakdown, ToolSource, breakdown};
 use crate::provider::{ProviderError, Rendered};
 
 use super::Session;

@@ -10,6 +10,9 @@
 //!
 //! Every other family has no equivalent: the session reports `engine` in
 //! `status.session.unsupported` and the built-in summarizer writes level-2 summaries.
+//!
+//! What the server did ([`AppliedContext`]) is applied to the local history by
+//! [`crate::compact::mirror`].
 
 use cairn_crds::ProviderKind;
 
@@ -93,7 +96,7 @@ pub fn server_context(
     policy: &cairn_crds::EffectivePolicy,
     history_budget_tokens: u64,
 ) -> Option<ServerContext> {
-    if policy.engine != cairn_crds::policy::Engine::Provider {
+    if policy.engine != cairn_crds::policy::SummaryEngine::Provider {
         return None;
     }
     let e = &policy.provider_engine;
@@ -122,7 +125,7 @@ mod tests {
     fn the_request_fields_follow_the_documented_shapes() {
         let mut policy = cairn_crds::EffectivePolicy::default();
         assert_eq!(server_context(ProviderKind::Anthropic, &policy, 1000), None);
-        policy.engine = cairn_crds::policy::Engine::Provider;
+        policy.engine = cairn_crds::policy::SummaryEngine::Provider;
         let a = server_context(ProviderKind::Anthropic, &policy, 1000).expect("anthropic");
         assert_eq!(
             a.anthropic_body(),
