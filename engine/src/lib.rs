@@ -3,8 +3,9 @@
 //!
 //! Everything here is a function of plain data: history, token estimates, the classification
 //! of a provider's rejection, the compaction and recovery ladders, the compressors, archive
-//! keys and markers. I/O reaches the engine only through traits it defines and the shell
-//! implements ([`provider::Provider`], [`ccr::Store`], [`meter::Meter`]); the crate depends on
+//! keys and markers, the journal's format and rebuild. I/O reaches the engine only through
+//! traits it defines and the shell implements ([`provider::Provider`], [`ccr::Store`],
+//! [`journal::ObjectStore`], [`meter::Meter`]); the crate depends on
 //! no HTTP client, SDK, server, Kubernetes client, or tokio networking and filesystem.
 
 pub mod catalog;
@@ -15,6 +16,7 @@ pub mod compress;
 pub mod cost;
 pub mod history;
 pub mod inspect;
+pub mod journal;
 pub mod meter;
 pub mod overflow;
 pub mod provider;
