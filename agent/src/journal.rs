@@ -2,8 +2,8 @@
 //! is acknowledged, from which a restarted agent rebuilds the exact history. The format (entry
 //! and claim names, fencing tokens, entries as splices of their base), the rebuild from a
 //! listing and the [`ObjectStore`] port are the engine's (`cairn_engine::journal`, re-exported
-//! here); this module holds the writer, [`Journal`], and the two stores it runs on, a local
-//! directory ([`DirObjects`]) and S3 ([`S3Objects`]).
+//! here); this module holds the writer, [`Journal`], which runs on any of the storage port's
+//! backends (`crate::storage`: a local directory or S3).
 //!
 //! # Unknown outcomes
 //!
@@ -56,13 +56,8 @@
 //! 1.5 × the history + a constant; without one, within 1.5 × (history + what a rewind would
 //! bring back) + a constant.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use aws_sdk_s3::Client;
-use aws_sdk_s3::error::DisplayErrorContext;
-use aws_sdk_s3::primitives::ByteStream;
 use serde::Serialize;
 
 pub use cairn_engine::journal::*;
@@ -80,195 +75,6 @@ pub const CHECKPOINT_SLACK: u64 = 64 * 1024;
 /// Serialized bytes of an entry besides its messages and state (names, records), for the
 /// size rule.
 const ENTRY_OVERHEAD: u64 = 512;
-
-/// Journal objects in a local directory (the embedded default without S3).
-pub struct DirObjects {
-    root: PathBuf,
-}
-
-impl DirObjects {
-    pub fn open(root: impl Into<PathBuf>) -> Result<Self, JournalError> {
-        let root = root.into();
-        std::fs::create_dir_all(root.join("claims"))?;
-        Ok(Self { root })
-    }
-}
-
-#[async_trait]
-impl ObjectStore for DirObjects {
-    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
-        let path = self.root.join(name);
-        let tmp = self
-            .root
-            .join(format!(".tmp-{}-{}", std::process::id(), fastrand::u64(..)));
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.sync_all()?;
-            // Nested names (`memory/…`) get their directory on first use.
-            if let Err(e) = std::fs::rename(&tmp, &path) {
-                match path.parent() {
-                    Some(parent) if e.kind() == std::io::ErrorKind::NotFound => {
-                        std::fs::create_dir_all(parent)?;
-                        std::fs::rename(&tmp, &path)?;
-                    }
-                    _ => {
-                        let _ = std::fs::remove_file(&tmp);
-                        return Err(e);
-                    }
-                }
-            }
-            if let Some(parent) = path.parent()
-                && let Ok(d) = std::fs::File::open(parent)
-            {
-                let _ = d.sync_all();
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| JournalError::Unavailable(e.to_string()))??;
-        Ok(())
-    }
-
-    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
-        match tokio::fs::read(self.root.join(name)).await {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
-        let (dir, file_prefix, rel) = match prefix.rsplit_once('/') {
-            Some((d, f)) => (self.root.join(d), f.to_owned(), format!("{d}/")),
-            None => (self.root.clone(), prefix.to_owned(), String::new()),
-        };
-        let mut out = Vec::new();
-        let mut rd = match tokio::fs::read_dir(&dir).await {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(e.into()),
-        };
-        while let Some(e) = rd.next_entry().await? {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&file_prefix)
-                && !name.starts_with(".tmp-")
-                && name.ends_with(".json")
-            {
-                out.push(format!("{rel}{name}"));
-            }
-        }
-        Ok(out)
-    }
-
-    async fn delete(&self, name: &str) -> Result<(), JournalError> {
-        match tokio::fs::remove_file(self.root.join(name)).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-}
-
-/// Journal objects in S3, under `<prefix>/<namespace>/<session>/journal/`.
-pub struct S3Objects {
-    client: Client,
-    bucket: String,
-    prefix: String,
-}
-
-impl S3Objects {
-    /// `journal_prefix` is [`crate::ccr::SessionScope::journal_prefix`].
-    pub fn new(client: Client, bucket: &str, journal_prefix: String) -> Self {
-        Self {
-            client,
-            bucket: bucket.to_owned(),
-            prefix: journal_prefix,
-        }
-    }
-}
-
-fn s3_err<E: std::error::Error>(e: E) -> JournalError {
-    JournalError::Unavailable(DisplayErrorContext(e).to_string())
-}
-
-#[async_trait]
-impl ObjectStore for S3Objects {
-    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
-        self.client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(format!("{}{name}", self.prefix))
-            .content_type("application/json")
-            .body(ByteStream::from(body))
-            .send()
-            .await
-            .map_err(s3_err)?;
-        Ok(())
-    }
-
-    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
-        match self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(format!("{}{name}", self.prefix))
-            .send()
-            .await
-        {
-            Ok(out) => {
-                let body = out.body.collect().await.map_err(s3_err)?;
-                Ok(Some(body.into_bytes().to_vec()))
-            }
-            Err(e) => {
-                if e.as_service_error().is_some_and(|s| s.is_no_such_key()) {
-                    Ok(None)
-                } else {
-                    Err(s3_err(e))
-                }
-            }
-        }
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
-        let full = format!("{}{prefix}", self.prefix);
-        let mut out = Vec::new();
-        let mut token = None;
-        loop {
-            let page = self
-                .client
-                .list_objects_v2()
-                .bucket(&self.bucket)
-                .prefix(&full)
-                .set_continuation_token(token)
-                .send()
-                .await
-                .map_err(s3_err)?;
-            for o in page.contents() {
-                if let Some(k) = o.key().and_then(|k| k.strip_prefix(&self.prefix)) {
-                    out.push(k.to_owned());
-                }
-            }
-            match page.next_continuation_token() {
-                Some(t) if page.is_truncated() == Some(true) => token = Some(t.to_owned()),
-                _ => break,
-            }
-        }
-        Ok(out)
-    }
-
-    async fn delete(&self, name: &str) -> Result<(), JournalError> {
-        self.client
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(format!("{}{name}", self.prefix))
-            .send()
-            .await
-            .map_err(s3_err)?;
-        Ok(())
-    }
-}
 
 /// Serialized size of a message, for the size rule.
 /// Serialized bytes of `v`.
@@ -643,7 +449,12 @@ impl Journal {
             body: body.clone(),
             next: Box::new(next),
         });
-        match self.objects.put(&name, body).await {
+        match self
+            .objects
+            .put(&name, body)
+            .await
+            .map_err(JournalError::from)
+        {
             Ok(()) => self.land(),
             Err(e) => {
                 tracing::warn!(seq, error = %e, "journal: write failed; reading it back");
@@ -876,9 +687,14 @@ impl Journal {
         )?;
         let name = entry_name(self.token, seq, full);
         self.next_seq += 1;
-        if let Err(e) = self.objects.put(&name, body.clone()).await {
+        if let Err(e) = self
+            .objects
+            .put(&name, body.clone())
+            .await
+            .map_err(JournalError::from)
+        {
             // A seal that lands late only repeats the head: harmless either way.
-            match self.objects.get(&name).await {
+            match self.objects.get(&name).await.map_err(JournalError::from) {
                 Ok(Some(found)) if found == body => {}
                 Ok(_) => return Err(JournalError::Unavailable(format!("sealing: {e}"))),
                 Err(g) => {
@@ -994,7 +810,7 @@ impl Journal {
 
 /// Deletes every entry below `below`; `Some(below)` when some could not be deleted.
 async fn delete_superseded(objects: Arc<dyn ObjectStore>, below: u64) -> Option<u64> {
-    let names = match objects.list("e").await {
+    let names = match objects.list("e").await.map_err(JournalError::from) {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(error = %e, "journal: listing superseded entries");
@@ -1008,7 +824,12 @@ async fn delete_superseded(objects: Arc<dyn ObjectStore>, below: u64) -> Option<
     let mut failed = Vec::new();
     for batch in old.chunks(8) {
         let results = futures::future::join_all(batch.iter().map(|n| objects.delete(n))).await;
-        failed.extend(results.into_iter().filter_map(Result::err));
+        failed.extend(
+            results
+                .into_iter()
+                .filter_map(Result::err)
+                .map(JournalError::from),
+        );
     }
     match failed.first() {
         None => {

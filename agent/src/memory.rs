@@ -728,7 +728,7 @@ mod tests {
     async fn a_compaction_that_removes_only_absorbed_messages_queues_nothing() {
         let dir = tempfile::tempdir().expect("dir");
         let objects: Arc<dyn ObjectStore> =
-            Arc::new(crate::journal::DirObjects::open(dir.path()).expect("dir objects"));
+            Arc::new(crate::storage::DirObjects::open(dir.path()).expect("dir objects"));
         let store: Arc<dyn Store> = Arc::new(crate::ccr::MemoryStore::new());
         let m = SessionMemory::open(objects, store, 1, Arc::new(Metrics::new()))
             .await

@@ -5,7 +5,7 @@
 //! of a provider's rejection, the compaction and recovery ladders, the compressors, archive
 //! keys and markers, the journal's format and rebuild. I/O reaches the engine only through
 //! traits it defines and the shell implements ([`provider::Provider`], [`ccr::Store`],
-//! [`journal::ObjectStore`], [`meter::Meter`]); the crate depends on
+//! [`storage::ObjectStore`], [`meter::Meter`]); the crate depends on
 //! no HTTP client, SDK, server, Kubernetes client, or tokio networking and filesystem.
 
 pub mod catalog;
@@ -23,6 +23,7 @@ pub mod provider;
 pub mod recovery;
 pub mod replay;
 pub mod steering;
+pub mod storage;
 pub mod testing;
 pub mod tokens;
 pub mod turn;

@@ -10,7 +10,7 @@ use crate::compact::archive::{parse_segment, referenced_keys};
 use crate::compact::summarize::{SECTIONS, SummaryRequest};
 use crate::compact::{SummarizeError, Summarizer};
 use crate::history::{Message, ToolCall};
-use crate::journal::{JournalError, ObjectStore};
+use crate::storage::{ObjectError, ObjectStore};
 use async_trait::async_trait;
 
 /// A store whose durable tier is unreachable.
@@ -63,7 +63,7 @@ async fn yield_now() {
     .await
 }
 
-/// What the next journal store call of a kind does ([`MemObjects::fail`]).
+/// What the next object store call of a kind does ([`MemObjects::fail`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ObjectFault {
     /// Fails without acting.
@@ -72,7 +72,7 @@ pub enum ObjectFault {
     Lose,
 }
 
-/// Journal objects in memory, with faults queued per call kind: `put`, `get`, `list` (of
+/// Named objects in memory (the storage port), with faults queued per call kind: `put`, `get`, `list` (of
 /// entries), `list-claims` and `delete`. A listing comes newest first, so a reader that
 /// depends on the order of a listing fails.
 #[derive(Default)]
@@ -107,13 +107,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn injected() -> JournalError {
-    JournalError::Unavailable("injected".into())
+fn injected() -> ObjectError {
+    ObjectError::Unavailable("injected".into())
 }
 
 #[async_trait]
 impl ObjectStore for MemObjects {
-    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
+    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), ObjectError> {
         match self.next("put") {
             Some(ObjectFault::Refuse) => return Err(injected()),
             Some(ObjectFault::Lose) => {
@@ -124,13 +124,13 @@ impl ObjectStore for MemObjects {
         }
         Ok(())
     }
-    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
+    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, ObjectError> {
         if self.next("get").is_some() {
             return Err(injected());
         }
         Ok(lock(&self.objects).get(name).cloned())
     }
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, ObjectError> {
         let fault = self.next(if prefix.starts_with("claims") {
             "list-claims"
         } else {
@@ -147,7 +147,7 @@ impl ObjectStore for MemObjects {
         names.reverse();
         Ok(names)
     }
-    async fn delete(&self, name: &str) -> Result<(), JournalError> {
+    async fn delete(&self, name: &str) -> Result<(), ObjectError> {
         if self.next("delete").is_some() {
             return Err(injected());
         }

@@ -9,7 +9,8 @@
 //! added messages writes only those; a compaction or a rewind writes only the messages it
 //! changed. A checkpoint (`-full`) holds the whole history and builds on nothing. Replaying
 //! the chain of bases from the newest valid entry back to a checkpoint gives the history byte
-//! for byte, with its summaries and archive markers ([`rebuild`]).
+//! for byte, with its summaries and archive markers ([`rebuild`]). Journal objects are
+//! named objects of the storage port ([`ObjectStore`], re-exported here).
 //!
 //! A writer holds a fencing token ([`Token`]): it claims `claims/e<epoch>n<nonce>.json`, then
 //! completes the claim under a second name, `claims/e<epoch>n<nonce>-start.json`, with
@@ -27,7 +28,7 @@ pub use names::*;
 pub use rebuild::*;
 pub use splice::*;
 
-use async_trait::async_trait;
+pub use crate::storage::{ObjectError, ObjectStore};
 
 /// Why the journal could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -85,14 +86,12 @@ impl JournalError {
     }
 }
 
-/// Where journal objects live. Names are relative to the session's journal prefix.
-#[async_trait]
-pub trait ObjectStore: Send + Sync {
-    /// Stores `body` under `name`; returns only once it is durable.
-    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError>;
-    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError>;
-    /// Names starting with `prefix`, in any order.
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError>;
-    /// Removes `name`; removing what is not there succeeds.
-    async fn delete(&self, name: &str) -> Result<(), JournalError>;
+/// The store's own failures keep their text: what was unavailable, or the I/O error.
+impl From<ObjectError> for JournalError {
+    fn from(e: ObjectError) -> Self {
+        match e {
+            ObjectError::Unavailable(s) => Self::Unavailable(s),
+            ObjectError::Io(e) => Self::Io(e),
+        }
+    }
 }
