@@ -85,10 +85,7 @@ impl ObjectStore for DirObjects {
         };
         while let Some(e) = rd.next_entry().await? {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&file_prefix)
-                && !name.starts_with(TEMP_PREFIX)
-                && name.ends_with(".json")
-            {
+            if name.starts_with(&file_prefix) && !name.starts_with(TEMP_PREFIX) {
                 out.push(format!("{rel}{name}"));
             }
         }
@@ -101,5 +98,33 @@ impl ObjectStore for DirObjects {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_name_is_listed_whatever_its_suffix_and_temp_files_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let objects = DirObjects::open(dir.path()).unwrap();
+        objects.put("memory/head-1", b"h".to_vec()).await.unwrap();
+        objects
+            .put("memory/head-2.json", b"j".to_vec())
+            .await
+            .unwrap();
+        std::fs::write(dir.path().join("memory/.tmp-1-2"), b"torn").unwrap();
+        let mut names = objects.list("memory/head-").await.unwrap();
+        names.sort();
+        assert_eq!(names, ["memory/head-1", "memory/head-2.json"]);
+        assert_eq!(objects.list("memory/").await.unwrap().len(), 2);
+        assert_eq!(
+            objects.get("memory/head-1").await.unwrap(),
+            Some(b"h".to_vec())
+        );
+        objects.delete("memory/head-1").await.unwrap();
+        objects.delete("memory/head-1").await.unwrap();
+        assert_eq!(objects.get("memory/head-1").await.unwrap(), None);
     }
 }
