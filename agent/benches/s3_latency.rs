@@ -34,11 +34,12 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
 use cairn_agent::aws::AwsIdentity;
 use cairn_agent::ccr::S3Config;
+use cairn_agent::ccr::s3::journal_objects;
 use cairn_agent::ccr::{
     DEFAULT_IN_FLIGHT, LayeredStore, LocalLimits, LocalStore, S3Store, S3Timeouts, SessionScope,
 };
 use cairn_agent::history::Message;
-use cairn_agent::journal::{Change, Journal, ObjectStore, S3Objects};
+use cairn_agent::journal::{Change, Journal, ObjectStore};
 use cairn_crds::EffectivePolicy;
 use cairn_tests::harness::seaweedfs::{
     ADMIN_ACCESS_KEY_ID, ADMIN_SECRET_ACCESS_KEY, SeaweedFs, SeaweedOptions,
@@ -83,10 +84,10 @@ impl Remote {
     }
 
     fn journal(&self) -> Arc<dyn ObjectStore> {
-        Arc::new(S3Objects::new(
+        Arc::new(journal_objects(
             self.client.clone(),
             self.bucket,
-            self.scope().journal_prefix(),
+            &self.scope(),
         ))
     }
 }

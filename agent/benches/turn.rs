@@ -16,12 +16,12 @@ use async_trait::async_trait;
 use cairn_agent::ccr::{LocalLimits, LocalStore};
 use cairn_agent::config::{ConfigFile, Live};
 use cairn_agent::history::Message;
-use cairn_agent::journal::{DirObjects, JournalError, ObjectStore};
 use cairn_agent::metrics::Metrics;
 use cairn_agent::provider::{
     Anthropic, ChatRequest, ChatResponse, Provider, ProviderError, StopReason, Usage, WireCache,
 };
 use cairn_agent::session::{Session, SessionParts};
+use cairn_agent::storage::{DirObjects, ObjectError, ObjectStore};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::sync::watch;
 
@@ -72,16 +72,16 @@ struct MemObjects(std::sync::Mutex<std::collections::BTreeMap<String, Vec<u8>>>)
 
 #[async_trait]
 impl ObjectStore for MemObjects {
-    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
+    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), ObjectError> {
         if let Ok(mut m) = self.0.lock() {
             m.insert(name.to_owned(), body);
         }
         Ok(())
     }
-    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
+    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, ObjectError> {
         Ok(self.0.lock().ok().and_then(|m| m.get(name).cloned()))
     }
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, ObjectError> {
         Ok(self
             .0
             .lock()
@@ -93,7 +93,7 @@ impl ObjectStore for MemObjects {
             })
             .unwrap_or_default())
     }
-    async fn delete(&self, name: &str) -> Result<(), JournalError> {
+    async fn delete(&self, name: &str) -> Result<(), ObjectError> {
         if let Ok(mut m) = self.0.lock() {
             m.remove(name);
         }

@@ -301,10 +301,15 @@ pub async fn context_cmd(
     config: &Path,
     options: crate::session::InspectOptions,
 ) -> Result<crate::session::ContextReport, AppError> {
-    use crate::peek::{PeekObjects, PeekStore};
+    use crate::peek::PeekObjects;
     let (cfg, live, storage) = load_config(config)?;
     let (_tx, rx) = watch::channel(Arc::new(live));
-    let store: Arc<dyn crate::ccr::Store> = Arc::new(PeekStore::new(Arc::clone(&storage.store)));
+    // The archive straight from its durable tier: a local cache in front of it is neither
+    // read nor filled.
+    let originals = PeekObjects::new(Arc::clone(&storage.originals));
+    let store: Arc<dyn crate::ccr::Store> = Arc::new(
+        crate::ccr::ObjectArchive::new(originals).with_in_flight(storage.store.in_flight()),
+    );
     let journal: Arc<dyn crate::journal::ObjectStore> =
         Arc::new(PeekObjects::new(Arc::clone(&storage.journal)));
     let mut session = open_session_on(

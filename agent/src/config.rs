@@ -12,12 +12,13 @@ use cairn_crds::{AgentSessionSpec, CompactionPolicySpec, EffectivePolicy, Provid
 use serde::Deserialize;
 
 use crate::catalog::{self, Limits};
+use crate::ccr::s3::journal_objects;
 use crate::ccr::stats::ArchiveCounters;
 use crate::ccr::{
     DEFAULT_IN_FLIGHT, LayeredStore, LocalLimits, LocalStore, S3Config, S3Store, S3Timeouts,
     SessionScope, Store,
 };
-use crate::journal::{DirObjects, ObjectStore, S3Objects};
+use crate::storage::{DirObjects, ObjectStore};
 
 /// The default S3 key prefix (the operator's default too).
 pub const DEFAULT_PREFIX: &str = "cairn";
@@ -376,6 +377,9 @@ fn s3_timeouts(var: &impl Fn(&str) -> Option<String>) -> S3Timeouts {
 #[derive(Clone)]
 pub struct Storage {
     pub store: Arc<dyn Store>,
+    /// The archive's durable tier as named objects (`<key>`), past any cache: what
+    /// `cairn-agent context` reads through its overlay.
+    pub originals: Arc<dyn ObjectStore>,
     pub journal: Arc<dyn ObjectStore>,
     pub counters: Arc<ArchiveCounters>,
     /// `s3` or `local`.
@@ -439,7 +443,7 @@ impl Storage {
         let scope = SessionScope::new(&settings.prefix, namespace, session)
             .map_err(|e| ConfigError::Archive(e.to_string()))?;
         let archive_err = |e: crate::ccr::ArchiveError| ConfigError::Archive(e.to_string());
-        let journal_err = |e: crate::journal::JournalError| ConfigError::Archive(e.to_string());
+        let objects_err = |e: crate::storage::ObjectError| ConfigError::Archive(e.to_string());
         match &settings.s3 {
             Some(cfg) => {
                 let client = cfg
@@ -448,13 +452,15 @@ impl Storage {
                 let remote = S3Store::with_client(client.clone(), &cfg.bucket, scope.clone())
                     .with_in_flight(settings.in_flight);
                 let probe = Probe::S3(remote.clone(), cfg.credentials.describe());
+                let originals = Arc::new(remote.objects().clone());
                 let layered =
                     LayeredStore::open(&settings.cache_dir, settings.cache_limits, remote)
                         .map_err(archive_err)?;
                 let counters = Arc::clone(layered.counters());
                 Ok(Self {
                     store: Arc::new(layered),
-                    journal: Arc::new(S3Objects::new(client, &cfg.bucket, scope.journal_prefix())),
+                    originals,
+                    journal: Arc::new(journal_objects(client, &cfg.bucket, &scope)),
                     counters,
                     kind: "s3",
                     probe,
@@ -473,7 +479,8 @@ impl Storage {
                 let counters = Arc::clone(local.counters());
                 Ok(Self {
                     store: Arc::new(local),
-                    journal: Arc::new(DirObjects::open(root.join("journal")).map_err(journal_err)?),
+                    originals: Arc::new(DirObjects::open(root.join("ccr")).map_err(objects_err)?),
+                    journal: Arc::new(DirObjects::open(root.join("journal")).map_err(objects_err)?),
                     counters,
                     kind: "local",
                     probe: Probe::Local(root),

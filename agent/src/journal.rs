@@ -1,14 +1,9 @@
-//! The session journal: an append-only log of history changes, written before a turn is
-//! acknowledged, from which a restarted agent rebuilds the exact history.
-//!
-//! Every entry is one object `e<epoch>n<nonce>-s<seq>[-full].json` under the session's
-//! `journal/` prefix (S3: `<prefix>/<namespace>/<session>/journal/`, or a local directory).
-//! An entry is a splice of the history of the entry it builds on (its `base`): "keep the first
-//! `at` messages, then these, then the base's messages `tail[0]..tail[1]`". A turn that only
-//! added messages writes only those; a compaction or a rewind writes only the messages it
-//! changed. A checkpoint (`-full`) holds the whole history and builds on nothing. Replaying
-//! the chain of bases from the newest valid entry back to a checkpoint gives the history byte
-//! for byte, with its summaries and archive markers.
+//! The session journal's writer: an append-only log of history changes, written before a turn
+//! is acknowledged, from which a restarted agent rebuilds the exact history. The format (entry
+//! and claim names, fencing tokens, entries as splices of their base), the rebuild from a
+//! listing and the [`ObjectStore`] port are the engine's (`cairn_engine::journal`, re-exported
+//! here); this module holds the writer, [`Journal`], which runs on any of the storage port's
+//! backends (`crate::storage`: a local directory or S3).
 //!
 //! # Unknown outcomes
 //!
@@ -61,686 +56,25 @@
 //! 1.5 × the history + a constant; without one, within 1.5 × (history + what a rewind would
 //! bring back) + a constant.
 
-use std::collections::BTreeMap;
-use std::ops::Bound::{Excluded, Unbounded};
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use aws_sdk_s3::Client;
-use aws_sdk_s3::error::DisplayErrorContext;
-use aws_sdk_s3::primitives::ByteStream;
-use futures::{StreamExt, TryStreamExt};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::ccr::{Key, Store};
-use crate::compact::SessionState;
-use crate::compact::archive::{parse_segment, segment_text};
+pub use cairn_engine::journal::*;
+
+use crate::ccr::Store;
+use crate::compact::archive::segment_text;
 use crate::history::Message;
 
 /// Entries on a chain after which the next one is a checkpoint whatever the sizes, so a
 /// rebuild fetches a bounded number of objects.
 pub const CHECKPOINT_EVERY: u64 = 64;
-/// Claim objects a rebuild reads at once.
-const CLAIM_READS_IN_FLIGHT: usize = 16;
 /// Bytes of deltas allowed past the size rule, so a small history is not checkpointed on
 /// every turn.
 pub const CHECKPOINT_SLACK: u64 = 64 * 1024;
 /// Serialized bytes of an entry besides its messages and state (names, records), for the
 /// size rule.
 const ENTRY_OVERHEAD: u64 = 512;
-
-/// Why the journal could not be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum JournalError {
-    /// Nothing was written (a failed write was read back and is not there).
-    #[error("journal store unavailable: {0}")]
-    Unavailable(String),
-    /// This write was sent and nothing confirms or denies that it landed.
-    #[error(
-        "the journal store did not confirm the write ({0}); whether it was persisted is unknown, and it is settled before anything else is written"
-    )]
-    Unknown(String),
-    /// This write is in the journal; the claims check that makes it count did not complete.
-    #[error(
-        "the change is in the journal, but this agent could not confirm that it still owns the session ({0}); it counts unless another agent has taken the session over, and it is confirmed before anything else is written"
-    )]
-    Unconfirmed(String),
-    /// An earlier write is still unsettled; nothing was written.
-    #[error("an earlier journal write is not settled yet ({0}); nothing was written")]
-    Unsettled(String),
-    #[error(
-        "this agent ({holder}, epoch {epoch}) no longer owns the session: {by} took it over with epoch {by_epoch}; it stops writing"
-    )]
-    Fenced {
-        holder: String,
-        epoch: u64,
-        by: String,
-        by_epoch: u64,
-    },
-    #[error("journal object {name} is corrupt: {reason}")]
-    Corrupt { name: String, reason: String },
-    #[error("journal I/O error: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("journal has no compaction to undo")]
-    NothingToRewind,
-}
-
-impl JournalError {
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::Unavailable(_) => "unavailable",
-            Self::Unknown(_) => "unknown",
-            Self::Unconfirmed(_) => "unconfirmed",
-            Self::Unsettled(_) => "unsettled",
-            Self::Fenced { .. } => "fenced",
-            Self::Corrupt { .. } => "corrupt",
-            Self::Io(_) => "io",
-            Self::NothingToRewind => "nothing_to_rewind",
-        }
-    }
-
-    /// The write this error answers may be in the journal.
-    pub fn outcome_unknown(&self) -> bool {
-        matches!(self, Self::Unknown(_) | Self::Unconfirmed(_))
-    }
-}
-
-/// Where journal objects live. Names are relative to the session's journal prefix.
-#[async_trait]
-pub trait ObjectStore: Send + Sync {
-    /// Stores `body` under `name`; returns only once it is durable.
-    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError>;
-    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError>;
-    /// Names starting with `prefix`, in any order.
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError>;
-    /// Removes `name`; removing what is not there succeeds.
-    async fn delete(&self, name: &str) -> Result<(), JournalError>;
-}
-
-/// Journal objects in a local directory (the embedded default without S3).
-pub struct DirObjects {
-    root: PathBuf,
-}
-
-impl DirObjects {
-    pub fn open(root: impl Into<PathBuf>) -> Result<Self, JournalError> {
-        let root = root.into();
-        std::fs::create_dir_all(root.join("claims"))?;
-        Ok(Self { root })
-    }
-}
-
-#[async_trait]
-impl ObjectStore for DirObjects {
-    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
-        let path = self.root.join(name);
-        let tmp = self
-            .root
-            .join(format!(".tmp-{}-{}", std::process::id(), fastrand::u64(..)));
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.sync_all()?;
-            // Nested names (`memory/…`) get their directory on first use.
-            if let Err(e) = std::fs::rename(&tmp, &path) {
-                match path.parent() {
-                    Some(parent) if e.kind() == std::io::ErrorKind::NotFound => {
-                        std::fs::create_dir_all(parent)?;
-                        std::fs::rename(&tmp, &path)?;
-                    }
-                    _ => {
-                        let _ = std::fs::remove_file(&tmp);
-                        return Err(e);
-                    }
-                }
-            }
-            if let Some(parent) = path.parent()
-                && let Ok(d) = std::fs::File::open(parent)
-            {
-                let _ = d.sync_all();
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| JournalError::Unavailable(e.to_string()))??;
-        Ok(())
-    }
-
-    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
-        match tokio::fs::read(self.root.join(name)).await {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
-        let (dir, file_prefix, rel) = match prefix.rsplit_once('/') {
-            Some((d, f)) => (self.root.join(d), f.to_owned(), format!("{d}/")),
-            None => (self.root.clone(), prefix.to_owned(), String::new()),
-        };
-        let mut out = Vec::new();
-        let mut rd = match tokio::fs::read_dir(&dir).await {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(e.into()),
-        };
-        while let Some(e) = rd.next_entry().await? {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&file_prefix)
-                && !name.starts_with(".tmp-")
-                && name.ends_with(".json")
-            {
-                out.push(format!("{rel}{name}"));
-            }
-        }
-        Ok(out)
-    }
-
-    async fn delete(&self, name: &str) -> Result<(), JournalError> {
-        match tokio::fs::remove_file(self.root.join(name)).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-}
-
-/// Journal objects in S3, under `<prefix>/<namespace>/<session>/journal/`.
-pub struct S3Objects {
-    client: Client,
-    bucket: String,
-    prefix: String,
-}
-
-impl S3Objects {
-    /// `journal_prefix` is [`crate::ccr::SessionScope::journal_prefix`].
-    pub fn new(client: Client, bucket: &str, journal_prefix: String) -> Self {
-        Self {
-            client,
-            bucket: bucket.to_owned(),
-            prefix: journal_prefix,
-        }
-    }
-}
-
-fn s3_err<E: std::error::Error>(e: E) -> JournalError {
-    JournalError::Unavailable(DisplayErrorContext(e).to_string())
-}
-
-#[async_trait]
-impl ObjectStore for S3Objects {
-    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
-        self.client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(format!("{}{name}", self.prefix))
-            .content_type("application/json")
-            .body(ByteStream::from(body))
-            .send()
-            .await
-            .map_err(s3_err)?;
-        Ok(())
-    }
-
-    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
-        match self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(format!("{}{name}", self.prefix))
-            .send()
-            .await
-        {
-            Ok(out) => {
-                let body = out.body.collect().await.map_err(s3_err)?;
-                Ok(Some(body.into_bytes().to_vec()))
-            }
-            Err(e) => {
-                if e.as_service_error().is_some_and(|s| s.is_no_such_key()) {
-                    Ok(None)
-                } else {
-                    Err(s3_err(e))
-                }
-            }
-        }
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
-        let full = format!("{}{prefix}", self.prefix);
-        let mut out = Vec::new();
-        let mut token = None;
-        loop {
-            let page = self
-                .client
-                .list_objects_v2()
-                .bucket(&self.bucket)
-                .prefix(&full)
-                .set_continuation_token(token)
-                .send()
-                .await
-                .map_err(s3_err)?;
-            for o in page.contents() {
-                if let Some(k) = o.key().and_then(|k| k.strip_prefix(&self.prefix)) {
-                    out.push(k.to_owned());
-                }
-            }
-            match page.next_continuation_token() {
-                Some(t) if page.is_truncated() == Some(true) => token = Some(t.to_owned()),
-                _ => break,
-            }
-        }
-        Ok(out)
-    }
-
-    async fn delete(&self, name: &str) -> Result<(), JournalError> {
-        self.client
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(format!("{}{name}", self.prefix))
-            .send()
-            .await
-            .map_err(s3_err)?;
-        Ok(())
-    }
-}
-
-/// The parts of [`SessionState`] that outlive a restart.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct PersistedState {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub learned_payload_cap: Option<u64>,
-    /// The configured `spec.payloadCap` (`none` or bytes) the learned cap belongs to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payload_cap_basis: Option<String>,
-    #[serde(default)]
-    pub payload_notice_injected: bool,
-    #[serde(default)]
-    pub large_history_warned: bool,
-    #[serde(default)]
-    pub consecutive_failures: u32,
-    #[serde(default)]
-    pub skip_level2: u32,
-    #[serde(default)]
-    pub tool_budget_halvings: u32,
-    #[serde(default)]
-    pub compactions: u64,
-    #[serde(default)]
-    pub level3_compactions: u64,
-    #[serde(default)]
-    pub recoveries: u64,
-    #[serde(default)]
-    pub turns: u64,
-    #[serde(default)]
-    pub input_tokens: u64,
-    #[serde(default)]
-    pub output_tokens: u64,
-    #[serde(default)]
-    pub cache_read_tokens: u64,
-    /// The window a server named, and the `model@configured-window` it was learned for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub learned_window: Option<(u64, String)>,
-    /// The calibrated bytes per token and how many counts it rests on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chars_per_token: Option<(f64, u32)>,
-    #[serde(default)]
-    pub truncated_replies: u64,
-    /// The items a served session accepted and its recent response ids (`crate::replay`).
-    #[serde(default, skip_serializing_if = "crate::replay::Ledger::is_empty")]
-    pub replay: crate::replay::Ledger,
-    /// What the cheap passes changed so far (`status.session.passes`).
-    #[serde(default)]
-    pub passes: cairn_crds::session::PassStats,
-    /// Tokens of the summarizer's own client: input, output, cache read
-    /// (`status.session.tokens.summarizer`).
-    #[serde(default, skip_serializing_if = "is_zero_tokens")]
-    pub summarizer_tokens: [u64; 3],
-    /// Cache writes and cost of the session model's and the summarizer's calls
-    /// (`status.session.costUSD`).
-    #[serde(default, skip_serializing_if = "crate::cost::Accounting::is_empty")]
-    pub accounting: crate::cost::Accounting,
-}
-
-impl PersistedState {
-    pub fn capture(state: &SessionState, turns: u64, tokens: [u64; 3]) -> Self {
-        Self {
-            learned_payload_cap: state.learned_payload_cap,
-            payload_cap_basis: state.payload_cap_basis.clone(),
-            payload_notice_injected: state.payload_notice_injected,
-            large_history_warned: state.large_history_warned,
-            consecutive_failures: state.consecutive_failures,
-            skip_level2: state.skip_level2,
-            tool_budget_halvings: state.tool_budget_halvings,
-            compactions: state.compactions,
-            level3_compactions: state.level3_compactions,
-            recoveries: state.recoveries,
-            turns,
-            input_tokens: tokens[0],
-            output_tokens: tokens[1],
-            cache_read_tokens: tokens[2],
-            learned_window: state.learned_window.zip(state.learned_window_basis.clone()),
-            chars_per_token: (state.chars_per_token.samples() > 0)
-                .then(|| (state.chars_per_token.get(), state.chars_per_token.samples())),
-            truncated_replies: state.truncated_replies,
-            replay: crate::replay::Ledger::default(),
-            passes: Default::default(),
-            summarizer_tokens: [0; 3],
-            accounting: Default::default(),
-        }
-    }
-
-    pub fn restore_into(&self, state: &mut SessionState) {
-        state.learned_payload_cap = self.learned_payload_cap;
-        state.payload_cap_basis = self.payload_cap_basis.clone();
-        state.payload_notice_injected = self.payload_notice_injected;
-        state.large_history_warned = self.large_history_warned;
-        state.consecutive_failures = self.consecutive_failures;
-        state.skip_level2 = self.skip_level2;
-        state.tool_budget_halvings = self.tool_budget_halvings;
-        state.compactions = self.compactions;
-        state.level3_compactions = self.level3_compactions;
-        state.recoveries = self.recoveries;
-        state.truncated_replies = self.truncated_replies;
-        if let Some((w, basis)) = &self.learned_window {
-            state.learned_window = Some(*w);
-            state.learned_window_basis = Some(basis.clone());
-        }
-        if let Some((v, n)) = self.chars_per_token {
-            state.chars_per_token = crate::tokens::CharsPerToken::restored(v, n);
-        }
-    }
-}
-
-/// A compaction recorded with the entry that persisted its result.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct CompactionRecord {
-    /// `auto`, `preflight`, `manual` or `recovery`.
-    pub trigger: String,
-    /// Highest ladder level that ran (0 for recovery without a ladder level).
-    pub level: u8,
-    pub bytes_before: u64,
-    pub bytes_after: u64,
-    /// Archive keys written by the compaction.
-    #[serde(default)]
-    pub archived: Vec<String>,
-}
-
-/// How to undo the compactions of one change: `pre` is the history just before the first of
-/// them; everything from `post_len` on in the change's result was added after the last.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Undo {
-    pub pre: Vec<Message>,
-    pub post_len: usize,
-}
-
-/// An [`Undo`] as an entry stores it: the pre-compaction history as a splice of the entry's
-/// own history up to `post_len` — its first `keep` messages, then `pre`, then its messages
-/// `tail[0]..tail[1]`. (Entries written before splicing was introduced hold `pre` whole.)
-/// When the journal has an archive, the messages of `pre` are archived as a segment and the
-/// entry names its key instead ([`ArchivedUndo`]).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct StoredUndo {
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub keep: usize,
-    #[serde(default)]
-    pub pre: Vec<Message>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub archived: Option<ArchivedUndo>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tail: Option<[usize; 2]>,
-    pub post_len: usize,
-}
-
-/// The replaced messages of an undo, archived as one segment (see `compact::archive`).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct ArchivedUndo {
-    /// Archive key of the segment.
-    pub key: String,
-    /// Messages in the segment.
-    pub messages: usize,
-    /// Serialized size of those messages.
-    pub bytes: u64,
-}
-
-/// Replaced messages of an undo weighing at least this much are archived rather than kept in
-/// the journal's entries (smaller ones cost less inline than a key and a round trip).
-pub const UNDO_ARCHIVE_MIN_BYTES: u64 = 4 * 1024;
-
-fn is_zero_tokens(t: &[u64; 3]) -> bool {
-    t.iter().all(|n| *n == 0)
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
-/// One journal object.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Entry {
-    pub epoch: u64,
-    pub seq: u64,
-    pub holder: String,
-    /// The entry whose history this one splices. `None` with `at = 0` and no `tail`: a
-    /// checkpoint; `None` otherwise: an entry of the first format, which splices the entry
-    /// before it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub base: Option<u64>,
-    /// Messages kept from the start of the base's history.
-    pub at: usize,
-    pub messages: Vec<Message>,
-    /// The base's messages `tail[0]..tail[1]`, after `messages`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tail: Option<[usize; 2]>,
-    #[serde(default)]
-    pub state: PersistedState,
-    /// Items of the base's replay ledger this entry keeps; `state.replay.items` then holds
-    /// only the items after them (the ledger only grows between checkpoints, so a delta
-    /// carries what is new, not the whole ledger). `None`: `state.replay` is whole.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_at: Option<usize>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub compactions: Vec<CompactionRecord>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub undo: Option<StoredUndo>,
-    /// This entry undoes the compactions of entry `rewinds`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rewinds: Option<u64>,
-}
-
-impl Entry {
-    fn is_checkpoint(&self) -> bool {
-        self.base.is_none() && self.at == 0 && self.tail.is_none()
-    }
-}
-
-/// [`Entry`] as written, borrowing the history instead of copying it.
-#[derive(Serialize)]
-struct EntryOut<'a> {
-    epoch: u64,
-    seq: u64,
-    holder: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    base: Option<u64>,
-    at: usize,
-    messages: &'a [Message],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tail: Option<[usize; 2]>,
-    state: &'a PersistedState,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replay_at: Option<usize>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    compactions: &'a [CompactionRecord],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    undo: Option<StoredUndo>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rewinds: Option<u64>,
-}
-
-/// `base[..at] ++ messages ++ base[tail[0]..tail[1]]`.
-fn splice(
-    base: &[Message],
-    at: usize,
-    messages: &[Message],
-    tail: Option<[usize; 2]>,
-) -> Result<Vec<Message>, String> {
-    if at > base.len() {
-        return Err(format!(
-            "keeps {at} messages of a {}-message history",
-            base.len()
-        ));
-    }
-    let tail = match tail {
-        None => &[][..],
-        Some([a, b]) if a <= b && b <= base.len() => &base[a..b],
-        Some([a, b]) => {
-            return Err(format!(
-                "keeps messages {a}..{b} of a {}-message history",
-                base.len()
-            ));
-        }
-    };
-    let mut out = Vec::with_capacity(at + messages.len() + tail.len());
-    out.extend_from_slice(&base[..at]);
-    out.extend_from_slice(messages);
-    out.extend_from_slice(tail);
-    Ok(out)
-}
-
-/// The splice that turns `old` into `new`: messages kept from the start, the range of `new`
-/// to store, and the range of `old` kept at the end.
-fn diff(old: &[Message], new: &[Message]) -> (usize, std::ops::Range<usize>, Option<[usize; 2]>) {
-    diff_from(old, new, 0)
-}
-
-/// [`diff`] when the first `synced` messages of both are known to be equal: the comparison
-/// starts there ([`Journal::write_synced`] checks the claim in debug builds).
-fn diff_from(
-    old: &[Message],
-    new: &[Message],
-    synced: usize,
-) -> (usize, std::ops::Range<usize>, Option<[usize; 2]>) {
-    let synced = synced.min(old.len()).min(new.len());
-    let p = synced
-        + old[synced..]
-            .iter()
-            .zip(&new[synced..])
-            .take_while(|(a, b)| a == b)
-            .count();
-    let room = old.len().min(new.len()) - p;
-    let s = old
-        .iter()
-        .rev()
-        .zip(new.iter().rev())
-        .take(room)
-        .take_while(|(a, b)| a == b)
-        .count();
-    let tail = (s > 0).then(|| [old.len() - s, old.len()]);
-    (p, p..new.len() - s, tail)
-}
-
-fn encode_undo(undo: &Undo, post: &[Message]) -> StoredUndo {
-    let base = &post[..undo.post_len.min(post.len())];
-    let (keep, range, tail) = diff(base, &undo.pre);
-    StoredUndo {
-        keep,
-        pre: undo.pre[range].to_vec(),
-        archived: None,
-        tail,
-        post_len: undo.post_len,
-    }
-}
-
-fn decode_undo(stored: StoredUndo, post: &[Message]) -> Result<Undo, String> {
-    if stored.archived.is_some() {
-        return Err("the replaced messages are archived, not inline".into());
-    }
-    let base = &post[..stored.post_len.min(post.len())];
-    Ok(Undo {
-        pre: splice(base, stored.keep, &stored.pre, stored.tail)?,
-        post_len: stored.post_len,
-    })
-}
-
-/// [`encode_undo`] for a checkpoint that carries the rewind target on: the archived segment
-/// of `known` when the splice is still the same one (the history up to `post_len` did not
-/// change), else the messages inline.
-fn carry_undo(undo: &Undo, post: &[Message], known: Option<&StoredUndo>) -> StoredUndo {
-    let inline = encode_undo(undo, post);
-    match known {
-        Some(
-            k @ StoredUndo {
-                archived: Some(a), ..
-            },
-        ) if k.keep == inline.keep
-            && k.tail == inline.tail
-            && k.post_len == inline.post_len
-            && a.messages == inline.pre.len() =>
-        {
-            k.clone()
-        }
-        _ => inline,
-    }
-}
-
-/// Reads an undo back: inline, or its segment from the archive. `Ok(None)`: the archive no
-/// longer has the segment (or none is configured), so there is nothing to rewind to.
-async fn load_undo(
-    stored: StoredUndo,
-    post: &[Message],
-    segments: Option<&dyn Store>,
-    name: &str,
-) -> Result<Option<Undo>, JournalError> {
-    let corrupt = |reason: String| JournalError::Corrupt {
-        name: name.to_owned(),
-        reason,
-    };
-    let Some(archived) = stored.archived.clone() else {
-        return decode_undo(stored, post).map(Some).map_err(corrupt);
-    };
-    let Some(store) = segments else {
-        tracing::warn!(key = %archived.key, "journal: the rewind target is archived and no archive is configured; rewind is unavailable");
-        return Ok(None);
-    };
-    let Some(key) = Key::parse(&archived.key) else {
-        return Err(corrupt(format!(
-            "undo names an invalid archive key {:?}",
-            archived.key
-        )));
-    };
-    let bytes = match store.fetch(&key).await {
-        Ok(Some(b)) => b,
-        Ok(None) => {
-            tracing::warn!(key = %archived.key, "journal: the archive no longer holds the rewind target; rewind is unavailable");
-            return Ok(None);
-        }
-        Err(e) => {
-            return Err(JournalError::Unavailable(format!(
-                "reading the rewind target {} from the archive: {e}",
-                archived.key
-            )));
-        }
-    };
-    let messages = std::str::from_utf8(&bytes)
-        .map_err(|e| e.to_string())
-        .and_then(|t| parse_segment(t).map_err(|e| e.to_string()))
-        .map_err(|e| corrupt(format!("archived rewind target {}: {e}", archived.key)))?;
-    if messages.len() != archived.messages {
-        return Err(corrupt(format!(
-            "archived rewind target {} holds {} messages, the entry says {}",
-            archived.key,
-            messages.len(),
-            archived.messages
-        )));
-    }
-    let inline = StoredUndo {
-        pre: messages,
-        archived: None,
-        ..stored
-    };
-    decode_undo(inline, post).map(Some).map_err(corrupt)
-}
 
 /// Serialized size of a message, for the size rule.
 /// Serialized bytes of `v`.
@@ -764,139 +98,12 @@ fn undo_bytes(stored: &StoredUndo) -> u64 {
     stored.pre.iter().map(json_len::<Message>).sum()
 }
 
-/// An epoch claim.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Claim {
-    pub epoch: u64,
-    pub holder: String,
-    /// `None` while the claimant is still reading the journal.
-    pub start_seq: Option<u64>,
-}
-
-/// A writer's fencing token: its epoch, and a nonce that orders two claims of the same epoch
-/// (two agents starting at the same moment both pick highest + 1).
-///
-/// The nonce is the claim's wall-clock time in milliseconds above 16 random bits
-/// ([`Token::claim`]): of two claims of one epoch the later one wins. A claim whose write
-/// failed may still land afterwards (its request was held somewhere); it was never completed,
-/// so readers ignore it, and being older it cannot fence the claimant that retried after it.
-/// Journals of the first format carry 8 hex digits of a random nonce; they parse, and rank
-/// below any claim of the same epoch made since.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Token {
-    pub epoch: u64,
-    pub nonce: u64,
-}
-
-impl Token {
-    /// A token of `epoch`, claimed now.
-    fn claim(epoch: u64) -> Self {
-        let millis = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        Self {
-            epoch,
-            nonce: (millis << 16) | u64::from(fastrand::u16(..)),
-        }
-    }
-
-    fn name(self) -> String {
-        format!("e{:010}n{:016x}", self.epoch, self.nonce)
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        let (e, n) = s.strip_prefix('e')?.split_once('n')?;
-        if e.len() != 10 || !matches!(n.len(), 8 | 16) {
-            return None;
-        }
-        Some(Self {
-            epoch: e.parse().ok()?,
-            nonce: u64::from_str_radix(n, 16).ok()?,
-        })
-    }
-}
-
-fn entry_name(token: Token, seq: u64, full: bool) -> String {
-    format!(
-        "{}-s{seq:012}{}.json",
-        token.name(),
-        if full { "-full" } else { "" }
-    )
-}
-
-fn parse_entry_name(name: &str) -> Option<(Token, u64, bool)> {
-    let rest = name.strip_suffix(".json")?;
-    let (rest, full) = match rest.strip_suffix("-full") {
-        Some(r) => (r, true),
-        None => (rest, false),
-    };
-    let (t, s) = rest.split_once("-s")?;
-    Some((Token::parse(t)?, s.parse().ok()?, full))
-}
-
-/// The claim as first written (no `start_seq`).
-fn claim_name(token: Token) -> String {
-    format!("claims/{}.json", token.name())
-}
-
-/// The completed claim: a second name, so that a late copy of the first write can never
-/// overwrite the completion.
-fn start_claim_name(token: Token) -> String {
-    format!("claims/{}-start.json", token.name())
-}
-
-fn parse_claim(name: &str) -> Option<Token> {
-    let rest = name.strip_prefix("claims/")?.strip_suffix(".json")?;
-    Token::parse(rest.strip_suffix("-start").unwrap_or(rest))
-}
-
-/// Where the chain of a rebuilt (or written) history stands.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct Chain {
-    /// Seq of the newest entry on the chain: the base of the next.
-    head: Option<u64>,
-    /// Seq and size of the chain's checkpoint.
-    checkpoint: Option<(u64, u64)>,
-    /// Entries and bytes on the chain after the checkpoint.
-    deltas: u64,
-    delta_bytes: u64,
-}
-
-impl Chain {
-    fn live_bytes(&self) -> u64 {
-        self.checkpoint.map_or(0, |(_, b)| b) + self.delta_bytes
-    }
-
-    fn add(&mut self, seq: u64, bytes: u64, checkpoint: bool) {
-        self.head = Some(seq);
-        if checkpoint {
-            self.checkpoint = Some((seq, bytes));
-            self.deltas = 0;
-            self.delta_bytes = 0;
-        } else {
-            self.deltas += 1;
-            self.delta_bytes += bytes;
-        }
-    }
-}
-
-/// What a rebuild found.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Rebuilt {
-    pub history: Vec<Message>,
-    pub state: PersistedState,
-    /// Entries replayed (the chain from its checkpoint on).
-    pub entries: u64,
-    /// Seq of the newest valid entry.
-    pub last_seq: Option<u64>,
-    /// The last entry with compactions, when they have not been undone: its seq and undo
-    /// record.
-    pub rewindable: Option<(u64, Undo)>,
-    /// How the rewind target is stored.
-    rewind_stored: Option<StoredUndo>,
-    chain: Chain,
-    /// Entries older than the chain's checkpoint are still there.
-    garbage_below: Option<u64>,
+/// A token of `epoch`, claimed now.
+fn claim_token(epoch: u64) -> Token {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    Token::claimed(epoch, millis, fastrand::u16(..))
 }
 
 /// What the journal holds, as far as its writer knows.
@@ -1044,7 +251,7 @@ impl Journal {
             .max()
             .unwrap_or(0)
             + 1;
-        let token = Token::claim(epoch);
+        let token = claim_token(epoch);
         let pending = Claim {
             epoch,
             holder: holder.clone(),
@@ -1242,7 +449,12 @@ impl Journal {
             body: body.clone(),
             next: Box::new(next),
         });
-        match self.objects.put(&name, body).await {
+        match self
+            .objects
+            .put(&name, body)
+            .await
+            .map_err(JournalError::from)
+        {
             Ok(()) => self.land(),
             Err(e) => {
                 tracing::warn!(seq, error = %e, "journal: write failed; reading it back");
@@ -1475,9 +687,14 @@ impl Journal {
         )?;
         let name = entry_name(self.token, seq, full);
         self.next_seq += 1;
-        if let Err(e) = self.objects.put(&name, body.clone()).await {
+        if let Err(e) = self
+            .objects
+            .put(&name, body.clone())
+            .await
+            .map_err(JournalError::from)
+        {
             // A seal that lands late only repeats the head: harmless either way.
-            match self.objects.get(&name).await {
+            match self.objects.get(&name).await.map_err(JournalError::from) {
                 Ok(Some(found)) if found == body => {}
                 Ok(_) => return Err(JournalError::Unavailable(format!("sealing: {e}"))),
                 Err(g) => {
@@ -1593,7 +810,7 @@ impl Journal {
 
 /// Deletes every entry below `below`; `Some(below)` when some could not be deleted.
 async fn delete_superseded(objects: Arc<dyn ObjectStore>, below: u64) -> Option<u64> {
-    let names = match objects.list("e").await {
+    let names = match objects.list("e").await.map_err(JournalError::from) {
         Ok(n) => n,
         Err(e) => {
             tracing::warn!(error = %e, "journal: listing superseded entries");
@@ -1607,7 +824,12 @@ async fn delete_superseded(objects: Arc<dyn ObjectStore>, below: u64) -> Option<
     let mut failed = Vec::new();
     for batch in old.chunks(8) {
         let results = futures::future::join_all(batch.iter().map(|n| objects.delete(n))).await;
-        failed.extend(results.into_iter().filter_map(Result::err));
+        failed.extend(
+            results
+                .into_iter()
+                .filter_map(Result::err)
+                .map(JournalError::from),
+        );
     }
     match failed.first() {
         None => {
@@ -1642,249 +864,10 @@ fn clone_fenced(e: &JournalError) -> JournalError {
     }
 }
 
-/// Replays the valid entries of a journal: the chain of bases from the newest valid entry
-/// back to a checkpoint. A rewind target that was archived is not read (no archive given).
-pub async fn rebuild(objects: &dyn ObjectStore) -> Result<Rebuilt, JournalError> {
-    rebuild_with(objects, None).await
-}
-
-/// [`rebuild`], reading an archived rewind target from `segments`.
-pub async fn rebuild_with(
-    objects: &dyn ObjectStore,
-    segments: Option<&dyn Store>,
-) -> Result<Rebuilt, JournalError> {
-    let mut bounds: BTreeMap<Token, u64> = BTreeMap::new();
-    let claims: Vec<(Token, String)> = objects
-        .list("claims/")
-        .await?
-        .into_iter()
-        .filter_map(|name| parse_claim(&name).map(|t| (t, name)))
-        .collect();
-    // The claims are independent of each other: read concurrently, in order.
-    let mut reads = Vec::with_capacity(claims.len());
-    for (_, name) in &claims {
-        reads.push(objects.get(name));
-    }
-    let bodies: Vec<Option<Vec<u8>>> = futures::stream::iter(reads)
-        .buffered(CLAIM_READS_IN_FLIGHT)
-        .try_collect()
-        .await?;
-    for ((token, _), body) in claims.into_iter().zip(bodies) {
-        if let Some(body) = body
-            && let Ok(c) = serde_json::from_slice::<Claim>(&body)
-            && let Some(start) = c.start_seq
-        {
-            let bound = bounds.entry(token).or_insert(start);
-            *bound = (*bound).min(start);
-        }
-    }
-    // An entry of token t is valid below the smallest start_seq of any later completed claim.
-    let limit_for = |token: Token| {
-        bounds
-            .range((Excluded(token), Unbounded))
-            .map(|(_, s)| *s)
-            .min()
-            .unwrap_or(u64::MAX)
-    };
-    let mut valid: BTreeMap<u64, (Token, bool, String)> = BTreeMap::new();
-    let mut lowest: Option<u64> = None;
-    for name in objects.list("e").await? {
-        let Some((token, seq, full)) = parse_entry_name(&name) else {
-            continue;
-        };
-        lowest = Some(lowest.map_or(seq, |l| l.min(seq)));
-        if seq >= limit_for(token) {
-            continue;
-        }
-        // One writer never sends a seq twice; two names for one (token, seq) exist only in
-        // journals of the first format, where the delta was the write that counted.
-        let better = match valid.get(&seq) {
-            None => true,
-            Some((t, f, _)) => token > *t || (token == *t && *f && !full),
-        };
-        if better {
-            valid.insert(seq, (token, full, name));
-        }
-    }
-    let mut chain: Vec<(u64, String, Entry, u64)> = Vec::new();
-    let mut next = valid.keys().next_back().copied();
-    while let Some(seq) = next {
-        let Some((_, _, name)) = valid.get(&seq) else {
-            let from = chain.last().map(|c| c.1.clone()).unwrap_or_default();
-            return Err(JournalError::Corrupt {
-                name: from,
-                reason: format!("builds on entry {seq}, which the journal does not hold"),
-            });
-        };
-        let body = objects
-            .get(name)
-            .await?
-            .ok_or_else(|| JournalError::Corrupt {
-                name: name.clone(),
-                reason: "listed but missing".into(),
-            })?;
-        let entry: Entry = serde_json::from_slice(&body).map_err(|e| JournalError::Corrupt {
-            name: name.clone(),
-            reason: e.to_string(),
-        })?;
-        next = match entry.base {
-            Some(b) if b < seq => Some(b),
-            Some(b) => {
-                return Err(JournalError::Corrupt {
-                    name: name.clone(),
-                    reason: format!("builds on entry {b}, which is not older"),
-                });
-            }
-            None if entry.is_checkpoint() => None,
-            None => valid.range(..seq).next_back().map(|(s, _)| *s),
-        };
-        chain.push((seq, name.clone(), entry, body.len() as u64));
-    }
-    chain.reverse();
-    let mut out = Rebuilt::default();
-    // The last undo record, with the entry's name and its history up to the record's
-    // `post_len` (what the record splices).
-    let mut last_undo: Option<(u64, String, StoredUndo, Vec<Message>)> = None;
-    for (seq, name, entry, bytes) in chain {
-        let corrupt = |reason: String| JournalError::Corrupt {
-            name: name.clone(),
-            reason,
-        };
-        out.history =
-            splice(&out.history, entry.at, &entry.messages, entry.tail).map_err(corrupt)?;
-        out.chain.add(seq, bytes, entry.is_checkpoint());
-        if let Some(u) = entry.undo {
-            let post = &out.history[..u.post_len.min(out.history.len())];
-            last_undo = Some((seq, name.clone(), u, post.to_vec()));
-        }
-        if entry.rewinds.is_some() {
-            last_undo = None;
-        }
-        let mut state = entry.state;
-        if let Some(kept) = entry.replay_at {
-            let base = &out.state.replay.items;
-            let Some(prefix) = base.get(..kept) else {
-                return Err(corrupt(format!(
-                    "keeps {kept} replay items of a base that holds {}",
-                    base.len()
-                )));
-            };
-            let mut items = prefix.to_vec();
-            items.append(&mut state.replay.items);
-            state.replay.items = items;
-        }
-        out.state = state;
-        out.entries += 1;
-        out.last_seq = Some(seq);
-    }
-    if let Some((seq, name, stored, post)) = last_undo
-        && let Some(undo) = load_undo(stored.clone(), &post, segments, &name).await?
-    {
-        out.rewindable = Some((seq, undo));
-        out.rewind_stored = Some(stored);
-    }
-    if let (Some(low), Some((start, _))) = (lowest, out.chain.checkpoint)
-        && low < start
-    {
-        out.garbage_below = Some(start);
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::VecDeque;
-    use std::sync::Mutex;
-
-    /// What the next calls of a kind do.
-    #[derive(Clone, Copy, Debug, PartialEq)]
-    enum Fault {
-        /// Fails without acting.
-        Refuse,
-        /// Acts, then fails.
-        Lose,
-    }
-
-    /// Objects in memory, with faults queued per call kind.
-    #[derive(Default)]
-    struct Mem {
-        objects: Mutex<BTreeMap<String, Vec<u8>>>,
-        faults: Mutex<BTreeMap<&'static str, VecDeque<Fault>>>,
-    }
-
-    impl Mem {
-        fn fail(&self, kind: &'static str, fault: Fault) {
-            self.faults
-                .lock()
-                .unwrap()
-                .entry(kind)
-                .or_default()
-                .push_back(fault);
-        }
-
-        fn next(&self, kind: &'static str) -> Option<Fault> {
-            self.faults.lock().unwrap().get_mut(kind)?.pop_front()
-        }
-
-        fn names(&self) -> Vec<String> {
-            self.objects.lock().unwrap().keys().cloned().collect()
-        }
-
-        fn raw_put(&self, name: &str, body: Vec<u8>) {
-            self.objects.lock().unwrap().insert(name.to_owned(), body);
-        }
-    }
-
-    fn down() -> JournalError {
-        JournalError::Unavailable("injected".into())
-    }
-
-    #[async_trait]
-    impl ObjectStore for Mem {
-        async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
-            match self.next("put") {
-                Some(Fault::Refuse) => return Err(down()),
-                Some(Fault::Lose) => {
-                    self.raw_put(name, body);
-                    return Err(down());
-                }
-                None => self.raw_put(name, body),
-            }
-            Ok(())
-        }
-        async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
-            if self.next("get").is_some() {
-                return Err(down());
-            }
-            Ok(self.objects.lock().unwrap().get(name).cloned())
-        }
-        async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
-            let fault = self.next(if prefix.starts_with("claims") {
-                "list-claims"
-            } else {
-                "list"
-            });
-            if fault.is_some() {
-                return Err(down());
-            }
-            // Newest first: a reader must not depend on the order of a listing.
-            let mut names: Vec<String> = self
-                .names()
-                .into_iter()
-                .filter(|n| n.starts_with(prefix))
-                .collect();
-            names.reverse();
-            Ok(names)
-        }
-        async fn delete(&self, name: &str) -> Result<(), JournalError> {
-            if self.next("delete").is_some() {
-                return Err(down());
-            }
-            self.objects.lock().unwrap().remove(name);
-            Ok(())
-        }
-    }
+    use cairn_engine::testing::{MemObjects as Mem, ObjectFault as Fault};
 
     fn users(msgs: &[&str]) -> Vec<Message> {
         msgs.iter().map(|m| Message::user(*m)).collect()
@@ -1903,45 +886,11 @@ mod tests {
         rebuild(objects.as_ref()).await.unwrap().history
     }
 
-    #[test]
-    fn names_round_trip() {
-        let t = Token {
-            epoch: 3,
-            nonce: 0xdead_beef,
-        };
-        assert_eq!(
-            parse_entry_name(&entry_name(t, 17, true)),
-            Some((t, 17, true))
-        );
-        assert_eq!(
-            parse_entry_name(&entry_name(t, 0, false)),
-            Some((t, 0, false))
-        );
-        assert_eq!(parse_claim(&claim_name(t)), Some(t));
-        assert_eq!(parse_claim(&start_claim_name(t)), Some(t));
-        assert_eq!(parse_entry_name(&claim_name(t)), None);
-        assert_eq!(parse_claim("claims/e1.json"), None);
-    }
-
-    #[test]
-    fn first_format_names_parse_and_rank_below_later_claims() {
-        let old = parse_claim("claims/e0000000002nffffffff.json").unwrap();
-        assert_eq!(
-            old,
-            Token {
-                epoch: 2,
-                nonce: 0xffff_ffff
-            }
-        );
-        assert!(Token::claim(2) > old);
-        assert!(Token::claim(3) > Token::claim(2));
-    }
-
     #[tokio::test]
     async fn a_failed_claim_that_lands_late_does_not_fence_the_claim_after_it() {
         let objects = Arc::new(Mem::default());
         // A claim whose write timed out, held somewhere while its opener retried.
-        let ghost = Token::claim(1);
+        let ghost = claim_token(1);
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         let (mut a, _) = open(&objects, "a").await;
         assert_eq!(a.epoch(), 1, "the ghost had not landed at the retry");
@@ -1955,35 +904,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rebuilt(&objects).await, users(&["after the ghost"]));
-    }
-
-    #[test]
-    fn a_diff_splices_back_into_the_new_history() {
-        let cases: &[(&[&str], &[&str])] = &[
-            (&[], &["a"]),
-            (&["a", "b"], &["a", "b", "c"]),
-            (&["a", "b", "c", "d"], &["s", "c", "d"]),
-            (&["a", "b", "c", "d"], &["a", "s", "d"]),
-            (&["a", "b"], &[]),
-            (&["a", "a", "a"], &["a", "a"]),
-            (&["x", "a"], &["a"]),
-        ];
-        for (old, new) in cases {
-            let (old, new) = (users(old), users(new));
-            let (at, range, tail) = diff(&old, &new);
-            assert_eq!(
-                splice(&old, at, &new[range], tail).unwrap(),
-                new,
-                "{old:?} -> {new:?}"
-            );
-        }
-        // An undo keeps only what the compacted history does not already hold.
-        let pre = users(&["a", "b", "c", "d", "e"]);
-        let post = users(&["a", "summary", "d", "e", "new"]);
-        let undo = Undo { pre, post_len: 4 };
-        let stored = encode_undo(&undo, &post);
-        assert_eq!(stored.pre, users(&["b", "c"]));
-        assert_eq!(decode_undo(stored, &post).unwrap(), undo);
     }
 
     /// The name and body of entry `seq`.

@@ -30,4 +30,5 @@ pub mod peek;
 pub mod report;
 pub mod server;
 pub mod session;
+pub mod storage;
 pub mod telemetry;

@@ -731,11 +731,16 @@ mod tests {
     async fn a_compaction_that_removes_only_absorbed_messages_queues_nothing() {
         let dir = tempfile::tempdir().expect("dir");
         let objects: Arc<dyn ObjectStore> =
-            Arc::new(crate::journal::DirObjects::open(dir.path()).expect("dir objects"));
+            Arc::new(crate::storage::DirObjects::open(dir.path()).expect("dir objects"));
         let store: Arc<dyn Store> = Arc::new(crate::ccr::MemoryStore::new());
-        let m = SessionMemory::open(objects, store, 1, Arc::new(Metrics::new()))
-            .await
-            .expect("open");
+        let m = SessionMemory::open(
+            Arc::clone(&objects),
+            Arc::clone(&store),
+            1,
+            Arc::new(Metrics::new()),
+        )
+        .await
+        .expect("open");
         let mut h = vec![Message::system("s")];
         for i in 0..10 {
             h.push(Message::user(format!("note {i}")));
@@ -760,6 +765,11 @@ mod tests {
         assert_eq!(m.enqueue_removed(&h, &after).await.expect("queued"), 2);
         let q = m.lock().queue.clone();
         assert_eq!(q[0].messages, h[13..15].to_vec());
+        // A restart finds the queued segment in the local directory.
+        let reopened = SessionMemory::open(objects, store, 2, Arc::new(Metrics::new()))
+            .await
+            .expect("reopen");
+        assert_eq!(reopened.lock().queue.clone(), q);
         // The frontier of an "ok" is told from the other "ok"s by what it answered.
         let f = Frontier::of(&h, 12).expect("frontier");
         assert_eq!(f.locate(&after), None);

@@ -1,18 +1,19 @@
-//! Looking at a session without touching it: the journal and the archive behind an overlay
-//! that reads through to them and keeps every write in memory. A session opened on these
-//! ([`crate::app::context_cmd`]) claims its journal epoch, rebuilds its history and runs its
-//! cheap passes exactly as a starting agent does, yet nothing reaches the real stores: an
-//! agent serving the same session is not fenced and its archive is not written.
+//! Looking at a session without touching it: its storage behind an overlay that reads
+//! through to the real objects and keeps every write in memory. A session opened on it
+//! ([`crate::app::context_cmd`]: the journal, and the archive as a
+//! [`crate::ccr::ObjectArchive`] over its durable tier) claims its journal epoch, rebuilds its
+//! history and runs its cheap passes exactly as a starting agent does, yet nothing reaches
+//! the real stores: an agent serving the same session is not fenced and its archive is not
+//! written.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::ccr::{ArchiveError, Hashed, Key, Store};
-use crate::journal::{JournalError, ObjectStore};
+use crate::storage::{ObjectError, ObjectStore};
 
-/// Journal objects: reads see this process's writes over the real store's objects.
+/// Named objects: reads see this process's writes over the real store's objects.
 pub struct PeekObjects {
     inner: Arc<dyn ObjectStore>,
     /// Written (`Some`) or deleted (`None`) here.
@@ -34,19 +35,19 @@ impl PeekObjects {
 
 #[async_trait]
 impl ObjectStore for PeekObjects {
-    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), JournalError> {
+    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), ObjectError> {
         self.local().insert(name.to_owned(), Some(body));
         Ok(())
     }
 
-    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, JournalError> {
+    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, ObjectError> {
         if let Some(local) = self.local().get(name) {
             return Ok(local.clone());
         }
         self.inner.get(name).await
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, JournalError> {
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, ObjectError> {
         let mut names = self.inner.list(prefix).await?;
         let local = self.local();
         names.retain(|n| !local.contains_key(n));
@@ -59,55 +60,17 @@ impl ObjectStore for PeekObjects {
         Ok(names)
     }
 
-    async fn delete(&self, name: &str) -> Result<(), JournalError> {
+    async fn delete(&self, name: &str) -> Result<(), ObjectError> {
         self.local().insert(name.to_owned(), None);
         Ok(())
-    }
-}
-
-/// The archive: originals stored here stay in memory; fetches look here first.
-pub struct PeekStore {
-    inner: Arc<dyn Store>,
-    local: Mutex<HashMap<Key, Vec<u8>>>,
-}
-
-impl PeekStore {
-    pub fn new(inner: Arc<dyn Store>) -> Self {
-        Self {
-            inner,
-            local: Mutex::default(),
-        }
-    }
-
-    fn local(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Vec<u8>>> {
-        self.local.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[async_trait]
-impl Store for PeekStore {
-    async fn put_hashed(&self, original: Hashed<'_>) -> Result<(), ArchiveError> {
-        self.local()
-            .insert(original.key(), original.bytes().to_vec());
-        Ok(())
-    }
-
-    async fn fetch(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
-        if let Some(bytes) = self.local().get(key) {
-            return Ok(Some(bytes.clone()));
-        }
-        self.inner.fetch(key).await
-    }
-
-    fn in_flight(&self) -> usize {
-        self.inner.in_flight()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::DirObjects;
+    use crate::ccr::{Key, ObjectArchive, Store};
+    use crate::storage::DirObjects;
 
     #[tokio::test]
     async fn writes_stay_in_the_overlay_and_reads_see_them_over_the_store() {
@@ -130,5 +93,23 @@ mod tests {
         assert_eq!(real.get("entries/1").await.unwrap(), Some(b"one".to_vec()));
         assert_eq!(real.get("entries/2").await.unwrap(), Some(b"two".to_vec()));
         assert!(real.list("claims/").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_archive_over_the_overlay_reads_the_real_originals_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let real: Arc<dyn ObjectStore> = Arc::new(DirObjects::open(dir.path()).unwrap());
+        let kept = Key::of(b"archived by the agent");
+        real.put(kept.as_str(), b"archived by the agent".to_vec())
+            .await
+            .unwrap();
+        let archive = ObjectArchive::new(PeekObjects::new(Arc::clone(&real)));
+        assert_eq!(
+            archive.fetch(&kept).await.unwrap(),
+            Some(b"archived by the agent".to_vec())
+        );
+        let new = archive.archive(b"archived while peeking").await.unwrap();
+        assert!(archive.fetch(&new).await.unwrap().is_some());
+        assert_eq!(real.get(new.as_str()).await.unwrap(), None);
     }
 }

@@ -1,15 +1,16 @@
 //! Test doubles and fixtures shared by the engine's tests, the agent's tests and the benchmarks:
-//! a store that always fails, a scripted summarizer, realistic synthetic sessions, and the
-//! recoverability check.
+//! a store that always fails, journal objects in memory with injected faults, a scripted
+//! summarizer, realistic synthetic sessions, and the recoverability check.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::ccr::{ArchiveError, Hashed, Key, Store};
 use crate::compact::archive::{parse_segment, referenced_keys};
 use crate::compact::summarize::{SECTIONS, SummaryRequest};
 use crate::compact::{SummarizeError, Summarizer};
 use crate::history::{Message, ToolCall};
+use crate::storage::{ObjectError, ObjectStore};
 use async_trait::async_trait;
 
 /// A store whose durable tier is unreachable.
@@ -60,6 +61,99 @@ async fn yield_now() {
         std::task::Poll::Pending
     })
     .await
+}
+
+/// What the next object store call of a kind does ([`MemObjects::fail`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ObjectFault {
+    /// Fails without acting.
+    Refuse,
+    /// Acts, then fails.
+    Lose,
+}
+
+/// Named objects in memory (the storage port), with faults queued per call kind: `put`, `get`, `list` (of
+/// entries), `list-claims` and `delete`. A listing comes newest first, so a reader that
+/// depends on the order of a listing fails.
+#[derive(Default)]
+pub struct MemObjects {
+    pub objects: Mutex<BTreeMap<String, Vec<u8>>>,
+    faults: Mutex<BTreeMap<&'static str, VecDeque<ObjectFault>>>,
+}
+
+impl MemObjects {
+    /// The next call of `kind` fails as `fault` says (faults of a kind queue up).
+    pub fn fail(&self, kind: &'static str, fault: ObjectFault) {
+        lock(&self.faults).entry(kind).or_default().push_back(fault);
+    }
+
+    fn next(&self, kind: &'static str) -> Option<ObjectFault> {
+        lock(&self.faults).get_mut(kind)?.pop_front()
+    }
+
+    /// Every name held, in order.
+    pub fn names(&self) -> Vec<String> {
+        lock(&self.objects).keys().cloned().collect()
+    }
+
+    /// Stores `body` under `name`, bypassing the faults.
+    pub fn raw_put(&self, name: &str, body: Vec<u8>) {
+        lock(&self.objects).insert(name.to_owned(), body);
+    }
+}
+
+/// A test double's lock: a panic of another test thread does not hide its state.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn injected() -> ObjectError {
+    ObjectError::Unavailable("injected".into())
+}
+
+#[async_trait]
+impl ObjectStore for MemObjects {
+    async fn put(&self, name: &str, body: Vec<u8>) -> Result<(), ObjectError> {
+        match self.next("put") {
+            Some(ObjectFault::Refuse) => return Err(injected()),
+            Some(ObjectFault::Lose) => {
+                self.raw_put(name, body);
+                return Err(injected());
+            }
+            None => self.raw_put(name, body),
+        }
+        Ok(())
+    }
+    async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, ObjectError> {
+        if self.next("get").is_some() {
+            return Err(injected());
+        }
+        Ok(lock(&self.objects).get(name).cloned())
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, ObjectError> {
+        let fault = self.next(if prefix.starts_with("claims") {
+            "list-claims"
+        } else {
+            "list"
+        });
+        if fault.is_some() {
+            return Err(injected());
+        }
+        let mut names: Vec<String> = self
+            .names()
+            .into_iter()
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        names.reverse();
+        Ok(names)
+    }
+    async fn delete(&self, name: &str) -> Result<(), ObjectError> {
+        if self.next("delete").is_some() {
+            return Err(injected());
+        }
+        lock(&self.objects).remove(name);
+        Ok(())
+    }
 }
 
 /// Replies from a script; when the script runs out, writes a well-formed summary sized to

@@ -6,7 +6,6 @@
 //! between, so an unreachable or stalled store makes `archive` fail within a known time instead
 //! of hanging a turn.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,12 +16,11 @@ use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{
     BehaviorVersion, Region, RequestChecksumCalculation, ResponseChecksumValidation,
 };
-use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
-use aws_sdk_s3::primitives::ByteStream;
 
 use super::stats::ArchiveCounters;
-use super::{ArchiveError, DEFAULT_IN_FLIGHT, Hashed, Key, Store};
+use super::{ArchiveError, Hashed, Key, ObjectArchive, Store};
 use crate::aws::AwsIdentity;
+use crate::storage::{ObjectStore, S3Objects};
 
 /// Where one session's objects live inside a bucket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -268,14 +266,17 @@ impl S3Config {
     }
 }
 
-/// One session's originals in S3.
+/// One session's originals in S3: the archive over [`S3Objects`] at `<root>ccr/`.
 #[derive(Clone)]
 pub struct S3Store {
-    client: Client,
-    bucket: String,
+    originals: ObjectArchive<S3Objects>,
     scope: SessionScope,
     counters: Arc<ArchiveCounters>,
-    in_flight: usize,
+}
+
+/// The session's journal in S3: `<root>journal/`, written as JSON.
+pub fn journal_objects(client: Client, bucket: &str, scope: &SessionScope) -> S3Objects {
+    S3Objects::new(client, bucket, scope.journal_prefix()).with_content_type("application/json")
 }
 
 impl S3Store {
@@ -285,17 +286,15 @@ impl S3Store {
 
     pub fn with_client(client: Client, bucket: &str, scope: SessionScope) -> Self {
         Self {
-            client,
-            bucket: bucket.to_owned(),
+            originals: ObjectArchive::new(S3Objects::new(client, bucket, scope.ccr_prefix())),
             scope,
             counters: Arc::new(ArchiveCounters::default()),
-            in_flight: DEFAULT_IN_FLIGHT,
         }
     }
 
     /// Requests of one pass kept in flight at once (`archive.maxInFlight`; at least 1).
     pub fn with_in_flight(mut self, in_flight: usize) -> Self {
-        self.in_flight = in_flight.max(1);
+        self.originals = self.originals.with_in_flight(in_flight);
         self
     }
 
@@ -309,53 +308,32 @@ impl S3Store {
     }
 
     pub fn client(&self) -> &Client {
-        &self.client
+        self.objects().client()
     }
 
     pub fn bucket(&self) -> &str {
-        &self.bucket
+        self.objects().bucket()
+    }
+
+    /// Everything the session owns (`<root>`): for the probe and the purge of the session.
+    fn root(&self) -> S3Objects {
+        S3Objects::new(self.client().clone(), self.bucket(), self.scope.root())
+    }
+
+    /// The originals as named objects (`<root>ccr/<key>`), past any cache.
+    pub fn objects(&self) -> &S3Objects {
+        self.originals.objects()
     }
 
     /// Stores `content` under `key` (computed by the caller with [`Key::of`]) and returns once
     /// the store has acknowledged it.
     pub async fn put(&self, key: &Key, content: &[u8]) -> Result<(), ArchiveError> {
-        self.client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(self.scope.object_key(key))
-            .content_type("application/octet-stream")
-            .body(ByteStream::from(content.to_vec()))
-            .send()
-            .await
-            .map_err(|e| unavailable("put", &e))?;
-        Ok(())
+        self.originals.put(key, content).await
     }
 
     /// The object's bytes, verified against the key; `None` when this session has no such key.
     pub async fn get(&self, key: &Key) -> Result<Option<Vec<u8>>, ArchiveError> {
-        let out = match self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(self.scope.object_key(key))
-            .send()
-            .await
-        {
-            Ok(out) => out,
-            Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(unavailable("get", &e)),
-        };
-        let bytes = out
-            .body
-            .collect()
-            .await
-            .map_err(|e| ArchiveError::Unavailable(format!("S3 get: reading body: {e}")))?
-            .into_bytes()
-            .to_vec();
-        if Key::of(&bytes) != *key {
-            return Err(ArchiveError::Corrupt(*key));
-        }
-        Ok(Some(bytes))
+        self.originals.get(key).await
     }
 
     /// Proves the archive answers with this client's credentials: writes a small probe
@@ -363,90 +341,41 @@ impl S3Store {
     /// the S3 client's, naming the operation that failed.
     pub async fn probe(&self) -> Result<(), ArchiveError> {
         const BODY: &[u8] = b"cairn archive probe";
-        let key = format!("{}probe/{:016x}", self.scope.root(), fastrand::u64(..));
-        self.client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(&key)
-            .body(ByteStream::from_static(BODY))
-            .send()
-            .await
-            .map_err(|e| unavailable("put", &e))?;
-        let out = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(&key)
-            .send()
-            .await
-            .map_err(|e| unavailable("get", &e))?;
-        let read = out
-            .body
-            .collect()
-            .await
-            .map_err(|e| ArchiveError::Unavailable(format!("S3 get: reading body: {e}")))?
-            .into_bytes();
-        self.client
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(&key)
-            .send()
-            .await
-            .map_err(|e| unavailable("delete", &e))?;
-        if read.as_ref() != BODY {
-            return Err(ArchiveError::Unavailable(format!(
+        let root = self.root();
+        let name = format!("probe/{:016x}", fastrand::u64(..));
+        root.put(&name, BODY.to_vec()).await?;
+        let read = root.get(&name).await?;
+        root.delete(&name).await?;
+        let key = format!("{}{name}", root.prefix());
+        match read {
+            Some(read) if read == BODY => Ok(()),
+            Some(read) => Err(ArchiveError::Unavailable(format!(
                 "S3 get: the probe object {key} came back as {} different bytes",
                 read.len()
-            )));
+            ))),
+            None => Err(ArchiveError::Unavailable(format!(
+                "S3 get: the probe object {key} is not there"
+            ))),
         }
-        Ok(())
     }
 
     /// `s3://BUCKET/ROOT`, as the operator names the session's archive.
     pub fn location(&self) -> String {
-        format!("s3://{}/{}", self.bucket, self.scope.root())
+        format!("s3://{}/{}", self.bucket(), self.scope.root())
     }
 
     /// Deletes everything under the session's root (archive and journal): the operator's
-    /// finalizer when `retainOnDelete` is false. Returns the number of objects deleted.
+    /// finalizer when `retainOnDelete` is false. Objects are deleted one by one because
+    /// several S3-compatible stores reject or mishandle batch deletes. Returns the number of
+    /// objects deleted.
     pub async fn delete_session_prefix(&self) -> Result<u64, ArchiveError> {
-        delete_prefix(&self.client, &self.bucket, &self.scope.root()).await
-    }
-}
-
-/// Deletes every object under `prefix`. Objects are deleted one by one because several
-/// S3-compatible stores reject or mishandle batch deletes.
-pub async fn delete_prefix(
-    client: &Client,
-    bucket: &str,
-    prefix: &str,
-) -> Result<u64, ArchiveError> {
-    let mut deleted = 0;
-    let mut token: Option<String> = None;
-    loop {
-        let page = client
-            .list_objects_v2()
-            .bucket(bucket)
-            .prefix(prefix)
-            .set_continuation_token(token.take())
-            .send()
-            .await
-            .map_err(|e| unavailable("list", &e))?;
-        for object in page.contents() {
-            let Some(name) = object.key() else { continue };
-            client
-                .delete_object()
-                .bucket(bucket)
-                .key(name)
-                .send()
-                .await
-                .map_err(|e| unavailable("delete", &e))?;
+        let root = self.root();
+        let mut deleted = 0;
+        for name in root.list("").await? {
+            root.delete(&name).await?;
             deleted += 1;
         }
-        match page.next_continuation_token() {
-            Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
-            _ => return Ok(deleted),
-        }
+        Ok(deleted)
     }
 }
 
@@ -468,28 +397,8 @@ impl Store for S3Store {
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight
+        self.originals.in_flight()
     }
-}
-
-fn is_not_found<E, R>(e: &SdkError<E, R>) -> bool
-where
-    E: aws_sdk_s3::error::ProvideErrorMetadata,
-{
-    match e {
-        SdkError::ServiceError(service) => {
-            matches!(service.err().code(), Some("NoSuchKey" | "NotFound"))
-        }
-        _ => false,
-    }
-}
-
-fn unavailable<E, R>(op: &str, e: &SdkError<E, R>) -> ArchiveError
-where
-    E: std::error::Error + 'static,
-    R: fmt::Debug,
-{
-    ArchiveError::Unavailable(format!("S3 {op}: {}", DisplayErrorContext(e)))
 }
 
 #[cfg(test)]

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use cairn_agent::ccr::{LocalLimits, LocalStore, Store};
 use cairn_agent::compact::archive::referenced_keys;
-use cairn_agent::journal::{Change, DirObjects, Journal, rebuild};
+use cairn_agent::journal::{Change, Journal, rebuild};
+use cairn_agent::storage::DirObjects;
 use cairn_crds::EffectivePolicy;
 
 const WORKER_DIR: &str = "CAIRN_ARCHIVE_KILL_WORKER";

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use cairn_agent::ccr::{MemoryStore, Store};
 use cairn_agent::history::{Message, to_jsonl};
-use cairn_agent::journal::{Change, DirObjects, Journal, ObjectStore, Undo, rebuild};
+use cairn_agent::journal::{Change, Journal, Undo, rebuild};
+use cairn_agent::storage::{DirObjects, ObjectStore};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

@@ -2,8 +2,10 @@
 //! addressed, and leaves a `<<ccr:KEY>>` marker; `recall` brings the exact bytes back.
 //!
 //! This module holds the addressing scheme and the [`Store`] trait the compaction engine
-//! uses; the tiers (local directory, S3, layered) implement it in the agent.
+//! uses, and [`ObjectArchive`], a store over the storage port's named objects; the tiers
+//! (local directory, S3, layered) implement it in the agent.
 
+mod objects;
 pub mod recall;
 pub mod stats;
 
@@ -15,6 +17,7 @@ use async_trait::async_trait;
 use memchr::memmem;
 use sha2::{Digest, Sha256};
 
+pub use objects::ObjectArchive;
 pub use recall::{RecallError, Recalled, extract_keys, recall};
 pub use stats::{ArchiveCounters, ArchiveReport, ArchiveSnapshot, CompressionCounters, StoreUsage};
 
@@ -130,6 +133,16 @@ impl ArchiveError {
             Self::Unavailable(_) => "unavailable",
             Self::Corrupt(_) => "corrupt",
             Self::Io(_) => "io",
+        }
+    }
+}
+
+/// The store's own failures keep their text: what was unavailable, or the I/O error.
+impl From<crate::storage::ObjectError> for ArchiveError {
+    fn from(e: crate::storage::ObjectError) -> Self {
+        match e {
+            crate::storage::ObjectError::Unavailable(s) => Self::Unavailable(s),
+            crate::storage::ObjectError::Io(e) => Self::Io(e),
         }
     }
 }
