@@ -18,16 +18,16 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tracing::Instrument;
 
 use cairn_crds::time::rfc3339;
-use cairn_crds::{AgentSession, AgentSessionStatus};
+use cairn_crds::{AgentSession, AgentSessionStatus, CompactionPolicySpec};
 
 use crate::backoff::Backoff;
 use crate::config::Defaults;
 use crate::error::{Error, ErrorClass};
 use crate::metrics::Metrics;
-use crate::objects::{self, FIELD_MANAGER};
+use crate::objects::{self, BuildInputs, FIELD_MANAGER};
 use crate::purge::{ArchivePurger, PurgeTarget};
 use crate::status::{self, Blocker, Observed, Problem};
-use crate::validate::{self, ArchivePlan};
+use crate::validate::{self, ArchivePlan, Plan};
 use crate::{apply, cache, dereference, idle, scoped};
 
 /// Finalizer that purges the session's archive and journal before the session goes away.
@@ -309,127 +309,248 @@ fn archive_state(archive: &ArchivePlan, namespace: &str, name: &str) -> Result<S
     }
 }
 
+/// Where one pass over a live session stopped short of applying; the status reports it.
+#[derive(Clone, Debug, PartialEq)]
+enum Stop {
+    /// dereference: `spec.policyRef` names no CompactionPolicy (the PolicyResolved condition
+    /// says so; nothing else blocks).
+    PolicyMissing,
+    /// validate: the spec cannot become a plan; only an edit helps.
+    Invalid(Problem),
+    /// credentials: the scoped credentials could not be issued and the stored ones cannot
+    /// start the pod.
+    NoCredentials(Problem),
+    /// dereference: a Secret the plan names is missing or lacks a key.
+    SecretMissing(Problem),
+}
+
+/// Why the steps ended early: a [`Stop`] the status reports, or a failed request it does not
+/// (the reconcile fails and backs off).
+#[derive(Debug)]
+enum Halt {
+    Stopped(Stop),
+    Failed(Error),
+}
+
+impl From<Stop> for Halt {
+    fn from(stop: Stop) -> Self {
+        Self::Stopped(stop)
+    }
+}
+
+impl From<Error> for Halt {
+    fn from(e: Error) -> Self {
+        Self::Failed(e)
+    }
+}
+
+impl From<kube::Error> for Halt {
+    fn from(e: kube::Error) -> Self {
+        Self::Failed(e.into())
+    }
+}
+
+/// The scoped credentials' outcome: how long until their refresh is due (`None`: not in
+/// scoped mode), or why they could not be issued.
+type Credentials = Result<Option<Duration>, scoped::Failure>;
+
+/// One pass over a live session: dereference the policy → validate → the scoped credentials →
+/// dereference the plan's Secrets → build → apply, then the status. I/O happens in the
+/// dereference, credentials and apply steps and the status write; validate, build, what the
+/// status says and when to look again are pure.
 async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Action, Error> {
-    let name = session.name_any();
     let namespace = session.namespace().unwrap_or_default();
     let policy = dereference::policy(&ctx.client, &namespace, &session).await?;
     let idle = idle_decision(&session);
+    let suspended = session.spec.suspend || idle.suspended;
 
-    let mut obs = Observed {
-        name: name.clone(),
-        namespace: namespace.clone(),
-        generation: session.metadata.generation,
-        suspended: session.spec.suspend || idle.suspended,
-        idle: idle.condition.clone(),
-        policy: Err(Problem::new("Unknown", "")),
-        blocker: None,
-        ready_pods: None,
-        api_token_hash: None,
-        archive: validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults)
+    // Outlives a later stop: a failure is reported in ArchiveReady and fails the reconcile.
+    let mut credentials: Credentials = Ok(None);
+    let reached: Result<apply::Applied, Halt> = async {
+        let policy = policy.as_ref().map_err(|_| Stop::PolicyMissing)?;
+        let plan = validate_session(&session, policy.as_ref(), &ctx.defaults, suspended)?;
+        credentials = scoped_credentials(&plan, ctx).await;
+        credentials_usable(&credentials)?;
+        let stores = ctx.stores_for(&namespace).await;
+        let token = apply::TokenSecret::plan(
+            &objects::token_secret(&plan, &objects::ApiToken::generate()),
+            stores.as_ref(),
+            &ctx.accepted,
+        );
+        let read = reads_token(&session, token);
+        let inputs = dereference_inputs(&ctx.client, &plan, read).await?;
+        let built = objects::build(&plan, &inputs);
+        let mut applied = apply::apply_all(
+            &ctx.client,
+            &plan,
+            &built,
+            stores.as_ref(),
+            token,
+            &ctx.accepted,
+        )
+        .await?;
+        // Not written (current), a token read to publish its digest is the one it holds.
+        applied.token = applied.token.or(read.then_some(inputs.api_token));
+        Ok(applied)
+    }
+    .await;
+    let reached = match reached {
+        Ok(applied) => Ok(applied),
+        Err(Halt::Stopped(stop)) => Err(stop),
+        Err(Halt::Failed(e)) => return Err(e),
+    };
+
+    let obs = observed(
+        &session,
+        &idle,
+        &ctx.defaults,
+        &policy,
+        &credentials,
+        &reached,
+    );
+    write_status(&session, &obs, ctx).await?;
+    let action = next_look(
+        &reached,
+        credentials.as_ref().ok().copied().flatten(),
+        idle.recheck,
+        ctx.resync,
+        ctx.secret_recheck(&namespace),
+    );
+    // A failed minting is retried with the per-session backoff (and reported as an Event by
+    // `reconcile`), after the status says what is wrong.
+    match credentials {
+        Err(failure) => Err(failure.error.into()),
+        Ok(_) => Ok(action),
+    }
+}
+
+/// validate: the plan for `session` under its policyRef target. `suspended` includes an idle
+/// suspension, which stops the pod exactly as `spec.suspend` does.
+fn validate_session(
+    session: &AgentSession,
+    policy: Option<&CompactionPolicySpec>,
+    defaults: &Defaults,
+    suspended: bool,
+) -> Result<Plan, Stop> {
+    let mut plan = validate::validate(session, policy, defaults)
+        .map_err(|e| Stop::Invalid(Problem::new(e.label(), e.to_string())))?;
+    plan.spec.suspend = suspended;
+    Ok(plan)
+}
+
+/// credentials: a failure stops the steps only when the stored credentials cannot start the
+/// pod; otherwise the pod keeps them until the next attempt.
+fn credentials_usable(credentials: &Credentials) -> Result<(), Stop> {
+    match credentials {
+        Err(failure) if !failure.usable => Err(Stop::NoCredentials(credentials_problem(failure))),
+        _ => Ok(()),
+    }
+}
+
+fn credentials_problem(failure: &scoped::Failure) -> Problem {
+    Problem::new(failure.error.label(), failure.error.to_string())
+}
+
+/// Whether the token Secret is read before building: to keep its token when it is applied,
+/// or once to publish the digest of a token the session's status does not carry yet (a
+/// session made before the operator published it).
+fn reads_token(session: &AgentSession, token: apply::TokenSecret) -> bool {
+    let publish = session
+        .status
+        .as_ref()
+        .is_none_or(|s| s.api_token_hash.is_none());
+    token.reads_token() || (publish && token == apply::TokenSecret::Current)
+}
+
+/// dereference: the API token (read when `read_token`) and the digests of the credentials
+/// the plan names; a missing Secret or key stops the steps, any other failure fails the
+/// reconcile.
+async fn dereference_inputs(
+    client: &Client,
+    plan: &Plan,
+    read_token: bool,
+) -> Result<BuildInputs, Halt> {
+    dereference::build_inputs(client, plan, read_token)
+        .await
+        .map_err(|e| match e.class() {
+            ErrorClass::Waiting => {
+                Stop::SecretMissing(Problem::new(e.label(), e.to_string())).into()
+            }
+            _ => Halt::Failed(e),
+        })
+}
+
+/// What the status reports after the steps: the session's own settings and idleness, its
+/// policy (found or missing), the scoped credentials' failure, and how far the steps got
+/// (applied: the pod's readiness and the digest of the token written or read).
+fn observed(
+    session: &AgentSession,
+    idle: &idle::Decision,
+    defaults: &Defaults,
+    policy: &Result<Option<CompactionPolicySpec>, Problem>,
+    credentials: &Credentials,
+    reached: &Result<apply::Applied, Stop>,
+) -> Observed {
+    let name = session.name_any();
+    let namespace = session.namespace().unwrap_or_default();
+    let archive = match credentials {
+        Err(failure) => Err(credentials_problem(failure)),
+        Ok(_) => validate::archive_plan(session.spec.archive.as_ref(), defaults)
             .map_err(|e| Problem::new(e.label(), e.to_string()))
             .and_then(|a| archive_state(&a, &namespace, &name)),
     };
-
-    let mut scoped_failure = None;
-    let action = match policy {
-        Err(problem) => {
-            obs.policy = Err(problem);
-            Action::requeue(WAITING_REQUEUE)
-        }
-        Ok(policy) => {
-            obs.policy = cairn_crds::resolve(policy.as_ref(), session.spec.compaction.as_ref())
-                .map(|p| p.hash())
-                .map_err(|e| Problem::new("InvalidPolicy", e.to_string()));
-            match validate::validate(&session, policy.as_ref(), &ctx.defaults) {
-                Err(e) => {
-                    obs.blocker = Some(Blocker::Invalid(Problem::new(e.label(), e.to_string())));
-                    Action::await_change()
-                }
-                Ok(mut plan) => {
-                    // An idle-suspended session stops its pod exactly as `spec.suspend` does.
-                    plan.spec.suspend = obs.suspended;
-                    let requeue = match scoped_credentials(&plan, ctx).await {
-                        Ok(refresh) => refresh.map_or(ctx.resync, |r| r.min(ctx.resync)),
-                        Err(failure) => {
-                            let problem =
-                                Problem::new(failure.error.label(), failure.error.to_string());
-                            obs.archive = Err(problem.clone());
-                            if !failure.usable {
-                                // Without credentials the pod could not start: wait for them.
-                                obs.blocker = Some(Blocker::Waiting(problem));
-                            }
-                            scoped_failure = Some(failure.error);
-                            // Retried with the per-session backoff instead (see below).
-                            ctx.resync
-                        }
-                    };
-                    if obs.blocker.is_some() {
-                        Action::requeue(requeue)
-                    } else {
-                        let stores = ctx.stores_for(&namespace).await;
-                        let token = apply::TokenSecret::plan(
-                            &objects::token_secret(&plan, &objects::ApiToken::generate()),
-                            stores.as_ref(),
-                            &ctx.accepted,
-                        );
-                        // A session whose status has no token digest yet (made before the
-                        // operator published it) has its token read once to publish it.
-                        let publish = session
-                            .status
-                            .as_ref()
-                            .is_none_or(|s| s.api_token_hash.is_none());
-                        let read = token.reads_token()
-                            || (publish && token == apply::TokenSecret::Current);
-                        match dereference::build_inputs(&ctx.client, &plan, read).await {
-                            Err(e) if e.class() == ErrorClass::Waiting => {
-                                obs.blocker =
-                                    Some(Blocker::Waiting(Problem::new(e.label(), e.to_string())));
-                                Action::requeue(ctx.secret_recheck(&namespace))
-                            }
-                            Err(e) => return Err(e),
-                            Ok(inputs) => {
-                                let built = objects::build(&plan, &inputs);
-                                let applied = apply::apply_all(
-                                    &ctx.client,
-                                    &plan,
-                                    &built,
-                                    stores.as_ref(),
-                                    token,
-                                    &ctx.accepted,
-                                )
-                                .await?;
-                                obs.ready_pods = Some(i32::from(applied.ready));
-                                obs.api_token_hash = applied
-                                    .token
-                                    .as_ref()
-                                    .or(read.then_some(&inputs.api_token))
-                                    .map(|t| {
-                                        cairn_crds::session::api_token_hash(
-                                            &namespace,
-                                            &name,
-                                            t.expose(),
-                                        )
-                                    });
-                                // The idle deadline, a moment after it so that it has passed.
-                                let requeue = idle
-                                    .recheck
-                                    .map_or(requeue, |r| requeue.min(r + Duration::from_secs(1)));
-                                Action::requeue(requeue)
-                            }
-                        }
-                    }
-                }
-            }
-        }
+    let policy = match policy {
+        Err(problem) => Err(problem.clone()),
+        Ok(policy) => cairn_crds::resolve(policy.as_ref(), session.spec.compaction.as_ref())
+            .map(|p| p.hash())
+            .map_err(|e| Problem::new("InvalidPolicy", e.to_string())),
     };
-
-    write_status(&session, &obs, ctx).await?;
-    // A failed minting is retried with the per-session backoff (and reported as an Event by
-    // `reconcile`), after the status says what is wrong.
-    if let Some(e) = scoped_failure {
-        return Err(e.into());
+    let applied = reached.as_ref().ok();
+    let blocker = match reached {
+        Err(Stop::Invalid(problem)) => Some(Blocker::Invalid(problem.clone())),
+        Err(Stop::NoCredentials(problem) | Stop::SecretMissing(problem)) => {
+            Some(Blocker::Waiting(problem.clone()))
+        }
+        Err(Stop::PolicyMissing) | Ok(_) => None,
+    };
+    Observed {
+        generation: session.metadata.generation,
+        suspended: session.spec.suspend || idle.suspended,
+        idle: idle.condition.clone(),
+        policy,
+        blocker,
+        ready_pods: applied.map(|a| i32::from(a.ready)),
+        api_token_hash: applied
+            .and_then(|a| a.token.as_ref())
+            .map(|t| cairn_crds::session::api_token_hash(&namespace, &name, t.expose())),
+        archive,
+        name,
+        namespace,
     }
-    Ok(action)
+}
+
+/// When to look at the session again: a missing policy slowly (its watch usually comes
+/// first), an invalid spec on its next edit, a missing Secret after `secret_recheck`;
+/// otherwise at the safety-net `resync`, or sooner when the scoped credentials' `refresh` or,
+/// once applied, the idle deadline comes first.
+fn next_look(
+    reached: &Result<apply::Applied, Stop>,
+    refresh: Option<Duration>,
+    idle_recheck: Option<Duration>,
+    resync: Duration,
+    secret_recheck: Duration,
+) -> Action {
+    let refresh = refresh.map_or(resync, |r| r.min(resync));
+    match reached {
+        Err(Stop::PolicyMissing) => Action::requeue(WAITING_REQUEUE),
+        Err(Stop::Invalid(_)) => Action::await_change(),
+        Err(Stop::NoCredentials(_)) => Action::requeue(refresh),
+        Err(Stop::SecretMissing(_)) => Action::requeue(secret_recheck),
+        // The idle deadline, a moment after it so that it has passed.
+        Ok(_) => Action::requeue(
+            idle_recheck.map_or(refresh, |r| refresh.min(r + Duration::from_secs(1))),
+        ),
+    }
 }
 
 /// The idle rule's decision for `session` now (see [`idle`]).
@@ -712,4 +833,260 @@ async fn report_purge_failure(session: &AgentSession, ctx: &Context, message: &s
         message.to_string(),
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scoped::ScopedError;
+    use serde_json::json;
+
+    const RESYNC: Duration = Duration::from_secs(3600);
+    const SECRET_RECHECK: Duration = Duration::from_secs(30);
+
+    fn session(spec: serde_json::Value) -> AgentSession {
+        serde_json::from_value(json!({
+            "apiVersion": "cairn.dev/v1alpha1",
+            "kind": "AgentSession",
+            "metadata": {"name": "chat", "namespace": "team-a", "uid": "u-1", "generation": 3},
+            "spec": spec,
+        }))
+        .expect("session fixture")
+    }
+
+    fn minimal() -> AgentSession {
+        session(json!({"provider": {"kind": "openai", "model": "gpt-5"}}))
+    }
+
+    fn awake() -> idle::Decision {
+        idle::Decision {
+            suspended: false,
+            condition: None,
+            recheck: None,
+            woken_at: None,
+        }
+    }
+
+    fn failure(usable: bool) -> Credentials {
+        Err(scoped::Failure {
+            error: ScopedError::Sts {
+                endpoint: "https://sts.example".into(),
+                message: "denied".into(),
+            },
+            usable,
+        })
+    }
+
+    fn applied(ready: bool) -> apply::Applied {
+        apply::Applied { ready, token: None }
+    }
+
+    fn problem(reason: &str) -> Problem {
+        Problem::new(reason, "why")
+    }
+
+    fn look(
+        reached: Result<apply::Applied, Stop>,
+        refresh: Option<u64>,
+        idle: Option<u64>,
+    ) -> Action {
+        next_look(
+            &reached,
+            refresh.map(Duration::from_secs),
+            idle.map(Duration::from_secs),
+            RESYNC,
+            SECRET_RECHECK,
+        )
+    }
+
+    #[test]
+    fn the_next_look_follows_where_the_steps_stopped() {
+        let secs = |s| Action::requeue(Duration::from_secs(s));
+        assert_eq!(look(Err(Stop::PolicyMissing), None, None), secs(300));
+        assert_eq!(
+            look(
+                Err(Stop::Invalid(problem("MissingModel"))),
+                Some(5),
+                Some(5)
+            ),
+            Action::await_change()
+        );
+        assert_eq!(
+            look(
+                Err(Stop::SecretMissing(problem("SecretNotFound"))),
+                Some(5),
+                None
+            ),
+            secs(30)
+        );
+        assert_eq!(
+            look(Err(Stop::NoCredentials(problem("Sts"))), None, Some(5)),
+            secs(3600),
+            "the failure's own backoff decides; the idle deadline needs a pod"
+        );
+        assert_eq!(
+            look(Ok(applied(true)), None, None),
+            secs(3600),
+            "the safety net"
+        );
+        assert_eq!(
+            look(Ok(applied(true)), Some(600), None),
+            secs(600),
+            "credentials due"
+        );
+        assert_eq!(look(Ok(applied(true)), Some(7200), None), secs(3600));
+        assert_eq!(
+            look(Ok(applied(false)), None, Some(60)),
+            secs(61),
+            "just past the idle deadline"
+        );
+        assert_eq!(look(Ok(applied(false)), Some(30), Some(60)), secs(30));
+    }
+
+    #[test]
+    fn validate_applies_an_idle_suspension_and_stops_an_invalid_spec() {
+        let defaults = Defaults::default();
+        let plan = validate_session(&minimal(), None, &defaults, true).expect("valid");
+        assert!(
+            plan.spec.suspend,
+            "an idle session's pod stops as a suspended one's"
+        );
+        let plan = validate_session(&minimal(), None, &defaults, false).expect("valid");
+        assert!(!plan.spec.suspend);
+        let no_model = session(json!({"provider": {"kind": "openai", "model": " "}}));
+        match validate_session(&no_model, None, &defaults, false) {
+            Err(Stop::Invalid(p)) => assert_eq!(p.reason, "MissingModel"),
+            other => panic!("expected Stop::Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn failed_credentials_stop_the_steps_only_when_the_stored_ones_cannot_serve() {
+        assert_eq!(credentials_usable(&Ok(None)), Ok(()));
+        assert_eq!(credentials_usable(&Ok(Some(RESYNC))), Ok(()));
+        assert_eq!(credentials_usable(&failure(true)), Ok(()));
+        match credentials_usable(&failure(false)) {
+            Err(Stop::NoCredentials(p)) => assert_eq!(p.reason, "ScopedCredentialsFailed"),
+            other => panic!("expected Stop::NoCredentials, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_status_says_where_the_steps_stopped() {
+        let s = minimal();
+        let defaults = Defaults::default();
+        let found = Ok(None);
+        let hash = cairn_crds::resolve(None, None).expect("defaults").hash();
+        let obs = |policy: &Result<Option<CompactionPolicySpec>, Problem>,
+                   credentials: &Credentials,
+                   reached: Result<apply::Applied, Stop>| {
+            observed(&s, &awake(), &defaults, policy, credentials, &reached)
+        };
+
+        let missing = Err(problem("PolicyNotFound"));
+        let o = obs(&missing, &Ok(None), Err(Stop::PolicyMissing));
+        assert_eq!(o.policy, Err(problem("PolicyNotFound")));
+        assert_eq!((o.blocker, o.ready_pods), (None, None));
+
+        let o = obs(
+            &found,
+            &Ok(None),
+            Err(Stop::Invalid(problem("MissingModel"))),
+        );
+        assert_eq!(o.policy, Ok(hash.clone()));
+        assert_eq!(o.blocker, Some(Blocker::Invalid(problem("MissingModel"))));
+
+        let o = obs(
+            &found,
+            &Ok(None),
+            Err(Stop::SecretMissing(problem("SecretNotFound"))),
+        );
+        assert_eq!(o.blocker, Some(Blocker::Waiting(problem("SecretNotFound"))));
+        assert_eq!(o.ready_pods, None);
+
+        let unusable = failure(false);
+        let Err(Stop::NoCredentials(why)) = credentials_usable(&unusable) else {
+            panic!("unusable credentials stop the steps");
+        };
+        let o = obs(&found, &unusable, Err(Stop::NoCredentials(why.clone())));
+        assert_eq!(o.archive, Err(why.clone()));
+        assert_eq!(o.blocker, Some(Blocker::Waiting(why.clone())));
+
+        let o = obs(&found, &failure(true), Ok(applied(true)));
+        assert_eq!(o.archive, Err(why), "a usable failure is still reported");
+        assert_eq!((o.blocker, o.ready_pods), (None, Some(1)));
+
+        let o = obs(&found, &Ok(Some(RESYNC)), Ok(applied(false)));
+        assert_eq!(o.ready_pods, Some(0));
+        assert_eq!(
+            o.archive.map_err(|p| p.reason),
+            Err("ArchiveNotConfigured".to_string())
+        );
+        assert_eq!(
+            (o.name.as_str(), o.namespace.as_str(), o.generation),
+            ("chat", "team-a", Some(3))
+        );
+        assert!(!o.suspended);
+        assert_eq!(
+            o.api_token_hash, None,
+            "no token written or read: the digest stays"
+        );
+
+        let token = apply::Applied {
+            ready: true,
+            token: Some(objects::ApiToken::from_existing("t0ken".into())),
+        };
+        let o = obs(&found, &Ok(None), Ok(token));
+        assert_eq!(
+            o.api_token_hash,
+            Some(cairn_crds::session::api_token_hash(
+                "team-a", "chat", "t0ken"
+            ))
+        );
+        let o = obs(
+            &found,
+            &Ok(None),
+            Err(Stop::SecretMissing(problem("SecretNotFound"))),
+        );
+        assert_eq!(o.api_token_hash, None);
+
+        let sleeping = idle::Decision {
+            suspended: true,
+            condition: Some((true, problem("Idle"))),
+            ..awake()
+        };
+        let o = observed(
+            &s,
+            &sleeping,
+            &defaults,
+            &found,
+            &Ok(None),
+            &Ok(applied(false)),
+        );
+        assert!(o.suspended);
+        assert_eq!(o.idle, Some((true, problem("Idle"))));
+    }
+
+    #[test]
+    fn the_token_is_read_to_keep_it_or_once_to_publish_its_digest() {
+        use apply::TokenSecret::{Apply, Create, Current};
+        let unpublished = minimal();
+        let mut published = minimal();
+        published.status = Some(AgentSessionStatus {
+            api_token_hash: Some("digest".into()),
+            ..Default::default()
+        });
+        assert!(reads_token(&unpublished, Apply));
+        assert!(reads_token(&published, Apply));
+        assert!(
+            reads_token(&unpublished, Current),
+            "once, to publish the digest"
+        );
+        assert!(!reads_token(&published, Current));
+        assert!(
+            !reads_token(&unpublished, Create),
+            "a fresh token is written"
+        );
+        assert!(!reads_token(&published, Create));
+    }
 }
