@@ -1,37 +1,33 @@
-//! The AgentSession controller: watches, the reconcile pipeline (dereference → validate →
-//! build → apply → status), the finalizer that purges a session's archive, and `error_policy`.
+//! The AgentSession reconcile: the pipeline (dereference → validate → build → apply →
+//! status), the finalizer that purges a session's archive, and `error_policy`. The watches
+//! that trigger it are in [`crate::watches`].
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use kube::core::{DeserializeGuard, ObjectMeta, PartialObjectMeta};
-use kube::runtime::controller::{self, Action, Controller};
+use kube::api::{Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, finalizer};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::Instrument;
 
 use cairn_crds::time::rfc3339;
-use cairn_crds::{AgentSession, AgentSessionStatus, CompactionPolicy};
+use cairn_crds::{AgentSession, AgentSessionStatus, CompactionPolicySpec};
 
 use crate::backoff::Backoff;
 use crate::config::Defaults;
 use crate::error::{Error, ErrorClass};
 use crate::metrics::Metrics;
-use crate::objects::{self, FIELD_MANAGER};
+use crate::objects::{self, BuildInputs, FIELD_MANAGER};
 use crate::purge::{ArchivePurger, PurgeTarget};
 use crate::status::{self, Blocker, Observed, Problem};
-use crate::validate::{self, ArchivePlan};
+use crate::validate::{self, ArchivePlan, Plan};
 use crate::{apply, cache, dereference, idle, scoped};
 
 /// Finalizer that purges the session's archive and journal before the session goes away.
@@ -42,11 +38,7 @@ pub const FINALIZER: &str = "cairn.dev/archive";
 /// the safety net, slow on purpose.
 const WAITING_REQUEUE: Duration = Duration::from_secs(300);
 
-/// Applying a session's objects sends a burst of watch events for its children; waiting this
-/// long folds the burst into one reconcile.
-const DEBOUNCE: Duration = Duration::from_secs(1);
-
-type Guarded = DeserializeGuard<AgentSession>;
+pub(crate) type Guarded = DeserializeGuard<AgentSession>;
 
 /// Shared state of the controller.
 pub struct Context {
@@ -101,7 +93,7 @@ impl Context {
     }
 
     /// Registers the caches of a controller for `scope` (a namespace, or all); done by
-    /// [`run`], and by tests that drive [`reconcile`] with stores of their own.
+    /// [`crate::watches::run`], and by tests that drive [`reconcile`] with stores of their own.
     pub fn add_stores(&self, scope: Option<String>, stores: cache::Stores) {
         if let Ok(mut caches) = self.caches.write() {
             caches.push((scope, stores));
@@ -178,7 +170,7 @@ fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
-fn key_of(meta: &kube::core::ObjectMeta) -> String {
+pub(crate) fn key_of(meta: &kube::core::ObjectMeta) -> String {
     format!(
         "{}/{}",
         meta.namespace.as_deref().unwrap_or_default(),
@@ -317,127 +309,248 @@ fn archive_state(archive: &ArchivePlan, namespace: &str, name: &str) -> Result<S
     }
 }
 
+/// Where one pass over a live session stopped short of applying; the status reports it.
+#[derive(Clone, Debug, PartialEq)]
+enum Stop {
+    /// dereference: `spec.policyRef` names no CompactionPolicy (the PolicyResolved condition
+    /// says so; nothing else blocks).
+    PolicyMissing,
+    /// validate: the spec cannot become a plan; only an edit helps.
+    Invalid(Problem),
+    /// credentials: the scoped credentials could not be issued and the stored ones cannot
+    /// start the pod.
+    NoCredentials(Problem),
+    /// dereference: a Secret the plan names is missing or lacks a key.
+    SecretMissing(Problem),
+}
+
+/// Why the steps ended early: a [`Stop`] the status reports, or a failed request it does not
+/// (the reconcile fails and backs off).
+#[derive(Debug)]
+enum Halt {
+    Stopped(Stop),
+    Failed(Error),
+}
+
+impl From<Stop> for Halt {
+    fn from(stop: Stop) -> Self {
+        Self::Stopped(stop)
+    }
+}
+
+impl From<Error> for Halt {
+    fn from(e: Error) -> Self {
+        Self::Failed(e)
+    }
+}
+
+impl From<kube::Error> for Halt {
+    fn from(e: kube::Error) -> Self {
+        Self::Failed(e.into())
+    }
+}
+
+/// The scoped credentials' outcome: how long until their refresh is due (`None`: not in
+/// scoped mode), or why they could not be issued.
+type Credentials = Result<Option<Duration>, scoped::Failure>;
+
+/// One pass over a live session: dereference the policy → validate → the scoped credentials →
+/// dereference the plan's Secrets → build → apply, then the status. I/O happens in the
+/// dereference, credentials and apply steps and the status write; validate, build, what the
+/// status says and when to look again are pure.
 async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Action, Error> {
-    let name = session.name_any();
     let namespace = session.namespace().unwrap_or_default();
     let policy = dereference::policy(&ctx.client, &namespace, &session).await?;
     let idle = idle_decision(&session);
+    let suspended = session.spec.suspend || idle.suspended;
 
-    let mut obs = Observed {
-        name: name.clone(),
-        namespace: namespace.clone(),
-        generation: session.metadata.generation,
-        suspended: session.spec.suspend || idle.suspended,
-        idle: idle.condition.clone(),
-        policy: Err(Problem::new("Unknown", "")),
-        blocker: None,
-        ready_pods: None,
-        api_token_hash: None,
-        archive: validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults)
+    // Outlives a later stop: a failure is reported in ArchiveReady and fails the reconcile.
+    let mut credentials: Credentials = Ok(None);
+    let reached: Result<apply::Applied, Halt> = async {
+        let policy = policy.as_ref().map_err(|_| Stop::PolicyMissing)?;
+        let plan = validate_session(&session, policy.as_ref(), &ctx.defaults, suspended)?;
+        credentials = scoped_credentials(&plan, ctx).await;
+        credentials_usable(&credentials)?;
+        let stores = ctx.stores_for(&namespace).await;
+        let token = apply::TokenSecret::plan(
+            &objects::token_secret(&plan, &objects::ApiToken::generate()),
+            stores.as_ref(),
+            &ctx.accepted,
+        );
+        let read = reads_token(&session, token);
+        let inputs = dereference_inputs(&ctx.client, &plan, read).await?;
+        let built = objects::build(&plan, &inputs);
+        let mut applied = apply::apply_all(
+            &ctx.client,
+            &plan,
+            &built,
+            stores.as_ref(),
+            token,
+            &ctx.accepted,
+        )
+        .await?;
+        // Not written (current), a token read to publish its digest is the one it holds.
+        applied.token = applied.token.or(read.then_some(inputs.api_token));
+        Ok(applied)
+    }
+    .await;
+    let reached = match reached {
+        Ok(applied) => Ok(applied),
+        Err(Halt::Stopped(stop)) => Err(stop),
+        Err(Halt::Failed(e)) => return Err(e),
+    };
+
+    let obs = observed(
+        &session,
+        &idle,
+        &ctx.defaults,
+        &policy,
+        &credentials,
+        &reached,
+    );
+    write_status(&session, &obs, ctx).await?;
+    let action = next_look(
+        &reached,
+        credentials.as_ref().ok().copied().flatten(),
+        idle.recheck,
+        ctx.resync,
+        ctx.secret_recheck(&namespace),
+    );
+    // A failed minting is retried with the per-session backoff (and reported as an Event by
+    // `reconcile`), after the status says what is wrong.
+    match credentials {
+        Err(failure) => Err(failure.error.into()),
+        Ok(_) => Ok(action),
+    }
+}
+
+/// validate: the plan for `session` under its policyRef target. `suspended` includes an idle
+/// suspension, which stops the pod exactly as `spec.suspend` does.
+fn validate_session(
+    session: &AgentSession,
+    policy: Option<&CompactionPolicySpec>,
+    defaults: &Defaults,
+    suspended: bool,
+) -> Result<Plan, Stop> {
+    let mut plan = validate::validate(session, policy, defaults)
+        .map_err(|e| Stop::Invalid(Problem::new(e.label(), e.to_string())))?;
+    plan.spec.suspend = suspended;
+    Ok(plan)
+}
+
+/// credentials: a failure stops the steps only when the stored credentials cannot start the
+/// pod; otherwise the pod keeps them until the next attempt.
+fn credentials_usable(credentials: &Credentials) -> Result<(), Stop> {
+    match credentials {
+        Err(failure) if !failure.usable => Err(Stop::NoCredentials(credentials_problem(failure))),
+        _ => Ok(()),
+    }
+}
+
+fn credentials_problem(failure: &scoped::Failure) -> Problem {
+    Problem::new(failure.error.label(), failure.error.to_string())
+}
+
+/// Whether the token Secret is read before building: to keep its token when it is applied,
+/// or once to publish the digest of a token the session's status does not carry yet (a
+/// session made before the operator published it).
+fn reads_token(session: &AgentSession, token: apply::TokenSecret) -> bool {
+    let publish = session
+        .status
+        .as_ref()
+        .is_none_or(|s| s.api_token_hash.is_none());
+    token.reads_token() || (publish && token == apply::TokenSecret::Current)
+}
+
+/// dereference: the API token (read when `read_token`) and the digests of the credentials
+/// the plan names; a missing Secret or key stops the steps, any other failure fails the
+/// reconcile.
+async fn dereference_inputs(
+    client: &Client,
+    plan: &Plan,
+    read_token: bool,
+) -> Result<BuildInputs, Halt> {
+    dereference::build_inputs(client, plan, read_token)
+        .await
+        .map_err(|e| match e.class() {
+            ErrorClass::Waiting => {
+                Stop::SecretMissing(Problem::new(e.label(), e.to_string())).into()
+            }
+            _ => Halt::Failed(e),
+        })
+}
+
+/// What the status reports after the steps: the session's own settings and idleness, its
+/// policy (found or missing), the scoped credentials' failure, and how far the steps got
+/// (applied: the pod's readiness and the digest of the token written or read).
+fn observed(
+    session: &AgentSession,
+    idle: &idle::Decision,
+    defaults: &Defaults,
+    policy: &Result<Option<CompactionPolicySpec>, Problem>,
+    credentials: &Credentials,
+    reached: &Result<apply::Applied, Stop>,
+) -> Observed {
+    let name = session.name_any();
+    let namespace = session.namespace().unwrap_or_default();
+    let archive = match credentials {
+        Err(failure) => Err(credentials_problem(failure)),
+        Ok(_) => validate::archive_plan(session.spec.archive.as_ref(), defaults)
             .map_err(|e| Problem::new(e.label(), e.to_string()))
             .and_then(|a| archive_state(&a, &namespace, &name)),
     };
-
-    let mut scoped_failure = None;
-    let action = match policy {
-        Err(problem) => {
-            obs.policy = Err(problem);
-            Action::requeue(WAITING_REQUEUE)
-        }
-        Ok(policy) => {
-            obs.policy = cairn_crds::resolve(policy.as_ref(), session.spec.compaction.as_ref())
-                .map(|p| p.hash())
-                .map_err(|e| Problem::new("InvalidPolicy", e.to_string()));
-            match validate::validate(&session, policy.as_ref(), &ctx.defaults) {
-                Err(e) => {
-                    obs.blocker = Some(Blocker::Invalid(Problem::new(e.label(), e.to_string())));
-                    Action::await_change()
-                }
-                Ok(mut plan) => {
-                    // An idle-suspended session stops its pod exactly as `spec.suspend` does.
-                    plan.spec.suspend = obs.suspended;
-                    let requeue = match scoped_credentials(&plan, ctx).await {
-                        Ok(refresh) => refresh.map_or(ctx.resync, |r| r.min(ctx.resync)),
-                        Err(failure) => {
-                            let problem =
-                                Problem::new(failure.error.label(), failure.error.to_string());
-                            obs.archive = Err(problem.clone());
-                            if !failure.usable {
-                                // Without credentials the pod could not start: wait for them.
-                                obs.blocker = Some(Blocker::Waiting(problem));
-                            }
-                            scoped_failure = Some(failure.error);
-                            // Retried with the per-session backoff instead (see below).
-                            ctx.resync
-                        }
-                    };
-                    if obs.blocker.is_some() {
-                        Action::requeue(requeue)
-                    } else {
-                        let stores = ctx.stores_for(&namespace).await;
-                        let token = apply::TokenSecret::plan(
-                            &objects::token_secret(&plan, &objects::ApiToken::generate()),
-                            stores.as_ref(),
-                            &ctx.accepted,
-                        );
-                        // A session whose status has no token digest yet (made before the
-                        // operator published it) has its token read once to publish it.
-                        let publish = session
-                            .status
-                            .as_ref()
-                            .is_none_or(|s| s.api_token_hash.is_none());
-                        let read = token.reads_token()
-                            || (publish && token == apply::TokenSecret::Current);
-                        match dereference::build_inputs(&ctx.client, &plan, read).await {
-                            Err(e) if e.class() == ErrorClass::Waiting => {
-                                obs.blocker =
-                                    Some(Blocker::Waiting(Problem::new(e.label(), e.to_string())));
-                                Action::requeue(ctx.secret_recheck(&namespace))
-                            }
-                            Err(e) => return Err(e),
-                            Ok(inputs) => {
-                                let built = objects::build(&plan, &inputs);
-                                let applied = apply::apply_all(
-                                    &ctx.client,
-                                    &plan,
-                                    &built,
-                                    stores.as_ref(),
-                                    token,
-                                    &ctx.accepted,
-                                )
-                                .await?;
-                                obs.ready_pods = Some(i32::from(applied.ready));
-                                obs.api_token_hash = applied
-                                    .token
-                                    .as_ref()
-                                    .or(read.then_some(&inputs.api_token))
-                                    .map(|t| {
-                                        cairn_crds::session::api_token_hash(
-                                            &namespace,
-                                            &name,
-                                            t.expose(),
-                                        )
-                                    });
-                                // The idle deadline, a moment after it so that it has passed.
-                                let requeue = idle
-                                    .recheck
-                                    .map_or(requeue, |r| requeue.min(r + Duration::from_secs(1)));
-                                Action::requeue(requeue)
-                            }
-                        }
-                    }
-                }
-            }
-        }
+    let policy = match policy {
+        Err(problem) => Err(problem.clone()),
+        Ok(policy) => cairn_crds::resolve(policy.as_ref(), session.spec.compaction.as_ref())
+            .map(|p| p.hash())
+            .map_err(|e| Problem::new("InvalidPolicy", e.to_string())),
     };
-
-    write_status(&session, &obs, ctx).await?;
-    // A failed minting is retried with the per-session backoff (and reported as an Event by
-    // `reconcile`), after the status says what is wrong.
-    if let Some(e) = scoped_failure {
-        return Err(e.into());
+    let applied = reached.as_ref().ok();
+    let blocker = match reached {
+        Err(Stop::Invalid(problem)) => Some(Blocker::Invalid(problem.clone())),
+        Err(Stop::NoCredentials(problem) | Stop::SecretMissing(problem)) => {
+            Some(Blocker::Waiting(problem.clone()))
+        }
+        Err(Stop::PolicyMissing) | Ok(_) => None,
+    };
+    Observed {
+        generation: session.metadata.generation,
+        suspended: session.spec.suspend || idle.suspended,
+        idle: idle.condition.clone(),
+        policy,
+        blocker,
+        ready_pods: applied.map(|a| i32::from(a.ready)),
+        api_token_hash: applied
+            .and_then(|a| a.token.as_ref())
+            .map(|t| cairn_crds::session::api_token_hash(&namespace, &name, t.expose())),
+        archive,
+        name,
+        namespace,
     }
-    Ok(action)
+}
+
+/// When to look at the session again: a missing policy slowly (its watch usually comes
+/// first), an invalid spec on its next edit, a missing Secret after `secret_recheck`;
+/// otherwise at the safety-net `resync`, or sooner when the scoped credentials' `refresh` or,
+/// once applied, the idle deadline comes first.
+fn next_look(
+    reached: &Result<apply::Applied, Stop>,
+    refresh: Option<Duration>,
+    idle_recheck: Option<Duration>,
+    resync: Duration,
+    secret_recheck: Duration,
+) -> Action {
+    let refresh = refresh.map_or(resync, |r| r.min(resync));
+    match reached {
+        Err(Stop::PolicyMissing) => Action::requeue(WAITING_REQUEUE),
+        Err(Stop::Invalid(_)) => Action::await_change(),
+        Err(Stop::NoCredentials(_)) => Action::requeue(refresh),
+        Err(Stop::SecretMissing(_)) => Action::requeue(secret_recheck),
+        // The idle deadline, a moment after it so that it has passed.
+        Ok(_) => Action::requeue(
+            idle_recheck.map_or(refresh, |r| refresh.min(r + Duration::from_secs(1))),
+        ),
+    }
 }
 
 /// The idle rule's decision for `session` now (see [`idle`]).
@@ -722,372 +835,258 @@ async fn report_purge_failure(session: &AgentSession, ctx: &Context, message: &s
     .await;
 }
 
-/// Sessions (from the controller's cache) whose policyRef names `policy`.
-pub fn sessions_for_policy(
-    sessions: &[Arc<Guarded>],
-    policy: &CompactionPolicy,
-) -> Vec<ObjectRef<Guarded>> {
-    let namespace = policy.namespace();
-    let name = policy.name_any();
-    sessions
-        .iter()
-        .filter(|g| {
-            g.0.as_ref().is_ok_and(|s| {
-                s.namespace() == namespace
-                    && s.spec.policy_ref.as_ref().is_some_and(|r| r.name == name)
-            })
-        })
-        .map(|g| ObjectRef::from_obj(g.as_ref()))
-        .collect()
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scoped::ScopedError;
+    use serde_json::json;
 
-/// Sessions that read the Secret of `secret` (its metadata): their token Secret, provider
-/// credentials, S3 credentials (their own or the operator's default) or the OTLP export
-/// headers.
-pub fn sessions_for_secret(
-    sessions: &[Arc<Guarded>],
-    secret: &ObjectMeta,
-    defaults: &Defaults,
-) -> Vec<ObjectRef<Guarded>> {
-    let namespace = secret.namespace.clone();
-    let name = secret.name.clone().unwrap_or_default();
-    let otlp_headers = defaults
-        .otlp
-        .as_ref()
-        .and_then(|o| o.headers_secret.as_ref());
-    sessions
-        .iter()
-        .filter(|g| {
-            g.0.as_ref().is_ok_and(|s| {
-                if s.namespace() != namespace {
-                    return false;
-                }
-                let session = s.name_any();
-                let provider = s.spec.provider.credentials.as_ref().map(|c| &c.secret_name);
-                let archive = s
-                    .spec
-                    .archive
-                    .as_ref()
-                    .and_then(|a| a.credentials.as_ref())
-                    .map(|c| &c.secret_name)
-                    .or(defaults.archive.credentials_secret.as_ref());
-                objects::token_secret_name(&session) == name
-                    || provider == Some(&name)
-                    || archive == Some(&name)
-                    || otlp_headers == Some(&name)
-            })
-        })
-        .map(|g| ObjectRef::from_obj(g.as_ref()))
-        .collect()
-}
+    const RESYNC: Duration = Duration::from_secs(3600);
+    const SECRET_RECHECK: Duration = Duration::from_secs(30);
 
-/// The AgentSession that controls the object of `meta`, if one does.
-fn controlling_session(meta: &ObjectMeta) -> Option<&OwnerReference> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == AgentSession::kind(&()) && o.controller == Some(true))
-}
-
-/// The session a Service or NetworkPolicy event concerns: its controlling session for one
-/// of an earlier version's per-session objects; for the namespace's shared object, the first
-/// live session of that namespace (one reconcile repairs the namespace's objects, as the
-/// reconcile of any of its sessions would). `sessions` is read only for a shared object.
-pub fn session_for_network_object(
-    sessions: impl FnOnce() -> Vec<Arc<Guarded>>,
-    meta: &ObjectMeta,
-) -> Option<ObjectRef<Guarded>> {
-    let namespace = meta.namespace.as_deref()?;
-    if let Some(owner) = controlling_session(meta) {
-        return Some(ObjectRef::new(&owner.name).within(namespace));
+    fn session(spec: serde_json::Value) -> AgentSession {
+        serde_json::from_value(json!({
+            "apiVersion": "cairn.dev/v1alpha1",
+            "kind": "AgentSession",
+            "metadata": {"name": "chat", "namespace": "team-a", "uid": "u-1", "generation": 3},
+            "spec": spec,
+        }))
+        .expect("session fixture")
     }
-    if meta.name.as_deref() != Some(objects::SESSIONS) {
-        return None;
+
+    fn minimal() -> AgentSession {
+        session(json!({"provider": {"kind": "openai", "model": "gpt-5"}}))
     }
-    sessions()
-        .iter()
-        .filter(|g| g.namespace().as_deref() == Some(namespace))
-        .filter(|g| g.meta().deletion_timestamp.is_none())
-        .filter_map(|g| g.meta().name.clone())
-        .min()
-        .map(|name| ObjectRef::new(&name).within(namespace))
-}
 
-/// Reconcile triggers from a watch of the Services or NetworkPolicies ([`session_for_network_object`]).
-fn network_triggers<K>(
-    stream: impl futures::Stream<Item = Result<cache::Packed<K>, watcher::Error>> + Send + 'static,
-    sessions: Store<Guarded>,
-) -> impl futures::Stream<Item = ObjectRef<Guarded>> + Send + 'static
-where
-    K: Resource<DynamicType = ()> + Send + 'static,
-{
-    stream.filter_map(move |event| {
-        let target = match event {
-            Ok(object) => session_for_network_object(|| sessions.state(), object.meta()),
-            Err(e) => {
-                tracing::warn!(error = %e, kind = %K::kind(&()), "watch failed");
-                None
-            }
-        };
-        futures::future::ready(target)
-    })
-}
-
-fn scoped<K>(client: Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as Resource>::DynamicType: Default,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client, ns),
-        None => Api::all(client),
-    }
-}
-
-/// The namespaces of `watched` inside `scope` (a namespace, or all).
-fn secret_scopes(watched: &BTreeSet<String>, scope: Option<&str>) -> Vec<String> {
-    watched
-        .iter()
-        .filter(|ns| scope.is_none_or(|s| s == ns.as_str()))
-        .cloned()
-        .collect()
-}
-
-/// A cache of one owned kind and the watch stream that fills it (managed fields dropped:
-/// the operator never reads them, and they are most of an object's size; objects packed as
-/// JSON, see [`cache::Packed`]).
-fn owned_cache<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    trim: fn(&mut K),
-    accepted: Arc<cache::Accepted>,
-) -> (
-    Store<cache::Packed<K>>,
-    impl futures::Stream<Item = Result<cache::Packed<K>, watcher::Error>> + Send + 'static,
-)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, config)
-        .default_backoff()
-        .modify(move |o| {
-            o.managed_fields_mut().clear();
-            trim(o);
-        })
-        .map_ok(cache::pack_event)
-        .reflect(writer)
-        .inspect(move |event| {
-            if let Ok(event) = event {
-                accepted.observe(event);
-            }
-        })
-        .touched_objects();
-    (reader, stream)
-}
-
-/// Deletes the StatefulSets through which an earlier operator version ran sessions' pods
-/// (labelled as the operator's, owned by an AgentSession); their pods go with them, and each
-/// session's own pod takes the name once the old one is gone. One list per scope at start.
-async fn retire_stateful_sets(client: &Client, ns: Option<&str>) {
-    let params = ListParams::default().labels("app.kubernetes.io/managed-by=cairn-operator");
-    let listed = match scoped::<StatefulSet>(client.clone(), ns)
-        .list_metadata(&params)
-        .await
-    {
-        Ok(listed) => listed,
-        Err(e) => {
-            tracing::warn!(error = %e, "listing StatefulSets of an earlier version failed");
-            return;
-        }
-    };
-    for sts in listed.items {
-        let session_owned = controlling_session(&sts.metadata).is_some();
-        let (Some(namespace), Some(name)) = (&sts.metadata.namespace, &sts.metadata.name) else {
-            continue;
-        };
-        if !session_owned {
-            continue;
-        }
-        let api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
-        match api.delete(name, &DeleteParams::background()).await {
-            Ok(_) => {
-                tracing::info!(%namespace, %name, "retired the StatefulSet of an earlier version")
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, %namespace, %name, "retiring a StatefulSet failed")
-            }
+    fn awake() -> idle::Decision {
+        idle::Decision {
+            suspended: false,
+            condition: None,
+            recheck: None,
+            woken_at: None,
         }
     }
-}
 
-/// Runs the controller for one scope (a namespace, or all) until `shutdown` resolves.
-pub async fn run(
-    ctx: Arc<Context>,
-    namespace: Option<String>,
-    concurrency: u16,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) {
-    let client = ctx.client.clone();
-    let ns = namespace.as_deref();
-    retire_stateful_sets(&client, ns).await;
-    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=cairn-operator");
-    // The sessions' own watch, as `Controller::new` builds it (managed fields dropped), plus:
-    // the event of an accepted
-    // status write ends what is remembered of it, and a deleted session (one without a
-    // finalizer is never cleaned up) leaves the phase gauge.
-    let (sessions, sessions_writer) = reflector::store::<Guarded>();
-    let session_stream = {
-        let accepted = ctx.accepted.clone();
-        let metrics = ctx.metrics.clone();
-        watcher(
-            scoped::<Guarded>(client.clone(), ns),
-            watcher::Config::default().any_semantic(),
+    fn failure(usable: bool) -> Credentials {
+        Err(scoped::Failure {
+            error: ScopedError::Sts {
+                endpoint: "https://sts.example".into(),
+                message: "denied".into(),
+            },
+            usable,
+        })
+    }
+
+    fn applied(ready: bool) -> apply::Applied {
+        apply::Applied { ready, token: None }
+    }
+
+    fn problem(reason: &str) -> Problem {
+        Problem::new(reason, "why")
+    }
+
+    fn look(
+        reached: Result<apply::Applied, Stop>,
+        refresh: Option<u64>,
+        idle: Option<u64>,
+    ) -> Action {
+        next_look(
+            &reached,
+            refresh.map(Duration::from_secs),
+            idle.map(Duration::from_secs),
+            RESYNC,
+            SECRET_RECHECK,
         )
-        .modify(|s| s.managed_fields_mut().clear())
-        .reflect(sessions_writer)
-        .inspect({
-            let sessions = sessions.clone();
-            let client = client.clone();
-            move |event| {
-                if let Ok(event) = event {
-                    accepted.observe(event);
-                    if let watcher::Event::Delete(session) = event {
-                        metrics.set_phase(&key_of(session.meta()), None);
-                        // The namespace's last session is gone: so are its shared objects.
-                        if let Some(namespace) = session.namespace()
-                            && sessions
-                                .find(|g| g.namespace().as_deref() == Some(&namespace))
-                                .is_none()
-                        {
-                            tokio::spawn(apply::release_namespace(client.clone(), namespace));
-                        }
-                    }
-                }
-            }
-        })
-        .applied_objects()
-    };
-    let controller = Controller::for_stream(session_stream, sessions.clone());
-    let policy_store = controller.store();
-    // Each owned kind is watched once: the watch both triggers the owner's reconcile and
-    // fills the cache that lets a reconcile skip what is current.
-    let accepted = &ctx.accepted;
-    let (pods, pod_stream) = owned_cache(
-        scoped::<Pod>(client.clone(), ns),
-        owned.clone(),
-        cache::trim_pod,
-        accepted.clone(),
-    );
-    let (services, svc_stream) = owned_cache(
-        scoped::<Service>(client.clone(), ns),
-        owned.clone(),
-        |_| {},
-        accepted.clone(),
-    );
-    let (service_accounts, sa_stream) = owned_cache(
-        scoped::<ServiceAccount>(client.clone(), ns),
-        owned.clone(),
-        |_| {},
-        accepted.clone(),
-    );
-    let (roles, role_stream) = owned_cache(
-        scoped::<Role>(client.clone(), ns),
-        owned.clone(),
-        |_| {},
-        accepted.clone(),
-    );
-    let (role_bindings, rb_stream) = owned_cache(
-        scoped::<RoleBinding>(client.clone(), ns),
-        owned.clone(),
-        |_| {},
-        accepted.clone(),
-    );
-    let (network_policies, np_stream) = owned_cache(
-        scoped::<NetworkPolicy>(client.clone(), ns),
-        owned.clone(),
-        |_| {},
-        accepted.clone(),
-    );
-    // The operator's own Secrets (the token Secrets): metadata only.
-    let (secrets_writer, secrets) = {
-        let (reader, writer) = reflector::store();
-        (writer, reader)
-    };
-    let secret_stream = watcher(
-        scoped::<PartialObjectMeta<Secret>>(client.clone(), ns),
-        owned,
-    )
-    .default_backoff()
-    .modify(|s| s.managed_fields_mut().clear())
-    .reflect(secrets_writer)
-    .inspect({
-        let accepted = accepted.clone();
-        move |event| {
-            if let Ok(event) = event {
-                accepted.observe(event);
-            }
-        }
-    })
-    .touched_objects();
-    let sessions_for_network = sessions.clone();
-    ctx.add_stores(
-        namespace.clone(),
-        cache::Stores {
-            sessions,
-            service_accounts,
-            roles,
-            role_bindings,
-            secrets,
-            services,
-            network_policies,
-            pods,
-        },
-    );
-    let mut controller = controller
-        .owns_stream(pod_stream)
-        .owns_stream(sa_stream)
-        .owns_stream(role_stream)
-        .owns_stream(rb_stream)
-        .reconcile_on(network_triggers(svc_stream, sessions_for_network.clone()))
-        .reconcile_on(network_triggers(np_stream, sessions_for_network))
-        .owns_stream(secret_stream)
-        .watches(
-            scoped::<CompactionPolicy>(client.clone(), ns),
-            watcher::Config::default(),
-            move |policy| sessions_for_policy(&policy_store.state(), &policy),
+    }
+
+    #[test]
+    fn the_next_look_follows_where_the_steps_stopped() {
+        let secs = |s| Action::requeue(Duration::from_secs(s));
+        assert_eq!(look(Err(Stop::PolicyMissing), None, None), secs(300));
+        assert_eq!(
+            look(
+                Err(Stop::Invalid(problem("MissingModel"))),
+                Some(5),
+                Some(5)
+            ),
+            Action::await_change()
         );
-    // Secrets: metadata only (an `Api` of `PartialObjectMeta` asks the API server for
-    // metadata, never the values), and only in the namespaces configured for it, each its
-    // own namespaced watch; elsewhere the reconcile reads a session's Secrets by name.
-    for secret_ns in secret_scopes(&ctx.secret_watch, ns) {
-        let store = controller.store();
-        let defaults = ctx.defaults.clone();
-        let api: Api<PartialObjectMeta<Secret>> = Api::namespaced(client.clone(), &secret_ns);
-        controller = controller.watches(api, watcher::Config::default(), move |secret| {
-            sessions_for_secret(&store.state(), &secret.metadata, &defaults)
-        });
+        assert_eq!(
+            look(
+                Err(Stop::SecretMissing(problem("SecretNotFound"))),
+                Some(5),
+                None
+            ),
+            secs(30)
+        );
+        assert_eq!(
+            look(Err(Stop::NoCredentials(problem("Sts"))), None, Some(5)),
+            secs(3600),
+            "the failure's own backoff decides; the idle deadline needs a pod"
+        );
+        assert_eq!(
+            look(Ok(applied(true)), None, None),
+            secs(3600),
+            "the safety net"
+        );
+        assert_eq!(
+            look(Ok(applied(true)), Some(600), None),
+            secs(600),
+            "credentials due"
+        );
+        assert_eq!(look(Ok(applied(true)), Some(7200), None), secs(3600));
+        assert_eq!(
+            look(Ok(applied(false)), None, Some(60)),
+            secs(61),
+            "just past the idle deadline"
+        );
+        assert_eq!(look(Ok(applied(false)), Some(30), Some(60)), secs(30));
     }
-    controller
-        .with_config(
-            controller::Config::default()
-                .concurrency(concurrency)
-                .debounce(DEBOUNCE),
-        )
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((object, _)) => tracing::debug!(session = %object, "reconciled"),
-                Err(e) => tracing::debug!(error = %e, "controller event"),
-            }
-        })
-        .await;
+
+    #[test]
+    fn validate_applies_an_idle_suspension_and_stops_an_invalid_spec() {
+        let defaults = Defaults::default();
+        let plan = validate_session(&minimal(), None, &defaults, true).expect("valid");
+        assert!(
+            plan.spec.suspend,
+            "an idle session's pod stops as a suspended one's"
+        );
+        let plan = validate_session(&minimal(), None, &defaults, false).expect("valid");
+        assert!(!plan.spec.suspend);
+        let no_model = session(json!({"provider": {"kind": "openai", "model": " "}}));
+        match validate_session(&no_model, None, &defaults, false) {
+            Err(Stop::Invalid(p)) => assert_eq!(p.reason, "MissingModel"),
+            other => panic!("expected Stop::Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn failed_credentials_stop_the_steps_only_when_the_stored_ones_cannot_serve() {
+        assert_eq!(credentials_usable(&Ok(None)), Ok(()));
+        assert_eq!(credentials_usable(&Ok(Some(RESYNC))), Ok(()));
+        assert_eq!(credentials_usable(&failure(true)), Ok(()));
+        match credentials_usable(&failure(false)) {
+            Err(Stop::NoCredentials(p)) => assert_eq!(p.reason, "ScopedCredentialsFailed"),
+            other => panic!("expected Stop::NoCredentials, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_status_says_where_the_steps_stopped() {
+        let s = minimal();
+        let defaults = Defaults::default();
+        let found = Ok(None);
+        let hash = cairn_crds::resolve(None, None).expect("defaults").hash();
+        let obs = |policy: &Result<Option<CompactionPolicySpec>, Problem>,
+                   credentials: &Credentials,
+                   reached: Result<apply::Applied, Stop>| {
+            observed(&s, &awake(), &defaults, policy, credentials, &reached)
+        };
+
+        let missing = Err(problem("PolicyNotFound"));
+        let o = obs(&missing, &Ok(None), Err(Stop::PolicyMissing));
+        assert_eq!(o.policy, Err(problem("PolicyNotFound")));
+        assert_eq!((o.blocker, o.ready_pods), (None, None));
+
+        let o = obs(
+            &found,
+            &Ok(None),
+            Err(Stop::Invalid(problem("MissingModel"))),
+        );
+        assert_eq!(o.policy, Ok(hash.clone()));
+        assert_eq!(o.blocker, Some(Blocker::Invalid(problem("MissingModel"))));
+
+        let o = obs(
+            &found,
+            &Ok(None),
+            Err(Stop::SecretMissing(problem("SecretNotFound"))),
+        );
+        assert_eq!(o.blocker, Some(Blocker::Waiting(problem("SecretNotFound"))));
+        assert_eq!(o.ready_pods, None);
+
+        let unusable = failure(false);
+        let Err(Stop::NoCredentials(why)) = credentials_usable(&unusable) else {
+            panic!("unusable credentials stop the steps");
+        };
+        let o = obs(&found, &unusable, Err(Stop::NoCredentials(why.clone())));
+        assert_eq!(o.archive, Err(why.clone()));
+        assert_eq!(o.blocker, Some(Blocker::Waiting(why.clone())));
+
+        let o = obs(&found, &failure(true), Ok(applied(true)));
+        assert_eq!(o.archive, Err(why), "a usable failure is still reported");
+        assert_eq!((o.blocker, o.ready_pods), (None, Some(1)));
+
+        let o = obs(&found, &Ok(Some(RESYNC)), Ok(applied(false)));
+        assert_eq!(o.ready_pods, Some(0));
+        assert_eq!(
+            o.archive.map_err(|p| p.reason),
+            Err("ArchiveNotConfigured".to_string())
+        );
+        assert_eq!(
+            (o.name.as_str(), o.namespace.as_str(), o.generation),
+            ("chat", "team-a", Some(3))
+        );
+        assert!(!o.suspended);
+        assert_eq!(
+            o.api_token_hash, None,
+            "no token written or read: the digest stays"
+        );
+
+        let token = apply::Applied {
+            ready: true,
+            token: Some(objects::ApiToken::from_existing("t0ken".into())),
+        };
+        let o = obs(&found, &Ok(None), Ok(token));
+        assert_eq!(
+            o.api_token_hash,
+            Some(cairn_crds::session::api_token_hash(
+                "team-a", "chat", "t0ken"
+            ))
+        );
+        let o = obs(
+            &found,
+            &Ok(None),
+            Err(Stop::SecretMissing(problem("SecretNotFound"))),
+        );
+        assert_eq!(o.api_token_hash, None);
+
+        let sleeping = idle::Decision {
+            suspended: true,
+            condition: Some((true, problem("Idle"))),
+            ..awake()
+        };
+        let o = observed(
+            &s,
+            &sleeping,
+            &defaults,
+            &found,
+            &Ok(None),
+            &Ok(applied(false)),
+        );
+        assert!(o.suspended);
+        assert_eq!(o.idle, Some((true, problem("Idle"))));
+    }
+
+    #[test]
+    fn the_token_is_read_to_keep_it_or_once_to_publish_its_digest() {
+        use apply::TokenSecret::{Apply, Create, Current};
+        let unpublished = minimal();
+        let mut published = minimal();
+        published.status = Some(AgentSessionStatus {
+            api_token_hash: Some("digest".into()),
+            ..Default::default()
+        });
+        assert!(reads_token(&unpublished, Apply));
+        assert!(reads_token(&published, Apply));
+        assert!(
+            reads_token(&unpublished, Current),
+            "once, to publish the digest"
+        );
+        assert!(!reads_token(&published, Current));
+        assert!(
+            !reads_token(&unpublished, Create),
+            "a fresh token is written"
+        );
+        assert!(!reads_token(&published, Create));
+    }
 }

@@ -24,6 +24,7 @@ pub mod run;
 pub mod scoped;
 pub mod status;
 pub mod validate;
+pub mod watches;
 
 pub use config::{Defaults, OperatorArgs};
 pub use error::Error;

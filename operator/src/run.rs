@@ -11,7 +11,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 
 use crate::config::OperatorArgs;
-use crate::controller::{self, Context};
+use crate::controller::Context;
 use crate::metrics::Metrics;
 use crate::purge::S3Purger;
 
@@ -62,11 +62,9 @@ async fn run_controllers(ctx: Arc<Context>, args: &OperatorArgs, stop: watch::Re
         namespaces.into_iter().map(Some).collect()
     };
     tracing::info!(?scopes, "starting controllers");
-    futures::future::join_all(
-        scopes.into_iter().map(|scope| {
-            controller::run(ctx.clone(), scope, args.concurrency, stopped(stop.clone()))
-        }),
-    )
+    futures::future::join_all(scopes.into_iter().map(|scope| {
+        crate::watches::run(ctx.clone(), scope, args.concurrency, stopped(stop.clone()))
+    }))
     .await;
 }
 

@@ -35,6 +35,7 @@ use cairn_operator::controller::{self, Context};
 use cairn_operator::metrics::Metrics;
 use cairn_operator::objects::RESTART_HASH_ANNOTATION;
 use cairn_operator::purge::S3Purger;
+use cairn_operator::watches;
 use cairn_tests::harness::S3Server;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -147,7 +148,7 @@ impl TestEnv {
             let mut rx = rx;
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let handle = tokio::spawn(controller::run(ctx, Some(self.ns.clone()), 4, shutdown));
+        let handle = tokio::spawn(watches::run(ctx, Some(self.ns.clone()), 4, shutdown));
         self.operator = Some((tx, handle));
     }
 

@@ -19,9 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_crds::{AgentSession, Phase};
-use cairn_operator::controller::{self, Context};
+use cairn_operator::controller::Context;
 use cairn_operator::metrics::Metrics;
 use cairn_operator::purge::S3Purger;
+use cairn_operator::watches;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -100,7 +101,7 @@ impl Env {
             let mut rx = rx;
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        tokio::spawn(controller::run(ctx, Some(ns.clone()), 4, shutdown));
+        tokio::spawn(watches::run(ctx, Some(ns.clone()), 4, shutdown));
         Self {
             client,
             ns,

@@ -21,10 +21,11 @@ use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::primitives::ByteStream;
 use cairn_crds::{AgentSession, Phase};
 use cairn_operator::config::{Defaults, ScopedArchive};
-use cairn_operator::controller::{self, Context};
+use cairn_operator::controller::Context;
 use cairn_operator::metrics::Metrics;
 use cairn_operator::purge::S3Purger;
 use cairn_operator::scoped::{self, MintTarget, TempCredentials};
+use cairn_operator::watches;
 use cairn_tests::harness::seaweedfs::{
     ADMIN_ACCESS_KEY_ID, ADMIN_SECRET_ACCESS_KEY, REGION, ROLE_ARN,
 };
@@ -370,7 +371,7 @@ impl TestEnv {
             let mut rx = rx;
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let handle = tokio::spawn(controller::run(ctx, Some(ns.clone()), 4, shutdown));
+        let handle = tokio::spawn(watches::run(ctx, Some(ns.clone()), 4, shutdown));
         Self {
             client,
             ns,

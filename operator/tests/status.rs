@@ -6,10 +6,10 @@ use std::sync::Arc;
 use cairn_crds::{AgentSession, AgentSessionStatus, CompactionPolicy, Phase};
 use cairn_operator::Defaults;
 use cairn_operator::config::OtlpExport;
-use cairn_operator::controller::{
+use cairn_operator::status::{self, Blocker, Observed, Problem};
+use cairn_operator::watches::{
     session_for_network_object, sessions_for_policy, sessions_for_secret,
 };
-use cairn_operator::status::{self, Blocker, Observed, Problem};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::core::DeserializeGuard;
