@@ -207,10 +207,9 @@ fn content(
 /// The `content` of a message that must have one: absent or null is a 400 that names it.
 fn required<'a>(v: Option<&'a Value>, at: &str) -> Result<&'a Value, ApiError> {
     match v {
-        None | Some(Value::Null) => Err(bad(
-            "missing_content",
-            format!("{at}.content is required"),
-        )),
+        None | Some(Value::Null) => {
+            Err(bad("missing_content", format!("{at}.content is required")))
+        }
         Some(v) => Ok(v),
     }
 }
@@ -337,7 +336,8 @@ pub fn chat_messages(obj: &Map<String, Value>) -> Result<Vec<Incoming>, ApiError
         let at = format!("messages[{i}]");
         let role = m.get("role").and_then(Value::as_str);
         if role == Some("tool") {
-            let (output, _) = content(Some(required(m.get("content"), &at)?), &at, &["text"], None)?;
+            let (output, _) =
+                content(Some(required(m.get("content"), &at)?), &at, &["text"], None)?;
             out.push(Incoming {
                 item: Item::FunctionCallOutput {
                     call_id: req_str(m, "tool_call_id", &at)?.to_owned(),
@@ -775,7 +775,11 @@ mod tests {
                 .expect_err("a message without content is refused");
             assert_eq!(err.status, StatusCode::BAD_REQUEST, "{without_content}");
             assert_eq!(err.code, "missing_content", "{without_content}");
-            assert!(err.message.ends_with(".content is required"), "{}", err.message);
+            assert!(
+                err.message.ends_with(".content is required"),
+                "{}",
+                err.message
+            );
         }
     }
 
