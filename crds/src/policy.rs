@@ -641,6 +641,72 @@ pub struct Compression {
     pub max_result_bytes: u32,
 }
 
+/// A tool whose calls read files, as read dedup recognises it: how its arguments name what
+/// it reads. The line range is read from the arguments the engine knows (`head`/`tail`,
+/// `offset`/`limit`, `view_range`, start and end lines).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadTool {
+    /// The tool's name, compared case-insensitively.
+    pub name: String,
+    /// The argument holding the file's path. `None`: the first present of `path`,
+    /// `file_path`, `filePath`, `filename`, `file`, `target_file`, `absolute_path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_arg: Option<String>,
+    /// The argument holding a list of paths, for a tool that reads several whole files in
+    /// one call (`read_multiple_files`). Excludes `path_arg`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths_arg: Option<String>,
+    /// The call reads only when its `command` argument has this value (the text-editor
+    /// tools' `view`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+impl ReadTool {
+    fn named(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            path_arg: None,
+            paths_arg: None,
+            command: None,
+        }
+    }
+}
+
+/// The read tools dedup knows without configuration: the MCP reference filesystem server's
+/// (`read_text_file`, its deprecated alias `read_file`, `read_multiple_files`; not
+/// `read_media_file`, whose result is an image, not lines), the text-editor tools' `view`,
+/// and the common names of coding agents' read tools.
+pub fn default_read_tools() -> Vec<ReadTool> {
+    let mut tools: Vec<ReadTool> = [
+        "read_text_file",
+        "read_file",
+        "read",
+        "readfile",
+        "file_read",
+        "view",
+        "view_file",
+        "open_file",
+        "cat",
+        "get_file_contents",
+    ]
+    .into_iter()
+    .map(ReadTool::named)
+    .collect();
+    tools.push(ReadTool {
+        paths_arg: Some("paths".into()),
+        ..ReadTool::named("read_multiple_files")
+    });
+    for editor in ["str_replace_based_edit_tool", "str_replace_editor"] {
+        tools.push(ReadTool {
+            command: Some("view".into()),
+            ..ReadTool::named(editor)
+        });
+    }
+    tools
+}
+
 /// The built-in defaults: the one place cairn's tunable numbers are written down.
 impl Default for EffectivePolicy {
     fn default() -> Self {
