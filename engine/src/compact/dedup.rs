@@ -20,7 +20,8 @@
 
 use std::collections::HashMap;
 
-use cairn_crds::policy::{ReadTool, default_read_tools};
+use cairn_crds::EffectivePolicy;
+use cairn_crds::policy::ReadTool;
 use serde_json::{Map, Value};
 
 use crate::ccr::{Archivable, Key, Store};
@@ -300,15 +301,20 @@ fn superseded(results: &[(usize, &Read)]) -> Vec<bool> {
     out
 }
 
-/// Stubs earlier reads covered by later ones.
-pub async fn dedup_reads(history: &mut [Message], store: &dyn Store) -> PassReport {
+/// Stubs earlier reads covered by later ones; the policy's `dedup.readTools` say which calls
+/// read.
+pub async fn dedup_reads(
+    history: &mut [Message],
+    policy: &EffectivePolicy,
+    store: &dyn Store,
+) -> PassReport {
     let mut report = PassReport::new(Pass::Dedup, Trigger::Turn, history::weight(history));
-    let tools = default_read_tools();
+    let tools = &policy.dedup.read_tools;
     // Call id → the read it performed.
     let mut reads: HashMap<&str, Read> = HashMap::new();
     for m in history.iter() {
         for c in &m.tool_calls {
-            if let Some(r) = recognise(&tools, &c.name, &c.arguments) {
+            if let Some(r) = recognise(tools, &c.name, &c.arguments) {
                 reads.insert(c.id.as_str(), r);
             }
         }
@@ -431,8 +437,12 @@ mod tests {
         ]
     }
 
+    async fn dedup(h: &mut [Message], store: &dyn Store) -> PassReport {
+        dedup_reads(h, &EffectivePolicy::default(), store).await
+    }
+
     fn recognised(name: &str, args: &str) -> Option<Vec<(String, Lines)>> {
-        recognise(&default_read_tools(), name, args)
+        recognise(&EffectivePolicy::default().dedup.read_tools, name, args)
             .map(|r| r.files.into_iter().map(|f| (f.path, f.lines)).collect())
     }
 
@@ -579,7 +589,7 @@ mod tests {
         ));
         h.extend(read("2", "read_file", r#"{"path":"b.rs"}"#, &body));
         h.extend(read("3", "read_file", r#"{"path":"a.rs"}"#, &body));
-        let r = dedup_reads(&mut h, &store).await;
+        let r = dedup(&mut h, &store).await;
         assert_eq!(r.changed, 1);
         assert!(h[2].content.contains("earlier read of a.rs"));
         assert_eq!(h[4].content, body);
@@ -589,7 +599,7 @@ mod tests {
             store.fetch(&key).await.expect("ok"),
             Some(body.into_bytes())
         );
-        let again = dedup_reads(&mut h, &store).await;
+        let again = dedup(&mut h, &store).await;
         assert!(!again.is_change());
     }
 
@@ -607,7 +617,7 @@ mod tests {
             r#"{"path":"a.rs","head":10}"#,
             &head,
         ));
-        let r = dedup_reads(&mut h, &store).await;
+        let r = dedup(&mut h, &store).await;
         assert!(!r.is_change(), "{r:?}");
         assert_eq!(
             (h[2].content.as_str(), h[4].content.as_str()),
@@ -621,12 +631,12 @@ mod tests {
             &head,
         ));
         assert!(
-            !dedup_reads(&mut h, &store).await.is_change(),
+            !dedup(&mut h, &store).await.is_change(),
             "a tail covers no head"
         );
 
         h.extend(read("4", "read_text_file", r#"{"path":"a.rs"}"#, &body));
-        let r = dedup_reads(&mut h, &store).await;
+        let r = dedup(&mut h, &store).await;
         assert_eq!(r.changed, 3);
         assert!(
             h[2].content.contains("earlier read of a.rs (whole file)"),
@@ -659,7 +669,7 @@ mod tests {
             &body,
         ));
         h.extend(read("3", "read_text_file", r#"{"path":"a.rs"}"#, &body));
-        let r = dedup_reads(&mut h, &store).await;
+        let r = dedup(&mut h, &store).await;
         assert_eq!(r.changed, 1, "the first read of a.rs only");
         assert!(h[2].content.contains("earlier read of a.rs (whole file)"));
         assert_eq!(h[4].content, body, "b.rs was not read again");
@@ -671,12 +681,12 @@ mod tests {
             &body,
         ));
         assert!(
-            !dedup_reads(&mut h, &store).await.is_change(),
+            !dedup(&mut h, &store).await.is_change(),
             "b.rs only in part"
         );
 
         h.extend(read("5", "read_text_file", r#"{"path":"b.rs"}"#, &body));
-        let r = dedup_reads(&mut h, &store).await;
+        let r = dedup(&mut h, &store).await;
         assert_eq!(r.changed, 2);
         assert!(
             h[4].content
@@ -685,5 +695,39 @@ mod tests {
             h[4].content
         );
         assert!(h[8].content.contains("earlier read of b.rs (lines 1-3)"));
+    }
+
+    #[tokio::test]
+    async fn the_policy_names_the_read_tools() {
+        let store = MemoryStore::new();
+        let body = "fn a() {}\n".repeat(50);
+        let mut h = vec![Message::user("go")];
+        h.extend(read("1", "fetch_source", r#"{"file":"a.rs"}"#, &body));
+        h.extend(read("2", "fetch_source", r#"{"file":"a.rs"}"#, &body));
+        assert!(
+            !dedup(&mut h, &store).await.is_change(),
+            "not a read tool by default"
+        );
+        let mut policy = EffectivePolicy::default();
+        policy.dedup.read_tools = vec![ReadTool {
+            name: "fetch_source".into(),
+            path_arg: Some("file".into()),
+            paths_arg: None,
+            command: None,
+        }];
+        h.extend(read("3", "read_text_file", r#"{"path":"a.rs"}"#, &body));
+        let r = dedup_reads(&mut h, &policy, &store).await;
+        assert_eq!(r.changed, 1, "read_text_file is no longer listed");
+        assert!(h[2].content.contains("earlier read of a.rs (whole file)"));
+        assert_eq!(
+            (h[4].content.as_str(), h[6].content.as_str()),
+            (body.as_str(), body.as_str())
+        );
+        policy.dedup.read_tools.clear();
+        h.extend(read("4", "fetch_source", r#"{"file":"a.rs"}"#, &body));
+        assert!(
+            !dedup_reads(&mut h, &policy, &store).await.is_change(),
+            "off"
+        );
     }
 }
