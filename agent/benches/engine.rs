@@ -171,7 +171,7 @@ fn benches<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             b.iter_batched(
                 || (h.clone(), MemoryStore::new()),
                 |(mut h, store)| {
-                    rt.block_on(dedup::dedup_reads(&mut h, &store));
+                    rt.block_on(dedup::dedup_reads(&mut h, &policy, &store));
                     (h, store)
                 },
                 BatchSize::LargeInput,

@@ -30,7 +30,7 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::ccr::Store;
 use crate::compact::archive::{archive_all, segment_text};
 use crate::compact::summarize::{
-    MemoryCover, SECTIONS, SummarizeError, SummaryRequest, is_refusal, transcript,
+    MemoryCover, SECTIONS, SummarizeError, SummaryRequest, is_refusal, missing_sections, transcript,
 };
 use crate::compact::{Summarizer, summarize};
 use crate::history::{Message, Role};
@@ -151,12 +151,7 @@ pub fn check_memory(text: &str) -> Result<(), String> {
     if is_refusal(t) {
         return Err("refusal".into());
     }
-    let lower = t.to_lowercase();
-    let missing: Vec<&str> = SECTIONS
-        .iter()
-        .copied()
-        .filter(|s| !lower.contains(&s.to_lowercase()))
-        .collect();
+    let missing = missing_sections(t);
     if !missing.is_empty() {
         return Err(format!("missing sections: {}", missing.join(", ")));
     }

@@ -119,6 +119,30 @@ pub struct CompactionPolicySpec {
     /// during the turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemorySpec>,
+
+    /// Read dedup, a cheap pass of every turn: an earlier read of a file becomes a stub with
+    /// a recall marker once later reads returned every line it read again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup: Option<DedupSpec>,
+}
+
+/// Read dedup.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
+#[serde(rename_all = "camelCase")]
+pub struct DedupSpec {
+    /// The tools whose calls read files, each with how its arguments name what it reads;
+    /// replaces the built-in list as a whole (an empty list turns read dedup off). The line
+    /// range is read from the arguments cairn knows (`head`/`tail`, `offset`/`limit`,
+    /// `view_range`, `start_line`/`end_line` and their spellings); a call with both `head`
+    /// and `tail`, two range forms, or a number argument it does not know is not a read.
+    /// Default: `read_text_file`, `read_file`, `read`, `readfile`, `file_read`, `view`,
+    /// `view_file`, `open_file`, `cat`, `get_file_contents`; `read_multiple_files` with
+    /// `pathsArg: paths`; `str_replace_based_edit_tool` and `str_replace_editor` with
+    /// `command: view` (`read_media_file` is left out: its result is an image, not lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub read_tools: Option<Vec<ReadTool>>,
 }
 
 /// The session memory.
@@ -444,6 +468,31 @@ pub struct EffectivePolicy {
     /// Left out of the canonical form at its default, like `on_budget_exceeded`.
     #[serde(default, skip_serializing_if = "Memory::is_default")]
     pub memory: Memory,
+    /// Left out of the canonical form at its default, like `on_budget_exceeded`.
+    #[serde(default, skip_serializing_if = "Dedup::is_default")]
+    pub dedup: Dedup,
+}
+
+/// The effective read dedup settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Dedup {
+    /// Empty: read dedup is off.
+    pub read_tools: Vec<ReadTool>,
+}
+
+impl Default for Dedup {
+    fn default() -> Self {
+        Self {
+            read_tools: default_read_tools(),
+        }
+    }
+}
+
+impl Dedup {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// The effective session memory settings.
@@ -643,6 +692,80 @@ pub struct Compression {
     pub max_result_bytes: u32,
 }
 
+/// A tool whose calls read files, as read dedup recognises it: how its arguments name what
+/// it reads. The line range is read from the arguments cairn knows (`head`/`tail`,
+/// `offset`/`limit`, `view_range`, start and end lines).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.pathArg) || !has(self.pathsArg)").message("a readTools entry names pathArg or pathsArg, not both"))]
+pub struct ReadTool {
+    /// The tool's name as the model calls it, compared case-insensitively.
+    #[schemars(length(min = 1, max = 128))]
+    pub name: String,
+    /// The argument holding the file's path. Default: the first present of `path`,
+    /// `file_path`, `filePath`, `filename`, `file`, `target_file`, `absolute_path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub path_arg: Option<String>,
+    /// The argument holding a list of paths, for a tool that reads several whole files in
+    /// one call (`read_multiple_files`: `paths`). Such a read is superseded only once later
+    /// reads returned every one of its files again (its result cannot be split per file).
+    /// Not with pathArg.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub paths_arg: Option<String>,
+    /// The call reads only when its `command` argument has this value (`view` for the
+    /// text-editor tools). Default: any call of the tool reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub command: Option<String>,
+}
+
+impl ReadTool {
+    fn named(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            path_arg: None,
+            paths_arg: None,
+            command: None,
+        }
+    }
+}
+
+/// The read tools dedup knows without configuration: the MCP reference filesystem server's
+/// (`read_text_file`, its deprecated alias `read_file`, `read_multiple_files`; not
+/// `read_media_file`, whose result is an image, not lines), the text-editor tools' `view`,
+/// and the common names of coding agents' read tools.
+pub fn default_read_tools() -> Vec<ReadTool> {
+    let mut tools: Vec<ReadTool> = [
+        "read_text_file",
+        "read_file",
+        "read",
+        "readfile",
+        "file_read",
+        "view",
+        "view_file",
+        "open_file",
+        "cat",
+        "get_file_contents",
+    ]
+    .into_iter()
+    .map(ReadTool::named)
+    .collect();
+    tools.push(ReadTool {
+        paths_arg: Some("paths".into()),
+        ..ReadTool::named("read_multiple_files")
+    });
+    for editor in ["str_replace_based_edit_tool", "str_replace_editor"] {
+        tools.push(ReadTool {
+            command: Some("view".into()),
+            ..ReadTool::named(editor)
+        });
+    }
+    tools
+}
+
 /// The built-in defaults: the one place cairn's tunable numbers are written down.
 impl Default for EffectivePolicy {
     fn default() -> Self {
@@ -706,6 +829,7 @@ impl Default for EffectivePolicy {
             on_budget_exceeded: BudgetAction::Warn,
             output: Output::default(),
             memory: Memory::default(),
+            dedup: Dedup::default(),
         }
     }
 }
@@ -726,6 +850,9 @@ impl EffectivePolicy {
         if let Some(out) = &o.output {
             set(&mut self.output.verbosity, out.verbosity);
             set(&mut self.output.effort_routing, out.effort_routing);
+        }
+        if let Some(tools) = o.dedup.as_ref().and_then(|d| d.read_tools.as_ref()) {
+            self.dedup.read_tools.clone_from(tools);
         }
         if let Some(m) = &o.memory {
             set(&mut self.memory.enabled, m.enabled);
@@ -845,6 +972,14 @@ impl EffectivePolicy {
         if r.nuclear_keep_messages > r.emergency_keep_messages {
             return err("recovery.nuclearKeepMessages must not exceed emergencyKeepMessages");
         }
+        for tool in &self.dedup.read_tools {
+            if tool.name.is_empty() {
+                return err("dedup.readTools entries need a name");
+            }
+            if tool.path_arg.is_some() && tool.paths_arg.is_some() {
+                return err("dedup.readTools entries name pathArg or pathsArg, not both");
+            }
+        }
         let t = &self.timeouts;
         if t.turn_seconds == 0 || t.provider_call_seconds == 0 {
             return err("timeouts.turnSeconds and providerCallSeconds must be at least 1");
@@ -962,6 +1097,45 @@ mod tests {
     }
 
     #[test]
+    fn dedup_read_tools_replace_the_built_in_list_as_a_whole() {
+        let defaults = resolve(None, None).expect("valid");
+        assert!(
+            defaults
+                .dedup
+                .read_tools
+                .iter()
+                .any(|t| t.name == "read_multiple_files" && t.paths_arg.as_deref() == Some("paths"))
+        );
+        assert!(
+            !defaults
+                .dedup
+                .read_tools
+                .iter()
+                .any(|t| t.name == "read_media_file")
+        );
+        let policy = spec_yaml("dedup: {readTools: [{name: fetch_source, pathArg: file}]}\n");
+        let p = resolve(Some(&policy), None).expect("valid");
+        assert_eq!(
+            p.dedup.read_tools,
+            vec![ReadTool {
+                path_arg: Some("file".into()),
+                ..ReadTool::named("fetch_source")
+            }]
+        );
+        // A layer without readTools keeps the one below.
+        let inline = spec_yaml("dedup: {}\n");
+        assert_eq!(
+            resolve(Some(&policy), Some(&inline)).expect("valid").dedup,
+            p.dedup
+        );
+        let off = resolve(Some(&policy), Some(&spec_yaml("dedup: {readTools: []}\n")));
+        assert!(off.expect("valid").dedup.read_tools.is_empty());
+        let both = spec_yaml("dedup: {readTools: [{name: r, pathArg: a, pathsArg: b}]}\n");
+        let err = resolve(None, Some(&both)).unwrap_err();
+        assert!(err.to_string().contains("pathArg or pathsArg"), "{err}");
+    }
+
+    #[test]
     fn timeouts_layer() {
         let p = resolve(
             None,
@@ -1028,6 +1202,8 @@ mod tests {
             |p| p.provider_engine.clear_at_least_input_tokens = Some(5),
             |p| p.provider_engine.exclude_tools = vec!["recall".into()],
             |p| p.provider_engine.compact_threshold_tokens = Some(5000),
+            |p| p.dedup.read_tools.clear(),
+            |p| p.dedup.read_tools[0].path_arg = Some("file".into()),
         ];
         let mut seen = std::collections::HashSet::new();
         seen.insert(base.hash());

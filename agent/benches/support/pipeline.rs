@@ -23,7 +23,7 @@ pub async fn pipeline(
     let mut state = SessionState::new();
     pairing::repair_archived(h, store, Trigger::Turn).await;
     microcompact::microcompact(h, policy, None, store).await;
-    dedup::dedup_reads(h, store).await;
+    dedup::dedup_reads(h, policy, store).await;
     let ctx = LadderContext {
         policy,
         inputs: BudgetInputs {

@@ -753,7 +753,7 @@ impl Session {
         let history = self.history.keeping_mark();
         let mut reports: Vec<PassReport> = Vec::new();
         reports.push(microcompact(history, &live.policy, idle_for, store.as_ref()).await);
-        reports.push(dedup_reads(history, store.as_ref()).await);
+        reports.push(dedup_reads(history, &live.policy, store.as_ref()).await);
         let (report, repaired) =
             pairing::repair_archived(history, store.as_ref(), Trigger::Turn).await;
         reports.push(report);

@@ -257,6 +257,132 @@ async fn filesystem_reads_over_stdio_are_deduplicated_microcompacted_and_recalle
     assert_eq!(recalled[n - 1].content, b);
 }
 
+/// A turn whose model calls `calls`, then one more turn, whose cheap passes see the newest
+/// reads too.
+async fn reads_then_status(sim: &Sim, built: &mut Built, calls: Vec<(&str, Value)>) {
+    for (name, args) in calls {
+        sim.push_reply(ScriptedReply::tool_call(name, args));
+    }
+    sim.push_reply(ScriptedReply::text("done"));
+    built
+        .session
+        .turn(vec![Message::user("go on")])
+        .await
+        .expect("turn");
+    sim.push_reply(ScriptedReply::text("ok"));
+    built
+        .session
+        .turn(vec![Message::user("status?")])
+        .await
+        .expect("turn");
+}
+
+/// The filesystem server's ranged and multi-file reads, as the model calls them: a `head`
+/// read leaves the whole read before it alone; `read_multiple_files` supersedes both reads of
+/// a.rs, and is itself superseded only once both of its files were read whole again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filesystem_head_and_multi_file_reads_supersede_only_what_they_cover() {
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let files_dir = files.path().canonicalize().unwrap();
+    let a: String = (0..400)
+        .map(|i| format!("fn a_{i}() -> u32 {{ {i} }}\n"))
+        .collect();
+    let b: String = (0..300)
+        .map(|i| format!("b line {i}: value = {}\n", i * 7))
+        .collect();
+    let (a_path, b_path) = (files_dir.join("a.rs"), files_dir.join("b.txt"));
+    std::fs::write(&a_path, &a).unwrap();
+    std::fs::write(&b_path, &b).unwrap();
+    // Reads enter whole and microcompact leaves them: dedup is the only pass that acts.
+    let extra = format!(
+        "tools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\ncompaction:\n  compression:\n    mode: \"off\"\n  microcompact:\n    truncateAfterTurns: 40\n    summarizeAfterTurns: 50\n",
+        bin("mcp-server-filesystem"),
+        files_dir.display()
+    );
+    let mut built = session(&sim, dir.path(), "fsranges", &extra).await;
+    let path = |p: &Path| p.display().to_string();
+    let superseded = |m: &Message| m.content.contains("superseded");
+
+    reads_then_status(
+        &sim,
+        &mut built,
+        vec![
+            ("read_text_file", json!({"path": path(&a_path)})),
+            ("read_text_file", json!({"path": path(&a_path), "head": 60})),
+        ],
+    )
+    .await;
+    {
+        let results = tool_results(built.session.history());
+        assert_eq!(results[0].content, a, "the whole read stays whole");
+        assert!(
+            results[1].content.starts_with("fn a_0()") && results[1].content.contains("fn a_59()"),
+            "the server's first 60 lines: {}",
+            results[1].content
+        );
+        assert!(!results[1].content.contains("fn a_60()"));
+    }
+
+    reads_then_status(
+        &sim,
+        &mut built,
+        vec![(
+            "read_multiple_files",
+            json!({"paths": [path(&a_path), path(&b_path)]}),
+        )],
+    )
+    .await;
+    {
+        let results = tool_results(built.session.history());
+        assert!(superseded(results[0]) && superseded(results[1]));
+        assert!(
+            results[1].content.contains("(lines 1-60)"),
+            "{}",
+            results[1].content
+        );
+        assert!(results[2].content.contains(&a) && results[2].content.contains(&b));
+    }
+
+    // b.txt only in part, then a.rs whole: the multi-file read stays.
+    reads_then_status(
+        &sim,
+        &mut built,
+        vec![
+            ("read_text_file", json!({"path": path(&b_path), "tail": 80})),
+            ("read_text_file", json!({"path": path(&a_path)})),
+        ],
+    )
+    .await;
+    assert!(!superseded(tool_results(built.session.history())[2]));
+
+    reads_then_status(
+        &sim,
+        &mut built,
+        vec![("read_text_file", json!({"path": path(&b_path)}))],
+    )
+    .await;
+    let h = built.session.history().to_vec();
+    let results = tool_results(&h);
+    assert_eq!(results.len(), 6);
+    assert!(
+        results[2].content.contains("earlier read of 2 files"),
+        "{}",
+        results[2].content
+    );
+    assert!(
+        results[3].content.contains("(last 80 lines)"),
+        "{}",
+        results[3].content
+    );
+    assert_eq!(
+        (results[4].content.as_str(), results[5].content.as_str()),
+        (a.as_str(), b.as_str())
+    );
+    assert_eq!(built.session.stats().passes.deduplicated, 4);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_over_streamable_http_answers_errors_verbatim_and_enforces_allowed_tools() {
     let port = free_port();

@@ -43,7 +43,7 @@ pub async fn cheap_passes(
     store: &dyn Store,
 ) -> Vec<PassReport> {
     let mc = microcompact::microcompact(history, policy, idle_for, store).await;
-    let dd = dedup::dedup_reads(history, store).await;
+    let dd = dedup::dedup_reads(history, policy, store).await;
     let (pr, _) = pairing::repair_archived(history, store, Trigger::Turn).await;
     vec![mc, dd, pr]
 }

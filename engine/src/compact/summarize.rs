@@ -7,8 +7,8 @@
 //! instructions, an equal share per message; a window too small for [`MIN_INPUT_CHARS`] of
 //! transcript skips level 2 visibly instead of sending a request that cannot fit,
 //! cut 3:1 head/tail; stubs whose archived original fits its share are restored. The reply
-//! must pass a quality gate (not empty, not a refusal, not too short for the segment) or is
-//! retried once. The whole segment is archived and the summary carries its marker; system
+//! must pass a quality gate (not empty, not a refusal, not too short for the segment, shorter
+//! than it, with the nine section headings) or is retried once. The whole segment is archived and the summary carries its marker; system
 //! messages and verbatim messages of the segment stay in the history.
 
 use async_trait::async_trait;
@@ -116,6 +116,8 @@ pub enum Rejection {
     Refusal,
     TooShort,
     NotShorter,
+    /// One of the nine [`SECTIONS`] headings is missing.
+    MissingSections,
 }
 
 impl Rejection {
@@ -125,8 +127,20 @@ impl Rejection {
             Self::Refusal => "refusal",
             Self::TooShort => "too_short",
             Self::NotShorter => "not_shorter",
+            Self::MissingSections => "missing_sections",
         }
     }
+}
+
+/// The [`SECTIONS`] whose heading `text` lacks (compared case-insensitively), in order: the
+/// one check of a summary's layout, shared by the level-2 gate and the session memory's.
+pub fn missing_sections(text: &str) -> Vec<&'static str> {
+    let lower = text.to_lowercase();
+    SECTIONS
+        .iter()
+        .copied()
+        .filter(|s| !lower.contains(&s.to_lowercase()))
+        .collect()
 }
 
 /// The quality gate.
@@ -146,6 +160,9 @@ pub fn check_quality(summary: &str, segment_chars: usize) -> Result<(), Rejectio
     }
     if s.len() >= segment_chars {
         return Err(Rejection::NotShorter);
+    }
+    if !missing_sections(s).is_empty() {
+        return Err(Rejection::MissingSections);
     }
     Ok(())
 }
@@ -410,6 +427,7 @@ mod tests {
 
     #[test]
     fn quality_gate() {
+        use crate::testing::well_formed_summary;
         assert_eq!(check_quality("  ", 10_000), Err(Rejection::Empty));
         assert_eq!(
             check_quality(
@@ -423,10 +441,34 @@ mod tests {
             check_quality(&"s".repeat(300), 100_000),
             Err(Rejection::TooShort)
         );
-        assert!(check_quality(&"s".repeat(2_000), 100_000).is_ok());
+        assert!(check_quality(&well_formed_summary(2_000), 100_000).is_ok());
         assert_eq!(
-            check_quality(&"s".repeat(2_000), 1_500),
+            check_quality(&well_formed_summary(2_000), 1_500),
             Err(Rejection::NotShorter)
+        );
+    }
+
+    #[test]
+    fn the_gate_wants_the_nine_sections() {
+        use crate::testing::well_formed_summary;
+        // Long enough, shorter than the segment, no refusal: only the layout is wrong.
+        let prose =
+            "The user asked to fix the build; the failing test was parse_config. ".repeat(40);
+        assert_eq!(
+            check_quality(&prose, 100_000),
+            Err(Rejection::MissingSections)
+        );
+        assert_eq!(Rejection::MissingSections.label(), "missing_sections");
+        let all = well_formed_summary(2_500);
+        assert!(missing_sections(&all).is_empty());
+        assert!(check_quality(&all, 100_000).is_ok());
+        // Headings are matched whatever their case; one missing is enough to reject.
+        assert!(check_quality(&all.to_uppercase(), 100_000).is_ok());
+        let eight = all.replace("Pending tasks", "Later");
+        assert_eq!(missing_sections(&eight), vec!["Pending tasks"]);
+        assert_eq!(
+            check_quality(&eight, 100_000),
+            Err(Rejection::MissingSections)
         );
     }
 

@@ -205,6 +205,49 @@ async fn level2_retries_once_then_falls_through_to_level3() {
     );
     assert!(lost_texts(&base, &h, &store).await.is_empty());
 
+    // Long enough but without the nine sections, twice: rejected like any bad summary, and
+    // level 3 truncates; with the sections on the retry, level 2 applies.
+    let prose = "The user asked to fix the build; the failing test was parse_config. ".repeat(60);
+    let mut h = base.clone();
+    let s = ScriptedSummarizer::new(vec![Ok(prose.clone()), Ok(prose.clone())]);
+    let out = compact(
+        &mut h,
+        &ctx(
+            &policy,
+            window_for(120_000),
+            &store,
+            Some(&s),
+            Trigger::Auto,
+        ),
+        &mut SessionState::new(),
+    )
+    .await;
+    assert_eq!(s.calls(), 2);
+    assert_eq!(out.level, Some(3));
+    let notes: Vec<&String> = out.reports.iter().flat_map(|r| r.notes.iter()).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("summary attempt 2 rejected: missing_sections")),
+        "{notes:?}"
+    );
+    assert!(lost_texts(&base, &h, &store).await.is_empty());
+    let mut h = base.clone();
+    let s = ScriptedSummarizer::new(vec![Ok(prose)]);
+    let out = compact(
+        &mut h,
+        &ctx(
+            &policy,
+            window_for(120_000),
+            &store,
+            Some(&s),
+            Trigger::Auto,
+        ),
+        &mut SessionState::new(),
+    )
+    .await;
+    assert_eq!((s.calls(), out.level), (2, Some(2)));
+
     // A failing summarizer: straight to level 3.
     let mut h = base.clone();
     let s = ScriptedSummarizer::new(vec![Err(SummarizeError::Failed("HTTP 500".into()))]);

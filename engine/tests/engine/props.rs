@@ -250,7 +250,7 @@ proptest! {
             assert!(pairing::is_valid(&h));
             microcompact::microcompact(&mut h, &policy, None, &store).await;
             assert!(pairing::is_valid(&h));
-            dedup::dedup_reads(&mut h, &store).await;
+            dedup::dedup_reads(&mut h, &policy, &store).await;
             assert!(pairing::is_valid(&h));
             let ctx = LadderContext {
                 policy: &policy,
