@@ -3,6 +3,11 @@
 //! serves `/v1/chat/completions`, `/v1/responses` and `/v1/messages` with its own tokenizer,
 //! its own context limit and its own error bodies: the judge of whether cairn's budgets hold.
 //!
+//! By default the server renders prompts with the model's own chat template, which ignores a
+//! request's `tools`: replies are prose. [`LlamaServer::start_with_tools`] starts it with
+//! `tests/harness/smollm2-tools.jinja` instead, so that `tool_choice: "required"` returns parsed
+//! tool calls on all three APIs (recipe, rates and limits: `docs/llama-tool-calls.md`).
+//!
 //! [`RecordingProxy`] sits in front of it and keeps the SHA-256 of every request body, so a
 //! test can prove that no request was ever resent unchanged.
 
@@ -18,8 +23,8 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
 use super::HarnessError;
-use super::built_paths;
 use super::proc::{Proc, free_port, wait_until};
+use super::{built_paths, repo_root};
 
 /// The built server and the model file.
 #[derive(Clone, Debug)]
@@ -40,17 +45,61 @@ impl LlamaBinaries {
     }
 }
 
+/// The chat template the server renders prompts with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChatTemplate {
+    /// The template in the model file (ChatML). A request's `tools` are neither shown to the
+    /// model nor enforced: whatever `tool_choice` says, the reply is prose.
+    #[default]
+    Model,
+    /// `tests/harness/smollm2-tools.jinja`: the tools are listed in the system message and a
+    /// call is written `<function=NAME>{JSON arguments}`. With `tool_choice: "required"` (on
+    /// /v1/messages `{"type": "any"}` or `{"type": "tool", ...}`) every reply is one parsed
+    /// tool call, several only if the request sets `parallel_tool_calls: true`; give string
+    /// parameters a `maxLength` so that no argument runs into `max_tokens`. With `"none"` the
+    /// reply is prose. With `"auto"`, which is also what a request without `tool_choice` or
+    /// with a named function gets, a prose reply fails the server's parser: HTTP 500 (an
+    /// error event when streaming).
+    Tools,
+}
+
+impl ChatTemplate {
+    /// The `--chat-template-file` to pass, if any.
+    pub fn file(self) -> Option<PathBuf> {
+        match self {
+            Self::Model => None,
+            Self::Tools => Some(repo_root().join("tests/harness/smollm2-tools.jinja")),
+        }
+    }
+}
+
 /// A running `llama-server` on a loopback port. Stopped when dropped.
 pub struct LlamaServer {
     /// `http://127.0.0.1:PORT` (no `/v1`).
     pub url: String,
     pub ctx_size: u32,
+    pub template: ChatTemplate,
     proc: Proc,
 }
 
 impl LlamaServer {
-    /// Starts the server with a context of `ctx_size` tokens and one slot (requests queue).
+    /// Starts the server with a context of `ctx_size` tokens and one slot (requests queue),
+    /// with the model's own chat template.
     pub fn start(log_dir: &Path, ctx_size: u32) -> Result<Self, HarnessError> {
+        Self::start_with(log_dir, ctx_size, ChatTemplate::Model)
+    }
+
+    /// [`LlamaServer::start`] with the tool-calling template ([`ChatTemplate::Tools`]).
+    pub fn start_with_tools(log_dir: &Path, ctx_size: u32) -> Result<Self, HarnessError> {
+        Self::start_with(log_dir, ctx_size, ChatTemplate::Tools)
+    }
+
+    /// [`LlamaServer::start`] with the given chat template.
+    pub fn start_with(
+        log_dir: &Path,
+        ctx_size: u32,
+        template: ChatTemplate,
+    ) -> Result<Self, HarnessError> {
         let bins = LlamaBinaries::ensure()?;
         let port = free_port()?;
         let mut cmd = Command::new(&bins.server);
@@ -66,11 +115,22 @@ impl LlamaServer {
             // Fixed sampling seed: output still varies with the prompt, but a rerun of one
             // test is comparable.
             .args(["--seed", "7"]);
-        let mut proc = Proc::spawn(
-            "llama-server",
-            cmd,
-            &log_dir.join(format!("llama-server-{ctx_size}.log")),
-        )?;
+        let log_name = match template.file() {
+            None => format!("llama-server-{ctx_size}.log"),
+            Some(file) => {
+                if !file.is_file() {
+                    return Err(HarnessError::Setup(format!(
+                        "chat template {} is missing",
+                        file.display()
+                    )));
+                }
+                // Tool calls are parsed only by the Jinja chat path (the default of this
+                // build; said explicitly so that a change of default cannot turn them off).
+                cmd.arg("--jinja").arg("--chat-template-file").arg(&file);
+                format!("llama-server-tools-{ctx_size}.log")
+            }
+        };
+        let mut proc = Proc::spawn("llama-server", cmd, &log_dir.join(log_name))?;
         wait_until(
             "llama-server",
             Duration::from_secs(120),
@@ -80,6 +140,7 @@ impl LlamaServer {
         Ok(Self {
             url: format!("http://127.0.0.1:{port}"),
             ctx_size,
+            template,
             proc,
         })
     }
@@ -262,4 +323,23 @@ fn push(log: &Mutex<Vec<Recorded>>, r: Recorded) {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChatTemplate;
+
+    #[test]
+    fn the_default_is_the_models_template_and_the_tools_template_is_in_the_repository() {
+        assert_eq!(ChatTemplate::default(), ChatTemplate::Model);
+        assert_eq!(ChatTemplate::Model.file(), None);
+        let file = ChatTemplate::Tools.file().expect("a template file");
+        let text = std::fs::read_to_string(&file).expect("the template is readable");
+        // The call syntax llama.cpp derives its parser and grammar from.
+        assert!(
+            text.contains("'<function=' + call.name + '>'"),
+            "{}",
+            file.display()
+        );
+    }
 }

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use controlplane::ControlPlane;
-pub use llama::{LlamaServer, RecordingProxy};
+pub use llama::{ChatTemplate, LlamaServer, RecordingProxy};
 pub use node::RealNode;
 pub use runtime::PodRuntime;
 pub use s3::S3Server;
