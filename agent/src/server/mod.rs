@@ -908,4 +908,170 @@ mod tests {
         drop(b);
         assert_eq!(*rx.borrow(), 0);
     }
+
+    fn answer(status: u16, retry_after: Option<u64>) -> ProviderAnswer {
+        ProviderAnswer {
+            status: Some(status),
+            retry_after: retry_after.map(Duration::from_secs),
+            quota_exhausted: false,
+        }
+    }
+
+    fn headers(e: ApiError) -> (u16, Option<String>, Option<String>, Option<String>, Value) {
+        let body = e.body();
+        let r = e.into_response();
+        let h = |n: &str| {
+            r.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        (
+            r.status().as_u16(),
+            h("retry-after"),
+            h("retry-after-ms"),
+            h("x-should-retry"),
+            body,
+        )
+    }
+
+    #[test]
+    fn provider_failures_map_by_class() {
+        let cases = [
+            (
+                "rate_limit",
+                answer(429, Some(7)),
+                429,
+                "rate_limit_exceeded",
+                Some("7"),
+                None,
+            ),
+            (
+                "rate_limit",
+                answer(413, None),
+                429,
+                "rate_limit_exceeded",
+                None,
+                None,
+            ),
+            (
+                "auth",
+                answer(401, None),
+                502,
+                "provider_auth",
+                None,
+                Some("false"),
+            ),
+            (
+                "overloaded",
+                answer(529, None),
+                503,
+                "provider_overloaded",
+                Some("5"),
+                None,
+            ),
+            (
+                "overloaded",
+                answer(529, Some(2)),
+                503,
+                "provider_overloaded",
+                Some("2"),
+                None,
+            ),
+            (
+                "server_error",
+                answer(503, None),
+                503,
+                "provider_overloaded",
+                Some("5"),
+                None,
+            ),
+            (
+                "server_error",
+                answer(500, Some(3)),
+                502,
+                "provider",
+                None,
+                None,
+            ),
+            (
+                "timeout",
+                answer(504, None),
+                504,
+                "provider_timeout",
+                None,
+                None,
+            ),
+            (
+                "proxy_rejection",
+                answer(403, None),
+                502,
+                "provider",
+                None,
+                None,
+            ),
+            (
+                "transient",
+                ProviderAnswer::default(),
+                502,
+                "provider",
+                None,
+                None,
+            ),
+        ];
+        for (class, a, status, code, retry_after, should_retry) in cases {
+            let (s, ra, _, sr, body) = headers(ApiError::provider(class, a, "m".into()));
+            assert_eq!(s, status, "{class} {a:?}");
+            assert_eq!(body["error"]["code"], code, "{class} {a:?}");
+            assert!(body["error"]["param"].is_null());
+            assert_eq!(ra.as_deref(), retry_after, "{class} {a:?}");
+            assert_eq!(sr.as_deref(), should_retry, "{class} {a:?}");
+        }
+        let quota = ProviderAnswer {
+            quota_exhausted: true,
+            ..answer(429, Some(1))
+        };
+        let (s, ra, _, sr, body) = headers(ApiError::provider("rate_limit", quota, "m".into()));
+        assert_eq!(
+            (s, body["error"]["code"].as_str()),
+            (429, Some("insufficient_quota"))
+        );
+        assert_eq!((ra, sr.as_deref()), (None, Some("false")));
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+    }
+
+    #[test]
+    fn a_fractional_delay_goes_out_rounded_up_and_in_milliseconds() {
+        let a = ProviderAnswer {
+            status: Some(429),
+            retry_after: Some(Duration::from_millis(1_250)),
+            quota_exhausted: false,
+        };
+        let (_, ra, ms, _, _) = headers(ApiError::provider("rate_limit", a, "m".into()));
+        assert_eq!(ra.as_deref(), Some("2"));
+        assert_eq!(ms.as_deref(), Some("1250"));
+    }
+
+    fn failure() -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded", "m")
+    }
+
+    #[tokio::test]
+    async fn a_held_head_carries_an_early_failure_and_streams_after_the_start() {
+        let (head, wait) = hold_head();
+        assert!(head.fail(failure()).is_none(), "the status answers it");
+        let e = wait.wait(Duration::from_secs(5)).await.err();
+        assert_eq!(e.map(|e| e.status.as_u16()), Some(429));
+
+        let (head, wait) = hold_head();
+        head.start();
+        assert!(wait.wait(Duration::from_secs(5)).await.is_ok());
+        // Once the stream started, a failure goes into the stream.
+        assert!(head.fail(failure()).is_some());
+
+        // The hold ran out: the stream starts and a later failure goes into it.
+        let (head, wait) = hold_head();
+        assert!(wait.wait(Duration::from_millis(10)).await.is_ok());
+        assert!(head.fail(failure()).is_some());
+    }
 }
