@@ -808,7 +808,12 @@ mod tests {
 
     async fn written(events: Vec<TurnEvent>, end: Result<&str, ()>) -> Vec<Sent> {
         let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
-        let mut w = Writer::new(tx, ids(), Arc::new(Metrics::new()));
+        let mut w = Writer::new(
+            tx,
+            ids(),
+            Arc::new(Metrics::new()),
+            super::super::hold_head().0,
+        );
         for ev in events {
             w.on_event(ev).await;
         }
@@ -894,6 +899,8 @@ mod tests {
         assert_eq!(
             types,
             [
+                "response.created",
+                "response.in_progress",
                 "response.output_item.added",
                 "response.content_part.added",
                 "response.output_text.delta",
