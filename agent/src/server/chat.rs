@@ -230,6 +230,7 @@ pub async fn create(
 
     let include_usage = request.include_usage;
     let (tx, rx) = tokio::sync::mpsc::channel::<Value>(64);
+    let (head, head_wait) = super::hold_head();
     let task_state = state.clone();
     tokio::spawn(async move {
         let mut session = session;
@@ -240,12 +241,24 @@ pub async fn create(
                 let _ = tx.send(v).await;
             }
         };
-        send(chunk(
-            &ids,
-            json!({"role": "assistant", "content": ""}),
-            None,
-        ))
-        .await;
+        // The head and the role chunk go out with the first thing to send: a turn that fails
+        // before it is answered with its own status.
+        let begun = std::sync::atomic::AtomicBool::new(false);
+        let begin = || {
+            let send = &send;
+            let (head, ids, begun) = (&head, &ids, &begun);
+            async move {
+                if !begun.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    head.start();
+                    send(chunk(
+                        ids,
+                        json!({"role": "assistant", "content": ""}),
+                        None,
+                    ))
+                    .await;
+                }
+            }
+        };
         let (ev_tx, mut ev_rx) = tokio::sync::mpsc::unbounded_channel();
         let turn = session.turn_with_options(input, options, Some(ev_tx));
         // Text is forwarded live until a streamed call is void (its text cannot be taken
@@ -256,6 +269,7 @@ pub async fn create(
             while let Some(ev) = ev_rx.recv().await {
                 match ev {
                     TurnEvent::Text(t) if live => {
+                        begin().await;
                         for piece in chunks(&t, DELTA_CHARS) {
                             sent.push_str(piece);
                             send(chunk(&ids, json!({"content": piece}), None)).await;
@@ -273,6 +287,7 @@ pub async fn create(
         drop(session);
         match result {
             Ok(outcome) => {
+                begin().await;
                 match outcome.text.strip_prefix(sent.as_str()) {
                     Some(rest) => {
                         for piece in chunks(rest, DELTA_CHARS) {
@@ -284,6 +299,7 @@ pub async fn create(
                             "message": "a model call whose text was already streamed failed and was retried; the streamed text is void. The turn is in the session: resend the conversation without this reply",
                             "type": "server_error",
                             "code": "stream_diverged",
+                            "param": null,
                         }}))
                         .await;
                         return;
@@ -306,10 +322,19 @@ pub async fn create(
             }
             Err(e) => {
                 let e = ApiError::from(e);
-                send(e.body()).await;
+                let in_stream = if begun.load(std::sync::atomic::Ordering::SeqCst) {
+                    Some(e)
+                } else {
+                    head.fail(e)
+                };
+                if let Some(e) = in_stream {
+                    begin().await;
+                    send(e.body()).await;
+                }
             }
         }
     });
+    head_wait.wait(super::STREAM_HEAD_HOLD).await?;
     let stream = tokio_stream_from(rx)
         .map(|v| Ok::<_, Infallible>(Event::default().data(v.to_string())))
         .chain(futures::stream::once(async {

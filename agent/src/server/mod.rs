@@ -7,7 +7,9 @@
 //! $CAIRN_API_TOKEN`. `/metrics` carries counters only (no message bodies, no secrets) so a
 //! Prometheus scraper needs no session token. One turn runs at a time: a request that needs
 //! the session while another holds it gets 409. Bodies over the limit get 413; malformed
-//! ones 400; every error is a JSON `{"error": {"message", "type", "code"}}`.
+//! ones 400; every error is a JSON `{"error": {"message", "type", "code", "param"}}`. A failed
+//! provider answers with its class ([`ApiError::provider`]): 429 with the provider's
+//! `Retry-After`, 503 for an overload, 504 for a timeout, 502 otherwise.
 
 mod chat;
 mod inspector;
@@ -19,7 +21,7 @@ pub use listen::{Limits, LimitsError, serve as serve_limited};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -35,7 +37,7 @@ use tokio::sync::{Mutex, watch};
 use crate::ccr::stats::ArchiveCounters;
 use crate::ccr::{RecallError, Store, recall};
 use crate::metrics::Metrics;
-use crate::session::{Session, TurnError};
+use crate::session::{ProviderAnswer, Session, TurnError};
 use cairn_crds::SessionStats;
 use cairn_crds::time::rfc3339_millis;
 
@@ -369,7 +371,14 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// `Retry-After` (and `retry-after-ms` when it is not whole seconds).
+    retry_after: Option<Duration>,
+    /// `x-should-retry: false`: a retry cannot succeed (the OpenAI SDKs obey it).
+    final_answer: bool,
 }
+
+/// `Retry-After` of a provider's overload (503) when the provider named no delay.
+pub const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -377,6 +386,39 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
+            final_answer: false,
+        }
+    }
+
+    /// The answer to a turn the provider failed: its class (the classifier's label) and
+    /// what the provider's last answer said decide the status, the code and the delay.
+    /// Pure: docs/agent.md, "Provider failures", is its table.
+    pub fn provider(class: &'static str, answer: ProviderAnswer, message: String) -> Self {
+        let e = |status, code| Self::new(status, code, message.clone());
+        match class {
+            "rate_limit" if answer.quota_exhausted => Self {
+                final_answer: true,
+                ..e(StatusCode::TOO_MANY_REQUESTS, "insufficient_quota")
+            },
+            "rate_limit" => Self {
+                retry_after: answer.retry_after,
+                ..e(StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded")
+            },
+            "auth" => Self {
+                final_answer: true,
+                ..e(StatusCode::BAD_GATEWAY, "provider_auth")
+            },
+            "overloaded" => Self {
+                retry_after: Some(answer.retry_after.unwrap_or(OVERLOADED_RETRY_AFTER)),
+                ..e(StatusCode::SERVICE_UNAVAILABLE, "provider_overloaded")
+            },
+            "server_error" if answer.status == Some(503) => Self {
+                retry_after: Some(answer.retry_after.unwrap_or(OVERLOADED_RETRY_AFTER)),
+                ..e(StatusCode::SERVICE_UNAVAILABLE, "provider_overloaded")
+            },
+            "timeout" => e(StatusCode::GATEWAY_TIMEOUT, "provider_timeout"),
+            _ => e(StatusCode::BAD_GATEWAY, "provider"),
         }
     }
 
@@ -384,19 +426,41 @@ impl ApiError {
         match self.status.as_u16() {
             401 => "authentication_error",
             409 => "conflict_error",
+            429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
             _ => "server_error",
         }
     }
 
+    /// The OpenAI error shape: `{"error": {message, type, code, param}}`.
     pub(crate) fn body(&self) -> Value {
-        json!({"error": {"message": self.message, "type": self.kind(), "code": self.code}})
+        json!({"error": {"message": self.message, "type": self.kind(), "code": self.code, "param": null}})
+    }
+
+    /// The error of a failed streamed turn, as the Responses API's `response.error`.
+    pub(crate) fn response_error(&self) -> Value {
+        json!({"code": self.code, "message": self.message, "type": self.kind()})
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        let h = r.headers_mut();
+        if let Some(wait) = self.retry_after {
+            // Whole seconds, rounded up (RFC 9110); the exact delay beside it when it has a
+            // fraction, as OpenAI sends `retry-after-ms`.
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            h.insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+            if wait.subsec_nanos() > 0 {
+                let ms = wait.as_millis() as u64;
+                h.insert("retry-after-ms", header::HeaderValue::from(ms));
+            }
+        }
+        if self.final_answer {
+            h.insert("x-should-retry", header::HeaderValue::from_static("false"));
+        }
+        r
     }
 }
 
@@ -419,7 +483,9 @@ impl From<TurnError> for ApiError {
     fn from(e: TurnError) -> Self {
         let status = match &e {
             TurnError::BadInput(_) => StatusCode::BAD_REQUEST,
-            TurnError::Provider { .. } => StatusCode::BAD_GATEWAY,
+            TurnError::Provider { class, answer, .. } => {
+                return Self::provider(class, *answer, e.to_string());
+            }
             TurnError::Floor(_) => StatusCode::UNPROCESSABLE_ENTITY,
             TurnError::Journal(_) | TurnError::Unsettled(_) => StatusCode::SERVICE_UNAVAILABLE,
             TurnError::Fenced(_) => StatusCode::CONFLICT,
@@ -430,6 +496,87 @@ impl From<TurnError> for ApiError {
             TurnError::BudgetExceeded(_) => StatusCode::PAYMENT_REQUIRED,
         };
         Self::new(status, e.label(), e.to_string())
+    }
+}
+
+/// How long a streamed answer's response head waits for the turn's first event: a turn that
+/// fails before then is answered with the failure's own status (429, 503, ...) instead of a
+/// 200 stream that carries the error.
+pub const STREAM_HEAD_HOLD: Duration = Duration::from_secs(30);
+
+type HeadSlot = Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Option<ApiError>>>>>;
+
+/// The turn's side of a streamed answer whose head is held (see [`STREAM_HEAD_HOLD`]).
+pub(crate) struct Head {
+    slot: HeadSlot,
+}
+
+/// The handler's side: waits for the turn's first event or its failure.
+pub(crate) struct HeadWait {
+    slot: HeadSlot,
+    rx: tokio::sync::oneshot::Receiver<Option<ApiError>>,
+}
+
+/// A held response head: whoever takes the slot first decides between a stream and an
+/// error status; the sender is used under the slot's lock, so the other side sees it.
+pub(crate) fn hold_head() -> (Head, HeadWait) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let slot: HeadSlot = Arc::new(std::sync::Mutex::new(Some(tx)));
+    (
+        Head {
+            slot: Arc::clone(&slot),
+        },
+        HeadWait { slot, rx },
+    )
+}
+
+impl Head {
+    fn take_and(&self, value: Option<ApiError>) -> Result<(), Option<ApiError>> {
+        let Ok(mut slot) = self.slot.lock() else {
+            return Err(value);
+        };
+        match slot.take() {
+            Some(tx) => {
+                // The handler may be gone (its client left): nothing to answer then.
+                let _ = tx.send(value);
+                Ok(())
+            }
+            None => Err(value),
+        }
+    }
+
+    /// The stream starts: the head goes out (if the hold has not sent it already).
+    pub(crate) fn start(&self) {
+        let _ = self.take_and(None);
+    }
+
+    /// The turn failed before the stream started: the error is the answer's status and body
+    /// (`None` back), unless the hold ran out and the stream has started (the error back, to
+    /// be sent in the stream).
+    pub(crate) fn fail(&self, e: ApiError) -> Option<ApiError> {
+        self.take_and(Some(e)).err().flatten()
+    }
+}
+
+impl HeadWait {
+    /// `Err` when the turn failed before its first event; `Ok` once the stream starts.
+    pub(crate) async fn wait(mut self, hold: Duration) -> Result<(), ApiError> {
+        match tokio::time::timeout(hold, &mut self.rx).await {
+            Ok(Ok(Some(e))) => Err(e),
+            Ok(_) => Ok(()),
+            Err(_) => {
+                let taken = self.slot.lock().ok().and_then(|mut s| s.take());
+                match taken {
+                    // The head goes out now: the turn will send its failure in the stream.
+                    Some(_) => Ok(()),
+                    // The turn took the slot first and sent under its lock.
+                    None => match self.rx.try_recv() {
+                        Ok(Some(e)) => Err(e),
+                        _ => Ok(()),
+                    },
+                }
+            }
+        }
     }
 }
 
@@ -760,5 +907,171 @@ mod tests {
         assert_eq!(*rx.borrow(), 1);
         drop(b);
         assert_eq!(*rx.borrow(), 0);
+    }
+
+    fn answer(status: u16, retry_after: Option<u64>) -> ProviderAnswer {
+        ProviderAnswer {
+            status: Some(status),
+            retry_after: retry_after.map(Duration::from_secs),
+            quota_exhausted: false,
+        }
+    }
+
+    fn headers(e: ApiError) -> (u16, Option<String>, Option<String>, Option<String>, Value) {
+        let body = e.body();
+        let r = e.into_response();
+        let h = |n: &str| {
+            r.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        (
+            r.status().as_u16(),
+            h("retry-after"),
+            h("retry-after-ms"),
+            h("x-should-retry"),
+            body,
+        )
+    }
+
+    #[test]
+    fn provider_failures_map_by_class() {
+        let cases = [
+            (
+                "rate_limit",
+                answer(429, Some(7)),
+                429,
+                "rate_limit_exceeded",
+                Some("7"),
+                None,
+            ),
+            (
+                "rate_limit",
+                answer(413, None),
+                429,
+                "rate_limit_exceeded",
+                None,
+                None,
+            ),
+            (
+                "auth",
+                answer(401, None),
+                502,
+                "provider_auth",
+                None,
+                Some("false"),
+            ),
+            (
+                "overloaded",
+                answer(529, None),
+                503,
+                "provider_overloaded",
+                Some("5"),
+                None,
+            ),
+            (
+                "overloaded",
+                answer(529, Some(2)),
+                503,
+                "provider_overloaded",
+                Some("2"),
+                None,
+            ),
+            (
+                "server_error",
+                answer(503, None),
+                503,
+                "provider_overloaded",
+                Some("5"),
+                None,
+            ),
+            (
+                "server_error",
+                answer(500, Some(3)),
+                502,
+                "provider",
+                None,
+                None,
+            ),
+            (
+                "timeout",
+                answer(504, None),
+                504,
+                "provider_timeout",
+                None,
+                None,
+            ),
+            (
+                "proxy_rejection",
+                answer(403, None),
+                502,
+                "provider",
+                None,
+                None,
+            ),
+            (
+                "transient",
+                ProviderAnswer::default(),
+                502,
+                "provider",
+                None,
+                None,
+            ),
+        ];
+        for (class, a, status, code, retry_after, should_retry) in cases {
+            let (s, ra, _, sr, body) = headers(ApiError::provider(class, a, "m".into()));
+            assert_eq!(s, status, "{class} {a:?}");
+            assert_eq!(body["error"]["code"], code, "{class} {a:?}");
+            assert!(body["error"]["param"].is_null());
+            assert_eq!(ra.as_deref(), retry_after, "{class} {a:?}");
+            assert_eq!(sr.as_deref(), should_retry, "{class} {a:?}");
+        }
+        let quota = ProviderAnswer {
+            quota_exhausted: true,
+            ..answer(429, Some(1))
+        };
+        let (s, ra, _, sr, body) = headers(ApiError::provider("rate_limit", quota, "m".into()));
+        assert_eq!(
+            (s, body["error"]["code"].as_str()),
+            (429, Some("insufficient_quota"))
+        );
+        assert_eq!((ra, sr.as_deref()), (None, Some("false")));
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+    }
+
+    #[test]
+    fn a_fractional_delay_goes_out_rounded_up_and_in_milliseconds() {
+        let a = ProviderAnswer {
+            status: Some(429),
+            retry_after: Some(Duration::from_millis(1_250)),
+            quota_exhausted: false,
+        };
+        let (_, ra, ms, _, _) = headers(ApiError::provider("rate_limit", a, "m".into()));
+        assert_eq!(ra.as_deref(), Some("2"));
+        assert_eq!(ms.as_deref(), Some("1250"));
+    }
+
+    fn failure() -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded", "m")
+    }
+
+    #[tokio::test]
+    async fn a_held_head_carries_an_early_failure_and_streams_after_the_start() {
+        let (head, wait) = hold_head();
+        assert!(head.fail(failure()).is_none(), "the status answers it");
+        let e = wait.wait(Duration::from_secs(5)).await.err();
+        assert_eq!(e.map(|e| e.status.as_u16()), Some(429));
+
+        let (head, wait) = hold_head();
+        head.start();
+        assert!(wait.wait(Duration::from_secs(5)).await.is_ok());
+        // Once the stream started, a failure goes into the stream.
+        assert!(head.fail(failure()).is_some());
+
+        // The hold ran out: the stream starts and a later failure goes into it.
+        let (head, wait) = hold_head();
+        assert!(wait.wait(Duration::from_millis(10)).await.is_ok());
+        assert!(head.fail(failure()).is_some());
     }
 }

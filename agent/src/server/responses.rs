@@ -31,7 +31,7 @@ use crate::replay::{self, Api, Held, Incoming, Ledger, Refusal};
 use crate::session::{LedgerTurn, Notice, TurnEvent, TurnOptions, TurnOutcome};
 
 use super::items::{self, bad, field, refuse_unknown};
-use super::{ApiError, AppState, busy, parse_json};
+use super::{ApiError, AppState, Head, busy, parse_json};
 
 /// Text of one `response.output_text.delta` event.
 const DELTA_CHARS: usize = 256;
@@ -368,15 +368,11 @@ pub async fn create(
     }
 
     let (tx, rx) = tokio::sync::mpsc::channel::<Sent>(64);
+    let (head, head_wait) = super::hold_head();
     let task_state = state.clone();
     tokio::spawn(async move {
         let mut session = session;
-        let mut out = Writer::new(tx, ids, Arc::clone(&task_state.metrics));
-        let created = response_object(&out.ids, None, "in_progress", None, None);
-        out.send("response.created", json!({ "response": created }))
-            .await;
-        out.send("response.in_progress", json!({ "response": created }))
-            .await;
+        let mut out = Writer::new(tx, ids, Arc::clone(&task_state.metrics), head);
         let (ev_tx, mut ev_rx) = tokio::sync::mpsc::unbounded_channel();
         let turn = session.turn_with_options(input, options, Some(ev_tx));
         let forward = async {
@@ -399,6 +395,7 @@ pub async fn create(
             Err(e) => out.fail(ApiError::from(e)).await,
         }
     });
+    head_wait.wait(super::STREAM_HEAD_HOLD).await?;
     let stream = tokio_stream_from(rx)
         .map(|(ty, data)| Ok::<_, Infallible>(Event::default().event(ty).data(data.to_string())));
     Ok(Sse::new(stream)
@@ -456,10 +453,18 @@ struct Writer {
     metrics: Arc<Metrics>,
     started: Instant,
     first_text: bool,
+    /// The response head, held until the first event (`response.created` goes with it).
+    head: Head,
+    begun: bool,
 }
 
 impl Writer {
-    fn new(tx: tokio::sync::mpsc::Sender<Sent>, ids: Ids, metrics: Arc<Metrics>) -> Self {
+    fn new(
+        tx: tokio::sync::mpsc::Sender<Sent>,
+        ids: Ids,
+        metrics: Arc<Metrics>,
+        head: Head,
+    ) -> Self {
         let item = Item {
             id: ids.message.clone(),
             index: 0,
@@ -475,11 +480,28 @@ impl Writer {
             metrics,
             started: Instant::now(),
             first_text: false,
+            head,
+            begun: false,
         }
     }
 
+    /// Sends an event; the first one releases the held head and goes after
+    /// `response.created` and `response.in_progress`.
+    async fn send(&mut self, ty: &'static str, data: Value) {
+        if !self.begun {
+            self.begun = true;
+            self.head.start();
+            let created = response_object(&self.ids, None, "in_progress", None, None);
+            self.emit("response.created", json!({ "response": created }))
+                .await;
+            self.emit("response.in_progress", json!({ "response": created }))
+                .await;
+        }
+        self.emit(ty, data).await;
+    }
+
     /// A client that went away does not stop the turn: it is journaled all the same.
-    async fn send(&mut self, ty: &'static str, mut data: Value) {
+    async fn emit(&mut self, ty: &'static str, mut data: Value) {
         if let Some(o) = data.as_object_mut() {
             o.insert("type".into(), json!(ty));
             o.insert("sequence_number".into(), json!(self.seq));
@@ -650,11 +672,21 @@ impl Writer {
         .await;
     }
 
+    /// Ends the stream with `response.failed`; a turn that failed before its first event is
+    /// answered with the error's own status instead, while the head is held.
     async fn fail(&mut self, err: ApiError) {
+        let err = if self.begun {
+            err
+        } else {
+            match self.head.fail(err) {
+                Some(err) => err,
+                None => return,
+            }
+        };
         if self.item.opened {
             self.abandon().await;
         }
-        let error = json!({"code": err.code, "message": err.message});
+        let error = err.response_error();
         let response = response_object(&self.ids, None, "failed", None, Some(error));
         self.send("response.failed", json!({ "response": response }))
             .await;
@@ -776,7 +808,12 @@ mod tests {
 
     async fn written(events: Vec<TurnEvent>, end: Result<&str, ()>) -> Vec<Sent> {
         let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
-        let mut w = Writer::new(tx, ids(), Arc::new(Metrics::new()));
+        let mut w = Writer::new(
+            tx,
+            ids(),
+            Arc::new(Metrics::new()),
+            super::super::hold_head().0,
+        );
         for ev in events {
             w.on_event(ev).await;
         }
@@ -862,6 +899,8 @@ mod tests {
         assert_eq!(
             types,
             [
+                "response.created",
+                "response.in_progress",
                 "response.output_item.added",
                 "response.content_part.added",
                 "response.output_text.delta",

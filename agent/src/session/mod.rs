@@ -56,6 +56,8 @@ pub enum TurnError {
     Provider {
         class: &'static str,
         message: String,
+        /// What the provider's last answer said, for the API's error class.
+        answer: ProviderAnswer,
     },
     #[error("{0}")]
     Floor(String),
@@ -83,6 +85,28 @@ pub enum TurnError {
     /// The session's cost reached spec.budget.maxCostUSD and the policy suspends it.
     #[error("{0}")]
     BudgetExceeded(String),
+}
+
+/// The facts of a provider's failed answer that an API client is told about: its status,
+/// the delay it asked for (`Retry-After`), and whether a 429 was an exhausted quota rather
+/// than a rate limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProviderAnswer {
+    pub status: Option<u16>,
+    pub retry_after: Option<Duration>,
+    pub quota_exhausted: bool,
+}
+
+impl ProviderAnswer {
+    pub fn of(err: &crate::provider::ProviderError) -> Self {
+        Self {
+            status: err.status,
+            retry_after: err.retry_after,
+            quota_exhausted: err
+                .status
+                .is_some_and(|s| crate::provider::retry::is_quota_exhausted(s, &err.body)),
+        }
+    }
 }
 
 impl TurnError {

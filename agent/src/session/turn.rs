@@ -1177,7 +1177,11 @@ impl Session {
         }
         match turn::give_up(class, err, re) {
             GiveUp::Floor(message) => TurnError::Floor(message),
-            GiveUp::Provider { class, message } => TurnError::Provider { class, message },
+            GiveUp::Provider { class, message } => TurnError::Provider {
+                class,
+                message,
+                answer: super::ProviderAnswer::of(err),
+            },
         }
     }
 }

@@ -58,7 +58,7 @@ async fn timed_turn(
 
 fn assert_timeout(result: &Result<String, TurnError>, took: Duration, what: &str) {
     match result {
-        Err(TurnError::Provider { class, message }) => {
+        Err(TurnError::Provider { class, message, .. }) => {
             assert_eq!(*class, "timeout", "{what}: {message}");
             assert!(message.contains("deadline"), "{what}: {message}");
         }

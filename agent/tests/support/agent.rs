@@ -65,13 +65,24 @@ pub struct Built {
 }
 
 pub async fn build_session(yaml: &str, env: &[(String, String)], holder: &str) -> Built {
-    build_session_with(yaml, env, holder, false).await
+    build_session_with(yaml, env, holder, false, RetryPolicy::none()).await
+}
+
+/// Like [`build_session`], with the provider client retrying as `retry` says (the others
+/// never retry, so a scripted fault reaches the session at once).
+pub async fn build_retrying_session(
+    yaml: &str,
+    env: &[(String, String)],
+    holder: &str,
+    retry: RetryPolicy,
+) -> Built {
+    build_session_with(yaml, env, holder, false, retry).await
 }
 
 /// Like [`build_session`], with a provider that follows `spec.provider` edits sent on
 /// `live_tx` (as `serve` does).
 pub async fn build_following_session(yaml: &str, env: &[(String, String)], holder: &str) -> Built {
-    build_session_with(yaml, env, holder, true).await
+    build_session_with(yaml, env, holder, true, RetryPolicy::none()).await
 }
 
 async fn build_session_with(
@@ -79,6 +90,7 @@ async fn build_session_with(
     env: &[(String, String)],
     holder: &str,
     follow: bool,
+    retry: RetryPolicy,
 ) -> Built {
     let cfg = ConfigFile::parse(yaml, "test").expect("config");
     let live = Live::resolve(&cfg.spec, cfg.policy.as_ref(), None).expect("live");
@@ -86,7 +98,7 @@ async fn build_session_with(
     let settings = StorageSettings::from_spec(&cfg.spec, lookup).expect("storage settings");
     let storage = Storage::open(&settings, &cfg.namespace, &cfg.name).expect("storage");
     let options = ClientOptions {
-        retry: RetryPolicy::none(),
+        retry,
         net: settings.net.clone(),
         ..ClientOptions::default()
     };

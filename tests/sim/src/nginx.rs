@@ -9,6 +9,9 @@
 //! - `/waf/`: bodies of `block_at` bytes or more get a 403 HTML block page, WAF-style;
 //! - `/reset/`: bodies of `block_at` bytes or more get the connection closed with no answer
 //!   (`return 444`);
+//! - `/throttle/` and `/unavailable/`: every request gets nginx's own 429 or 503 page with
+//!   `Retry-After: 7`, as a gateway's rate limit or maintenance answers
+//!   ([`MIDDLEBOX_RETRY_AFTER`]);
 //! - `/`: plain proxy.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -21,6 +24,9 @@ use std::time::{Duration, Instant};
 pub const BLOCK_PAGE: &str = "<!DOCTYPE html><html><head><title>Request Rejected</title></head>\
 <body><h1>Request Rejected</h1><p>The requested URL was rejected. Please consult with your \
 administrator.</p><p>Your support ID is: 7265739281726</p></body></html>";
+
+/// The `Retry-After` seconds of `/throttle/` and `/unavailable/`.
+pub const MIDDLEBOX_RETRY_AFTER: u64 = 7;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NginxError {
@@ -152,6 +158,7 @@ fn config(dir: &Path, port: u16, upstream: SocketAddr, cfg: &MiddleboxConfig) ->
     let big = at_least_regex(cfg.block_at);
     let limit = &cfg.limit;
     let page = BLOCK_PAGE.replace('\'', "\\'");
+    let wait = MIDDLEBOX_RETRY_AFTER;
     format!(
         r#"daemon off;
 master_process off;
@@ -193,6 +200,14 @@ http {{
                 return 444;
             }}
             proxy_pass http://{upstream}/;
+        }}
+        location /throttle/ {{
+            add_header Retry-After {wait} always;
+            return 429;
+        }}
+        location /unavailable/ {{
+            add_header Retry-After {wait} always;
+            return 503;
         }}
         location / {{
             proxy_pass http://{upstream};

@@ -781,6 +781,14 @@ fn openai_error(wire: Wire, e: &ApiError, status: u16) -> (Value, Vec<(String, S
             Value::Null,
             json!("rate_limit_exceeded"),
         ),
+        ApiError::Status { status: 401, .. } => (
+            "Incorrect API key provided: sk-sim***. You can find your API key at \
+             https://platform.openai.com/account/api-keys."
+                .into(),
+            "invalid_request_error",
+            Value::Null,
+            json!("invalid_api_key"),
+        ),
         ApiError::Status { status: 403, .. } => (
             "Country, region, or territory not supported".into(),
             "request_forbidden",
@@ -828,6 +836,7 @@ fn anthropic_error(e: &ApiError, status: u16, seq: u64) -> (Value, Vec<(String, 
                 "This request would exceed the rate limit for your organization.".into(),
             ),
             529 => ("overloaded_error", "Overloaded".into()),
+            401 => ("authentication_error", "invalid x-api-key".into()),
             403 => (
                 "permission_error",
                 "Your API key does not have permission to use the specified resource.".into(),
@@ -873,6 +882,12 @@ fn gemini_error(e: &ApiError, status: u16) -> (Value, Vec<(String, String)>) {
                 "Resource has been exhausted (e.g. check quota).".into(),
                 "RESOURCE_EXHAUSTED",
             ),
+            401 => (
+                "Request had invalid authentication credentials. Expected OAuth 2 access \
+                 token, login cookie or other valid authentication credential."
+                    .into(),
+                "UNAUTHENTICATED",
+            ),
             403 => (
                 "The caller does not have permission".into(),
                 "PERMISSION_DENIED",
@@ -909,6 +924,10 @@ fn bedrock_error(e: &ApiError, status: u16, seq: u64) -> (Value, Vec<(String, St
             429 => (
                 "ThrottlingException",
                 "Too many requests, please wait before trying again.".into(),
+            ),
+            401 => (
+                "UnrecognizedClientException",
+                "The security token included in the request is invalid.".into(),
             ),
             403 => (
                 "AccessDeniedException",
