@@ -560,7 +560,9 @@ impl Session {
                         .collect();
                     self.ledger.complete(outputs, l.response_id);
                 }
-                // 6. The reply and the compactions are journaled before the turn is answered.
+                // 6. The reply and the compactions are journaled before the turn is answered,
+                // with the time of the reply (the idle rule's clock).
+                let idle_clock = self.last_reply_at.replace(SystemTime::now());
                 match self
                     .commit(std::mem::take(&mut scope.changes.records), undo, false)
                     .await
@@ -569,6 +571,7 @@ impl Session {
                     Err(e) => {
                         // The turn count follows the journal (see `commit`).
                         self.state.tool_budget_halvings = halvings;
+                        self.last_reply_at = idle_clock;
                         Err(e)
                     }
                 }
@@ -578,7 +581,6 @@ impl Session {
         match result {
             Ok(mut out) => {
                 self.failed_turn = None;
-                self.last_reply_at = Some(SystemTime::now());
                 // Off the turn's path: the update runs while the client reads the answer.
                 self.maybe_update_memory();
                 for n in &scope.notices.list {
