@@ -740,7 +740,7 @@ impl Session {
             .instrument(span)
             .await;
         if let (Some(memory), Some(pre)) = (&memory, pre) {
-            if !self.queue_removed(&pre).await {
+            if self.queue_removed(&pre).await.is_err() {
                 self.history.replace(pre);
                 out.bytes_after = out.bytes_before;
                 out.met = out.bytes_after <= out.target;

@@ -20,7 +20,9 @@ use crate::compact::{Budget, BudgetInputs, PassReport, Trigger, budget};
 use crate::history::{self, Message, Role};
 use crate::journal::{CompactionRecord, JournalError, Undo};
 use crate::provider::{ChatRequest, ChatResponse, Controls, Delta, ProviderError, ToolSpec, Usage};
-use crate::recovery::{RecoveryContext, RecoveryError, RecoveryOutcome, escalate_output, recover};
+use crate::recovery::{
+    self, RecoveryContext, RecoveryError, RecoveryOutcome, escalate_output, recover,
+};
 use crate::replay::{self, Held, Ledger};
 
 use crate::mcp::{McpCatalog, Route};
@@ -1095,11 +1097,16 @@ impl Session {
             .instrument(span)
             .await;
         // What recovery removed goes to the memory's queue before the rewritten history is
-        // journaled; without the queue the step is undone.
-        if outcome.is_ok() && !self.queue_removed(&before).await {
+        // journaled; without the queue the step is undone, and the attempt fails rather than
+        // resend the request that was just rejected.
+        let queued = match &outcome {
+            Ok(_) => self.queue_removed(&before).await,
+            Err(_) => Ok(()),
+        };
+        if queued.is_err() {
             self.history.replace(before.clone());
         }
-        match outcome {
+        match recovery::after_memory_queue(outcome, queued) {
             Ok(o) => {
                 self.recovered(class, err, &o, call.sent_weight, before, scope);
                 // A learned cap takes effect on the retry itself.
