@@ -243,6 +243,7 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
             }),
         },
     }
+    out.extend(silent_settings(live));
     if live.policy.memory.enabled
         && (!live.policy.summarizer.enabled || live.policy.engine != SummaryEngine::Local)
     {
@@ -272,6 +273,93 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
                 }
             ),
         });
+    }
+    out
+}
+
+/// Settings that take no error and have no effect on this session's model or provider:
+/// effort routing on a model without an effort setting, a cost budget for a model without a
+/// price (its cost stays 0, so the budget never trips), and `providerEngine` fields of the
+/// other provider family.
+fn silent_settings(live: &Live) -> Vec<UnsupportedSetting> {
+    let mut out = Vec::new();
+    let kind = live.spec.provider.kind;
+    let model = &live.spec.provider.model;
+    if live.policy.output.effort_routing && !crate::steering::has_effort(kind, model) {
+        out.push(UnsupportedSetting {
+            field: "output.effortRouting".into(),
+            reason: format!(
+                "the model {model:?} ({}) has no reasoning-effort setting; requests go out without one",
+                kind.as_str()
+            ),
+        });
+    }
+    if let Some(max) = live.spec.budget.as_ref().and_then(|b| b.max_cost_usd)
+        && catalog::PriceTable::fleet().prices(model).is_none()
+    {
+        out.push(UnsupportedSetting {
+            field: "budget.maxCostUSD".into(),
+            reason: format!(
+                "neither the price table nor the catalog has a price for the model {model:?}: its calls cost 0 USD, so the budget of {max} USD never trips on them (add the model to the fleet's price table)"
+            ),
+        });
+    }
+    if live.policy.engine == SummaryEngine::Provider
+        && crate::provider::context_management::supports_provider_engine(kind)
+    {
+        let set = &live.policy.provider_engine;
+        let default = EffectivePolicy::default().provider_engine;
+        let fields: Vec<&str> = if kind == cairn_crds::ProviderKind::Anthropic {
+            [(
+                "providerEngine.compactThresholdTokens",
+                set.compact_threshold_tokens != default.compact_threshold_tokens,
+            )]
+            .into_iter()
+            .filter_map(|(f, changed)| changed.then_some(f))
+            .collect()
+        } else {
+            [
+                (
+                    "providerEngine.triggerInputTokens",
+                    set.trigger_input_tokens != default.trigger_input_tokens,
+                ),
+                (
+                    "providerEngine.keepToolUses",
+                    set.keep_tool_uses != default.keep_tool_uses,
+                ),
+                (
+                    "providerEngine.clearAtLeastInputTokens",
+                    set.clear_at_least_input_tokens != default.clear_at_least_input_tokens,
+                ),
+                (
+                    "providerEngine.excludeTools",
+                    set.exclude_tools != default.exclude_tools,
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(f, changed)| changed.then_some(f))
+            .collect()
+        };
+        let (other, own) = if kind == cairn_crds::ProviderKind::Anthropic {
+            (
+                "openai-responses' compaction",
+                "anthropic's context editing",
+            )
+        } else {
+            (
+                "anthropic's context editing",
+                "openai-responses' compaction",
+            )
+        };
+        for field in fields {
+            out.push(UnsupportedSetting {
+                field: field.into(),
+                reason: format!(
+                    "{field} belongs to {other}; the session's provider ({}) uses {own}, which ignores it",
+                    kind.as_str()
+                ),
+            });
+        }
     }
     out
 }
@@ -501,6 +589,76 @@ mod tests {
         )
         .unwrap();
         Live::resolve(&c.spec, c.policy.as_ref(), None).unwrap()
+    }
+
+    fn live_on(kind: &str, model: &str, extra: &str) -> Live {
+        let c = ConfigFile::parse(
+            &format!("name: demo\nprovider:\n  kind: {kind}\n  model: {model}\n  baseUrl: http://x/v1\n{extra}"),
+            "t",
+        )
+        .unwrap();
+        Live::resolve(&c.spec, c.policy.as_ref(), None).unwrap()
+    }
+
+    fn fields(live: &Live) -> Vec<String> {
+        unsupported(live).into_iter().map(|u| u.field).collect()
+    }
+
+    #[test]
+    fn effort_routing_on_a_model_without_effort_is_named() {
+        let on = "compaction:\n  output:\n    effortRouting: true\n";
+        let u = unsupported(&live_on("openai", "gpt-4o", on));
+        assert_eq!(u.len(), 1, "{u:?}");
+        assert_eq!(u[0].field, "output.effortRouting");
+        assert!(u[0].reason.contains("\"gpt-4o\""), "{u:?}");
+        assert!(fields(&live_on("openai-compatible", "m", on)) == ["output.effortRouting"]);
+        // Honoured where the model has the setting; off is never reported.
+        assert!(fields(&live_on("openai", "gpt-5", on)).is_empty());
+        assert!(fields(&live_on("anthropic", "claude-opus-4-5", on)).is_empty());
+        assert!(fields(&live_on("openai", "gpt-4o", "")).is_empty());
+    }
+
+    #[test]
+    fn a_budget_for_a_model_without_a_price_is_named() {
+        let budget = "budget:\n  maxCostUSD: 5\n";
+        let u = unsupported(&live_on("openai-compatible", "my-local-model", budget));
+        assert_eq!(u.len(), 1, "{u:?}");
+        assert_eq!(u[0].field, "budget.maxCostUSD");
+        assert!(u[0].reason.contains("never trips"), "{u:?}");
+        // A priced model's budget works; no budget, nothing to report.
+        assert!(fields(&live_on("anthropic", "claude-sonnet-4-5", budget)).is_empty());
+        assert!(fields(&live_on("openai-compatible", "my-local-model", "")).is_empty());
+    }
+
+    #[test]
+    fn provider_engine_fields_of_the_other_family_are_named() {
+        let anthropic_fields = "compaction:\n  engine: provider\n  providerEngine:\n    triggerInputTokens: 50000\n    keepToolUses: 5\n    clearAtLeastInputTokens: 1000\n    excludeTools: [recall]\n";
+        let responses_field = "compaction:\n  engine: provider\n  providerEngine:\n    compactThresholdTokens: 50000\n";
+        // Each family's own fields are honoured.
+        assert!(fields(&live_on("anthropic", "claude-sonnet-4-5", anthropic_fields)).is_empty());
+        assert!(fields(&live_on("openai-responses", "gpt-5", responses_field)).is_empty());
+        // The other family's are named, one by one.
+        assert_eq!(
+            fields(&live_on("openai-responses", "gpt-5", anthropic_fields)),
+            [
+                "providerEngine.triggerInputTokens",
+                "providerEngine.keepToolUses",
+                "providerEngine.clearAtLeastInputTokens",
+                "providerEngine.excludeTools"
+            ]
+        );
+        let u = unsupported(&live_on("anthropic", "claude-sonnet-4-5", responses_field));
+        assert_eq!(u.len(), 1, "{u:?}");
+        assert_eq!(u[0].field, "providerEngine.compactThresholdTokens");
+        assert!(
+            u[0].reason.contains("openai-responses' compaction"),
+            "{u:?}"
+        );
+        // A provider without server-side context management reports `engine` alone.
+        assert_eq!(
+            fields(&live_on("openai-compatible", "m", anthropic_fields)),
+            ["engine"]
+        );
     }
 
     #[test]

@@ -73,6 +73,13 @@ pub enum RecoveryError {
         "recovery could not make the rejected request smaller (the archive refused: {archive_error}), so it was not resent; nothing was dropped"
     )]
     Stuck { archive_error: &'static str },
+    /// The session memory's queue refused what the attempt removed, so the rewrite was undone
+    /// (a compaction never drops what the memory has not queued): the rejected request is not
+    /// resent unchanged.
+    #[error(
+        "recovery shrank the rejected request, but the session memory's queue could not take what it removed ({queue_error}); the rewrite was undone and the same request was not resent; nothing was dropped"
+    )]
+    MemoryQueue { queue_error: String },
 }
 
 impl RecoveryError {
@@ -82,6 +89,7 @@ impl RecoveryError {
             Self::Exhausted(_) => "exhausted",
             Self::Floor { .. } | Self::WindowFloor { .. } => "floor",
             Self::Stuck { .. } => "stuck",
+            Self::MemoryQueue { .. } => "memory_queue",
         }
     }
 }
@@ -219,6 +227,20 @@ pub async fn recover(
         floor_warning,
         report,
     })
+}
+
+/// An attempt's outcome once what it removed went to the session memory's queue (`queued`:
+/// `Ok`, or the queue's error). A refused queue undoes the rewrite, which would leave the
+/// rejected request to go out again unchanged: the attempt fails instead
+/// ([`RecoveryError::MemoryQueue`]). An attempt that already failed stays as it was.
+pub fn after_memory_queue(
+    outcome: Result<RecoveryOutcome, RecoveryError>,
+    queued: Result<(), String>,
+) -> Result<RecoveryOutcome, RecoveryError> {
+    match (outcome, queued) {
+        (Ok(_), Err(queue_error)) => Err(RecoveryError::MemoryQueue { queue_error }),
+        (outcome, _) => outcome,
+    }
 }
 
 /// Learns the window and the bytes per token from an overflow error's own numbers.

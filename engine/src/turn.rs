@@ -304,7 +304,9 @@ pub fn give_up(class: FailureClass, err: &ProviderError, re: &RecoveryError) -> 
             class: class.label(),
             message: err.to_string(),
         },
-        RecoveryError::Exhausted(_) | RecoveryError::Stuck { .. } => GiveUp::Provider {
+        RecoveryError::Exhausted(_)
+        | RecoveryError::Stuck { .. }
+        | RecoveryError::MemoryQueue { .. } => GiveUp::Provider {
             class: class.label(),
             message: format!("{err} ({re})"),
         },

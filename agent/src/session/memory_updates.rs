@@ -102,12 +102,12 @@ impl Session {
     /// rewritten history is journaled. `false` when the queue could not be written: the
     /// caller then goes back to `before` (a lossy step runs only once its originals are
     /// safe, here for the memory as in the archive).
-    pub(super) async fn queue_removed(&mut self, before: &[Message]) -> bool {
+    pub(super) async fn queue_removed(&mut self, before: &[Message]) -> Result<(), String> {
         let Some(memory) = self.memory_on().cloned() else {
-            return true;
+            return Ok(());
         };
         if *self.history == before {
-            return true;
+            return Ok(());
         }
         match memory.enqueue_removed(before, &self.history).await {
             Ok(n) => {
@@ -117,7 +117,7 @@ impl Session {
                         "removed messages queued for the session memory"
                     );
                 }
-                true
+                Ok(())
             }
             Err(e) => {
                 tracing::warn!(
@@ -129,7 +129,7 @@ impl Session {
                         outcome: "queue_failed",
                     })
                     .inc();
-                false
+                Err(e.to_string())
             }
         }
     }

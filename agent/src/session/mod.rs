@@ -177,6 +177,7 @@ pub struct Session {
     summarizer_tokens: Usage,
     /// Cache writes and cost of the session's and the summarizer's calls.
     accounting: crate::cost::Accounting,
+    /// When the last reply was journaled: the idle rule's clock (journaled with it).
     last_reply_at: Option<SystemTime>,
     last_recovery: Option<LastRecovery>,
     /// History length before the input of the turn that failed last, until the write it
@@ -285,7 +286,12 @@ impl Session {
                 cache_write_tokens: rebuilt.state.accounting.cache_write_tokens[1],
             },
             accounting: rebuilt.state.accounting.clone(),
-            last_reply_at: None,
+            // The idle clock survives the restart (and an idle suspend): the first turn after
+            // it knows how long the provider's cache has been cold.
+            last_reply_at: rebuilt
+                .state
+                .last_reply_ms
+                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
             last_recovery: None,
             failed_turn: None,
             failed_ledger: Ledger::default(),
@@ -506,6 +512,10 @@ impl Session {
             self.summarizer_tokens.cache_read_tokens,
         ];
         state.accounting = self.accounting.clone();
+        state.last_reply_ms = self
+            .last_reply_at
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64);
         let change = Change {
             state,
             compactions,
@@ -754,7 +764,7 @@ impl Session {
             .instrument(span)
             .await;
         if let (Some(memory), Some(pre)) = (&memory, pre) {
-            if !self.queue_removed(&pre).await {
+            if self.queue_removed(&pre).await.is_err() {
                 self.history.replace(pre);
                 out.bytes_after = out.bytes_before;
                 out.met = out.bytes_after <= out.target;

@@ -20,7 +20,9 @@ use crate::compact::{Budget, BudgetInputs, PassReport, Trigger, budget};
 use crate::history::{self, Message, Role};
 use crate::journal::{CompactionRecord, JournalError, Undo};
 use crate::provider::{ChatRequest, ChatResponse, Controls, Delta, ProviderError, ToolSpec, Usage};
-use crate::recovery::{RecoveryContext, RecoveryError, RecoveryOutcome, escalate_output, recover};
+use crate::recovery::{
+    self, RecoveryContext, RecoveryError, RecoveryOutcome, escalate_output, recover,
+};
 use crate::replay::{self, Held, Ledger};
 
 use crate::mcp::{McpCatalog, Route};
@@ -560,7 +562,9 @@ impl Session {
                         .collect();
                     self.ledger.complete(outputs, l.response_id);
                 }
-                // 6. The reply and the compactions are journaled before the turn is answered.
+                // 6. The reply and the compactions are journaled before the turn is answered,
+                // with the time of the reply (the idle rule's clock).
+                let idle_clock = self.last_reply_at.replace(SystemTime::now());
                 match self
                     .commit(std::mem::take(&mut scope.changes.records), undo, false)
                     .await
@@ -569,6 +573,7 @@ impl Session {
                     Err(e) => {
                         // The turn count follows the journal (see `commit`).
                         self.state.tool_budget_halvings = halvings;
+                        self.last_reply_at = idle_clock;
                         Err(e)
                     }
                 }
@@ -578,7 +583,6 @@ impl Session {
         match result {
             Ok(mut out) => {
                 self.failed_turn = None;
-                self.last_reply_at = Some(SystemTime::now());
                 // Off the turn's path: the update runs while the client reads the answer.
                 self.maybe_update_memory();
                 for n in &scope.notices.list {
@@ -1093,11 +1097,16 @@ impl Session {
             .instrument(span)
             .await;
         // What recovery removed goes to the memory's queue before the rewritten history is
-        // journaled; without the queue the step is undone.
-        if outcome.is_ok() && !self.queue_removed(&before).await {
+        // journaled; without the queue the step is undone, and the attempt fails rather than
+        // resend the request that was just rejected.
+        let queued = match &outcome {
+            Ok(_) => self.queue_removed(&before).await,
+            Err(_) => Ok(()),
+        };
+        if queued.is_err() {
             self.history.replace(before.clone());
         }
-        match outcome {
+        match recovery::after_memory_queue(outcome, queued) {
             Ok(o) => {
                 self.recovered(class, err, &o, call.sent_weight, before, scope);
                 // A learned cap takes effect on the retry itself.

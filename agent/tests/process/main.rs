@@ -7,6 +7,7 @@ mod support;
 mod cli;
 mod cli_context;
 mod holder;
+mod idle_clock;
 mod otel;
 mod serve;
 mod shutdown;

@@ -332,3 +332,99 @@ async fn a_memory_that_fails_the_quality_gate_is_not_used_and_level_2_runs() {
     let stats = built.session.stats().memory.expect("memory status");
     assert_eq!(stats.compactions_from_memory, 0, "{stats:?}");
 }
+
+/// Issue 35: recovery shrinks the rejected request, the session memory's queue refuses what
+/// it removed, so the rewrite is undone. The same request must not go out again: the attempt
+/// fails, says why, and nothing is dropped. With the queue back, recovery goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_memory_queue_during_recovery_never_resends_the_rejected_request() {
+    use crate::support::faults::{Fault, FaultProxy, Op};
+    let sim = Sim::start().await.expect("sim");
+    let moto = Moto::start().await;
+    let proxy = FaultProxy::start(moto.port, Duration::from_millis(600)).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let env = storage_env(dir.path(), Some(&proxy.endpoint));
+    let yaml = config_yaml(
+        "memory-queue-refused",
+        &format!("{}/v1", sim.url()),
+        200_000,
+        &extra(1_000),
+    );
+    let mut built = build_session(&yaml, &env, "a").await;
+    for i in 0..8 {
+        built
+            .session
+            .turn(vec![Message::user(format!(
+                "fact number {i}: {}",
+                "detail ".repeat(300)
+            ))])
+            .await
+            .expect("turn");
+    }
+    let history_before = cairn_agent::history::to_jsonl(built.session.history());
+    // A proxy in front of the provider rejects the body as too large, every time it sees it.
+    let rejected = cairn_sim::Fault::Status {
+        status: 413,
+        retry_after: None,
+    };
+    for _ in 0..6 {
+        sim.push_fault(rejected.clone());
+    }
+    proxy.always(Op::Put, "memory/queue", Fault::Refuse);
+    const ASK: &str = "the question after the rejection";
+    let err = built
+        .session
+        .turn(vec![Message::user(ASK)])
+        .await
+        .expect_err("the attempt fails");
+    let sent: Vec<u64> = sim
+        .requests()
+        .iter()
+        .filter(|r| r.contains(ASK))
+        .map(|r| r.bytes)
+        .collect();
+    assert_eq!(
+        sent.len(),
+        1,
+        "the rejected request went out once, never again unchanged: {sent:?}"
+    );
+    assert_eq!(err.label(), "provider", "{err}");
+    let why = err.to_string();
+    assert!(
+        why.contains("session memory's queue") && why.contains("not resent"),
+        "{why}"
+    );
+    assert_eq!(
+        cairn_agent::history::to_jsonl(built.session.history()),
+        history_before,
+        "nothing was dropped"
+    );
+    let stats = built.session.stats();
+    let last = stats.last_recovery.expect("last recovery");
+    assert_eq!(last.outcome, "Failed", "{last:?}");
+    assert_eq!(stats.memory.expect("memory").queue_segments, 0);
+
+    // The queue answers again: the cap learned from the rejection shrinks the next request
+    // before it is sent, and what the compaction removed is queued for the memory.
+    let rejected_bytes = sent[0];
+    proxy.clear();
+    sim.reset();
+    built
+        .session
+        .turn(vec![Message::user(ASK)])
+        .await
+        .expect("the turn goes through once the queue answers");
+    let sent: Vec<u64> = sim
+        .requests()
+        .iter()
+        .filter(|r| r.contains(ASK))
+        .map(|r| r.bytes)
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(
+        sent[0] < rejected_bytes * 3 / 4,
+        "under the learned cap: {sent:?}"
+    );
+    let stats = built.session.stats();
+    assert!(stats.memory.expect("memory").queue_segments >= 1);
+}

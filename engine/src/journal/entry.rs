@@ -60,6 +60,12 @@ pub struct PersistedState {
     /// (`status.session.costUSD`).
     #[serde(default, skip_serializing_if = "crate::cost::Accounting::is_empty")]
     pub accounting: crate::cost::Accounting,
+    /// When the session's last reply was journaled, in milliseconds since the Unix epoch:
+    /// the idle clock of microcompact's idle rule, so a restarted (or woken) agent knows how
+    /// long the provider's cache has been cold. `None` (journals written before the field):
+    /// the clock starts with the first reply after the restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_reply_ms: Option<u64>,
 }
 
 impl PersistedState {
@@ -87,6 +93,7 @@ impl PersistedState {
             passes: Default::default(),
             summarizer_tokens: [0; 3],
             accounting: Default::default(),
+            last_reply_ms: None,
         }
     }
 
@@ -236,4 +243,30 @@ pub struct EntryOut<'a> {
     pub undo: Option<StoredUndo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rewinds: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_clock_is_journaled_and_an_older_state_reads_without_it() {
+        let state = PersistedState {
+            last_reply_ms: Some(1_700_000_000_123),
+            ..PersistedState::default()
+        };
+        let text = serde_json::to_string(&state).unwrap();
+        assert!(text.contains("\"last_reply_ms\":1700000000123"), "{text}");
+        assert_eq!(
+            serde_json::from_str::<PersistedState>(&text).unwrap(),
+            state
+        );
+        // A state written before the field: no idle clock, as before.
+        let old: PersistedState = serde_json::from_str(r#"{"turns": 3}"#).unwrap();
+        assert_eq!(old.last_reply_ms, None);
+        assert_eq!(old.turns, 3);
+        // Without a clock nothing is written for it.
+        let none = serde_json::to_string(&PersistedState::default()).unwrap();
+        assert!(!none.contains("last_reply_ms"), "{none}");
+    }
 }

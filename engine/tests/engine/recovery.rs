@@ -11,9 +11,10 @@ use cairn_engine::history::{self, Message, Role};
 use cairn_engine::provider::ProviderError;
 use cairn_engine::recovery::{
     ASSUMED_REJECTED_BYTES, CONTINUATION_MESSAGE, PAYLOAD_NOTICE_HEADER, RecoveryContext,
-    RecoveryError, escalate_output, recover,
+    RecoveryError, after_memory_queue, escalate_output, recover,
 };
 use cairn_engine::testing::*;
+use cairn_engine::turn::{GiveUp, give_up};
 
 fn overflow() -> ProviderError {
     ProviderError::http(
@@ -489,4 +490,68 @@ async fn recovery_on_a_failing_store_drops_nothing_and_sends_nothing() {
     );
     assert_eq!(h, before);
     let _ = Trigger::Recovery;
+}
+
+#[tokio::test]
+async fn a_refused_memory_queue_fails_the_attempt_instead_of_resending_the_same_request() {
+    let policy = EffectivePolicy::default();
+    let store = MemoryStore::new();
+    let err = overflow();
+    let attempt = |queued: Result<(), String>| {
+        let policy = &policy;
+        let store = &store;
+        let err = &err;
+        async move {
+            let mut st = SessionState::new();
+            let mut h = session(200_000);
+            h.push(Message::assistant("y".repeat(9_000)));
+            let before = history::weight(&h);
+            let out = recover(
+                &mut h,
+                err,
+                FailureClass::ContextOverflow,
+                &ctx(policy, store, 0),
+                &mut st,
+            )
+            .await;
+            let shrank = out.as_ref().map(|o| o.report.bytes_after < before);
+            assert_eq!(shrank, Ok(true), "the attempt itself shrinks the request");
+            after_memory_queue(out, queued)
+        }
+    };
+    // Queued: the shrunk request is resent.
+    let ok = attempt(Ok(())).await.expect("recovered");
+    assert_eq!(ok.attempt, 1);
+    // Refused: the rewrite is undone by the caller, so the attempt fails (never a resend of
+    // the request the server just rejected), and says why.
+    let refused = attempt(Err("memory/queue: 503 Slow Down".into())).await;
+    let e = refused.expect_err("the attempt fails");
+    assert_eq!(e.label(), "memory_queue");
+    assert_eq!(
+        e,
+        RecoveryError::MemoryQueue {
+            queue_error: "memory/queue: 503 Slow Down".into()
+        }
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("session memory's queue") && text.contains("not resent"),
+        "{text}"
+    );
+    // An attempt that failed on its own keeps its reason.
+    assert_eq!(
+        after_memory_queue(Err(RecoveryError::Exhausted(3)), Err("x".into())),
+        Err(RecoveryError::Exhausted(3))
+    );
+    // The turn reports it as the provider's rejection, with the reason.
+    match give_up(FailureClass::ContextOverflow, &err, &e) {
+        GiveUp::Provider { class, message } => {
+            assert_eq!(class, "context_overflow");
+            assert!(
+                message.contains("prompt is too long") && message.contains("session memory"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
