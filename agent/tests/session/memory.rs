@@ -333,7 +333,13 @@ async fn a_memory_that_fails_the_quality_gate_is_not_used_and_level_2_runs() {
     assert_eq!(stats.compactions_from_memory, 0, "{stats:?}");
 }
 
-/// Issue 35: recovery shrinks the rejected request, the session memory's queue refuses what
+/// A request of the session's own turn that carries `ask`, not a summarizer's (a memory
+/// update or a level-2 summary running beside the turn may quote the conversation).
+fn is_turn_request(r: &cairn_sim::RecordedRequest, ask: &str) -> bool {
+    r.contains(ask) && !r.contains(UPDATE_PHRASE) && !r.contains(LEVEL2_PHRASE)
+}
+
+/// Recovery shrinks the rejected request, the session memory's queue refuses what
 /// it removed, so the rewrite is undone. The same request must not go out again: the attempt
 /// fails, says why, and nothing is dropped. With the queue back, recovery goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,7 +386,7 @@ async fn a_refused_memory_queue_during_recovery_never_resends_the_rejected_reque
     let sent: Vec<u64> = sim
         .requests()
         .iter()
-        .filter(|r| r.contains(ASK))
+        .filter(|r| is_turn_request(r, ASK))
         .map(|r| r.bytes)
         .collect();
     assert_eq!(
@@ -417,7 +423,7 @@ async fn a_refused_memory_queue_during_recovery_never_resends_the_rejected_reque
     let sent: Vec<u64> = sim
         .requests()
         .iter()
-        .filter(|r| r.contains(ASK))
+        .filter(|r| is_turn_request(r, ASK))
         .map(|r| r.bytes)
         .collect();
     assert_eq!(sent.len(), 1, "{sent:?}");
