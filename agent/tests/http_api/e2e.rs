@@ -377,7 +377,12 @@ async fn one_turn_at_a_time_auth_and_validation() {
     let (status, _) = slow.await.expect("join");
     assert_eq!(status, 200);
 
-    let http = reqwest::Client::new();
+    // A connection per request: a pooled connection the agent has just closed (idle past its
+    // header timeout, or after refusing an oversized body unread) fails when it is reused.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     let url = |p: &str| format!("{}{p}", api.base);
     let r = http
         .post(url("/v1/responses"))
