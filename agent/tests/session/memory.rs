@@ -339,6 +339,15 @@ fn is_turn_request(r: &cairn_sim::RecordedRequest, ask: &str) -> bool {
     r.contains(ask) && !r.contains(UPDATE_PHRASE) && !r.contains(LEVEL2_PHRASE)
 }
 
+/// The body sizes of the session's own requests that carried `ask`, in order.
+fn turn_request_sizes(sim: &Sim, ask: &str) -> Vec<u64> {
+    sim.requests()
+        .iter()
+        .filter(|r| is_turn_request(r, ask))
+        .map(|r| r.bytes)
+        .collect()
+}
+
 /// Recovery shrinks the rejected request, the session memory's queue refuses what
 /// it removed, so the rewrite is undone. The same request must not go out again: the attempt
 /// fails, says why, and nothing is dropped. With the queue back, recovery goes through.
@@ -383,12 +392,7 @@ async fn a_refused_memory_queue_during_recovery_never_resends_the_rejected_reque
         .turn(vec![Message::user(ASK)])
         .await
         .expect_err("the attempt fails");
-    let sent: Vec<u64> = sim
-        .requests()
-        .iter()
-        .filter(|r| is_turn_request(r, ASK))
-        .map(|r| r.bytes)
-        .collect();
+    let sent = turn_request_sizes(&sim, ASK);
     assert_eq!(
         sent.len(),
         1,
@@ -420,12 +424,7 @@ async fn a_refused_memory_queue_during_recovery_never_resends_the_rejected_reque
         .turn(vec![Message::user(ASK)])
         .await
         .expect("the turn goes through once the queue answers");
-    let sent: Vec<u64> = sim
-        .requests()
-        .iter()
-        .filter(|r| is_turn_request(r, ASK))
-        .map(|r| r.bytes)
-        .collect();
+    let sent = turn_request_sizes(&sim, ASK);
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert!(
         sent[0] < rejected_bytes * 3 / 4,
