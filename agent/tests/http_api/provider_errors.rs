@@ -68,14 +68,7 @@ async fn failing_turn(api: &Api, path: &str, stream: bool, input: &str) -> Answe
     } else {
         json!({"model": MODEL, "input": input, "stream": stream})
     };
-    let r = api
-        .http
-        .post(format!("{}{path}", api.base))
-        .bearer_auth(TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
+    let r = api.send(path, &body).await;
     let status = r.status().as_u16();
     let retry_after = header(&r, "retry-after");
     let should_retry = header(&r, "x-should-retry");

@@ -182,15 +182,19 @@ impl Api {
             .await
     }
 
-    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http
+    /// The raw answer to an authenticated POST of `body` (headers and body unread).
+    pub async fn send(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.http
             .post(format!("{}{path}", self.base))
             .bearer_auth(TOKEN)
-            .json(&body)
+            .json(body)
             .send()
             .await
-            .expect("request");
+            .expect("request")
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self.send(path, &body).await;
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
