@@ -173,13 +173,7 @@ impl Session {
             )),
             _ => None,
         };
-        let floor = self
-            .history
-            .iter()
-            .filter(|m| m.is_system())
-            .map(Message::weight)
-            .sum::<usize>()
-            + tools_bytes;
+        let floor = cairn_engine::compact::window::system_weight(self.history.iter()) + tools_bytes;
         let cpt = self.state.chars_per_token;
         let window = WindowReport {
             context_window: live.limits.context_window,

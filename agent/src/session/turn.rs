@@ -1066,13 +1066,8 @@ impl Session {
                 client: crate::cost::Client::Session.label(),
             })
             .inc();
-        let uncompactable = self
-            .history
-            .iter()
-            .filter(|m| m.is_system())
-            .map(Message::weight)
-            .sum::<usize>()
-            + tools_bytes;
+        let uncompactable =
+            cairn_engine::compact::window::system_weight(self.history.iter()) + tools_bytes;
         if let Some(floor) =
             turn::floor_before_recovery(class, &self.state, uncompactable as u64, err.request_bytes)
         {

@@ -173,12 +173,15 @@ pub fn catalog_weight(tools: &[ToolSpec]) -> usize {
 /// The part of every request that no compaction can remove: system messages and the tool
 /// catalog. The recovery ladder's floor diagnosis compares it with a rejected size.
 pub fn uncompactable_bytes(messages: &[Message], tools: &[ToolSpec]) -> usize {
+    system_weight(messages.iter()) + catalog_weight(tools)
+}
+
+/// The weight of the system messages among `messages`.
+pub fn system_weight<'a>(messages: impl Iterator<Item = &'a Message>) -> usize {
     messages
-        .iter()
         .filter(|m| m.is_system())
         .map(Message::weight)
-        .sum::<usize>()
-        + catalog_weight(tools)
+        .sum()
 }
 
 #[cfg(test)]
