@@ -130,9 +130,9 @@ build_cairn() {
     # whole tree: skip it when both binaries are newer than every source.
     local newer=""
     if [ -x "$bindir/cairn-agent" ] && [ -x "$bindir/cairn-operator" ] && [ -x "$bindir/cairn-gateway" ]; then
-      newer="$(find "$ROOT/agent" "$ROOT/operator" "$ROOT/crds" "$ROOT/Cargo.lock" "$ROOT/Cargo.toml" \
+      newer="$(find "$ROOT/engine" "$ROOT/agent" "$ROOT/operator" "$ROOT/crds" "$ROOT/Cargo.lock" "$ROOT/Cargo.toml" \
         -newer "$bindir/cairn-agent" -print -quit 2>/dev/null)"
-      [ -z "$newer" ] && newer="$(find "$ROOT/agent" "$ROOT/operator" "$ROOT/crds" -newer "$bindir/cairn-operator" -print -quit 2>/dev/null)"
+      [ -z "$newer" ] && newer="$(find "$ROOT/engine" "$ROOT/agent" "$ROOT/operator" "$ROOT/crds" -newer "$bindir/cairn-operator" -print -quit 2>/dev/null)"
       [ -z "$newer" ] && newer="$(find "$ROOT/gateway" "$ROOT/crds" -newer "$bindir/cairn-gateway" -print -quit 2>/dev/null)"
     else
       newer=missing
