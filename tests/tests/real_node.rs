@@ -528,8 +528,12 @@ fn built_network_policies(ns: &str, gateway_ns: &str) -> String {
             .into_iter()
             .flatten()
         {
-            let name = &mut peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"];
-            if name == "cairn-system" {
+            // `get_mut`, not indexing: indexing would add a namespaceSelector to a peer of
+            // the policy's own namespace.
+            let name = peer
+                .pointer_mut("/namespaceSelector/matchLabels")
+                .and_then(|labels| labels.get_mut("kubernetes.io/metadata.name"));
+            if let Some(name) = name.filter(|name| *name == "cairn-system") {
                 *name = gateway_ns.into();
             }
         }
@@ -665,12 +669,24 @@ fn a_sessions_agent_admits_the_gateway_and_its_clients_and_refuses_other_session
     );
     // kube-router fills the ipsets of admitted sources a moment after it installs the
     // chains: wait for every admitted side before holding the policy to all of them.
-    for (n, from) in [(ns, "ui"), (ns, "labelled"), (gw, "gateway")] {
-        wait_for(
-            "the policy to admit a client",
-            Duration::from_secs(30),
-            || http_from_pod(cp, n, from, &addr, "/healthz").contains(" 200"),
-        );
+    let clients = [(ns, "ui"), (ns, "labelled"), (gw, "gateway")];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answers: Vec<String> = clients
+            .iter()
+            .map(|(n, from)| {
+                let r = http_from_pod(cp, n, from, &addr, "/healthz");
+                format!("{n}/{from}: {}", r.lines().next().unwrap_or_default())
+            })
+            .collect();
+        if answers.iter().all(|r| r.contains(" 200")) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let policies = kubectl(cp, &["get", "netpol", "-n", ns, "-o", "yaml"]);
+            panic!("every admitted client gets through within 60 s: {answers:?}\n{policies}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
     }
     eprintln!("NetworkPolicies in effect after {:?}", applied.elapsed());
     // An admitted request may be retried once (a slow exec); a refused one never gets through.
