@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
     TopologySpreadConstraint,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_derive::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -120,6 +120,25 @@ pub struct AgentSessionSpec {
     /// `compress` and the function tools an API client declares.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<ToolsSpec>,
+
+    /// Who may reach the session's API directly, beside the gateway. Absent: the gateway,
+    /// the pods of the namespace labelled `cairn.dev/client: "true"` and the operator's
+    /// monitoring namespace only; never another session's agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<SessionNetwork>,
+}
+
+/// Direct clients of the session's agent.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
+#[serde(rename_all = "camelCase")]
+pub struct SessionNetwork {
+    /// Pods of the session's namespace admitted to the agent's port (its own NetworkPolicy,
+    /// `cairn-NAME`), beside those every session admits. They still need the session's
+    /// token. An empty selector (`{}`) admits every pod of the namespace, other sessions'
+    /// agents included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients: Option<LabelSelector>,
 }
 
 /// When an unused session is suspended.

@@ -390,10 +390,11 @@ pub async fn release_namespace(client: Client, namespace: String) {
     delete::<NetworkPolicy>(&client, &namespace).await;
 }
 
-/// Deletes the session's own Service or NetworkPolicy (`cairn-NAME`) that an earlier version
-/// of the operator made (one per session, owned by it; the namespace's shared ones replace
-/// them), if the cache holds one. Without a cache nothing is looked up: garbage collection
-/// takes them with the session.
+/// Deletes the session's own Service or NetworkPolicy (`cairn-NAME`, owned by it) that is
+/// not built: a Service or NetworkPolicy an earlier version of the operator made for every
+/// session (the namespace's shared ones replace them), or the clients NetworkPolicy of a
+/// session that names no clients any more; if the cache holds one. Without a cache nothing
+/// is looked up: garbage collection takes them with the session.
 async fn remove_per_session<K>(
     client: &Client,
     plan: &Plan,
@@ -494,7 +495,20 @@ pub async fn apply_all(
     )
     .await?;
     remove_per_session(client, plan, stores.map(|s| &s.services), accepted).await?;
-    remove_per_session(client, plan, stores.map(|s| &s.network_policies), accepted).await?;
+    match &objects.clients_network_policy {
+        Some(policy) => {
+            ensure(
+                client,
+                policy,
+                stores.map(|s| &s.network_policies),
+                accepted,
+            )
+            .await?;
+        }
+        None => {
+            remove_per_session(client, plan, stores.map(|s| &s.network_policies), accepted).await?;
+        }
+    }
     let ready = ensure_pod(
         client,
         &plan.namespace,

@@ -171,6 +171,19 @@ pub struct OperatorArgs {
     /// each session's NetworkPolicy admits it on the agent's port. Empty: none.
     #[arg(long, env = "CAIRN_AGENT_MONITORING_NAMESPACE")]
     pub agent_monitoring_namespace: Option<String>,
+    /// Namespace of the gateway, whose pods (`--agent-gateway-pod-labels`) every session's
+    /// NetworkPolicy admits on the agent's port. Default: the operator's namespace.
+    #[arg(long, env = "CAIRN_AGENT_GATEWAY_NAMESPACE")]
+    pub agent_gateway_namespace: Option<String>,
+    /// Labels of the gateway's pods, `key=value` pairs, comma-separated (the chart's gateway
+    /// selector labels).
+    #[arg(
+        long,
+        env = "CAIRN_AGENT_GATEWAY_POD_LABELS",
+        value_parser = label_pairs,
+        default_value = DEFAULT_GATEWAY_POD_LABELS
+    )]
+    pub agent_gateway_pod_labels: Labels,
     /// Egress rules of every session's NetworkPolicy, as JSON:
     /// `{"dns": true, "to": [{"cidr": "10.0.0.0/8", "except": [], "ports": [443]}]}`. Empty:
     /// egress is not restricted. NetworkPolicy names addresses, never hostnames.
@@ -262,11 +275,58 @@ pub struct Defaults {
     pub network_policy: NetworkPolicyDefaults,
 }
 
+/// Default of `--agent-gateway-pod-labels`: the label every gateway pod of the chart has.
+pub const DEFAULT_GATEWAY_POD_LABELS: &str = "app.kubernetes.io/name=cairn-gateway";
+
+/// Pod labels given as `key=value` pairs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Labels(pub BTreeMap<String, String>);
+
+/// Parses `key=value,key=value` (blanks around each part ignored; at least one pair).
+pub fn label_pairs(raw: &str) -> Result<Labels, String> {
+    let mut labels = BTreeMap::new();
+    for pair in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not key=value"))?;
+        let (key, value) = (key.trim(), value.trim());
+        if key.is_empty() {
+            return Err(format!("{pair:?} has no key"));
+        }
+        labels.insert(key.to_string(), value.to_string());
+    }
+    if labels.is_empty() {
+        return Err("at least one key=value pair is needed".into());
+    }
+    Ok(Labels(labels))
+}
+
+/// Where the gateway's pods are, for the sessions' NetworkPolicies.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatewayPods {
+    /// `None`: the operator's namespace.
+    pub namespace: Option<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for GatewayPods {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            labels: label_pairs(DEFAULT_GATEWAY_POD_LABELS)
+                .map(|l| l.0)
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// The fleet-wide parts of every session's NetworkPolicy.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NetworkPolicyDefaults {
     /// Namespace admitted on the agent's port (metrics scraping).
     pub monitoring_namespace: Option<String>,
+    /// The gateway's pods, admitted on the agent's port.
+    pub gateway: GatewayPods,
     /// `None`: egress unrestricted.
     pub egress: Option<EgressPolicy>,
 }
@@ -476,6 +536,11 @@ impl OperatorArgs {
             network_policy: NetworkPolicyDefaults {
                 monitoring_namespace: non_empty(&self.agent_monitoring_namespace)
                     .map(|s| s.trim().to_string()),
+                gateway: GatewayPods {
+                    namespace: non_empty(&self.agent_gateway_namespace)
+                        .map(|s| s.trim().to_string()),
+                    labels: self.agent_gateway_pod_labels.0.clone(),
+                },
                 egress: self.agent_egress.clone(),
             },
         }

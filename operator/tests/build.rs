@@ -81,6 +81,8 @@ template:
   tolerations: [{key: dedicated, operator: Equal, value: agents, effect: NoSchedule}]
   annotations: {team: a}
   terminationGracePeriodSeconds: 120
+network:
+  clients: {matchLabels: {app: chat-ui}}
 "#;
 
 const FRUGAL: &str =
@@ -144,8 +146,15 @@ fn assert_snapshot(name: &str, objects: &SessionObjects) {
         serde_yaml::to_string(&objects.token_secret),
         serde_yaml::to_string(&objects.service),
         serde_yaml::to_string(&objects.network_policy),
-        serde_yaml::to_string(&objects.pod),
-    ];
+    ]
+    .into_iter()
+    .chain(
+        objects
+            .clients_network_policy
+            .as_ref()
+            .map(serde_yaml::to_string),
+    )
+    .chain([serde_yaml::to_string(&objects.pod)]);
     let mut actual = String::new();
     for doc in docs {
         actual.push_str("---\n");
@@ -352,8 +361,10 @@ fn minimal_session_builds_hardened_owned_objects() {
         serde_json::to_value(&np.ingress).expect("ingress serializes"),
         serde_json::json!([{
             "from": [
-                {"podSelector": {}},
-                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cairn-system"}}}
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cairn-system"}},
+                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "cairn-gateway"}}},
+                {"podSelector": {"matchLabels": {"cairn.dev/client": "true"},
+                                 "matchExpressions": [{"key": "cairn.dev/session", "operator": "DoesNotExist"}]}}
             ],
             "ports": [{"port": 8080, "protocol": "TCP"}]
         }])
@@ -1396,15 +1407,17 @@ fn network_policy_with(np: cairn_operator::config::NetworkPolicyDefaults) -> ser
 fn the_monitoring_namespace_is_admitted_on_the_agent_port() {
     let spec = network_policy_with(cairn_operator::config::NetworkPolicyDefaults {
         monitoring_namespace: Some("monitoring".into()),
-        egress: None,
+        ..Default::default()
     });
     assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress"]));
     assert_eq!(
         spec["ingress"],
         serde_json::json!([{
             "from": [
-                {"podSelector": {}},
-                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cairn-system"}}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "cairn-system"}},
+                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "cairn-gateway"}}},
+                {"podSelector": {"matchLabels": {"cairn.dev/client": "true"},
+                                 "matchExpressions": [{"key": "cairn.dev/session", "operator": "DoesNotExist"}]}},
                 {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
             ],
             "ports": [{"port": 8080, "protocol": "TCP"}]
@@ -1421,8 +1434,8 @@ fn restricted_egress_allows_dns_and_the_configured_blocks_only() {
     )
     .expect("egress parses");
     let spec = network_policy_with(cairn_operator::config::NetworkPolicyDefaults {
-        monitoring_namespace: None,
         egress: Some(egress),
+        ..Default::default()
     });
     assert_eq!(
         spec["policyTypes"],
@@ -1439,8 +1452,8 @@ fn restricted_egress_allows_dns_and_the_configured_blocks_only() {
     );
     let no_dns = cairn_operator::config::egress_policy(r#"{"dns": false}"#).expect("parses");
     let spec = network_policy_with(cairn_operator::config::NetworkPolicyDefaults {
-        monitoring_namespace: None,
         egress: Some(no_dns),
+        ..Default::default()
     });
     assert_eq!(spec["egress"], serde_json::json!([]), "deny all egress");
     for bad in [
@@ -1453,6 +1466,28 @@ fn restricted_egress_allows_dns_and_the_configured_blocks_only() {
             cairn_operator::config::egress_policy(bad).is_err(),
             "{bad} is refused"
         );
+    }
+}
+
+#[test]
+fn the_gateway_pod_labels_parse_as_key_value_pairs() {
+    use cairn_operator::config::label_pairs;
+    let labels =
+        label_pairs(" app.kubernetes.io/name=cairn-gateway , app.kubernetes.io/instance=r,")
+            .expect("parses");
+    assert_eq!(
+        labels.0,
+        [
+            ("app.kubernetes.io/instance".to_string(), "r".to_string()),
+            (
+                "app.kubernetes.io/name".to_string(),
+                "cairn-gateway".to_string()
+            ),
+        ]
+        .into()
+    );
+    for bad in ["", " , ", "app", "=x"] {
+        assert!(label_pairs(bad).is_err(), "{bad:?} is refused");
     }
 }
 

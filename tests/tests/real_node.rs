@@ -10,6 +10,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use serde::Deserialize;
+
 use cairn_tests::harness::node::{self, RealNode};
 use cairn_tests::harness::{
     ControlPlane, S3Server, built_paths, built_paths_with, helm, repo_root, run_dir, shared_cluster,
@@ -425,6 +427,232 @@ spec:
         assert!(!r.contains("HTTP/"), "another namespace is refused: {r}");
     }
     for n in [ns, op, other] {
+        let _ = cp.kubectl(&["delete", "namespace", n, "--wait=false"]);
+    }
+}
+
+/// The NetworkPolicies the operator builds for a session that names clients, exactly as
+/// `operator/tests/build.rs` pins them (the `full` snapshot: session `research` of
+/// `team-a`, clients `app: chat-ui`), moved to namespace `ns` with the gateway expected in
+/// `gateway_ns`, and without their owner (no such AgentSession here; the garbage collector
+/// would take them).
+fn built_network_policies(ns: &str, gateway_ns: &str) -> String {
+    let snapshot = std::fs::read_to_string(repo_root().join("operator/tests/snapshots/full.yaml"))
+        .expect("the operator's build snapshot");
+    let mut out = String::new();
+    for doc in serde_yaml::Deserializer::from_str(&snapshot) {
+        let mut object = serde_json::to_value(
+            serde_yaml::Value::deserialize(doc).expect("snapshot document parses"),
+        )
+        .expect("snapshot document converts");
+        if object["kind"] != "NetworkPolicy" {
+            continue;
+        }
+        object["metadata"]["namespace"] = ns.into();
+        if let Some(meta) = object["metadata"].as_object_mut() {
+            meta.remove("ownerReferences");
+        }
+        for peer in object["spec"]["ingress"][0]["from"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            // `get_mut`, not indexing: indexing would add a namespaceSelector to a peer of
+            // the policy's own namespace.
+            let name = peer
+                .pointer_mut("/namespaceSelector/matchLabels")
+                .and_then(|labels| labels.get_mut("kubernetes.io/metadata.name"));
+            if let Some(name) = name.filter(|name| *name == "cairn-system") {
+                *name = gateway_ns.into();
+            }
+        }
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&object).expect("policy serializes"));
+    }
+    out
+}
+
+/// A busybox pod named `name` in `ns` with `labels` (a YAML flow map's inside).
+fn labelled_pod(ns: &str, name: &str, labels: &str) -> String {
+    let pod = client_pod(ns).replacen(
+        "metadata: {name: client, namespace: {ns}, labels: {cairn.dev/client: \"true\"}}"
+            .replace("{ns}", ns)
+            .as_str(),
+        &format!("metadata: {{name: {name}, namespace: {ns}, labels: {{{labels}}}}}"),
+        1,
+    );
+    assert!(pod.contains(&format!("name: {name},")), "relabelled: {pod}");
+    pod
+}
+
+/// `GET path` from pod `pod` of `ns` to `addr`: the status line, or what went wrong.
+fn http_from_pod(cp: &ControlPlane, ns: &str, pod: &str, addr: &str, path: &str) -> String {
+    let (host, port) = addr.split_once(':').unwrap_or((addr, "80"));
+    let script =
+        format!("printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {host} {port} | head -1");
+    match cp.kubectl(&["exec", pod, "-n", ns, "--", "sh", "-c", &script]) {
+        Ok(o) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Session-to-session isolation with the operator's own policies: session A's agent admits
+/// the gateway's pods, the pods A names as its clients and the namespace's `cairn.dev/client`
+/// pods, and refuses another session's agent (even one labelled as a client), an unlabelled
+/// pod of the same namespace and a pod of the gateway's namespace that is not the gateway.
+#[test]
+fn a_sessions_agent_admits_the_gateway_and_its_clients_and_refuses_other_sessions() {
+    if skip() {
+        return;
+    }
+    let _node = shared_node();
+    let cp = shared_cluster();
+    let (ns, gw) = ("isolation", "isolation-gateway");
+    for n in [ns, gw] {
+        let _ = cp.kubectl(&["create", "namespace", n]);
+    }
+    let agent = |session: &str| {
+        format!(
+            "app.kubernetes.io/name: cairn-agent, app.kubernetes.io/managed-by: cairn-operator, \
+             app.kubernetes.io/instance: {session}, cairn.dev/session: {session}"
+        )
+    };
+    // Session A: the real agent, labelled as the operator labels session `research`'s pod.
+    let manifest = agent_manifest(ns).replacen(
+        "labels: {app: agent}",
+        &format!("labels: {{{}}}", agent("research")),
+        1,
+    );
+    assert!(
+        manifest.contains("cairn.dev/session: research"),
+        "relabelled"
+    );
+    cp.apply_yaml(&manifest).expect("agent applied");
+    let pods = [
+        // Session B's agent pod, also carrying the namespace-wide client label.
+        (
+            ns,
+            "other-agent",
+            format!("{}, cairn.dev/client: \"true\"", agent("other")),
+        ),
+        (ns, "ui", "app: chat-ui".to_string()),
+        (ns, "labelled", "cairn.dev/client: \"true\"".to_string()),
+        (ns, "plain", "role: bystander".to_string()),
+        (
+            gw,
+            "gateway",
+            "app.kubernetes.io/name: cairn-gateway".to_string(),
+        ),
+        (
+            gw,
+            "bystander",
+            "app.kubernetes.io/name: something-else".to_string(),
+        ),
+    ];
+    for (n, name, labels) in &pods {
+        cp.apply_yaml(&labelled_pod(n, name, labels))
+            .expect("pod applied");
+    }
+    wait_for("the agent to be Ready", Duration::from_secs(90), || {
+        pod_ready(cp, ns, "agent")
+    });
+    for (n, name, _) in &pods {
+        wait_for("the client pods", Duration::from_secs(60), || {
+            pod_ready(cp, n, name)
+        });
+    }
+    let ip = kubectl(
+        cp,
+        &[
+            "get",
+            "pod",
+            "agent",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.podIP}",
+        ],
+    );
+    let addr = format!("{}:8080", ip.trim());
+    // Without a policy, session B's agent gets through.
+    wait_for("the agent to answer", Duration::from_secs(30), || {
+        http_from_pod(cp, ns, "other-agent", &addr, "/healthz").contains(" 200")
+    });
+
+    let policies = built_network_policies(ns, gw);
+    assert_eq!(
+        policies.matches("kind: NetworkPolicy").count(),
+        2,
+        "the shared policy and the session's own: {policies}"
+    );
+    cp.apply_yaml(&policies).expect("policies applied");
+    let applied = Instant::now();
+    wait_for(
+        "the policy to refuse session B's agent",
+        Duration::from_secs(30),
+        || !http_from_pod(cp, ns, "other-agent", &addr, "/healthz").contains("HTTP/"),
+    );
+    // kube-router fills the ipsets of admitted sources a moment after it installs the
+    // chains: wait for every admitted side before holding the policy to all of them.
+    let clients = [(ns, "ui"), (ns, "labelled"), (gw, "gateway")];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answers: Vec<String> = clients
+            .iter()
+            .map(|(n, from)| {
+                let r = http_from_pod(cp, n, from, &addr, "/healthz");
+                format!("{n}/{from}: {}", r.lines().next().unwrap_or_default())
+            })
+            .collect();
+        if answers.iter().all(|r| r.contains(" 200")) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let policies = kubectl(cp, &["get", "netpol", "-n", ns, "-o", "yaml"]);
+            panic!("every admitted client gets through within 60 s: {answers:?}\n{policies}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("NetworkPolicies in effect after {:?}", applied.elapsed());
+    // An admitted request may be retried once (a slow exec); a refused one never gets through.
+    let admitted = |n: &str, from: &str| {
+        let mut last = String::new();
+        for _ in 0..2 {
+            last = http_from_pod(cp, n, from, &addr, "/healthz");
+            if last.contains(" 200") {
+                return Ok(());
+            }
+        }
+        Err(last)
+    };
+    for _ in 0..3 {
+        for (n, from, why) in [
+            (gw, "gateway", "the gateway"),
+            (ns, "ui", "a client the session names"),
+            (ns, "labelled", "a cairn.dev/client pod"),
+        ] {
+            if let Err(r) = admitted(n, from) {
+                panic!("{why} is admitted: {r}");
+            }
+        }
+        for (n, from, why) in [
+            (ns, "other-agent", "another session's agent"),
+            (ns, "plain", "an unlabelled pod of the namespace"),
+            (
+                gw,
+                "bystander",
+                "a pod of the gateway's namespace that is not the gateway",
+            ),
+        ] {
+            let r = http_from_pod(cp, n, from, &addr, "/healthz");
+            assert!(!r.contains("HTTP/"), "{why} is refused: {r}");
+        }
+    }
+    for n in [ns, gw] {
         let _ = cp.kubectl(&["delete", "namespace", n, "--wait=false"]);
     }
 }

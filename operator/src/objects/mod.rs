@@ -31,6 +31,10 @@ pub const FIELD_MANAGER: &str = "cairn-operator";
 /// Label naming the session an object belongs to.
 pub const SESSION_LABEL: &str = "cairn.dev/session";
 
+/// Label of the pods of a namespace that may reach every session's agent there (value
+/// `"true"`; a session's own agent pod never counts, whatever its labels).
+pub const CLIENT_LABEL: &str = "cairn.dev/client";
+
 /// Name of the headless Service and the NetworkPolicy every session of a namespace shares
 /// (and the `app.kubernetes.io/component` label value they carry).
 pub const SESSIONS: &str = "cairn-sessions";
@@ -124,6 +128,9 @@ pub struct SessionObjects {
     pub service: Service,
     /// The namespace's shared NetworkPolicy ([`SESSIONS`]).
     pub network_policy: NetworkPolicy,
+    /// The session's own NetworkPolicy admitting the clients it names (`cairn-NAME`);
+    /// `None` when it names none.
+    pub clients_network_policy: Option<NetworkPolicy>,
     /// `None` while the session is suspended.
     pub pod: Option<Pod>,
 }
@@ -137,6 +144,7 @@ pub fn build(plan: &Plan, inputs: &BuildInputs) -> SessionObjects {
         token_secret: workload::token_secret(plan, &inputs.api_token),
         service: network::sessions_service(plan),
         network_policy: network::sessions_network_policy(plan),
+        clients_network_policy: network::clients_network_policy(plan),
         pod: workload::pod(plan, inputs),
     }
 }

@@ -61,11 +61,13 @@ pub fn pod_ready(cp: &ControlPlane, ns: &str, pod: &str) -> bool {
     .is_ok_and(|s| s.trim() == "True")
 }
 
+/// A busybox pod `client` of `ns`, labelled `cairn.dev/client: "true"`: the operator's
+/// sessions of `ns` admit it (operator/src/objects/network.rs).
 pub fn client_pod(ns: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
-metadata: {{name: client, namespace: {ns}}}
+metadata: {{name: client, namespace: {ns}, labels: {{cairn.dev/client: "true"}}}}
 spec:
   nodeSelector: {{kubernetes.io/hostname: real-node-0}}
   terminationGracePeriodSeconds: 1
