@@ -11,6 +11,8 @@
 # use (CA certificates, /etc/passwd with nonroot, PATH). The binaries are built statically
 # (x86_64-unknown-linux-musl, release) unless CAIRN_IMAGE_BIN_DIR names a directory that
 # holds them already; dynamically linked binaries get their shared libraries copied in.
+# CAIRN_IMAGE_TAG tags the cairn images (default: the workspace's version), so binaries of
+# another release can be imported beside today's.
 # Usage: build-images.sh [pause] [busybox] [cairn] (none: all).
 # Output: $CAIRN_CACHE/images/<name>-<content hash>.tar, one `name=path` line and one
 # `name-ref=image reference` line per image.
@@ -21,7 +23,7 @@ CAIRN_CACHE="${CAIRN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cairn}"
 OUT="$CAIRN_CACHE/images"
 WORK="$CAIRN_CACHE/src/images"
 mkdir -p "$OUT" "$WORK"
-VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)"
+VERSION="${CAIRN_IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)}"
 MUSL=x86_64-unknown-linux-musl
 
 log() { echo "[build-images] $*" >&2; }

@@ -1,5 +1,7 @@
 //! What the real-node test binaries share: waiting, kubectl, client pods that talk to an
 //! agent with busybox's nc, and the sessions and Secrets a test applies.
+// Each real-node binary uses part of it.
+#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
