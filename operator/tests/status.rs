@@ -29,6 +29,7 @@ fn observed() -> Observed {
         ready_pods: Some(1),
         api_token_hash: None,
         archive: Ok("s3://b/cairn/team-a/chat/".into()),
+        archive_credentials: None,
         idle: None,
     }
 }
