@@ -547,9 +547,9 @@ impl OperatorArgs {
 /// Whether `dir` holds a non-empty `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, the files
 /// of the admin Secret `scoped::admin_keys` reads at each minting.
 fn holds_key_pair(dir: &std::path::Path) -> bool {
-    ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"].iter().all(|key| {
-        std::fs::read_to_string(dir.join(key)).is_ok_and(|v| !v.trim().is_empty())
-    })
+    ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+        .iter()
+        .all(|key| std::fs::read_to_string(dir.join(key)).is_ok_and(|v| !v.trim().is_empty()))
 }
 
 /// Trimmed, sorted, deduplicated, without empty entries.

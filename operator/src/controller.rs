@@ -490,10 +490,10 @@ async fn dereference_inputs(
 /// credentials Secret of its own that they name too, or get as the operator's default. Only a
 /// session with a Secret of its own looks (`sessions` is called then): the operator's default
 /// Secret is shared by construction, scoped credentials and pod identities never are.
-fn credentials_sharers(
+pub fn credentials_sharers(
     session: &AgentSession,
     defaults: &Defaults,
-    sessions: impl FnOnce() -> Vec<Arc<Guarded>>,
+    sessions: impl FnOnce() -> Vec<Arc<DeserializeGuard<AgentSession>>>,
 ) -> Vec<String> {
     let secret = |s: &AgentSession| {
         validate::archive_plan(s.spec.archive.as_ref(), defaults)

@@ -169,9 +169,9 @@ pub fn desired(
             idle_cond,
             budget_cond,
         ]
-            .into_iter()
-            .flatten()
-            .map(|(kind, (status, p))| (kind, status, p)),
+        .into_iter()
+        .flatten()
+        .map(|(kind, (status, p))| (kind, status, p)),
     )
     .map(|(kind, status, p)| condition(prev_conditions, kind, status, p, obs.generation, now))
     .collect();
@@ -319,7 +319,9 @@ pub fn archive_credentials(
         if sharing.len() > SHOWN {
             names.push_str(&format!(" and {} more", sharing.len() - SHOWN));
         }
-        format!("the key pair of Secret {secret} is held by sessions {names} of namespace {namespace} too")
+        format!(
+            "the key pair of Secret {secret} is held by sessions {names} of namespace {namespace} too"
+        )
     };
     let shared = format!(
         "sessions share storage credentials: {who}, so each of their pods can read, overwrite and delete the others' archive and journal"
