@@ -440,9 +440,19 @@ pub struct ArchiveSpec {
     /// Default: the operator's configured value (true when an endpoint is set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force_path_style: Option<bool>,
-    /// Secret holding the S3 access key pair. Default: the operator's configured Secret.
+    /// Secret holding the S3 access key pair. Default: the operator's scoped credentials
+    /// (minted for this session's prefix only) when it mints them, else its configured Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<S3CredentialsRef>,
+    /// Accept a static key pair that other sessions hold too (the operator's default Secret,
+    /// or a `credentials` Secret another session of the namespace names): each of those pods
+    /// can then read, overwrite and delete the others' archive and journal. Without it such a
+    /// session still runs, with `ArchiveCredentials=False/SharedArchiveCredentials` and a
+    /// Warning Event; with it the condition still says the credentials are shared
+    /// (`SharedArchiveCredentialsAccepted`). Changes nothing with scoped credentials.
+    /// Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_credentials: Option<bool>,
     /// Keep the archive and journal when the AgentSession is deleted. False purges the
     /// session's S3 prefix on delete. Default: true.
     #[serde(default, skip_serializing_if = "Option::is_none")]

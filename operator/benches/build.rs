@@ -60,6 +60,7 @@ fn bench(c: &mut Criterion) {
             api_token_hash: None,
             archive: Ok("s3://b/cairn/team-a/research/".into()),
             idle: None,
+            archive_credentials: None,
         };
         let prev = status::desired(None, &obs, &now);
         b.iter(|| {

@@ -23,6 +23,16 @@ pub enum LogFormat {
     Text,
 }
 
+/// A setting that is on, off, or decided by what the operator finds at start-up.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switch {
+    Auto,
+    #[value(name = "true")]
+    On,
+    #[value(name = "false")]
+    Off,
+}
+
 /// Flags of `cairn-operator run` (the default command).
 #[derive(clap::Args, Clone, Debug)]
 pub struct OperatorArgs {
@@ -65,10 +75,22 @@ pub struct OperatorArgs {
     /// its own admin credentials and a session policy that allows only that session's
     /// prefix, and writes the temporary credentials into the session's own Secret (mounted
     /// into its pod, refreshed before they expire). Replaces `--archive-credentials-secret`
-    /// for sessions that name no credentials of their own. The recommended mode wherever
-    /// sessions of different tenants share a bucket.
-    #[arg(long, env = "CAIRN_ARCHIVE_SCOPED", default_value_t = false, action = clap::ArgAction::Set)]
-    pub archive_scoped: bool,
+    /// for sessions that name no credentials of their own. `auto` (the default): on when the
+    /// admin credentials directory holds a key pair at start-up; `false` turns it off even
+    /// then.
+    #[arg(long, env = "CAIRN_ARCHIVE_SCOPED", value_enum, default_value = "auto")]
+    pub archive_scoped: Switch,
+    /// Sessions may share a static S3 key pair without a Warning: the operator's default
+    /// Secret, or a `credentials` Secret several sessions of a namespace name. Each such
+    /// session still says in its `ArchiveCredentials` condition that its credentials are
+    /// shared. A session accepts it for itself with `spec.archive.sharedCredentials: true`.
+    #[arg(
+        long,
+        env = "CAIRN_ARCHIVE_ALLOW_SHARED_CREDENTIALS",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub archive_allow_shared_credentials: bool,
     /// Role the scoped credentials assume (`arn:aws:iam::<account>:role/<name>`); its own
     /// policies bound what any session policy can grant. Unset: the admin identity assumes
     /// a session of itself (stores that allow it, e.g. SeaweedFS; AWS needs a role).
@@ -437,6 +459,9 @@ pub struct ArchiveDefaults {
     /// Per-session credentials minted by the operator; `None`: sessions get the static
     /// `credentials_secret` (or their own).
     pub scoped: Option<ScopedArchive>,
+    /// Sessions may share a static key pair without a Warning
+    /// (`--archive-allow-shared-credentials`).
+    pub allow_shared_credentials: bool,
     pub local_cache_size: String,
     pub ttl: String,
 }
@@ -469,6 +494,7 @@ impl Default for Defaults {
                 credentials_secret: None,
                 ambient_credentials: false,
                 scoped: None,
+                allow_shared_credentials: false,
                 local_cache_size: "256Mi".into(),
                 ttl: "168h".into(),
             },
@@ -496,7 +522,7 @@ impl OperatorArgs {
                 force_path_style: self.archive_force_path_style,
                 credentials_secret: non_empty(&self.archive_credentials_secret),
                 ambient_credentials: self.archive_ambient_credentials,
-                scoped: self.archive_scoped.then(|| ScopedArchive {
+                scoped: self.scoped_mode().then(|| ScopedArchive {
                     role_arn: non_empty(&self.archive_scoped_role_arn).map(|s| s.trim().into()),
                     sts_endpoint: non_empty(&self.archive_scoped_sts_endpoint)
                         .map(|s| s.trim().into()),
@@ -508,6 +534,7 @@ impl OperatorArgs {
                     }),
                     admin_credentials_dir: self.archive_scoped_admin_credentials_dir.clone(),
                 }),
+                allow_shared_credentials: self.archive_allow_shared_credentials,
                 local_cache_size: self.archive_local_cache_size.clone(),
                 ttl: self.archive_ttl.clone(),
             },
@@ -546,6 +573,31 @@ impl OperatorArgs {
         }
     }
 
+    /// Whether the operator mints scoped credentials: as `--archive-scoped` says, or with
+    /// `auto` whenever it holds admin credentials that can mint them. Read once, at start-up:
+    /// the chart mounts the admin Secret exactly when it names one.
+    fn scoped_mode(&self) -> bool {
+        match self.archive_scoped {
+            Switch::On => true,
+            Switch::Off => false,
+            Switch::Auto => {
+                let dir = &self.archive_scoped_admin_credentials_dir;
+                let on = holds_key_pair(dir);
+                tracing::info!(
+                    dir = %dir.display(),
+                    scoped = on,
+                    "--archive-scoped=auto: scoped archive credentials {}",
+                    if on {
+                        "on (the admin credentials are there)"
+                    } else {
+                        "off (no admin credentials)"
+                    }
+                );
+                on
+            }
+        }
+    }
+
     /// The namespaces to watch; empty means all.
     pub fn namespaces(&self) -> Vec<String> {
         namespace_list(&self.watch_namespaces)
@@ -555,6 +607,14 @@ impl OperatorArgs {
     pub fn secret_watch_namespaces(&self) -> Vec<String> {
         namespace_list(&self.secret_watch_namespaces)
     }
+}
+
+/// Whether `dir` holds a non-empty `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, the files
+/// of the admin Secret `scoped::admin_keys` reads at each minting.
+fn holds_key_pair(dir: &std::path::Path) -> bool {
+    ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+        .iter()
+        .all(|key| std::fs::read_to_string(dir.join(key)).is_ok_and(|v| !v.trim().is_empty()))
 }
 
 /// Trimmed, sorted, deduplicated, without empty entries.

@@ -400,6 +400,11 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
         Err(Halt::Failed(e)) => return Err(e),
     };
 
+    let sharing = credentials_sharers(&session, &ctx.defaults, || {
+        ctx.scope_stores(&namespace)
+            .map(|stores| stores.sessions.state())
+            .unwrap_or_default()
+    });
     let obs = observed(
         &session,
         &idle,
@@ -407,6 +412,7 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
         &policy,
         &credentials,
         &reached,
+        &sharing,
     );
     write_status(&session, &obs, ctx).await?;
     let action = next_look(
@@ -480,9 +486,45 @@ async fn dereference_inputs(
         })
 }
 
+/// The other sessions of `session`'s namespace whose pods hold the same static key pair: a
+/// credentials Secret of its own that they name too, or get as the operator's default. Only a
+/// session with a Secret of its own looks (`sessions` is called then): the operator's default
+/// Secret is shared by construction, scoped credentials and pod identities never are.
+pub fn credentials_sharers(
+    session: &AgentSession,
+    defaults: &Defaults,
+    sessions: impl FnOnce() -> Vec<Arc<DeserializeGuard<AgentSession>>>,
+) -> Vec<String> {
+    let secret = |s: &AgentSession| {
+        validate::archive_plan(s.spec.archive.as_ref(), defaults)
+            .ok()
+            .filter(|a| a.bucket.is_some())
+            .and_then(|a| a.credentials.map(|c| c.secret_name))
+    };
+    let own = validate::archive_plan(session.spec.archive.as_ref(), defaults)
+        .ok()
+        .filter(|a| a.bucket.is_some() && !a.default_credentials)
+        .and_then(|a| a.credentials.map(|c| c.secret_name));
+    let Some(own) = own else {
+        return Vec::new();
+    };
+    let (namespace, name) = (session.namespace(), session.name_any());
+    let mut sharers: Vec<String> = sessions()
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .filter(|s| s.namespace() == namespace && s.name_any() != name)
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter(|s| secret(s).as_ref() == Some(&own))
+        .map(|s| s.name_any())
+        .collect();
+    sharers.sort();
+    sharers
+}
+
 /// What the status reports after the steps: the session's own settings and idleness, its
-/// policy (found or missing), the scoped credentials' failure, and how far the steps got
-/// (applied: the pod's readiness and the digest of the token written or read).
+/// policy (found or missing), the scoped credentials' failure, how far the steps got
+/// (applied: the pod's readiness and the digest of the token written or read), and the
+/// other sessions holding its storage credentials (`sharing`).
 fn observed(
     session: &AgentSession,
     idle: &idle::Decision,
@@ -490,14 +532,19 @@ fn observed(
     policy: &Result<Option<CompactionPolicySpec>, Problem>,
     credentials: &Credentials,
     reached: &Result<apply::Applied, Stop>,
+    sharing: &[String],
 ) -> Observed {
     let name = session.name_any();
     let namespace = session.namespace().unwrap_or_default();
+    let plan = validate::archive_plan(session.spec.archive.as_ref(), defaults)
+        .map_err(|e| Problem::new(e.label(), e.to_string()));
+    let archive_credentials = plan
+        .as_ref()
+        .ok()
+        .and_then(|a| status::archive_credentials(a, &namespace, &name, sharing));
     let archive = match credentials {
         Err(failure) => Err(credentials_problem(failure)),
-        Ok(_) => validate::archive_plan(session.spec.archive.as_ref(), defaults)
-            .map_err(|e| Problem::new(e.label(), e.to_string()))
-            .and_then(|a| archive_state(&a, &namespace, &name)),
+        Ok(_) => plan.and_then(|a| archive_state(&a, &namespace, &name)),
     };
     let policy = match policy {
         Err(problem) => Err(problem.clone()),
@@ -524,6 +571,7 @@ fn observed(
             .and_then(|a| a.token.as_ref())
             .map(|t| cairn_crds::session::api_token_hash(&namespace, &name, t.expose())),
         archive,
+        archive_credentials,
         name,
         namespace,
     }
@@ -980,7 +1028,7 @@ mod tests {
         let obs = |policy: &Result<Option<CompactionPolicySpec>, Problem>,
                    credentials: &Credentials,
                    reached: Result<apply::Applied, Stop>| {
-            observed(&s, &awake(), &defaults, policy, credentials, &reached)
+            observed(&s, &awake(), &defaults, policy, credentials, &reached, &[])
         };
 
         let missing = Err(problem("PolicyNotFound"));
@@ -1062,6 +1110,7 @@ mod tests {
             &found,
             &Ok(None),
             &Ok(applied(false)),
+            &[],
         );
         assert!(o.suspended);
         assert_eq!(o.idle, Some((true, problem("Idle"))));

@@ -9,6 +9,8 @@ use cairn_crds::{AgentSessionStatus, Phase};
 pub const READY: &str = "Ready";
 pub const POLICY_RESOLVED: &str = "PolicyResolved";
 pub const ARCHIVE_READY: &str = "ArchiveReady";
+/// Type of the condition that says whose storage credentials the session's pod holds.
+pub const ARCHIVE_CREDENTIALS: &str = "ArchiveCredentials";
 pub const CONTEXT_HEADROOM: &str = "ContextHeadroom";
 pub const POLICY_SUPPORTED: &str = "PolicySupported";
 pub const COST_BUDGET: &str = "CostBudget";
@@ -57,6 +59,9 @@ pub struct Observed {
     pub api_token_hash: Option<String>,
     /// Where the archive lives, or why it is not durable / not healthy.
     pub archive: Result<String, Problem>,
+    /// The `ArchiveCredentials` condition ([`archive_credentials`]); `None`: no bucket, or
+    /// archive settings that cannot be read.
+    pub archive_credentials: Option<(bool, Problem)>,
     /// The `Idle` condition of a session with an idle rule (`crate::idle`); True: the pod is
     /// stopped for being idle (and `suspended` is true).
     pub idle: Option<(bool, Problem)>,
@@ -135,6 +140,10 @@ pub fn desired(
         .map(|h| (CONTEXT_HEADROOM, headroom_status(h)));
     // What the running agent said it cannot honour; absent until an agent reported.
     let supported_cond = agent.map(|s| (POLICY_SUPPORTED, supported_status(&s.unsupported)));
+    let credentials_cond = obs
+        .archive_credentials
+        .clone()
+        .map(|(own, p)| (ARCHIVE_CREDENTIALS, (bool_status(own), p)));
     let idle_cond = obs
         .idle
         .clone()
@@ -153,10 +162,16 @@ pub fn desired(
     ]
     .into_iter()
     .chain(
-        [headroom_cond, supported_cond, idle_cond, budget_cond]
-            .into_iter()
-            .flatten()
-            .map(|(kind, (status, p))| (kind, status, p)),
+        [
+            credentials_cond,
+            headroom_cond,
+            supported_cond,
+            idle_cond,
+            budget_cond,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|(kind, (status, p))| (kind, status, p)),
     )
     .map(|(kind, status, p)| condition(prev_conditions, kind, status, p, obs.generation, now))
     .collect();
@@ -232,6 +247,106 @@ fn archive_answered(
             ),
         ),
     }
+}
+
+/// Reason of a static key pair other sessions hold too, accepted by no one: a Warning.
+pub const SHARED_CREDENTIALS: &str = "SharedArchiveCredentials";
+/// Reason of a shared key pair the session or the operator accepted: still said, no Warning.
+pub const SHARED_CREDENTIALS_ACCEPTED: &str = "SharedArchiveCredentialsAccepted";
+
+/// ArchiveCredentials of a session with a bucket: True when its pod holds credentials no
+/// other session holds (scoped ones minted for its prefix, a Secret no other session of the
+/// namespace names) or an identity of its own; False when the sessions share storage
+/// credentials — the operator's default Secret (every session of the namespace without its
+/// own gets it) or a Secret `sharing` (other sessions of the namespace) name too. Shared
+/// without `spec.archive.sharedCredentials` or the operator's
+/// `--archive-allow-shared-credentials` it is a Warning; accepted, the message still says so.
+/// `None` without a bucket: the archive then lives on the pod's own volume.
+pub fn archive_credentials(
+    archive: &crate::validate::ArchivePlan,
+    namespace: &str,
+    name: &str,
+    sharing: &[String],
+) -> Option<(bool, Problem)> {
+    let bucket = archive.bucket.as_ref()?;
+    if archive.scoped {
+        return Some((
+            true,
+            Problem::new(
+                "ScopedCredentials",
+                format!(
+                    "the operator mints this session's storage credentials for s3://{bucket}/{} only (Secret {})",
+                    archive.session_prefix(namespace, name),
+                    crate::scoped::secret_name(name)
+                ),
+            ),
+        ));
+    }
+    let Some(secret) = archive.credentials.as_ref().map(|c| c.secret_name.as_str()) else {
+        return archive.ambient.then(|| {
+            (
+                true,
+                Problem::new(
+                    "PodIdentity",
+                    "the pod's own identity (IRSA, EKS Pod Identity, a node role) through the \
+                     AWS default chain: what it reaches is that identity's policy",
+                ),
+            )
+        });
+    };
+    let who = if archive.default_credentials {
+        format!(
+            "every session of namespace {namespace} that names no credentials of its own gets the key pair of the operator's default Secret {secret} (--archive-credentials-secret, chart archive.credentialsSecret)"
+        )
+    } else if sharing.is_empty() {
+        return Some((
+            true,
+            Problem::new(
+                "OwnCredentials",
+                format!(
+                    "the key pair of Secret {secret}, which no other session of namespace {namespace} names"
+                ),
+            ),
+        ));
+    } else {
+        const SHOWN: usize = 5;
+        let mut names = sharing
+            .iter()
+            .take(SHOWN)
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if sharing.len() > SHOWN {
+            names.push_str(&format!(" and {} more", sharing.len() - SHOWN));
+        }
+        format!(
+            "the key pair of Secret {secret} is held by sessions {names} of namespace {namespace} too"
+        )
+    };
+    let shared = format!(
+        "sessions share storage credentials: {who}, so each of their pods can read, overwrite and delete the others' archive and journal"
+    );
+    Some(if archive.shared_credentials_accepted {
+        (
+            false,
+            Problem::new(
+                SHARED_CREDENTIALS_ACCEPTED,
+                format!(
+                    "{shared}; accepted by spec.archive.sharedCredentials or the operator's --archive-allow-shared-credentials"
+                ),
+            ),
+        )
+    } else {
+        (
+            false,
+            Problem::new(
+                SHARED_CREDENTIALS,
+                format!(
+                    "{shared}. To give each session credentials for its own prefix only, let the operator mint scoped credentials (chart archive.scoped.adminCredentialsSecret, archive.scoped.enabled not false); to accept the shared key pair, set spec.archive.sharedCredentials: true, or the operator's --archive-allow-shared-credentials (chart archive.allowSharedCredentials)"
+                ),
+            ),
+        )
+    })
 }
 
 /// PolicySupported: False with the fields and what the agent does instead when the running
@@ -426,6 +541,7 @@ pub fn transitions(
                 | "Active"
                 | "Woken"
                 | "ManuallySuspended"
+                | SHARED_CREDENTIALS_ACCEPTED
         );
         let warning = c.status != "True" && !expected;
         // At scale every Event is a write: a condition that starts out fine, and Ready

@@ -120,6 +120,13 @@ pub struct ArchivePlan {
     pub region: String,
     pub force_path_style: bool,
     pub credentials: Option<S3CredentialsRef>,
+    /// `credentials` is the operator's default Secret (`--archive-credentials-secret`), which
+    /// every session of the namespace without credentials of its own gets too.
+    pub default_credentials: bool,
+    /// A static key pair shared with other sessions is accepted, by the session
+    /// (`spec.archive.sharedCredentials`) or the operator (`--archive-allow-shared-credentials`):
+    /// the status says so without a Warning.
+    pub shared_credentials_accepted: bool,
     /// The operator mints the session's credentials (`Defaults::archive.scoped`) into the
     /// session's own Secret; `credentials` is then `None`.
     pub scoped: bool,
@@ -270,6 +277,7 @@ pub fn archive_plan(
             secret_access_key_key: "AWS_SECRET_ACCESS_KEY".into(),
         })
     });
+    let default_credentials = spec.credentials.is_none() && credentials.is_some();
     let ambient = d.ambient_credentials
         || defaults
             .pod
@@ -289,6 +297,9 @@ pub fn archive_plan(
         endpoint,
         force_path_style,
         credentials,
+        default_credentials,
+        shared_credentials_accepted: spec.shared_credentials.unwrap_or(false)
+            || d.allow_shared_credentials,
         prefix,
     })
 }

@@ -1587,6 +1587,78 @@ fn scoped_flags_resolve_and_bad_lifetimes_are_refused() {
 }
 
 #[test]
+fn scoped_credentials_are_the_default_when_the_operator_holds_admin_credentials() {
+    let admin = tempfile::tempdir().expect("dir");
+    let dir = format!(
+        "--archive-scoped-admin-credentials-dir={}",
+        admin.path().display()
+    );
+    let flags = |scoped: Option<&str>| {
+        let mut flags = vec![
+            "--archive-bucket=cairn",
+            "--archive-credentials-secret=shared-s3",
+            dir.as_str(),
+        ];
+        flags.extend(scoped);
+        parse(&flags).expect("flags parse")
+    };
+    // No admin credentials: nothing to mint with, the shared Secret as before.
+    assert_eq!(flags(None).archive.scoped, None);
+    std::fs::write(admin.path().join("AWS_ACCESS_KEY_ID"), "admin").expect("write");
+    assert_eq!(flags(None).archive.scoped, None, "half a key pair is none");
+    std::fs::write(admin.path().join("AWS_SECRET_ACCESS_KEY"), "secret\n").expect("write");
+
+    // Admin credentials and no explicit setting: scoped, the shared Secret is not handed out.
+    for auto in [None, Some("--archive-scoped=auto")] {
+        let d = flags(auto);
+        let scoped = d.archive.scoped.as_ref().expect("scoped by default");
+        assert_eq!(scoped.admin_credentials_dir, admin.path());
+        let plan = validate(&session("s", MINIMAL), None, &d).expect("validates");
+        assert!(plan.archive.scoped && plan.archive.credentials.is_none());
+    }
+    // Explicitly off: the shared Secret, and the plan says it is the operator's default.
+    let off = flags(Some("--archive-scoped=false"));
+    assert_eq!(off.archive.scoped, None);
+    let plan = validate(&session("s", MINIMAL), None, &off).expect("validates");
+    assert!(!plan.archive.scoped && plan.archive.default_credentials);
+    assert!(!plan.archive.shared_credentials_accepted);
+    assert_eq!(
+        plan.archive
+            .credentials
+            .as_ref()
+            .map(|c| c.secret_name.as_str()),
+        Some("shared-s3")
+    );
+    // Explicitly on works without them (the minting then says what is missing).
+    let empty = tempfile::tempdir().expect("dir");
+    let on = parse(&[
+        "--archive-bucket=cairn",
+        "--archive-scoped=true",
+        &format!(
+            "--archive-scoped-admin-credentials-dir={}",
+            empty.path().display()
+        ),
+    ])
+    .expect("flags parse");
+    assert!(on.archive.scoped.is_some());
+    assert!(parse(&["--archive-scoped=maybe"]).is_err());
+
+    // Accepting a shared key pair: per session, or for the fleet.
+    let accepting = format!("{MINIMAL}\narchive: {{sharedCredentials: true}}");
+    let plan = validate(&session("s", &accepting), None, &off).expect("validates");
+    assert!(plan.archive.shared_credentials_accepted);
+    let fleet = parse(&[
+        "--archive-bucket=cairn",
+        "--archive-credentials-secret=shared-s3",
+        "--archive-scoped=false",
+        "--archive-allow-shared-credentials=true",
+    ])
+    .expect("flags parse");
+    let plan = validate(&session("s", MINIMAL), None, &fleet).expect("validates");
+    assert!(plan.archive.shared_credentials_accepted);
+}
+
+#[test]
 fn a_scoped_session_mounts_its_own_credentials_and_holds_no_key_pair() {
     let d = scoped_defaults();
     let plan = validate(&session("s", MINIMAL), None, &d).expect("validates");

@@ -29,6 +29,7 @@ fn observed() -> Observed {
         ready_pods: Some(1),
         api_token_hash: None,
         archive: Ok("s3://b/cairn/team-a/chat/".into()),
+        archive_credentials: None,
         idle: None,
     }
 }
@@ -719,4 +720,226 @@ fn the_token_digest_is_published_kept_and_replaced_never_the_token() {
     assert_eq!(minted.api_token_hash, Some(other));
     let json = serde_json::to_value(&minted).expect("status");
     assert!(json["apiTokenHash"].is_string(), "{json}");
+}
+
+/// The archive settings of a session with `spec` under `defaults`.
+fn archive_plan(spec: &str, defaults: &Defaults) -> cairn_operator::validate::ArchivePlan {
+    let spec: cairn_crds::AgentSessionSpec = serde_yaml::from_str(spec).expect("spec parses");
+    cairn_operator::validate::archive_plan(spec.archive.as_ref(), defaults).expect("plan")
+}
+
+/// The operator's defaults with a bucket and, unless `scoped`, the shared `shared-s3` Secret.
+fn bucket_defaults(scoped: bool) -> Defaults {
+    let mut d = Defaults::default();
+    d.archive.bucket = Some("cairn".into());
+    d.archive.credentials_secret = Some("shared-s3".into());
+    d.archive.scoped = scoped.then(|| cairn_operator::config::ScopedArchive {
+        role_arn: None,
+        sts_endpoint: None,
+        duration: std::time::Duration::from_secs(3600),
+        refresh_before: None,
+        admin_credentials_dir: "/var/run/cairn/archive-admin".into(),
+    });
+    d
+}
+
+/// The status of a new session whose archive credentials are `plan`, shared with `sharing`,
+/// and the Events its ArchiveCredentials condition publishes.
+fn credentials_status(
+    plan: &cairn_operator::validate::ArchivePlan,
+    sharing: &[&str],
+) -> (AgentSessionStatus, Vec<status::Transition>) {
+    let sharing: Vec<String> = sharing.iter().map(|s| s.to_string()).collect();
+    let obs = Observed {
+        archive_credentials: status::archive_credentials(plan, "team-a", "chat", &sharing),
+        ..observed()
+    };
+    let next = status::desired(None, &obs, &at(0));
+    let events = status::transitions(None, &next)
+        .into_iter()
+        .filter(|t| t.note.starts_with("ArchiveCredentials="))
+        .collect();
+    (next, events)
+}
+
+const PROVIDER: &str = "provider: {kind: openai, model: gpt-5}";
+
+#[test]
+fn sessions_sharing_a_key_pair_are_a_warning_condition_and_event_unless_accepted() {
+    // Scoped mode: credentials for the session's own prefix; nothing to warn about.
+    let (scoped, events) = credentials_status(&archive_plan(PROVIDER, &bucket_defaults(true)), &[]);
+    let c = condition(&scoped, status::ARCHIVE_CREDENTIALS);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "ScopedCredentials")
+    );
+    assert!(
+        c.message.contains("s3://cairn/cairn/team-a/chat/"),
+        "{}",
+        c.message
+    );
+    assert!(events.is_empty(), "{events:?}");
+
+    // Scoped mode off: every session of the namespace gets the operator's Secret.
+    let off = bucket_defaults(false);
+    let shared_plan = archive_plan(PROVIDER, &off);
+    assert!(shared_plan.default_credentials);
+    let (shared, events) = credentials_status(&shared_plan, &[]);
+    let c = condition(&shared, status::ARCHIVE_CREDENTIALS);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "SharedArchiveCredentials")
+    );
+    for needle in [
+        "sessions share storage credentials",
+        "shared-s3",
+        "team-a",
+        "archive.scoped.adminCredentialsSecret",
+        "spec.archive.sharedCredentials: true",
+        "archive.allowSharedCredentials",
+    ] {
+        assert!(c.message.contains(needle), "{needle} in {}", c.message);
+    }
+    let warning = events
+        .iter()
+        .find(|t| t.reason == "SharedArchiveCredentials")
+        .expect("an Event");
+    assert!(warning.warning, "{warning:?}");
+    assert!(warning.note.contains("shared-s3"), "{}", warning.note);
+    // Only the credentials condition says it: the session still runs.
+    assert_eq!(shared.phase, Some(cairn_crds::Phase::Running));
+    assert_eq!(condition(&shared, status::READY).status, "True");
+
+    // Accepted by the session: the condition still says so, with no Warning.
+    let accepting = format!("{PROVIDER}\narchive: {{sharedCredentials: true}}");
+    let (accepted, events) = credentials_status(&archive_plan(&accepting, &off), &[]);
+    let c = condition(&accepted, status::ARCHIVE_CREDENTIALS);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "SharedArchiveCredentialsAccepted")
+    );
+    assert!(
+        c.message.contains("sessions share storage credentials") && c.message.contains("shared-s3"),
+        "{}",
+        c.message
+    );
+    assert!(events.iter().all(|t| !t.warning), "{events:?}");
+    // Accepting it later turns the Warning into a Normal Event that still says it.
+    let turned = status::desired(
+        Some(&shared),
+        &Observed {
+            archive_credentials: status::archive_credentials(
+                &archive_plan(&accepting, &off),
+                "team-a",
+                "chat",
+                &[],
+            ),
+            ..observed()
+        },
+        &at(5),
+    );
+    let t = status::transitions(Some(&shared), &turned);
+    let normal = t
+        .iter()
+        .find(|t| t.reason == "SharedArchiveCredentialsAccepted")
+        .expect("an Event");
+    assert!(!normal.warning);
+    assert!(
+        normal.note.contains("share storage credentials"),
+        "{}",
+        normal.note
+    );
+
+    // Accepted by the operator, for every session.
+    let mut allowed = off.clone();
+    allowed.archive.allow_shared_credentials = true;
+    let (fleet, _) = credentials_status(&archive_plan(PROVIDER, &allowed), &[]);
+    assert_eq!(
+        condition(&fleet, status::ARCHIVE_CREDENTIALS).reason,
+        "SharedArchiveCredentialsAccepted"
+    );
+
+    // A Secret of the session's own: shared only when another session names it too.
+    let own = archive_plan(
+        &format!("{PROVIDER}\narchive: {{credentials: {{secretName: mine}}}}"),
+        &off,
+    );
+    assert!(!own.default_credentials);
+    let (alone, events) = credentials_status(&own, &[]);
+    let c = condition(&alone, status::ARCHIVE_CREDENTIALS);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "OwnCredentials")
+    );
+    assert!(events.is_empty(), "{events:?}");
+    let (together, events) = credentials_status(&own, &["other"]);
+    let c = condition(&together, status::ARCHIVE_CREDENTIALS);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "SharedArchiveCredentials")
+    );
+    assert!(
+        c.message.contains("mine") && c.message.contains("other"),
+        "{}",
+        c.message
+    );
+    assert!(
+        events
+            .iter()
+            .any(|t| t.warning && t.reason == "SharedArchiveCredentials")
+    );
+
+    // No bucket: the archive is on the pod's own volume; no credentials to speak of.
+    let (none, _) = credentials_status(&archive_plan(PROVIDER, &Defaults::default()), &[]);
+    assert!(
+        none.conditions
+            .iter()
+            .all(|c| c.type_ != status::ARCHIVE_CREDENTIALS)
+    );
+}
+
+#[test]
+fn the_sessions_sharing_a_key_pair_are_those_of_the_namespace_holding_the_same_secret() {
+    let mut defaults = bucket_defaults(false);
+    defaults.archive.credentials_secret = Some("s3-a".into());
+    let own =
+        |secret: &str| format!("{PROVIDER}\narchive: {{credentials: {{secretName: {secret}}}}}");
+    let mut deleted = guarded("gone", "team-a", &own("s3-a"));
+    Arc::make_mut(&mut deleted)
+        .0
+        .as_mut()
+        .expect("session")
+        .metadata
+        .deletion_timestamp = Some(at(0));
+    let sessions = vec![
+        guarded("a", "team-a", &own("s3-a")),
+        guarded("b", "team-a", &own("s3-a")),
+        guarded("c", "team-a", &own("s3-c")),
+        guarded("d", "team-b", &own("s3-a")),
+        // The operator's default Secret has the same name: the same key pair.
+        guarded("e", "team-a", PROVIDER),
+        deleted,
+    ];
+    let session = |g: &Arc<DeserializeGuard<AgentSession>>| g.0.as_ref().expect("session").clone();
+    let sharers = |i: usize| {
+        cairn_operator::controller::credentials_sharers(&session(&sessions[i]), &defaults, || {
+            sessions.clone()
+        })
+    };
+    assert_eq!(sharers(0), ["b", "e"]);
+    assert_eq!(sharers(2), Vec::<String>::new());
+    // The operator's default Secret is shared by construction: no lookup.
+    let default_user = session(&sessions[4]);
+    let looked = cairn_operator::controller::credentials_sharers(&default_user, &defaults, || {
+        panic!("no lookup for the operator's default Secret")
+    });
+    assert!(looked.is_empty());
+    // Scoped mode: a session without a Secret of its own holds none.
+    let scoped = bucket_defaults(true);
+    assert!(
+        cairn_operator::controller::credentials_sharers(&default_user, &scoped, || {
+            panic!("no lookup in scoped mode")
+        })
+        .is_empty()
+    );
 }

@@ -582,12 +582,49 @@ fn scoped_credentials_values_mount_the_admin_secret_into_the_operator_only() {
                 && m["mountPath"] == "/var/run/cairn/archive-admin"
                 && m["readOnly"] == true)
     );
-    // Off by default: no admin mount at all.
-    let plain = operator_env(&[]);
+    // Without an admin Secret: off, said explicitly (the operator's own `auto` would look
+    // for admin keys the chart did not mount), and no admin mount at all.
+    let scoped_vars = |values: &[&str]| -> Vec<(String, String)> {
+        operator_env(values)
+            .into_iter()
+            .filter(|(n, _)| n.starts_with("CAIRN_ARCHIVE_SCOPED"))
+            .collect()
+    };
+    let off = vec![("CAIRN_ARCHIVE_SCOPED".to_string(), "false".to_string())];
+    assert_eq!(scoped_vars(&[]), off);
+    // With one and no explicit setting: on by default.
+    let by_default = operator_env(&["archive.scoped.adminCredentialsSecret=archive-admin"]);
     assert!(
-        !plain
+        by_default
             .iter()
-            .any(|(n, _)| n.starts_with("CAIRN_ARCHIVE_SCOPED"))
+            .any(|(n, v)| n == "CAIRN_ARCHIVE_SCOPED" && v == "true"),
+        "{by_default:?}"
+    );
+    // Explicitly off even with one: off, and the admin Secret is not mounted.
+    let explicit_off = [
+        "archive.scoped.enabled=false",
+        "archive.scoped.adminCredentialsSecret=archive-admin",
+    ];
+    assert_eq!(scoped_vars(&explicit_off[..]), off);
+    let out = Command::new(helm().expect("helm installs"))
+        .args(["template", "t", &chart()])
+        .args(explicit_off.iter().flat_map(|v| ["--set", v]))
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("archive-admin"),
+        "no admin Secret volume or mount when scoped mode is off"
+    );
+    // Accepting shared key pairs fleet-wide is a value of its own.
+    assert!(
+        operator_env(&["archive.allowSharedCredentials=true"])
+            .iter()
+            .any(|(n, v)| n == "CAIRN_ARCHIVE_ALLOW_SHARED_CREDENTIALS" && v == "true")
+    );
+    assert!(
+        !operator_env(&[])
+            .iter()
+            .any(|(n, _)| n == "CAIRN_ARCHIVE_ALLOW_SHARED_CREDENTIALS")
     );
 
     let h = helm().expect("helm installs");
@@ -604,6 +641,8 @@ fn scoped_credentials_values_mount_the_admin_secret_into_the_operator_only() {
             "archive.scoped.adminCredentialsSecret=a",
             "archive.scoped.roleArn=cairn-archive",
         ],
+        // auto, true or false only.
+        vec!["archive.scoped.enabled=maybe"],
     ] {
         let out = Command::new(&h)
             .args(["template", "t", &chart()])

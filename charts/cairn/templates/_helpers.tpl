@@ -56,3 +56,14 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
+
+{{/* Whether the operator mints scoped archive credentials: archive.scoped.enabled when it is
+true or false; with auto (the default), whenever an admin credentials Secret is named. */}}
+{{- define "cairn.archiveScoped" -}}
+{{- $enabled := .Values.archive.scoped.enabled -}}
+{{- if kindIs "bool" $enabled -}}
+{{- $enabled -}}
+{{- else -}}
+{{- not (empty .Values.archive.scoped.adminCredentialsSecret) -}}
+{{- end -}}
+{{- end }}
