@@ -17,6 +17,7 @@
 //! names a reachable S3 server (credentials `CAIRN_TEST_S3_ACCESS_KEY` /
 //! `CAIRN_TEST_S3_SECRET_KEY`, default `testing`/`testing`).
 
+mod storage_migration;
 mod support;
 use support::condition;
 

@@ -464,7 +464,9 @@ fn install_uninstall_and_dry_runs() {
     let crds = "customresourcedefinitions.apiextensions.k8s.io";
     let ours = "customresourcedefinitions.apiextensions.k8s.io/agentsessions.cairn.dev";
     let other = "customresourcedefinitions.apiextensions.k8s.io/widgets.example.com";
-    for verb in ["create", "patch", "update", "delete", "get", "list", "watch"] {
+    for verb in [
+        "create", "patch", "update", "delete", "get", "list", "watch",
+    ] {
         assert!(!crd_may(verb, crds, None), "{verb} CRDs");
     }
     for verb in ["patch", "update", "delete"] {
@@ -472,7 +474,10 @@ fn install_uninstall_and_dry_runs() {
     }
     assert!(crd_may("get", ours, None), "get cairn's CRD");
     assert!(!crd_may("get", other, None), "get another CRD");
-    assert!(crd_may("patch", ours, Some("status")), "patch cairn's CRD status");
+    assert!(
+        crd_may("patch", ours, Some("status")),
+        "patch cairn's CRD status"
+    );
     assert!(
         !crd_may("patch", other, Some("status")),
         "patch another CRD's status"
