@@ -4,12 +4,16 @@
 //! throughout, and the operator's storage-version migration rewrites them in etcd and trims
 //! `status.storedVersions` to `[v1beta1]`, leaving them readable at both versions.
 //!
+//! The migration runs as the chart's operator ServiceAccount (the chart's RBAC rendered with
+//! `watchNamespaces`, impersonated), so the grants it needs are the ones the chart gives; an
+//! identity without them fails, is retried and stops cleanly.
+//!
 //! On a control plane of its own (never `KUBECONFIG`'s cluster): it installs old CRDs, which
 //! the other tests of this binary must not see.
 
 use cairn_crds::{AgentSession, CompactionPolicy};
 use cairn_operator::migrate::{self, Migrated};
-use cairn_tests::harness::{ControlPlane, run_dir};
+use cairn_tests::harness::{ControlPlane, helm, repo_root, run_dir};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -96,21 +100,56 @@ fn session_yaml(name: &str, model: &str) -> String {
     .to_string()
 }
 
+/// The chart's ServiceAccount and RBAC, operator in `cairn-system` watching `legacy` only.
+fn install_chart_rbac(cp: &ControlPlane) {
+    for ns in ["cairn-system", NS] {
+        let _ = cp.kubectl(&["create", "namespace", ns]);
+    }
+    let out = std::process::Command::new(helm().expect("helm installs"))
+        .args(["template", "cairn"])
+        .arg(repo_root().join("charts/cairn"))
+        .args([
+            "--namespace",
+            "cairn-system",
+            "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
+            "templates/rbac.yaml",
+            "--set",
+            &format!("watchNamespaces={{{NS}}}"),
+        ])
+        .output()
+        .expect("helm runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cp.apply_yaml(&String::from_utf8_lossy(&out.stdout))
+        .expect("the chart's RBAC applies");
+}
+
+async fn client_as(cp: &ControlPlane, user: Option<&str>) -> Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("kubeconfig is usable");
+    config.auth_info.impersonate = user.map(str::to_string);
+    Client::try_from(config).expect("client")
+}
+
 #[tokio::test]
 async fn v1alpha1_objects_created_before_an_upgrade_read_back_as_v1beta1_after_it() {
     let dir = run_dir("storage-migration").expect("run directory");
     let cp = ControlPlane::start(&dir).expect("the control plane comes up");
-    let kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("kubeconfig is usable");
-    let client = Client::try_from(config).expect("client");
+    let client = client_as(&cp, None).await;
+    let operator = client_as(&cp, Some("system:serviceaccount:cairn-system:cairn")).await;
+    let nobody = client_as(&cp, Some("system:serviceaccount:default:nobody")).await;
 
     // Before: the earlier release's CRDs and objects created as v1alpha1.
     cp.apply_yaml(OLD_CRDS).expect("the old CRDs apply");
     wait_established(&cp, OLD_CRDS);
-    cp.kubectl_ok(&["create", "namespace", NS])
-        .expect("namespace");
+    install_chart_rbac(&cp);
     let policy = json!({
         "apiVersion": "cairn.dev/v1alpha1",
         "kind": "CompactionPolicy",
@@ -184,8 +223,28 @@ async fn v1alpha1_objects_created_before_an_upgrade_read_back_as_v1beta1_after_i
         "cairn.dev/v1alpha1"
     );
 
-    // The operator's migration rewrites every object and trims storedVersions.
-    let mut done = migrate::migrate(&client)
+    // Without the grants: an error, retried until stopped, nothing changed.
+    let err = migrate::migrate(&nobody)
+        .await
+        .expect_err("forbidden without the chart's grants");
+    assert!(err.to_string().contains("forbidden"), "{err}");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        migrate::run(
+            nobody,
+            tokio::time::sleep(std::time::Duration::from_secs(1)),
+        ),
+    )
+    .await
+    .expect("a failing migration stops when told to");
+    assert_eq!(
+        stored_versions(&client, "agentsessions.cairn.dev").await,
+        ["v1alpha1", "v1beta1"]
+    );
+
+    // The operator's migration, with the chart's grants, rewrites every object and trims
+    // storedVersions.
+    let mut done = migrate::migrate(&operator)
         .await
         .expect("the migration succeeds");
     done.sort_by(|a, b| a.crd.cmp(&b.crd));
@@ -217,8 +276,14 @@ async fn v1alpha1_objects_created_before_an_upgrade_read_back_as_v1beta1_after_i
         stored_as(&cp, "compactionpolicies", "shared").await,
         "cairn.dev/v1beta1"
     );
-    // Idempotent: nothing left to do.
-    assert_eq!(migrate::migrate(&client).await.expect("again"), []);
+    // Idempotent: nothing left to do, and the operator's retry loop ends at once.
+    assert_eq!(migrate::migrate(&operator).await.expect("again"), []);
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        migrate::run(operator, std::future::pending()),
+    )
+    .await
+    .expect("a successful migration ends the loop");
 
     // After: the same objects, unchanged (no new generation: a controller sees no spec
     // change), readable at both versions and through the short name.
