@@ -22,15 +22,54 @@ use kube_core::CustomResourceExt;
 
 /// API group of every cairn resource.
 pub const GROUP: &str = "cairn.dev";
-/// Served and stored version.
-pub const VERSION: &str = "v1alpha1";
+/// The version of the Rust types: served, and the storage version.
+pub const VERSION: &str = "v1beta1";
+/// Earlier versions, still served (deprecated) with the same schema, never stored. Objects an
+/// earlier release stored under one of them are rewritten by the operator at start-up
+/// (docs/operator.md, "CRD versions"). Newest first.
+pub const OLDER_VERSIONS: &[&str] = &["v1alpha1"];
 
-/// All of cairn's CRDs, in a stable order.
+/// All of cairn's CRDs, in a stable order: one per kind, serving [`VERSION`] (stored) and
+/// every one of [`OLDER_VERSIONS`].
 pub fn crds() -> Vec<CustomResourceDefinition> {
     [AgentSession::crd(), CompactionPolicy::crd()]
         .into_iter()
         .map(unwrap_descriptions)
+        .map(with_older_versions)
         .collect()
+}
+
+/// The names of cairn's CRDs (`<plural>.<group>`), as RBAC's `resourceNames` lists them.
+pub fn crd_names() -> Vec<String> {
+    crds()
+        .into_iter()
+        .filter_map(|crd| crd.metadata.name)
+        .collect()
+}
+
+/// `crd` (one version, [`VERSION`], generated from the types) with each of
+/// [`OLDER_VERSIONS`] added after it: a copy of the same version entry (schema, printer
+/// columns, subresources) that is served, not stored and deprecated. The schemas are
+/// identical, so the API server converts between the versions by changing `apiVersion` alone
+/// (conversion strategy `None`, no webhook). kube's `merge_crds` does the same from one Rust
+/// type per version; one type and copied entries keep the schemas identical by construction.
+fn with_older_versions(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let Some(current) = crd.spec.versions.first().cloned() else {
+        return crd;
+    };
+    let kind = crd.spec.names.kind.clone();
+    for old in OLDER_VERSIONS {
+        let mut version = current.clone();
+        version.name = (*old).to_string();
+        version.served = true;
+        version.storage = false;
+        version.deprecated = Some(true);
+        version.deprecation_warning = Some(format!(
+            "{GROUP}/{old} {kind} is deprecated; use {GROUP}/{VERSION} (the same fields)"
+        ));
+        crd.spec.versions.push(version);
+    }
+    crd
 }
 
 /// Doc comments are wrapped at ~100 columns; the line breaks would reach `kubectl explain`
@@ -118,6 +157,61 @@ fn yaml11_safe_line(line: &str) -> String {
         return quote(&format!("{indent}{key}: "), value);
     }
     line.to_owned()
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_serves_both_versions_and_stores_only_the_current_one() {
+        let crds = crds();
+        assert_eq!(crds.len(), 2);
+        for crd in &crds {
+            let name = crd.metadata.name.as_deref().unwrap_or_default();
+            let versions: Vec<&str> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+            assert_eq!(versions, ["v1beta1", "v1alpha1"], "{name}");
+            assert!(crd.spec.versions.iter().all(|v| v.served), "{name}");
+            let stored: Vec<&str> = crd
+                .spec
+                .versions
+                .iter()
+                .filter(|v| v.storage)
+                .map(|v| v.name.as_str())
+                .collect();
+            assert_eq!(stored, [VERSION], "{name}: exactly one storage version");
+            // Identical schemas: no conversion webhook is needed.
+            assert!(crd.spec.conversion.is_none(), "{name}: strategy None");
+            let current = &crd.spec.versions[0];
+            let old = &crd.spec.versions[1];
+            assert_eq!(old.schema, current.schema, "{name}");
+            assert_eq!(
+                old.additional_printer_columns, current.additional_printer_columns,
+                "{name}"
+            );
+            assert_eq!(old.subresources, current.subresources, "{name}");
+            assert_eq!(current.deprecated, None, "{name}");
+            assert_eq!(old.deprecated, Some(true), "{name}");
+            assert!(
+                old.deprecation_warning
+                    .as_deref()
+                    .is_some_and(|w| w.contains("cairn.dev/v1beta1")),
+                "{name}: {:?}",
+                old.deprecation_warning
+            );
+        }
+    }
+
+    #[test]
+    fn the_types_speak_the_storage_version() {
+        use kube_core::Resource;
+        assert_eq!(AgentSession::api_version(&()), "cairn.dev/v1beta1");
+        assert_eq!(CompactionPolicy::api_version(&()), "cairn.dev/v1beta1");
+        assert_eq!(
+            crd_names(),
+            ["agentsessions.cairn.dev", "compactionpolicies.cairn.dev"]
+        );
+    }
 }
 
 #[cfg(test)]

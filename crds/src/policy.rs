@@ -20,7 +20,7 @@ use crate::provider::{ProviderKind, SecretKeyRef};
 #[kube(
     crates(kube_core = "::kube_core"),
     group = "cairn.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "CompactionPolicy",
     namespaced,
     shortname = "cpol",

@@ -24,7 +24,7 @@ pub use crate::provider::{ProviderKind, SecretKeyRef};
 #[kube(
     crates(kube_core = "::kube_core"),
     group = "cairn.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "AgentSession",
     namespaced,
     shortname = "asess",

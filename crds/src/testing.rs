@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 /// A minimal valid AgentSession.
 pub fn minimal_session(name: &str) -> Value {
     json!({
-        "apiVersion": "cairn.dev/v1alpha1",
+        "apiVersion": "cairn.dev/v1beta1",
         "kind": "AgentSession",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"provider": {"kind": "anthropic", "model": "claude-sonnet-4-5"}}
@@ -17,7 +17,7 @@ pub fn minimal_session(name: &str) -> Value {
 /// A minimal valid (empty) CompactionPolicy.
 pub fn minimal_policy(name: &str) -> Value {
     json!({
-        "apiVersion": "cairn.dev/v1alpha1",
+        "apiVersion": "cairn.dev/v1beta1",
         "kind": "CompactionPolicy",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {}

@@ -657,7 +657,7 @@ pub fn session_to_create(namespace: &str, body: &[u8]) -> Result<AgentSession, G
     {
         m.insert("name".into(), name);
     }
-    obj.insert("apiVersion".into(), json!("cairn.dev/v1alpha1"));
+    obj.insert("apiVersion".into(), json!("cairn.dev/v1beta1"));
     obj.insert("kind".into(), json!("AgentSession"));
     let mut s: AgentSession = serde_json::from_value(v)
         .map_err(|e| bad(format!("the body is not an AgentSession: {e}")))?;

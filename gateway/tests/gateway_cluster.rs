@@ -70,7 +70,7 @@ async fn namespace(client: &Client, name: &str) -> String {
 async fn session(client: &Client, ns: &str, name: &str, token: &str, suspend: bool) {
     let api: Api<AgentSession> = Api::namespaced(client.clone(), ns);
     let s: AgentSession = serde_json::from_value(json!({
-        "apiVersion": "cairn.dev/v1alpha1", "kind": "AgentSession",
+        "apiVersion": "cairn.dev/v1beta1", "kind": "AgentSession",
         "metadata": {"name": name},
         "spec": {"provider": {"kind": "openai", "model": "m-1"}, "suspend": suspend},
     }))
@@ -862,7 +862,7 @@ async fn kubernetes_rbac_decides_each_lifecycle_call_for_the_caller() {
     .await;
     grant(&client, &theirs, ("Group", "team-b"), &["get", "list"]).await;
     let existing: AgentSession = serde_json::from_value(json!({
-        "apiVersion": "cairn.dev/v1alpha1", "kind": "AgentSession",
+        "apiVersion": "cairn.dev/v1beta1", "kind": "AgentSession",
         "metadata": {"name": "existing"},
         "spec": {"provider": {"kind": "openai", "model": "m-1"}},
     }))

@@ -104,7 +104,7 @@ fn agent_session(ns: &str, name: &str, provider: SocketAddr, idle: Option<&str>)
         .map(|d| format!("  idle: {{suspendAfter: {d}}}\n"))
         .unwrap_or_default();
     format!(
-        r#"apiVersion: cairn.dev/v1alpha1
+        r#"apiVersion: cairn.dev/v1beta1
 kind: AgentSession
 metadata: {{name: {name}, namespace: {ns}}}
 spec:

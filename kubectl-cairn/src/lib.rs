@@ -534,7 +534,7 @@ mod tests {
     #[test]
     fn a_session_that_is_not_running_names_its_phase_and_ready_condition() {
         let mut s: AgentSession = serde_json::from_value(serde_json::json!({
-            "apiVersion": "cairn.dev/v1alpha1", "kind": "AgentSession",
+            "apiVersion": "cairn.dev/v1beta1", "kind": "AgentSession",
             "metadata": {"name": "w", "namespace": "ns"},
             "spec": {"provider": {"kind": "openai-compatible", "model": "m"}},
             "status": {"phase": "Suspended", "conditions": [{

@@ -530,7 +530,7 @@ mod tests {
     fn pod(owner: &str, digest: &str, extra: serde_json::Value) -> Pod {
         let mut value = json!({
             "metadata": {"name": "cairn-a-0", "uid": "p-1",
-                         "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                         "ownerReferences": [{"apiVersion": "cairn.dev/v1beta1",
                              "kind": "AgentSession", "name": "a", "uid": owner,
                              "controller": true}],
                          "annotations": {"cairn.dev/applied": digest}},

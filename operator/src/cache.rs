@@ -510,7 +510,7 @@ mod tests {
         let mut pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "cairn-a-0", "uid": "p", "resourceVersion": "9",
                          "labels": {"x": "y"},
-                         "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                         "ownerReferences": [{"apiVersion": "cairn.dev/v1beta1",
                              "kind": "AgentSession", "name": "a", "uid": "u", "controller": true}],
                          "annotations": {"cairn.dev/applied": "d", "other": "z"}},
             "spec": {"containers": [{"name": "agent", "image": "i"}]},
@@ -525,7 +525,7 @@ mod tests {
             json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "cairn-a-0", "uid": "p", "resourceVersion": "9",
-                             "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                             "ownerReferences": [{"apiVersion": "cairn.dev/v1beta1",
                                  "kind": "AgentSession", "name": "a", "uid": "u",
                                  "controller": true}],
                              "annotations": {"cairn.dev/applied": "d"}},

@@ -53,7 +53,7 @@ mod tests {
                 "statefulsets",
             ),
             (
-                "/apis/cairn.dev/v1alpha1/namespaces/a/agentsessions/x/status",
+                "/apis/cairn.dev/v1beta1/namespaces/a/agentsessions/x/status",
                 "agentsessions/status",
             ),
             ("/api/v1/namespaces/a/secrets", "secrets"),

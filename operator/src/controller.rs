@@ -894,7 +894,7 @@ mod tests {
 
     fn session(spec: serde_json::Value) -> AgentSession {
         serde_json::from_value(json!({
-            "apiVersion": "cairn.dev/v1alpha1",
+            "apiVersion": "cairn.dev/v1beta1",
             "kind": "AgentSession",
             "metadata": {"name": "chat", "namespace": "team-a", "uid": "u-1", "generation": 3},
             "spec": spec,

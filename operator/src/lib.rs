@@ -18,6 +18,7 @@ pub mod events;
 pub mod http;
 pub mod idle;
 pub mod metrics;
+pub mod migrate;
 pub mod objects;
 pub mod purge;
 pub mod run;

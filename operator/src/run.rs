@@ -1,5 +1,5 @@
-//! The operator process: CRD install, the HTTP endpoints, leader election and the
-//! controllers, with a graceful shutdown on SIGTERM/SIGINT.
+//! The operator process: CRD install, the HTTP endpoints, leader election, the
+//! storage-version migration and the controllers, with a graceful shutdown on SIGTERM/SIGINT.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,8 +53,11 @@ async fn termination_signal() {
     }
 }
 
-/// Runs one controller per watched namespace (or one for all) until `stop` says so.
+/// Runs one controller per watched namespace (or one for all) until `stop` says so, and,
+/// beside them, the storage-version migration of cairn's CRDs (the leader's job: it runs
+/// where the controllers run, retried until it succeeds; see `migrate`).
 async fn run_controllers(ctx: Arc<Context>, args: &OperatorArgs, stop: watch::Receiver<bool>) {
+    let migration = crate::migrate::run(ctx.client.clone(), stopped(stop.clone()));
     let namespaces = args.namespaces();
     let scopes: Vec<Option<String>> = if namespaces.is_empty() {
         vec![None]
@@ -62,10 +65,10 @@ async fn run_controllers(ctx: Arc<Context>, args: &OperatorArgs, stop: watch::Re
         namespaces.into_iter().map(Some).collect()
     };
     tracing::info!(?scopes, "starting controllers");
-    futures::future::join_all(scopes.into_iter().map(|scope| {
+    let controllers = futures::future::join_all(scopes.into_iter().map(|scope| {
         crate::watches::run(ctx.clone(), scope, args.concurrency, stopped(stop.clone()))
-    }))
-    .await;
+    }));
+    futures::future::join(controllers, migration).await;
 }
 
 /// The whole operator.

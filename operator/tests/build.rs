@@ -203,7 +203,7 @@ fn minimal_session_builds_hardened_owned_objects() {
         assert_eq!(owners.len(), 1, "{kind}");
         let owner = &owners[0];
         assert_eq!(owner.kind, "AgentSession", "{kind}");
-        assert_eq!(owner.api_version, "cairn.dev/v1alpha1", "{kind}");
+        assert_eq!(owner.api_version, "cairn.dev/v1beta1", "{kind}");
         assert_eq!(owner.name, "chat", "{kind}");
         assert_eq!(owner.uid, UID, "{kind}");
         assert_eq!(owner.controller, Some(true), "{kind}");

@@ -17,6 +17,7 @@
 //! names a reachable S3 server (credentials `CAIRN_TEST_S3_ACCESS_KEY` /
 //! `CAIRN_TEST_S3_SECRET_KEY`, default `testing`/`testing`).
 
+mod storage_migration;
 mod support;
 use support::condition;
 
@@ -174,7 +175,7 @@ impl TestEnv {
 
     async fn create_session(&self, name: &str, spec: serde_json::Value) -> AgentSession {
         let session: AgentSession = serde_json::from_value(json!({
-            "apiVersion": "cairn.dev/v1alpha1",
+            "apiVersion": "cairn.dev/v1beta1",
             "kind": "AgentSession",
             "metadata": {"name": name},
             "spec": spec,
@@ -188,7 +189,7 @@ impl TestEnv {
 
     async fn create_policy(&self, name: &str, spec: serde_json::Value) {
         let policy: CompactionPolicy = serde_json::from_value(json!({
-            "apiVersion": "cairn.dev/v1alpha1",
+            "apiVersion": "cairn.dev/v1beta1",
             "kind": "CompactionPolicy",
             "metadata": {"name": name},
             "spec": spec,
@@ -827,7 +828,7 @@ async fn template_pass_throughs_land_on_the_pod_and_service_account() {
     let mut reserved = minimal();
     reserved["template"] = json!({"labels": {"cairn.dev/session": "other"}});
     let session: AgentSession = serde_json::from_value(json!({
-        "apiVersion": "cairn.dev/v1alpha1", "kind": "AgentSession",
+        "apiVersion": "cairn.dev/v1beta1", "kind": "AgentSession",
         "metadata": {"name": "evil"}, "spec": reserved,
     }))
     .expect("fixture");

@@ -116,7 +116,7 @@ impl Env {
 
     async fn create(&self, name: &str, spec: serde_json::Value) {
         let session: AgentSession = serde_json::from_value(json!({
-            "apiVersion": "cairn.dev/v1alpha1",
+            "apiVersion": "cairn.dev/v1beta1",
             "kind": "AgentSession",
             "metadata": {"name": name},
             "spec": spec,
@@ -345,7 +345,7 @@ async fn the_agent_idle_report_suspends_without_the_status_interval() {
             "chat",
             &PatchParams::apply("cairn-agent").force(),
             &Patch::Apply(json!({
-                "apiVersion": "cairn.dev/v1alpha1",
+                "apiVersion": "cairn.dev/v1beta1",
                 "kind": "AgentSession",
                 "status": {"session": {
                     "turns": 1,
@@ -436,7 +436,7 @@ async fn an_unchanged_session_costs_the_operator_no_writes() {
                 "chat",
                 &PatchParams::apply("cairn-agent").force(),
                 &Patch::Apply(json!({
-                    "apiVersion": "cairn.dev/v1alpha1",
+                    "apiVersion": "cairn.dev/v1beta1",
                     "kind": "AgentSession",
                     "status": {"session": {"turns": turns}},
                 })),

@@ -118,7 +118,7 @@ async fn serve_into(
 
 fn session(status: Option<AgentSessionStatus>) -> AgentSession {
     let mut s: AgentSession = serde_json::from_value(json!({
-        "apiVersion": "cairn.dev/v1alpha1",
+        "apiVersion": "cairn.dev/v1beta1",
         "kind": "AgentSession",
         "metadata": {"name": "chat", "namespace": "team-a", "uid": "u-1", "generation": 1,
                      "finalizers": [FINALIZER]},
@@ -175,7 +175,7 @@ async fn first_reconcile_applies_every_object_then_writes_status() {
         ssa("/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-sessions"),
         "GET /api/v1/namespaces/team-a/pods/cairn-chat-0".to_string(),
         "POST /api/v1/namespaces/team-a/pods".to_string(),
-        ssa("/apis/cairn.dev/v1alpha1/namespaces/team-a/agentsessions/chat/status"),
+        ssa("/apis/cairn.dev/v1beta1/namespaces/team-a/agentsessions/chat/status"),
     ];
     let got = requests(&seen);
     let paths: Vec<&str> = got
@@ -199,7 +199,7 @@ async fn first_reconcile_applies_every_object_then_writes_status() {
         .find(|(r, _)| r.contains("/status"))
         .expect("status patch")
         .1;
-    assert_eq!(status["apiVersion"], "cairn.dev/v1alpha1");
+    assert_eq!(status["apiVersion"], "cairn.dev/v1beta1");
     assert_eq!(status["kind"], "AgentSession");
     assert_eq!(
         status["status"]["phase"], "Pending",
@@ -321,7 +321,7 @@ async fn an_undecodable_session_is_reported_and_waits_for_an_edit() {
         Duration::from_secs(3600),
     ));
     let invalid: DeserializeGuard<AgentSession> = serde_json::from_value(json!({
-        "apiVersion": "cairn.dev/v1alpha1",
+        "apiVersion": "cairn.dev/v1beta1",
         "kind": "AgentSession",
         "metadata": {"name": "broken", "namespace": "team-a", "uid": "u-2"},
         "spec": {"provider": {"kind": "carrier-pigeon", "model": "m"}},
@@ -389,7 +389,7 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
     let own = |name: &str, uid: &str| {
         json!({"metadata": {"name": name, "namespace": "team-a", "resourceVersion": "5",
                             "uid": format!("{name}-{uid}"),
-                            "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                            "ownerReferences": [{"apiVersion": "cairn.dev/v1beta1",
                                                  "kind": "AgentSession", "name": "x",
                                                  "uid": uid, "controller": true}]}})
     };
@@ -403,7 +403,7 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
     let older: Pod = serde_json::from_value(json!({
         "metadata": {"name": "cairn-chat-0", "namespace": "team-a", "resourceVersion": "7",
                      "uid": "p-1",
-                     "ownerReferences": [{"apiVersion": "cairn.dev/v1alpha1",
+                     "ownerReferences": [{"apiVersion": "cairn.dev/v1beta1",
                                           "kind": "AgentSession", "name": "chat", "uid": "u-1",
                                           "controller": true}],
                      "annotations": {"cairn.dev/applied": "an-older-build"}},
@@ -449,7 +449,7 @@ async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
             "DELETE /api/v1/namespaces/team-a/services/cairn-chat",
             "DELETE /apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/cairn-chat",
             "DELETE /api/v1/namespaces/team-a/pods/cairn-chat-0",
-            "PATCH /apis/cairn.dev/v1alpha1/namespaces/team-a/agentsessions/chat/status",
+            "PATCH /apis/cairn.dev/v1beta1/namespaces/team-a/agentsessions/chat/status",
         ],
         "everything is sent once (the token Secret created, the cache has none; the pod of \
          an older build is replaced; the session's own Service and NetworkPolicy of an \

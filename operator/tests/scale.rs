@@ -181,7 +181,7 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
             let api = api.clone();
             async move {
                 let session: AgentSession = serde_json::from_value(json!({
-                    "apiVersion": "cairn.dev/v1alpha1",
+                    "apiVersion": "cairn.dev/v1beta1",
                     "kind": "AgentSession",
                     "metadata": {"name": format!("s{i:05}")},
                     "spec": {"provider": {"kind": "openai", "model": "gpt-5"}},
@@ -269,7 +269,7 @@ async fn a_thousand_sessions_converge_and_the_operator_then_idles() {
                 loop {
                     turns += 1;
                     let patch = json!({
-                        "apiVersion": "cairn.dev/v1alpha1",
+                        "apiVersion": "cairn.dev/v1beta1",
                         "kind": "AgentSession",
                         "status": {"session": {
                             "turns": turns,

@@ -389,7 +389,7 @@ impl TestEnv {
 
     async fn create_session(&self, name: &str, spec: serde_json::Value) {
         let session: AgentSession = serde_json::from_value(json!({
-            "apiVersion": "cairn.dev/v1alpha1",
+            "apiVersion": "cairn.dev/v1beta1",
             "kind": "AgentSession",
             "metadata": {"name": name},
             "spec": spec,

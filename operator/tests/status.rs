@@ -379,7 +379,7 @@ fn a_shared_network_object_maps_to_the_first_live_session_of_its_namespace() {
         owner_references: owner.map(|o| {
             vec![
                 k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                    api_version: "cairn.dev/v1alpha1".into(),
+                    api_version: "cairn.dev/v1beta1".into(),
                     kind: "AgentSession".into(),
                     name: o.into(),
                     uid: "u".into(),

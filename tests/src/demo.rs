@@ -218,7 +218,7 @@ kind: Secret
 metadata: {{name: demo-provider, namespace: {NS}}}
 stringData: {{api-key: sk-demo-not-a-real-key}}
 ---
-apiVersion: cairn.dev/v1alpha1
+apiVersion: cairn.dev/v1beta1
 kind: AgentSession
 metadata: {{name: {SESSION}, namespace: {NS}}}
 spec:

@@ -263,10 +263,45 @@ fn the_chart_alone_owns_the_crds_and_crds_keep_decides_uninstall() {
             .is_some_and(|a| a.iter().any(|v| v == "--skip-crd-install")),
         "{args:?}"
     );
-    assert!(
-        !text.contains("customresourcedefinitions"),
-        "no CRD permissions"
-    );
+    // CRD permissions: only the storage-version migration's, by name.
+    let names = cairn_crds::crd_names();
+    let docs = cairn_tests::chart_roles::parse(&text).expect("rendered YAML parses");
+    let mut crd_rules = 0;
+    for doc in docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+    {
+        for rule in doc["rules"].as_sequence().into_iter().flatten() {
+            let groups = rule["apiGroups"].as_sequence().cloned().unwrap_or_default();
+            if !groups.iter().any(|g| g == "apiextensions.k8s.io") {
+                continue;
+            }
+            crd_rules += 1;
+            assert_eq!(
+                doc["metadata"]["name"], "t-cairn-storage-migration",
+                "{rule:?}"
+            );
+            let named: Vec<&str> = rule["resourceNames"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str())
+                .collect();
+            assert_eq!(named, names, "by name only: {rule:?}");
+            let verbs: Vec<&str> = rule["verbs"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str())
+                .collect();
+            match rule["resources"][0].as_str() {
+                Some("customresourcedefinitions") => assert_eq!(verbs, ["get"]),
+                Some("customresourcedefinitions/status") => assert_eq!(verbs, ["patch"]),
+                other => panic!("unexpected CRD rule on {other:?}"),
+            }
+        }
+    }
+    assert_eq!(crd_rules, 2, "the migration's two CRD rules");
 }
 
 #[test]
@@ -407,24 +442,46 @@ fn install_uninstall_and_dry_runs() {
     for verb in ["update", "delete", "deletecollection"] {
         assert!(!operator_may(cp, verb, None), "{verb} secrets");
     }
-    // The chart alone owns the CRDs: the operator may not write (or even read) them.
-    for verb in ["create", "patch", "get"] {
-        let out = cp
-            .kubectl(&[
-                "auth",
-                "can-i",
-                verb,
-                "customresourcedefinitions.apiextensions.k8s.io",
-                "--as",
-                "system:serviceaccount:cairn-install:cairn",
-            ])
-            .expect("kubectl runs");
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            "no",
-            "{verb} CRDs"
-        );
+    // The chart alone owns the CRDs: the operator may not write them. The storage-version
+    // migration may read cairn's two (and no other) and patch their status.
+    let crd_may = |verb: &str, target: &str, subresource: Option<&str>| {
+        let mut args = vec![
+            "auth",
+            "can-i",
+            verb,
+            target,
+            "--as",
+            "system:serviceaccount:cairn-install:cairn",
+        ];
+        if let Some(sub) = subresource {
+            args.extend(["--subresource", sub]);
+        }
+        let out = cp.kubectl(&args).expect("kubectl runs");
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(answer == "yes" || answer == "no", "{args:?}: {answer:?}");
+        answer == "yes"
+    };
+    let crds = "customresourcedefinitions.apiextensions.k8s.io";
+    let ours = "customresourcedefinitions.apiextensions.k8s.io/agentsessions.cairn.dev";
+    let other = "customresourcedefinitions.apiextensions.k8s.io/widgets.example.com";
+    for verb in [
+        "create", "patch", "update", "delete", "get", "list", "watch",
+    ] {
+        assert!(!crd_may(verb, crds, None), "{verb} CRDs");
     }
+    for verb in ["patch", "update", "delete"] {
+        assert!(!crd_may(verb, ours, None), "{verb} cairn's CRD");
+    }
+    assert!(crd_may("get", ours, None), "get cairn's CRD");
+    assert!(!crd_may("get", other, None), "get another CRD");
+    assert!(
+        crd_may("patch", ours, Some("status")),
+        "patch cairn's CRD status"
+    );
+    assert!(
+        !crd_may("patch", other, Some("status")),
+        "patch another CRD's status"
+    );
     let out = helm_cmd(
         cp,
         &[

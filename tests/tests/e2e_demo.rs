@@ -195,7 +195,7 @@ fn the_agent_pod_has_its_own_identity_and_follows_policy_edits_live() {
     }
 
     d.cp.apply_yaml(
-        "apiVersion: cairn.dev/v1alpha1\nkind: AgentSession\nmetadata: {name: other, namespace: demo}\nspec:\n  provider: {kind: anthropic, model: claude-sonnet-4-5}\n",
+        "apiVersion: cairn.dev/v1beta1\nkind: AgentSession\nmetadata: {name: other, namespace: demo}\nspec:\n  provider: {kind: anthropic, model: claude-sonnet-4-5}\n",
     )
     .expect("a second session");
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -54,7 +54,7 @@ fn session_yaml(name: &str, base_url: &str, port: u16, headers: bool) -> String 
         ""
     };
     format!(
-        r#"apiVersion: cairn.dev/v1alpha1
+        r#"apiVersion: cairn.dev/v1beta1
 kind: AgentSession
 metadata: {{name: {name}, namespace: {NS}}}
 spec:

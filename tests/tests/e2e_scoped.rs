@@ -112,7 +112,7 @@ stringData: {{AWS_ACCESS_KEY_ID: {ADMIN_ACCESS_KEY_ID}, AWS_SECRET_ACCESS_KEY: {
     let session = |name: &str| {
         format!(
             r#"---
-apiVersion: cairn.dev/v1alpha1
+apiVersion: cairn.dev/v1beta1
 kind: AgentSession
 metadata: {{name: {name}, namespace: {NS}}}
 spec:

@@ -949,7 +949,7 @@ fn an_agent_pod_is_not_ready_until_it_holds_and_has_rebuilt_its_journal() {
     let ns = "gate";
     let _ = cp.kubectl(&["create", "namespace", ns]);
     cp.apply_yaml(&format!(
-        r#"apiVersion: cairn.dev/v1alpha1
+        r#"apiVersion: cairn.dev/v1beta1
 kind: AgentSession
 metadata: {{name: hardened, namespace: {ns}}}
 spec:
@@ -1861,7 +1861,7 @@ fn a_policy_patch_reaches_the_running_container_and_an_image_change_rolls_it() {
     let provider = node.forward_to_host(sim.addr()).expect("forwarder");
     let ns = "rolled";
     cp.apply_yaml(&format!(
-        "apiVersion: cairn.dev/v1alpha1\nkind: CompactionPolicy\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{minKeepRecent: 8}}\n---\n{}---\n{}",
+        "apiVersion: cairn.dev/v1beta1\nkind: CompactionPolicy\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{minKeepRecent: 8}}\n---\n{}---\n{}",
         session_secrets(ns),
         agent_session(ns, "rolled", provider, "{budgetRatio: 0.6}")
             .replace("  compaction:", "  policyRef: {name: shared}\n  compaction:")

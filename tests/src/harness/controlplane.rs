@@ -51,6 +51,9 @@ pub struct ControlPlane {
     pub pki: Pki,
     /// kubectl of the same version as the API server.
     pub kubectl: PathBuf,
+    /// etcd's client URL (`http://127.0.0.1:PORT`), for tests that look at how the API server
+    /// stores an object (`etcd_value`).
+    pub etcd: String,
     // Stopped in reverse start order by `Drop` of the Vec (drop order is front to back,
     // so `stop` handles the order explicitly).
     procs: Vec<Proc>,
@@ -129,6 +132,7 @@ impl ControlPlane {
             server,
             pki,
             kubectl: bins.kubectl.clone(),
+            etcd: format!("http://127.0.0.1:{etcd_port}"),
             procs,
         };
         {
@@ -290,6 +294,30 @@ impl ControlPlane {
     /// `kubectl <args> -f -` with `yaml` on stdin, returning the whole output even on failure.
     pub fn kubectl_with_stdin(&self, args: &[&str], yaml: &str) -> Result<Output, HarnessError> {
         kubectl_stdin_output(&self.kubectl, &self.kubeconfig, args, yaml)
+    }
+
+    /// The bytes etcd holds under `key`, or `None`: how the API server stored an object, which
+    /// no API request shows (it converts on the way out). A custom resource is JSON under
+    /// `/registry/<group>/<plural>/<namespace>/<name>`, its `apiVersion` the version it was
+    /// encoded in. Through etcd's JSON gateway (`/v3/kv/range`).
+    pub async fn etcd_value(&self, key: &str) -> Result<Option<Vec<u8>>, HarnessError> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let failed = |e: &dyn std::fmt::Display| HarnessError::Setup(format!("etcd {key}: {e}"));
+        let reply: serde_json::Value = reqwest::Client::new()
+            .post(format!("{}/v3/kv/range", self.etcd))
+            .json(&serde_json::json!({"key": b64.encode(key)}))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| failed(&e))?
+            .json()
+            .await
+            .map_err(|e| failed(&e))?;
+        match reply["kvs"][0]["value"].as_str() {
+            Some(value) => b64.decode(value).map(Some).map_err(|e| failed(&e)),
+            None => Ok(None),
+        }
     }
 
     /// PIDs of every component (for leak checks).

@@ -100,7 +100,7 @@ apiVersion: v1\nkind: Secret\nmetadata: {{name: provider, namespace: {ns}}}\nstr
 /// An AgentSession whose pod runs on the real node, its provider at `provider`.
 pub fn agent_session(ns: &str, name: &str, provider: SocketAddr, compaction: &str) -> String {
     format!(
-        r#"apiVersion: cairn.dev/v1alpha1
+        r#"apiVersion: cairn.dev/v1beta1
 kind: AgentSession
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
