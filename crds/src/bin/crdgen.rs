@@ -71,13 +71,23 @@ fn main() -> ExitCode {
 /// The chart's copy: the same CRDs, installed and upgraded as templates (Helm never upgrades
 /// a chart's `crds/` directory), owned by the chart alone, and with `crds.keep` (the default)
 /// kept on `helm uninstall`, so deleting the release never deletes every session in the
-/// cluster.
+/// cluster. The storage version is the chart's `crds.storageVersion` (the API version's by
+/// default; the previous one before a rollback to a release that does not know this one).
 fn chart_yaml() -> Result<String, serde_yaml::Error> {
     let mut out = String::from(CHART_HEADER);
     for crd in cairn_crds::crds() {
-        let yaml = cairn_crds::to_yaml(&crd)?;
+        let mut yaml = cairn_crds::to_yaml(&crd)?.replacen("\nmetadata:\n", KEEP_ANNOTATION, 1);
+        for version in &crd.spec.versions {
+            let fixed = format!("\n    storage: {}\n", version.storage);
+            let chosen = format!(
+                "\n    storage: {{{{ eq .Values.crds.storageVersion \"{}\" }}}}\n",
+                version.name
+            );
+            // Versions are serialized in order: the first fixed flag left is this one's.
+            yaml = yaml.replacen(&fixed, &chosen, 1);
+        }
         out.push_str("---\n");
-        out.push_str(&yaml.replacen("\nmetadata:\n", KEEP_ANNOTATION, 1));
+        out.push_str(&yaml);
     }
     out.push_str(CHART_FOOTER);
     Ok(out)
