@@ -373,9 +373,14 @@ fn helm_upgrade_and_rollback_keep_every_session() {
             "{}"
         };
         manifests.push_str("---\n");
-        manifests.push_str(&agent_session(NS, session, provider, compaction));
+        // The previous release serves v1alpha1 only.
+        let manifest = agent_session(NS, session, provider, compaction).replace(
+            "apiVersion: cairn.dev/v1beta1",
+            "apiVersion: cairn.dev/v1alpha1",
+        );
+        assert!(manifest.contains("apiVersion: cairn.dev/v1alpha1"));
+        manifests.push_str(&manifest);
     }
-    assert!(manifests.contains("apiVersion: cairn.dev/v1alpha1"));
     cp.apply_yaml(&manifests).expect("sessions applied");
     cp.apply_yaml(&client_pod(NS)).expect("client applied");
     wait_for("the client pod", Duration::from_secs(90), || {
