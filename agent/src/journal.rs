@@ -49,12 +49,13 @@
 //! deltas since) would otherwise exceed 1.5 checkpoints plus [`CHECKPOINT_SLACK`] (a
 //! checkpoint's size counts its state, whose replay ledger a delta only extends:
 //! [`Entry::replay_at`]); once a
-//! checkpoint is confirmed, every entry before it is deleted. A checkpoint carries the undo
-//! record of the last compaction, so rewind survives the collection. With the session's
-//! archive ([`Journal::open_archiving`]) an undo record names an archived segment of the
-//! messages the compaction replaced instead of holding them, so the journal stays within
-//! 1.5 × the history + a constant; without one, within 1.5 × (history + what a rewind would
-//! bring back) + a constant.
+//! checkpoint is confirmed, every entry before it is deleted. A checkpoint carries the rewind
+//! levels ([`REWIND_LEVELS`] at most): the newest as a splice of its history, the older ones
+//! whole, so rewinds survive the collection. With the session's archive
+//! ([`Journal::open_archiving`]) an undo record names an archived segment of the messages
+//! it restores instead of holding them, so the journal stays within 1.5 × the history + a
+//! constant; without one, within 1.5 × (history + what the levels would bring back) + a
+//! constant.
 
 use std::sync::Arc;
 
@@ -98,6 +99,11 @@ fn undo_bytes(stored: &StoredUndo) -> u64 {
     stored.pre.iter().map(json_len::<Message>).sum()
 }
 
+/// Bytes an undo record adds to an entry: its messages, or its segment's key.
+fn record_bytes(stored: &StoredUndo) -> u64 {
+    undo_bytes(stored) + if stored.archived.is_some() { 256 } else { 64 }
+}
+
 /// A token of `epoch`, claimed now.
 fn claim_token(epoch: u64) -> Token {
     let millis = std::time::SystemTime::now()
@@ -113,11 +119,9 @@ struct View {
     /// Serialized size of each message of `history`.
     sizes: Vec<u64>,
     state: PersistedState,
-    rewindable: Option<(u64, Undo)>,
-    /// How the rewind target is stored (inline, or archived).
-    rewind_stored: Option<StoredUndo>,
-    /// Serialized size of the part of the rewind target a checkpoint has to carry.
-    rewind_bytes: u64,
+    /// The rewind levels; every one below the newest is stored whole once a write has run
+    /// (see [`Journal::write_synced`]).
+    undos: UndoStack<Level>,
     chain: Chain,
 }
 
@@ -129,15 +133,16 @@ struct Next {
     tail: Option<[usize; 2]>,
     sizes: Vec<u64>,
     state: PersistedState,
-    rewindable: RewindUpdate,
-    rewind_bytes: u64,
+    undos: UndoUpdate,
     chain: Chain,
 }
 
-enum RewindUpdate {
-    Keep,
-    Set((u64, Undo), StoredUndo),
-    Clear,
+/// How a landed entry changes the rewind levels: a rewind pops the newest, a compaction
+/// pushes its own; a checkpoint may store the levels anew (oldest first).
+struct UndoUpdate {
+    pop: bool,
+    push: Option<Level>,
+    stored: Option<Vec<StoredUndo>>,
 }
 
 impl View {
@@ -151,18 +156,17 @@ impl View {
         self.history.extend(kept);
         self.sizes = next.sizes;
         self.state = next.state;
-        match next.rewindable {
-            RewindUpdate::Keep => {}
-            RewindUpdate::Set(r, stored) => {
-                self.rewindable = Some(r);
-                self.rewind_stored = Some(stored);
-            }
-            RewindUpdate::Clear => {
-                self.rewindable = None;
-                self.rewind_stored = None;
+        if next.undos.pop {
+            self.undos.pop();
+        }
+        if let Some(level) = next.undos.push {
+            self.undos.push(level);
+        }
+        if let Some(stored) = next.undos.stored {
+            for (level, s) in self.undos.iter_mut().zip(stored) {
+                level.stored = s;
             }
         }
-        self.rewind_bytes = next.rewind_bytes;
         self.chain = next.chain;
     }
 }
@@ -187,7 +191,8 @@ pub struct Change {
     pub compactions: Vec<CompactionRecord>,
     /// This change compacted: how to undo it.
     pub undo: Option<Undo>,
-    /// This change undoes the compaction that [`Journal::rewindable`] names.
+    /// This change undoes the compaction that [`Journal::rewindable`] names (the newest
+    /// rewind level).
     pub rewinds: bool,
     /// The session state changed without the history (a reset learned cap): written even
     /// when nothing else changed.
@@ -281,14 +286,11 @@ impl Journal {
             entries = rebuilt.entries,
             "journal: epoch claimed"
         );
-        let rewind_bytes = rebuilt.rewind_stored.as_ref().map_or(0, undo_bytes);
         let view = View {
             sizes: rebuilt.history.iter().map(json_len).collect(),
             history: rebuilt.history.clone(),
             state: rebuilt.state.clone(),
-            rewindable: rebuilt.rewindable.clone(),
-            rewind_stored: rebuilt.rewind_stored.clone(),
-            rewind_bytes,
+            undos: rebuilt.undos.clone(),
             chain: rebuilt.chain.clone(),
         };
         Ok((
@@ -336,9 +338,14 @@ impl Journal {
         &self.view.state
     }
 
-    /// The last compaction that a rewind would undo: the seq of its entry and how.
-    pub fn rewindable(&self) -> Option<&(u64, Undo)> {
-        self.view.rewindable.as_ref()
+    /// The compaction the next rewind undoes: the seq of its entry and how.
+    pub fn rewindable(&self) -> Option<&Level> {
+        self.view.undos.top()
+    }
+
+    /// How many rewinds in a row the journal can undo (at most [`REWIND_LEVELS`]).
+    pub fn rewind_levels(&self) -> usize {
+        self.view.undos.len()
     }
 
     /// False while the outcome of a write is unknown or unconfirmed.
@@ -435,9 +442,28 @@ impl Journal {
         }
         // The replaced messages are archived before any entry names them.
         let new_undo = match &change.undo {
-            Some(u) => Some(self.store_undo(u, history).await),
+            Some(u) => Some(self.store_undo(encode_undo(u, history)).await),
             None => None,
         };
+        // The levels that stay below the newest are stored whole before a checkpoint carries
+        // them: their splices' entries go once it is written.
+        let levels = self.view.undos.len();
+        let older = if change.undo.is_some() && !change.rewinds {
+            levels
+        } else {
+            levels.saturating_sub(1)
+        };
+        let mut whole = Vec::new();
+        for (i, level) in self.view.undos.iter().enumerate().take(older) {
+            if !level.stored.is_whole() {
+                whole.push((i, self.store_undo(whole_undo(&level.undo)).await));
+            }
+        }
+        for (i, stored) in whole {
+            if let Some(level) = self.view.undos.iter_mut().nth(i) {
+                level.stored = stored;
+            }
+        }
         let seq = self.next_seq;
         let (body, full, next) = self.prepare(seq, history, synced, change, new_undo)?;
         let name = entry_name(self.token, seq, full);
@@ -478,11 +504,10 @@ impl Journal {
         Ok(Some(seq))
     }
 
-    /// The undo record of a compaction as the entry will store it: with an archive, the
-    /// replaced messages go there first and the record names the key; if that write fails
-    /// they stay inline (larger, never lost).
-    async fn store_undo(&self, undo: &Undo, history: &[Message]) -> StoredUndo {
-        let inline = encode_undo(undo, history);
+    /// An undo record as the journal will store it: with an archive, its messages go there
+    /// first and the record names the key; if that write fails they stay inline (larger,
+    /// never lost).
+    async fn store_undo(&self, inline: StoredUndo) -> StoredUndo {
         let bytes = undo_bytes(&inline);
         let Some(store) = &self.segments else {
             return inline;
@@ -528,27 +553,47 @@ impl Journal {
         if let Some([a, b]) = tail {
             sizes.extend_from_slice(&old.sizes[a..b]);
         }
-        let rewinds = change
-            .rewinds
-            .then(|| old.rewindable.as_ref().map_or(0, |(s, _)| *s));
-        // What a rewind restores once this entry has landed.
-        let rewind_target = match (&change.undo, change.rewinds) {
-            (Some(u), _) => Some(u),
-            (None, true) => None,
-            (None, false) => old.rewindable.as_ref().map(|(_, u)| u),
-        };
-        // How the checkpoint stores the rewind target.
-        let carried = match (&new_undo, rewind_target) {
+        let rewinds = change.rewinds.then(|| old.undos.top().map_or(0, |l| l.seq));
+        // The rewind levels once this entry has landed (oldest first).
+        let mut after: Vec<(u64, &Undo, &StoredUndo)> = old
+            .undos
+            .iter()
+            .map(|l| (l.seq, &l.undo, &l.stored))
+            .collect();
+        if change.rewinds {
+            after.pop();
+        }
+        if let (Some(u), Some(stored)) = (&change.undo, &new_undo) {
+            after.push((seq, u, stored));
+            if after.len() > REWIND_LEVELS {
+                after.remove(0);
+            }
+        }
+        // How a checkpoint stores them: the newest as a splice of the history (or its
+        // archived segment), the others whole.
+        let newest = match (&new_undo, after.last()) {
             (Some(stored), _) => Some(stored.clone()),
-            (None, Some(u)) => Some(carry_undo(u, history, old.rewind_stored.as_ref())),
+            (None, Some((_, u, known))) => Some(carry_undo(u, history, Some(known))),
             (None, None) => None,
         };
-        let rewind_bytes = carried.as_ref().map_or(0, undo_bytes);
+        let older: Vec<CarriedUndo> = after[..after.len().saturating_sub(1)]
+            .iter()
+            .map(|(seq, u, stored)| CarriedUndo {
+                seq: *seq,
+                undo: if stored.is_whole() {
+                    (*stored).clone()
+                } else {
+                    whole_undo(u)
+                },
+            })
+            .collect();
+        let rewind_bytes = newest.as_ref().map_or(0, record_bytes)
+            + older.iter().map(|c| record_bytes(&c.undo)).sum::<u64>();
         // The state (with the whole replay ledger) is part of what a checkpoint writes.
         let checkpoint_size =
             sizes.iter().sum::<u64>() + rewind_bytes + json_len(&change.state) + ENTRY_OVERHEAD;
         let delta_size = delta_sizes.iter().sum::<u64>()
-            + new_undo.as_ref().map_or(0, undo_bytes)
+            + new_undo.as_ref().map_or(0, record_bytes)
             + ENTRY_OVERHEAD;
         let full = old.chain.head.is_none()
             || (at == 0 && tail.is_none())
@@ -580,7 +625,8 @@ impl Journal {
                 state: &change.state,
                 replay_at: None,
                 compactions: &change.compactions,
-                undo: carried.clone(),
+                undo: newest.clone(),
+                older_undos: &older,
                 rewinds,
             }
         } else {
@@ -596,6 +642,7 @@ impl Journal {
                 replay_at,
                 compactions: &change.compactions,
                 undo: new_undo.clone(),
+                older_undos: &[],
                 rewinds,
             }
         };
@@ -609,17 +656,14 @@ impl Journal {
         }
         let mut chain = old.chain.clone();
         chain.add(seq, body.len() as u64, full);
-        let rewindable = match (change.undo, change.rewinds, new_undo) {
-            (Some(u), _, Some(stored)) => RewindUpdate::Set((seq, u), stored),
-            (Some(_), _, None) | (None, true, _) => RewindUpdate::Clear,
-            (None, false, _) => match (full, carried) {
-                // A checkpoint may have moved the target inline.
-                (true, Some(stored)) => match &old.rewindable {
-                    Some(r) => RewindUpdate::Set(r.clone(), stored),
-                    None => RewindUpdate::Keep,
-                },
-                _ => RewindUpdate::Keep,
+        let undos = UndoUpdate {
+            pop: change.rewinds,
+            push: match (change.undo, new_undo) {
+                (Some(undo), Some(stored)) => Some(Level { seq, undo, stored }),
+                _ => None,
             },
+            // A checkpoint may have moved a level inline or stored it whole.
+            stored: full.then(|| older.into_iter().map(|c| c.undo).chain(newest).collect()),
         };
         let next = Next {
             at,
@@ -627,8 +671,7 @@ impl Journal {
             tail,
             sizes,
             state: change.state,
-            rewindable,
-            rewind_bytes,
+            undos,
             chain,
         };
         Ok((body, full, next))
@@ -1132,6 +1175,7 @@ mod tests {
             replay_at: None,
             compactions: vec![],
             undo: None,
+            older_undos: vec![],
             rewinds: None,
         };
         a.write(&users(&["1", "2", "3", "4"]), change())
@@ -1221,7 +1265,140 @@ mod tests {
         assert!(entries < 8, "superseded entries are deleted: {entries}");
         let (b, r) = open(&objects, "b").await;
         assert_eq!(r.history, post);
-        let (_, undo) = b.rewindable().expect("rewind survives the checkpoints");
+        let undo = &b
+            .rewindable()
+            .expect("rewind survives the checkpoints")
+            .undo;
         assert_eq!(undo.pre, pre);
+    }
+
+    /// The history a rewind of the newest level gives, as the session computes it.
+    fn rewound(j: &Journal, history: &[Message]) -> Vec<Message> {
+        let undo = &j.rewindable().expect("a level to rewind").undo;
+        let mut out = undo.pre.clone();
+        out.extend_from_slice(&history[undo.post_len.min(history.len())..]);
+        out
+    }
+
+    /// Issue 35: two rewinds undo two compactions, each back to the history before it, and
+    /// the levels survive a restart from deltas and from a checkpoint.
+    #[tokio::test]
+    async fn rewinds_undo_compactions_newest_first_across_restarts() {
+        for checkpoint in [false, true] {
+            let objects = Arc::new(Mem::default());
+            let (mut a, _) = open(&objects, "a").await;
+            let h0 = users(&["sys", "1", "2", "3", "4"]);
+            a.write(&h0, change()).await.unwrap();
+            let h1 = users(&["sys", "s1", "4"]);
+            let c1 = Change {
+                undo: Some(Undo {
+                    pre: h0.clone(),
+                    post_len: h1.len(),
+                }),
+                ..change()
+            };
+            a.write(&h1, c1).await.unwrap();
+            let mut h1b = h1.clone();
+            h1b.extend(users(&["5", "6"]));
+            a.write(&h1b, change()).await.unwrap();
+            let h2 = users(&["sys", "s2", "6"]);
+            let c2 = Change {
+                undo: Some(Undo {
+                    pre: h1b.clone(),
+                    post_len: h2.len(),
+                }),
+                ..change()
+            };
+            a.write(&h2, c2).await.unwrap();
+            assert_eq!(a.rewind_levels(), 2);
+            let mut h = h2.clone();
+            if checkpoint {
+                // Enough entries that a checkpoint supersedes the compactions' entries.
+                for i in 0..CHECKPOINT_EVERY + 2 {
+                    h.push(Message::user(format!("t{i}")));
+                    a.write(&h, change()).await.unwrap();
+                }
+                a.collected().await;
+                assert!(
+                    objects
+                        .names()
+                        .iter()
+                        .all(|n| !n.contains("-s000000000001")),
+                    "the first compaction's entry is collected"
+                );
+            }
+            drop(a);
+            let (mut b, r) = open(&objects, "b").await;
+            assert_eq!(r.history, h);
+            assert_eq!(b.rewind_levels(), 2, "checkpoint: {checkpoint}");
+            let back1 = rewound(&b, &h);
+            let mut want = h1b.clone();
+            want.extend_from_slice(&h[h2.len()..]);
+            assert_eq!(back1, want);
+            let rewind = || Change {
+                rewinds: true,
+                ..change()
+            };
+            b.write(&back1, rewind()).await.unwrap();
+            assert_eq!(b.rewind_levels(), 1);
+            drop(b);
+            let (mut c, r) = open(&objects, "c").await;
+            assert_eq!(r.history, back1);
+            assert_eq!(c.rewind_levels(), 1);
+            let back0 = rewound(&c, &back1);
+            let mut want = h0.clone();
+            want.extend_from_slice(&back1[h1.len()..]);
+            assert_eq!(back0, want);
+            c.write(&back0, rewind()).await.unwrap();
+            assert_eq!(c.rewind_levels(), 0);
+            drop(c);
+            let (d, r) = open(&objects, "d").await;
+            assert_eq!(r.history, back0);
+            assert!(d.rewindable().is_none());
+        }
+    }
+
+    /// The stack holds at most [`REWIND_LEVELS`]: the oldest is dropped, also across a
+    /// checkpoint and a restart.
+    #[tokio::test]
+    async fn the_rewind_levels_are_bounded() {
+        let objects = Arc::new(Mem::default());
+        let (mut a, _) = open(&objects, "a").await;
+        let mut h = users(&["sys"]);
+        let mut pres = Vec::new();
+        for i in 0..REWIND_LEVELS + 3 {
+            h.push(Message::user(format!("turn {i}")));
+            a.write(&h, change()).await.unwrap();
+            let pre = h.clone();
+            h = vec![h[0].clone(), Message::assistant(format!("summary {i}"))];
+            let c = Change {
+                undo: Some(Undo {
+                    pre: pre.clone(),
+                    post_len: h.len(),
+                }),
+                ..change()
+            };
+            a.write(&h, c).await.unwrap();
+            pres.push(pre);
+            assert_eq!(a.rewind_levels(), (i + 1).min(REWIND_LEVELS));
+        }
+        drop(a);
+        let (mut b, _) = open(&objects, "b").await;
+        assert_eq!(b.rewind_levels(), REWIND_LEVELS);
+        for want in pres.iter().rev().take(REWIND_LEVELS) {
+            let back = rewound(&b, &h);
+            assert_eq!(&back[..want.len()], want.as_slice());
+            h = back;
+            b.write(
+                &h,
+                Change {
+                    rewinds: true,
+                    ..change()
+                },
+            )
+            .await
+            .unwrap();
+        }
+        assert!(b.rewindable().is_none(), "the oldest levels were dropped");
     }
 }

@@ -485,16 +485,47 @@ pub fn describe_compaction(answer: &Value) -> String {
 /// `rewind`'s answer, for a person.
 pub fn describe_rewind(answer: &Value) -> String {
     let n = |k: &str| answer.get(k).and_then(Value::as_u64).unwrap_or(0);
-    format!(
+    let mut out = format!(
         "rewound the last compaction: {} messages, {} bytes of history",
         n("messages"),
         n("historyBytes")
-    )
+    );
+    // Agents before multi-level rewind do not say how many levels are left.
+    if let Some(left) = answer.get("levelsLeft").and_then(Value::as_u64) {
+        out += &match left {
+            0 => "; nothing more to rewind".to_owned(),
+            1 => "; 1 more compaction can be rewound".to_owned(),
+            n => format!("; {n} more compactions can be rewound"),
+        };
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rewind_says_how_many_levels_are_left() {
+        let answer = |left: Option<u64>| {
+            let mut v = serde_json::json!({"messages": 4, "historyBytes": 900});
+            if let Some(l) = left {
+                v["levelsLeft"] = l.into();
+            }
+            describe_rewind(&v)
+        };
+        assert_eq!(
+            answer(Some(2)),
+            "rewound the last compaction: 4 messages, 900 bytes of history; 2 more compactions can be rewound"
+        );
+        assert!(answer(Some(0)).ends_with("; nothing more to rewind"));
+        assert!(answer(Some(1)).ends_with("; 1 more compaction can be rewound"));
+        // An agent that does not say: as before.
+        assert_eq!(
+            answer(None),
+            "rewound the last compaction: 4 messages, 900 bytes of history"
+        );
+    }
 
     #[test]
     fn commands_map_to_the_agents_endpoints_with_their_parameters() {

@@ -821,10 +821,12 @@ async fn rewind(State(state): State<AppState>) -> Result<Response, ApiError> {
     state.publish(&session);
     drop(work);
     let messages = result?;
-    Ok(
-        axum::Json(json!({"messages": messages, "historyBytes": session.stats().history_bytes}))
-            .into_response(),
-    )
+    Ok(axum::Json(json!({
+        "messages": messages,
+        "historyBytes": session.stats().history_bytes,
+        "levelsLeft": session.rewind_levels(),
+    }))
+    .into_response())
 }
 
 async fn reset_payload_cap(State(state): State<AppState>) -> Result<Response, ApiError> {

@@ -69,7 +69,7 @@ pub enum TurnError {
     Unsettled(JournalError),
     #[error("{0}")]
     Fenced(JournalError),
-    #[error("nothing to rewind: no compaction since the last rewind or restart checkpoint")]
+    #[error("nothing to rewind: no compaction left to undo")]
     NothingToRewind,
     /// The turn ran past `timeouts.turnSeconds`.
     #[error("{0}")]
@@ -859,11 +859,12 @@ impl Session {
         Ok(out)
     }
 
-    /// `POST /v1/session/rewind`: undoes the last compaction — the history before it, plus
-    /// every message added since.
+    /// `POST /v1/session/rewind`: undoes the newest compaction not yet undone — the history
+    /// before it, plus every message added since. Rewinds in a row undo compactions newest
+    /// first, up to [`crate::journal::REWIND_LEVELS`] ([`Session::rewind_levels`]).
     pub async fn rewind(&mut self) -> Result<usize, TurnError> {
         self.settle().await?;
-        let Some((_, undo)) = self.journal.rewindable().cloned() else {
+        let Some(undo) = self.journal.rewindable().map(|l| l.undo.clone()) else {
             return Err(TurnError::NothingToRewind);
         };
         let tail = self
@@ -876,6 +877,11 @@ impl Session {
         self.commit(Vec::new(), None, true).await?;
         self.publish_gauges();
         Ok(self.history.len())
+    }
+
+    /// How many rewinds in a row would each undo a compaction.
+    pub fn rewind_levels(&self) -> usize {
+        self.journal.rewind_levels()
     }
 
     /// Persists anything not yet in the journal (graceful shutdown).

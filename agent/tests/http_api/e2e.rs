@@ -319,6 +319,76 @@ async fn restart_rebuilds_the_identical_history_and_rewind_undoes_a_compaction()
     assert_eq!(history::to_jsonl(third.session.history()), rewound);
 }
 
+/// A manual compaction, summarized by the simulator, that shrinks the history.
+async fn compact_shrinks(sim: &Sim, session: &mut cairn_agent::session::Session) {
+    sim.push_reply(ScriptedReply::text(summary_text()));
+    let out = session.compact_now(None).await.expect("compact");
+    assert!(out.bytes_after < out.bytes_before, "{out:?}");
+}
+
+/// Issue 35: rewinds in a row undo compactions newest first, each back to the history
+/// before it, also after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rewinds_undo_two_compactions_across_a_restart() {
+    let moto = Moto::start().await;
+    let sim = Sim::start().await.expect("sim");
+    let dir = data_dir();
+    let env = storage_env(dir.path(), Some(&moto.endpoint));
+    let yaml = config_yaml("rewind2", &format!("{}/v1", sim.url()), 200_000, "");
+    let mut built = build_session(&yaml, &env, "a").await;
+    let log = build_log();
+    let mut seed = history_with_tool_output(&log);
+    seed.extend(padded_history(8));
+    built.session.replace_history(seed).await.expect("seed");
+    let before_first = history::to_jsonl(built.session.history());
+    compact_shrinks(&sim, &mut built.session).await;
+    for t in 0..6 {
+        built
+            .session
+            .turn(vec![Message::user(format!(
+                "turn {t}: {}",
+                "w".repeat(6_000)
+            ))])
+            .await
+            .expect("turn");
+    }
+    let before_second = history::to_jsonl(built.session.history());
+    compact_shrinks(&sim, &mut built.session).await;
+    assert_eq!(built.session.rewind_levels(), 2);
+    let latest = history::to_jsonl(built.session.history());
+    drop(built);
+
+    let mut again = build_session(&yaml, &env, "b").await;
+    assert_eq!(history::to_jsonl(again.session.history()), latest);
+    assert_eq!(
+        again.session.rewind_levels(),
+        2,
+        "the levels survive a restart"
+    );
+    again.session.rewind().await.expect("first rewind");
+    assert_eq!(
+        history::to_jsonl(again.session.history()),
+        before_second,
+        "the first rewind gives the history before the second compaction"
+    );
+    assert_eq!(again.session.rewind_levels(), 1);
+    drop(again);
+
+    let mut third = build_session(&yaml, &env, "c").await;
+    assert_eq!(third.session.rewind_levels(), 1);
+    third.session.rewind().await.expect("second rewind");
+    let back = history::to_jsonl(third.session.history());
+    assert!(
+        back.starts_with(&before_first),
+        "the second rewind gives the history before the first compaction"
+    );
+    assert!(back.contains("turn 5: "), "plus what came after it");
+    assert!(
+        third.session.rewind().await.is_err(),
+        "two compactions, two rewinds"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_down_fails_the_turn_clearly_and_leaves_the_history_unchanged() {
     let moto = Moto::start().await;

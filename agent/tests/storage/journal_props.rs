@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cairn_agent::ccr::{MemoryStore, Store};
 use cairn_agent::history::{Message, to_jsonl};
-use cairn_agent::journal::{Change, Journal, Undo, rebuild};
+use cairn_agent::journal::{Change, Journal, REWIND_LEVELS, Undo, rebuild};
 use cairn_agent::storage::{DirObjects, ObjectStore};
 use proptest::prelude::*;
 
@@ -93,7 +93,7 @@ enum Edit {
     Turn(Vec<usize>),
     /// A compaction: everything but the first message and the last `keep` becomes one summary.
     Compact { keep: usize },
-    /// Undoes the last compaction, keeping what came after it.
+    /// Undoes the newest compaction not yet undone, keeping what came after it.
     Rewind,
 }
 
@@ -119,7 +119,8 @@ proptest! {
 
     /// Issue 13, defect 4: whatever the turns, compactions and rewinds, the journal stays
     /// within 3 × the history plus a constant (the messages a rewind would restore are in
-    /// the archive, named by key), and a restart rebuilds the history and its rewind.
+    /// the archive, named by key), and a restart rebuilds the history and its rewind levels.
+    /// Issue 35: rewinds undo compactions newest first, at most `REWIND_LEVELS` deep.
     #[test]
     fn journal_size_stays_bounded(edits in proptest::collection::vec(edit(), 1..60)) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -130,7 +131,8 @@ proptest! {
             let (mut journal, _) =
                 Journal::open_archiving(objects.clone(), "w", archive.clone()).await.unwrap();
             let mut history: Vec<Message> = Vec::new();
-            let mut rewind: Option<Undo> = None;
+            // The rewind levels, oldest first.
+            let mut levels: Vec<Undo> = Vec::new();
             let mut n = 0;
             for e in edits {
                 let change = match e {
@@ -152,11 +154,14 @@ proptest! {
                         history.push(Message::assistant(format!("summary {n}")));
                         history.extend(tail);
                         let undo = Undo { pre, post_len: history.len() };
-                        rewind = Some(undo.clone());
+                        levels.push(undo.clone());
+                        if levels.len() > REWIND_LEVELS {
+                            levels.remove(0);
+                        }
                         Change { undo: Some(undo), ..Change::default() }
                     }
                     Edit::Rewind => {
-                        let Some(undo) = rewind.take() else { continue };
+                        let Some(undo) = levels.pop() else { continue };
                         let after = history.split_off(undo.post_len.min(history.len()));
                         history = undo.pre;
                         history.extend(after);
@@ -167,7 +172,7 @@ proptest! {
                 // Superseded entries are deleted beside the writes.
                 journal.collected().await;
                 let history_bytes = to_jsonl(&history).len() as u64;
-                let rewind_bytes = rewind.as_ref().map_or(0, |u| to_jsonl(&u.pre).len() as u64);
+                let rewind_bytes = levels.last().map_or(0, |u| to_jsonl(&u.pre).len() as u64);
                 let bound = 3 * history_bytes + 128 * 1024;
                 let stored = stored_bytes(dir.path());
                 prop_assert!(
@@ -178,9 +183,10 @@ proptest! {
             }
             let (reopened, rebuilt) = Journal::open_archiving(objects, "r", archive).await.unwrap();
             prop_assert_eq!(to_jsonl(&rebuilt.history), to_jsonl(&history));
+            prop_assert_eq!(reopened.rewind_levels(), levels.len());
             prop_assert_eq!(
-                reopened.rewindable().map(|(_, u)| to_jsonl(&u.pre)),
-                rewind.map(|u| to_jsonl(&u.pre))
+                rebuilt.undos.iter().map(|l| to_jsonl(&l.undo.pre)).collect::<Vec<_>>(),
+                levels.iter().map(|u| to_jsonl(&u.pre)).collect::<Vec<_>>()
             );
             Ok(())
         })?;
@@ -238,9 +244,10 @@ async fn an_archived_rewind_target_survives_a_restart_and_its_loss_only_costs_th
         .await
         .unwrap();
     assert_eq!(to_jsonl(&rebuilt.history), to_jsonl(&history));
-    let (_, back) = reopened
+    let back = &reopened
         .rewindable()
-        .expect("the rewind target is read from the archive");
+        .expect("the rewind target is read from the archive")
+        .undo;
     assert_eq!(to_jsonl(&back.pre), to_jsonl(&pre));
     drop(reopened);
 

@@ -210,7 +210,12 @@ pub struct Entry {
     pub compactions: Vec<CompactionRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undo: Option<StoredUndo>,
-    /// This entry undoes the compactions of entry `rewinds`.
+    /// A checkpoint's rewind levels below `undo` (the newest), oldest first, each stored
+    /// whole. Journals written before multi-level rewind have none: their levels are `undo`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub older_undos: Vec<super::CarriedUndo>,
+    /// This entry undoes the compactions of entry `rewinds`. On a checkpoint, informational:
+    /// its `undo` and `older_undos` are the levels left after the rewind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewinds: Option<u64>,
 }
@@ -241,6 +246,8 @@ pub struct EntryOut<'a> {
     pub compactions: &'a [CompactionRecord],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub undo: Option<StoredUndo>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub older_undos: &'a [super::CarriedUndo],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rewinds: Option<u64>,
 }

@@ -12,6 +12,10 @@
 //! for byte, with its summaries and archive markers ([`rebuild`]). Journal objects are
 //! named objects of the storage port ([`ObjectStore`], re-exported here).
 //!
+//! Each entry that compacted carries an undo record; rewinds undo them newest first, up to
+//! [`REWIND_LEVELS`] deep ([`UndoStack`]). A checkpoint carries the newest as a splice of its
+//! own history and the older ones whole ([`CarriedUndo`]).
+//!
 //! A writer holds a fencing token ([`Token`]): it claims `claims/e<epoch>n<nonce>.json`, then
 //! completes the claim under a second name, `claims/e<epoch>n<nonce>-start.json`, with
 //! `start_seq` = the next free sequence number ([`Claim`]). A reader ignores every entry of
@@ -22,11 +26,13 @@ mod entry;
 mod names;
 mod rebuild;
 mod splice;
+mod undo;
 
 pub use entry::*;
 pub use names::*;
 pub use rebuild::*;
 pub use splice::*;
+pub use undo::*;
 
 pub use crate::storage::{ObjectError, ObjectStore};
 

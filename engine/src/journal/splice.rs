@@ -94,9 +94,10 @@ pub fn decode_undo(stored: StoredUndo, post: &[Message]) -> Result<Undo, String>
     })
 }
 
-/// [`encode_undo`] for a checkpoint that carries the rewind target on: the archived segment
-/// of `known` when the splice is still the same one (the history up to `post_len` did not
-/// change), else the messages inline.
+/// [`encode_undo`] for a checkpoint that carries the newest rewind level on: the archived
+/// segment of `known` when it still reads back against `post` (it is whole, or the splice is
+/// still the same one: the history up to `post_len` did not change), else the messages
+/// inline.
 pub fn carry_undo(undo: &Undo, post: &[Message], known: Option<&StoredUndo>) -> StoredUndo {
     let inline = encode_undo(undo, post);
     match known {
@@ -104,10 +105,11 @@ pub fn carry_undo(undo: &Undo, post: &[Message], known: Option<&StoredUndo>) -> 
             k @ StoredUndo {
                 archived: Some(a), ..
             },
-        ) if k.keep == inline.keep
-            && k.tail == inline.tail
-            && k.post_len == inline.post_len
-            && a.messages == inline.pre.len() =>
+        ) if k.post_len == inline.post_len
+            && ((k.keep == 0 && k.tail.is_none() && a.messages == undo.pre.len())
+                || (k.keep == inline.keep
+                    && k.tail == inline.tail
+                    && a.messages == inline.pre.len())) =>
         {
             k.clone()
         }

@@ -340,7 +340,8 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
     eprintln!("compaction: {out}");
     let compacted_to = out["bytesAfter"].as_u64().unwrap_or(0);
 
-    // rewind: the history before the compaction is back; a second rewind has nothing to undo.
+    // rewind: the history before the compaction is back; with one compaction, a second rewind
+    // has nothing to undo.
     let rewind = plugin(cp, &engineer, &["rewind", "worker"]);
     assert_eq!(rewind.code, 0, "{}", rewind.stderr);
     assert!(
@@ -356,7 +357,9 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
     );
     assert_eq!(
         rewind.text().trim(),
-        format!("rewound the last compaction: {messages} messages, {bytes} bytes of history"),
+        format!(
+            "rewound the last compaction: {messages} messages, {bytes} bytes of history; nothing more to rewind"
+        ),
         "the agent's answer, as the session reports it"
     );
     assert!(
