@@ -511,13 +511,20 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
                 crate::cluster::LeaseHold::acquire(client.clone(), &ns, &name, &holder_identity())
                     .await
                     .map_err(|e| AppError::new(exit::FAILURE, e.to_string()))?;
-            cluster = Some((client, lease));
+            cluster = Some((client, lease, obj));
             (ns, name, live, storage)
         }
     };
     gate.waiting("rebuilding the history from the journal");
     let (live_tx, live_rx) = watch::channel(Arc::new(live));
-    let session = open_session(&namespace, &name, live_rx, &storage, metrics).await?;
+    let mut session = open_session(&namespace, &name, live_rx, &storage, metrics).await?;
+    if let Some((client, _, obj)) = &cluster {
+        session.set_events(crate::events::EventSink::start(
+            client.clone(),
+            obj,
+            holder_identity(),
+        ));
+    }
     let epoch = session.journal_epoch();
     let check_slot = session.archive_check_slot();
     let check = storage.check().await;
@@ -533,7 +540,7 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
             tokio::spawn(watch_file(path.clone(), Arc::clone(&live_tx)));
         }
         Source::Cluster(_) => {
-            if let Some((client, hold)) = cluster {
+            if let Some((client, hold, _)) = cluster {
                 let hold = Arc::new(hold);
                 tokio::spawn(crate::cluster::follow(
                     client.clone(),

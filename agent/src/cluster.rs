@@ -4,7 +4,8 @@
 //!
 //! Only what the session's Role allows is used: get/list/watch of its own AgentSession and
 //! of the referenced CompactionPolicy (each watched with a `metadata.name` field selector),
-//! patch of its own status, get/create/update of its Lease.
+//! patch of its own status, get/create/update of its Lease, create/patch of Events (the
+//! session's, [`crate::events`]).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -21,6 +21,7 @@ pub mod app;
 pub mod aws;
 pub mod cluster;
 pub mod config;
+pub mod events;
 pub mod journal;
 pub mod mcp;
 pub mod memory;

@@ -14,7 +14,7 @@ pub mod controller;
 pub mod crds;
 pub mod dereference;
 pub mod error;
-pub mod events;
+pub use cairn_events as events;
 pub mod http;
 pub mod idle;
 pub mod metrics;

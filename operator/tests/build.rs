@@ -342,6 +342,7 @@ fn minimal_session_builds_hardened_owned_objects() {
             {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["cairn-chat-api-token"], "verbs": ["get"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["cairn-chat"], "verbs": ["get", "update"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         ])
     );
     let subjects = objects.role_binding.subjects.clone().unwrap_or_default();
@@ -485,6 +486,7 @@ fn full_session_wires_policy_credentials_archive_and_template() {
             {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["anthropic-key", "cairn-research-api-token", "s3-creds"], "verbs": ["get"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["cairn-research"], "verbs": ["get", "update"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
             {"apiGroups": ["cairn.dev"], "resources": ["compactionpolicies"], "resourceNames": ["frugal"], "verbs": ["get", "list", "watch"]},
         ])
     );

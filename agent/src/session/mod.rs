@@ -171,6 +171,9 @@ pub struct Session {
     archive_counters: Arc<ArchiveCounters>,
     compression_counters: CompressionCounters,
     metrics: Arc<Metrics>,
+    /// The session's Events (`Compacted`, `Recovered`, `RecoveryFailed`); none outside a
+    /// cluster.
+    events: crate::events::EventSink,
     turns: u64,
     tokens: Usage,
     /// Tokens of the level-2 summarizer's calls since the agent started, counted apart.
@@ -272,6 +275,7 @@ impl Session {
             archive_counters: parts.archive_counters,
             compression_counters: CompressionCounters::with_metrics(parts.metrics.clone()),
             metrics: parts.metrics,
+            events: crate::events::EventSink::none(),
             turns: rebuilt.state.turns,
             tokens: Usage {
                 input_tokens: rebuilt.state.input_tokens,
@@ -822,7 +826,13 @@ impl Session {
                 })
                 .inc();
         }
+        self.events.emit(crate::events::compacted(&out));
         out
+    }
+
+    /// Sends the session's Events to `sink` from now on.
+    pub fn set_events(&mut self, sink: crate::events::EventSink) {
+        self.events = sink;
     }
 
     /// `POST /v1/session/compact`: a compaction asked for by a person, with an optional

@@ -1130,6 +1130,7 @@ impl Session {
                 outcome: "retried",
             })
             .inc();
+        self.events.emit(Some(crate::events::recovered(class, o)));
         self.last_recovery = Some(LastRecovery {
             at: cairn_crds::time::rfc3339(SystemTime::now()),
             trigger: format!("{class:?}"),
@@ -1171,6 +1172,11 @@ impl Session {
                 outcome: re.label(),
             })
             .inc();
+        self.events.emit(crate::events::recovery_failed(
+            class,
+            self.state.recovery_attempts,
+            re,
+        ));
         if class.is_recoverable() {
             self.last_recovery = Some(LastRecovery {
                 at: cairn_crds::time::rfc3339(SystemTime::now()),

@@ -6,4 +6,5 @@
 mod support;
 
 mod api_server;
+mod events;
 mod serve_lease;

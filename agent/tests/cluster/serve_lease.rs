@@ -19,7 +19,7 @@ use kube::{Api as KubeApi, Client};
 
 use crate::support::agent::*;
 
-fn kubeconfig() -> std::path::PathBuf {
+pub(crate) fn kubeconfig() -> std::path::PathBuf {
     match std::env::var_os("KUBECONFIG") {
         Some(path) => std::path::PathBuf::from(path),
         None => {
@@ -30,7 +30,7 @@ fn kubeconfig() -> std::path::PathBuf {
     }
 }
 
-async fn client(path: &std::path::Path) -> Client {
+pub(crate) async fn client(path: &std::path::Path) -> Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("kubeconfig reads");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await

@@ -48,8 +48,9 @@ pub(super) fn role_binding(plan: &Plan) -> RoleBinding {
     }
 }
 
-/// Every rule names its objects. Two exceptions the API forces: `create` on leases cannot be
-/// limited by name (the name is not known when the request is authorized), and `list`/`watch`
+/// Every rule names its objects. Three exceptions the API forces: `create` on leases cannot be
+/// limited by name (the name is not known when the request is authorized), nor can the
+/// Events the agent creates and patches (each gets a new name), and `list`/`watch`
 /// by name only work with a `metadata.name` field selector, which is how the agent watches.
 fn rules(plan: &Plan) -> Vec<PolicyRule> {
     let session = plan.name.clone();
@@ -93,6 +94,10 @@ fn rules(plan: &Plan) -> Vec<PolicyRule> {
             &["get", "update"],
         ),
         rule("coordination.k8s.io", "leases", &[], &["create"]),
+        // The agent's Events about its session (`Compacted`, `Recovered`, `RecoveryFailed`):
+        // `create`, and `patch` to count a repeat into the first one's series. Not limited by
+        // name: an Event's name is chosen when it is created.
+        rule("events.k8s.io", "events", &[], &["create", "patch"]),
     ];
     if let Some(policy) = &plan.spec.policy_ref {
         rules.push(rule(

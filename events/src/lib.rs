@@ -1,6 +1,6 @@
-//! `events`: the operator's Events (`events.k8s.io/v1`). Each is created once; the same event
-//! again within six minutes (the same session, type, reason and note: a reconcile failing
-//! on every retry) is folded into the first one's `series` with a PATCH, as `kube`'s
+//! `cairn-events`: the Events (`events.k8s.io/v1`) of the operator and of the agent (one
+//! mechanism for both). Each is created once; the same event again within six minutes (the
+//! same object, type, reason and note: a reconcile failing on every retry) is folded into the first one's `series` with a PATCH, as `kube`'s
 //! `Recorder` does. What is remembered of a published event is its name, count and time under
 //! a 64-bit digest of what makes it the same, and expired entries are dropped at most once a
 //! minute. `Recorder` keeps every event whole (about 2 KB each, two per session at creation)
@@ -107,7 +107,7 @@ impl Seen {
     }
 }
 
-/// Publishes the operator's Events.
+/// Publishes Events as one reporting controller (`cairn-operator`, `cairn-agent`).
 pub struct Events {
     client: Client,
     controller: String,

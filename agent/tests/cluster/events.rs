@@ -1,0 +1,190 @@
+//! The real `cairn-agent serve --session NS/NAME` against a real Kubernetes API server: a
+//! recovery after a 413 and a manual compaction each leave an Event about the AgentSession
+//! (what `kubectl describe asess` shows).
+//!
+//! `cargo test -p cairn-agent --test cluster events::`
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn_crds::{AgentSession, AgentSessionSpec};
+use cairn_sim::{Fault, ScriptedReply, Sim};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api as KubeApi;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+use crate::serve_lease::{client, kubeconfig};
+use crate::support::agent::*;
+
+fn summary() -> String {
+    let mut s = String::new();
+    for (n, sec) in cairn_agent::compact::summarize::SECTIONS.iter().enumerate() {
+        s.push_str(&format!(
+            "{}. {sec}\nThe build of module_7 fails with E0308.\n",
+            n + 1
+        ));
+    }
+    while s.len() < 2_500 {
+        s.push_str("Details: the failing build step is module_7.\n");
+    }
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_and_a_compaction_each_leave_an_event_on_the_session() {
+    let path = kubeconfig();
+    let client = client(&path).await;
+    let ns = format!("cairn-events-test-{:08x}", fastrand::u32(..));
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns");
+    KubeApi::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("create namespace");
+    let sim = Sim::start().await.expect("sim");
+    let spec: AgentSessionSpec = serde_yaml::from_str(&format!(
+        "provider: {{kind: openai-compatible, model: {MODEL}, baseUrl: {}/v1}}\ncontextWindow: 200000\ncompaction: {{minKeepRecent: 2}}\n",
+        sim.url()
+    ))
+    .expect("spec");
+    let created = KubeApi::<AgentSession>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &AgentSession::new("s1", spec))
+        .await
+        .expect("create AgentSession");
+    let uid = created.metadata.uid.clone().expect("uid");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("agent.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn-agent"))
+        .args(["serve", "--session", &format!("{ns}/s1")])
+        .args(["--listen", "127.0.0.1:0"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("KUBECONFIG", &path)
+        .env("HOSTNAME", "agent-pod")
+        .env("CAIRN_API_TOKEN", TOKEN)
+        .env("OPENAI_API_KEY", "sk-sim")
+        .env("RUST_LOG", "info")
+        .envs(storage_env(dir.path(), None))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
+        .spawn()
+        .expect("spawn cairn-agent");
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let url = loop {
+        let text = read_log();
+        if text.contains("cairn-agent listening on")
+            && let Some(addr) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("cairn-agent starting on "))
+        {
+            break format!("http://{}", addr.trim());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("cairn-agent exited with {status}: {text}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cairn-agent did not open: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let api = Api::new(url);
+
+    for i in 0..6 {
+        sim.push_reply(ScriptedReply::text(format!(
+            "answer {i}: {}",
+            "the build of module_7 fails. ".repeat(40)
+        )));
+        let (status, body) = api
+            .turn(&format!(
+                "question {i}: why does module_7 fail? {}",
+                "x".repeat(800)
+            ))
+            .await;
+        assert_eq!(status, 200, "turn {i}: {body}");
+    }
+    // A person compacts the session.
+    sim.push_reply(ScriptedReply::text(summary()));
+    let (status, body) = api.post("/v1/session/compact", json!({})).await;
+    assert_eq!(status, 200, "compaction: {body}");
+
+    for i in 6..9 {
+        sim.push_reply(ScriptedReply::text(format!(
+            "answer {i}: {}",
+            "it is E0308. ".repeat(60)
+        )));
+        let (status, body) = api
+            .turn(&format!("question {i}: {}", "y".repeat(800)))
+            .await;
+        assert_eq!(status, 200, "turn {i}: {body}");
+    }
+    // The network path rejects the next request as too large: recovery shrinks and retries.
+    sim.push_fault(Fault::Status {
+        status: 413,
+        retry_after: None,
+    });
+    sim.push_reply(ScriptedReply::text("answered after recovery"));
+    let (status, body) = api.turn("one more question about module_7").await;
+    assert_eq!(status, 200, "{body}: {}", read_log());
+    let events = KubeApi::<Event>::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (compacted, recovered) = loop {
+        let list = events.list(&ListParams::default()).await.expect("list");
+        let about_session: Vec<_> = list
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.name.as_deref() == Some("s1")
+                        && r.kind.as_deref() == Some("AgentSession")
+                        && r.uid.as_deref() == Some(&uid)
+                })
+            })
+            .collect();
+        let find = |reason: &str| {
+            about_session
+                .iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+                .cloned()
+        };
+        if let (Some(c), Some(r)) = (find("Compacted"), find("Recovered")) {
+            break (c, r);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Compacted and Recovered Events about the session: {about_session:#?}\n{}",
+            read_log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(compacted.type_.as_deref(), Some("Normal"));
+    assert_eq!(
+        compacted.reporting_controller.as_deref(),
+        Some("cairn-agent")
+    );
+    let note = compacted.note.unwrap_or_default();
+    assert!(
+        note.starts_with("manual compaction, level ") && note.contains(" bytes"),
+        "{note}"
+    );
+    assert_eq!(recovered.type_.as_deref(), Some("Normal"));
+    let note = recovered.note.unwrap_or_default();
+    assert!(
+        note.starts_with("after payload too large (413): attempt 1 shrank the history"),
+        "{note}"
+    );
+
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let exit = child.wait().expect("wait");
+    assert!(exit.success(), "{exit}: {}", read_log());
+    let _ = KubeApi::<Namespace>::all(client)
+        .delete(&ns, &DeleteParams::default())
+        .await;
+}
