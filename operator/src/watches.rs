@@ -90,10 +90,44 @@ pub fn sessions_for_secret(
 
 /// The AgentSession that controls the object of `meta`, if one does.
 fn controlling_session(meta: &ObjectMeta) -> Option<&OwnerReference> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == AgentSession::kind(&()) && o.controller == Some(true))
+    let group = format!("{}/", AgentSession::group(&()));
+    meta.owner_references.iter().flatten().find(|o| {
+        o.kind == AgentSession::kind(&())
+            && o.api_version.starts_with(&group)
+            && o.controller == Some(true)
+    })
+}
+
+/// The session that controls an owned object, whatever `cairn.dev` version its owner
+/// reference names.
+pub fn session_of_owned(meta: &ObjectMeta) -> Option<ObjectRef<Guarded>> {
+    let owner = controlling_session(meta)?;
+    Some(ObjectRef::new(&owner.name).within(meta.namespace.as_deref()?))
+}
+
+/// The reconciles an owned kind's changes call for: the session that controls each object,
+/// whatever API version its owner reference names. Objects made by an operator of an earlier
+/// release name `cairn.dev/v1alpha1`, and kube-runtime's `owns` matches the version too: the
+/// deletion of such a pod, replaced after an upgrade, would reconcile nothing, and the
+/// session would wait for its next resync without a pod.
+fn owner_triggers<T>(
+    stream: impl futures::Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+    kind: &'static str,
+    meta: fn(&T) -> &ObjectMeta,
+) -> impl futures::Stream<Item = ObjectRef<Guarded>> + Send + 'static
+where
+    T: Send + 'static,
+{
+    stream.filter_map(move |event| {
+        let target = match event {
+            Ok(object) => session_of_owned(meta(&object)),
+            Err(e) => {
+                tracing::debug!(error = %e, kind, "watch failed");
+                None
+            }
+        };
+        futures::future::ready(target)
+    })
 }
 
 /// The session a Service or NetworkPolicy event concerns: its controlling session for one
@@ -359,13 +393,13 @@ pub async fn run(
         },
     );
     let mut controller = controller
-        .owns_stream(pod_stream)
-        .owns_stream(sa_stream)
-        .owns_stream(role_stream)
-        .owns_stream(rb_stream)
+        .reconcile_on(owner_triggers(pod_stream, "Pod", |o| o.meta()))
+        .reconcile_on(owner_triggers(sa_stream, "ServiceAccount", |o| o.meta()))
+        .reconcile_on(owner_triggers(role_stream, "Role", |o| o.meta()))
+        .reconcile_on(owner_triggers(rb_stream, "RoleBinding", |o| o.meta()))
         .reconcile_on(network_triggers(svc_stream, sessions_for_network.clone()))
         .reconcile_on(network_triggers(np_stream, sessions_for_network))
-        .owns_stream(secret_stream)
+        .reconcile_on(owner_triggers(secret_stream, "Secret", |o| &o.metadata))
         .watches(
             scoped::<CompactionPolicy>(client.clone(), ns),
             watcher::Config::default(),

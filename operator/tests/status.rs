@@ -8,7 +8,7 @@ use cairn_operator::Defaults;
 use cairn_operator::config::OtlpExport;
 use cairn_operator::status::{self, Blocker, Observed, Problem};
 use cairn_operator::watches::{
-    session_for_network_object, sessions_for_policy, sessions_for_secret,
+    session_for_network_object, session_of_owned, sessions_for_policy, sessions_for_secret,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -412,6 +412,37 @@ fn a_shared_network_object_maps_to_the_first_live_session_of_its_namespace() {
         "no session there"
     );
     assert!(target(meta("unrelated", "team-a", None)).is_empty());
+}
+
+#[test]
+fn an_owned_object_maps_to_its_session_whatever_version_its_owner_reference_names() {
+    let meta = |api_version: &str, kind: &str| ObjectMeta {
+        name: Some("cairn-a-0".into()),
+        namespace: Some("team-a".into()),
+        owner_references: Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "a".into(),
+                uid: "u".into(),
+                controller: Some(true),
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    };
+    let target = |m: ObjectMeta| names(session_of_owned(&m).into_iter().collect());
+    // A pod made by the previous release names v1alpha1: its deletion must still reconcile.
+    assert_eq!(
+        target(meta("cairn.dev/v1alpha1", "AgentSession")),
+        ["team-a/a"]
+    );
+    assert_eq!(
+        target(meta("cairn.dev/v1beta1", "AgentSession")),
+        ["team-a/a"]
+    );
+    assert!(target(meta("other.example/v1", "AgentSession")).is_empty());
+    assert!(target(meta("cairn.dev/v1beta1", "CompactionPolicy")).is_empty());
 }
 
 #[test]
