@@ -148,7 +148,19 @@ fn watch(cp: &'static ControlPlane, stop: Arc<AtomicBool>) -> std::thread::JoinH
                     }
                 }
             }
-            match cp.kubectl(&["get", "asess", "-n", NS]) {
+            // A discovery cache of its own per call: kubectl keeps the API versions it
+            // discovered on disk, and after the rollback its cache still names v1beta1 (a
+            // user refreshes it with `kubectl api-resources`); the server is what is held
+            // to serving `asess` throughout.
+            let cache = std::env::temp_dir().join(format!(
+                "upgrade-kubectl-cache-{}-{}",
+                std::process::id(),
+                seen.polls
+            ));
+            let cache_arg = format!("--cache-dir={}", cache.display());
+            let get = cp.kubectl(&["get", "asess", "-n", NS, &cache_arg]);
+            let _ = std::fs::remove_dir_all(&cache);
+            match get {
                 Ok(o) if o.status.success() => {}
                 Ok(o) => seen
                     .get_failures
@@ -185,8 +197,26 @@ fn wait_for_agents(cp: &ControlPlane, tag: &str) {
         while !(pod_image(cp, session) == image && pod_ready(cp, NS, &pod)) {
             assert!(
                 Instant::now() < deadline,
-                "{pod} does not run {image} Ready after 240 s:\n{}",
+                "{pod} does not run {image} Ready after 240 s:\n{}\n{}\n{}\n{}",
                 cp.kubectl_ok(&["describe", "pod", &pod, "-n", NS])
+                    .unwrap_or_default(),
+                cp.kubectl_ok(&["get", "asess", session, "-n", NS, "-o", "yaml"])
+                    .unwrap_or_default(),
+                cp.kubectl_ok(&[
+                    "logs",
+                    "-n",
+                    OPERATOR_NS,
+                    "-l",
+                    "app.kubernetes.io/instance=cairn",
+                    "--tail",
+                    "2000"
+                ])
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains(session))
+                .collect::<Vec<_>>()
+                .join("\n"),
+                cp.kubectl_ok(&["get", "events", "-n", NS])
                     .unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(500));
