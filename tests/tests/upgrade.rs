@@ -612,6 +612,8 @@ fn helm_upgrade_and_rollback_keep_every_session() {
     );
     assert_history(cp, &sim, &running(&history));
     assert_recall(cp, &key, &log);
+    // As docs/operator.md says: kubectl's discovery cache still names v1beta1.
+    kubectl(cp, &["api-resources"]);
     suspend(cp, "sleeper", false);
     wait_for(
         "sleeper to resume on the previous release",

@@ -159,6 +159,15 @@ pub struct StoredUndo {
     pub post_len: usize,
 }
 
+/// An undo record below the newest, as a checkpoint carries it: whole (see
+/// [`StoredUndo::is_whole`]), so it needs no entry the checkpoint supersedes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CarriedUndo {
+    /// The entry that compacted.
+    pub seq: u64,
+    pub undo: StoredUndo,
+}
+
 /// The replaced messages of an undo, archived as one segment (see `compact::archive`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ArchivedUndo {
@@ -213,7 +222,7 @@ pub struct Entry {
     /// A checkpoint's rewind levels below `undo` (the newest), oldest first, each stored
     /// whole. Journals written before multi-level rewind have none: their levels are `undo`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub older_undos: Vec<super::CarriedUndo>,
+    pub older_undos: Vec<CarriedUndo>,
     /// This entry undoes the compactions of entry `rewinds`. On a checkpoint, informational:
     /// its `undo` and `older_undos` are the levels left after the rewind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -247,7 +256,7 @@ pub struct EntryOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub undo: Option<StoredUndo>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    pub older_undos: &'a [super::CarriedUndo],
+    pub older_undos: &'a [CarriedUndo],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rewinds: Option<u64>,
 }

@@ -16,15 +16,6 @@ pub struct Level {
     pub stored: StoredUndo,
 }
 
-/// An undo record below the newest, as a checkpoint carries it: whole (see
-/// [`StoredUndo::is_whole`]), so it needs no entry the checkpoint supersedes.
-#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
-pub struct CarriedUndo {
-    /// The entry that compacted.
-    pub seq: u64,
-    pub undo: StoredUndo,
-}
-
 impl StoredUndo {
     /// Holds the whole pre-compaction history (inline or as an archived segment) rather than
     /// a splice of its entry's history: it reads back without that entry.
