@@ -70,7 +70,7 @@ pub fn compacted(out: &CompactionOutcome) -> Option<SessionEvent> {
         out.bytes_after
     );
     if archived > 0 {
-        note.push_str(&format!(", {archived} originals archived"));
+        note.push_str(&format!(", {}", originals_archived(archived)));
     }
     if !out.met {
         note.push_str(&format!("; still above the {}-byte target", out.target));
@@ -81,6 +81,14 @@ pub fn compacted(out: &CompactionOutcome) -> Option<SessionEvent> {
         action: "Compact",
         note,
     })
+}
+
+fn originals_archived(n: usize) -> String {
+    if n == 1 {
+        "1 original archived".to_owned()
+    } else {
+        format!("{n} originals archived")
+    }
 }
 
 fn trigger_label(t: Trigger) -> &'static str {
@@ -103,7 +111,10 @@ pub fn recovered(class: FailureClass, o: &RecoveryOutcome) -> SessionEvent {
         o.report.bytes_after
     );
     if !o.report.archived.is_empty() {
-        note.push_str(&format!(", {} originals archived", o.report.archived.len()));
+        note.push_str(&format!(
+            ", {}",
+            originals_archived(o.report.archived.len())
+        ));
     }
     if let Some(cap) = o.learned_cap {
         note.push_str(&format!("; payload cap learned: {cap} bytes"));
@@ -265,6 +276,8 @@ mod tests {
             not_run: None,
             reports,
             breaker_opened: false,
+            summary: None,
+            level2_skipped: false,
         }
     }
 

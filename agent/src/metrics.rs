@@ -168,6 +168,15 @@ pub struct CompactionLabels {
     pub trigger: &'static str,
 }
 
+/// How a level-2 summary ended: `accepted`, `rejected` (with the gate's reason), `failed`,
+/// or `skipped` (level 2 backed off).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SummaryOutcomeLabels {
+    pub outcome: &'static str,
+    /// The quality gate's reason for a rejection (`missing_sections`, ...), else empty.
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RecoveryLabels {
     pub class: &'static str,
@@ -208,7 +217,7 @@ pub struct RecallLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ToolLabels {
-    /// A built-in tool's label, or `mcp`.
+    /// A built-in tool's label, `mcp`, or `client` (a client's function tool, handed back).
     pub tool: &'static str,
 }
 
@@ -245,6 +254,7 @@ pub struct Metrics {
     pub model_tokens: Family<ModelTokenLabels, Counter>,
     pub cost_usd: Family<CostLabels, FloatCounter>,
     pub compactions: Family<CompactionLabels, Counter>,
+    pub summaries: Family<SummaryOutcomeLabels, Counter>,
     pub memory_updates: Family<OutcomeLabels, Counter>,
     pub memory_compactions: Counter,
     pub memory_queued_segments: Counter,
@@ -286,6 +296,7 @@ impl Default for Metrics {
             model_tokens: Family::default(),
             cost_usd: Family::default(),
             compactions: Family::default(),
+            summaries: Family::default(),
             memory_updates: Family::default(),
             memory_compactions: Counter::default(),
             memory_queued_segments: Counter::default(),
@@ -339,6 +350,11 @@ impl Default for Metrics {
             "compactions",
             "Compactions by ladder level and trigger",
             m.compactions.clone(),
+        );
+        r.register(
+            "summaries",
+            "Level-2 summaries by outcome (accepted, rejected with the quality gate's reason, failed, skipped while level 2 backs off)",
+            m.summaries.clone(),
         );
         r.register(
             "memory_updates",
@@ -412,7 +428,7 @@ impl Default for Metrics {
         );
         r.register(
             "tool_calls",
-            "Built-in tool calls by tool",
+            "Tool calls by tool: a built-in tool's name, mcp, or client (handed back to the client to run)",
             m.tool_calls.clone(),
         );
         r.register(
@@ -647,6 +663,12 @@ mod tests {
             .get_or_create(&CompactionLabels {
                 level: 2,
                 trigger: "auto",
+            })
+            .inc();
+        m.summaries
+            .get_or_create(&SummaryOutcomeLabels {
+                outcome: "rejected",
+                reason: "missing_sections",
             })
             .inc();
         m.memory_updates

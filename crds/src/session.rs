@@ -746,10 +746,16 @@ pub struct SessionStats {
     /// Messages the cheap compaction passes changed over the session's life.
     #[serde(default)]
     pub passes: PassStats,
+    /// What the level-2 summarizer's summaries came to over the session's life.
+    #[serde(default)]
+    pub summaries: SummaryStats,
     /// Compression of tool results as they entered the history (and by the `compress`
     /// tool), per strategy, and how often the model's `recall` found what it asked for.
     #[serde(default)]
     pub compression: CompressionStats,
+    /// Tool calls the model made since the agent started, by who runs them.
+    #[serde(default)]
+    pub tool_calls: ToolCallStats,
     /// Where the context headroom of the next request stands against the policy's buffers
     /// (the operator's ContextHeadroom condition and its Events follow it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -891,6 +897,46 @@ pub struct PassStats {
     /// Tool results cut to the per-result or per-turn budget in a request.
     #[serde(default)]
     pub tool_results_cut: u64,
+}
+
+/// Level-2 summaries over the session's life (journaled). A summary the quality gate rejects
+/// (twice in one compaction) or a summarizer call that fails backs level 2 off: the next
+/// 1, 2, 4, then 8 compactions go from level 1 straight to level 3, until a summary passes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SummaryStats {
+    /// Summaries that passed the quality gate and replaced their segment.
+    #[serde(default)]
+    pub accepted: u64,
+    /// Compactions whose summaries the gate rejected (both tries).
+    #[serde(default)]
+    pub rejected: u64,
+    /// Summarizer calls that failed (a provider error, a window too small, the archive
+    /// refusing the segment).
+    #[serde(default)]
+    pub failed: u64,
+    /// Compactions that skipped level 2 (backed off after a rejection or a failure, or
+    /// after a summary that did not bring the history under budget).
+    #[serde(default)]
+    pub skipped: u64,
+    /// Why the newest rejected summary was rejected (`missing_sections`, `too_short`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rejection: Option<String>,
+}
+
+/// Tool calls since the agent started.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCallStats {
+    /// Calls of the session's built-in tools (`recall`, `compress`, ...), run by the agent.
+    #[serde(default)]
+    pub builtin: u64,
+    /// Calls of MCP servers' tools, run by the agent.
+    #[serde(default)]
+    pub mcp: u64,
+    /// Calls of the client's own function tools, handed back to the client to run.
+    #[serde(default)]
+    pub client: u64,
 }
 
 /// Compression since the agent started.

@@ -614,7 +614,8 @@ pub fn mcp_selections(
     Ok((!out.is_empty()).then_some(out))
 }
 
-/// `tool_choice`: `auto`, `none`, `required` or a named function among the client's tools.
+/// `tool_choice`: `auto`, `none`, `required` (a call of any tool the turn offers) or a named
+/// function among the client's tools.
 pub fn tool_choice(
     obj: &Map<String, Value>,
     api: Api,
@@ -666,12 +667,8 @@ pub fn tool_choice(
             format!("tool_choice names {n:?}, which is not one of the request's tools"),
         ));
     }
-    if choice == ToolChoice::Required && tools.is_empty() {
-        return Err(bad(
-            "invalid_tool_choice",
-            "tool_choice \"required\" needs tools",
-        ));
-    }
+    // `required` needs no tools of the client's: the session offers its own (`recall`,
+    // `compress`, the MCP servers' tools) with every request.
     Ok(choice)
 }
 
@@ -821,6 +818,13 @@ mod tests {
         );
         let other = obj(json!({"tool_choice": {"type": "function", "name": "nope"}}));
         assert!(tool_choice(&other, Api::Responses, &tools).is_err());
+        // The session's own tools are offered with every request: `required` needs none
+        // of the client's.
+        let required = obj(json!({"tool_choice": "required"}));
+        assert_eq!(
+            tool_choice(&required, Api::Chat, &[]).unwrap(),
+            ToolChoice::Required
+        );
         let web = obj(json!({"tools": [{"type": "web_search"}]}));
         assert!(function_tools(&web, Api::Responses).is_err());
     }

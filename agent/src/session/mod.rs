@@ -26,7 +26,9 @@ use crate::ccr::Store;
 use crate::ccr::stats::{ArchiveCounters, CompressionCounters};
 use crate::compact::ladder::LadderContext;
 use crate::compact::window::{Buffers, Headroom};
-use crate::compact::{BudgetInputs, CompactionOutcome, SessionState, Trigger, compact};
+use crate::compact::{
+    BudgetInputs, CompactionOutcome, SessionState, SummaryVerdict, Trigger, compact,
+};
 use crate::compress;
 use crate::config::Live;
 use crate::history::{self, Message};
@@ -36,8 +38,8 @@ use crate::journal::{
 use crate::mcp::summarizer::McpSummarizer;
 use crate::mcp::{McpCatalog, McpHub};
 use crate::metrics::{
-    CompactionLabels, Metrics, OutcomeLabels, SummaryEngine, SummaryLabels, SummaryWriter,
-    TokenLabels, gauge_value,
+    CompactionLabels, Metrics, OutcomeLabels, SummaryEngine, SummaryLabels, SummaryOutcomeLabels,
+    SummaryWriter, TokenLabels, gauge_value,
 };
 use crate::provider::deadline::Deadlined;
 use crate::provider::{Provider, Usage};
@@ -170,6 +172,8 @@ pub struct Session {
     journal: Journal,
     archive_counters: Arc<ArchiveCounters>,
     compression_counters: CompressionCounters,
+    /// Tool calls since the agent started (`status.session.toolCalls`).
+    tool_call_counts: cairn_crds::session::ToolCallStats,
     metrics: Arc<Metrics>,
     /// The session's Events (`Compacted`, `Recovered`, `RecoveryFailed`); none outside a
     /// cluster.
@@ -274,6 +278,7 @@ impl Session {
             journal,
             archive_counters: parts.archive_counters,
             compression_counters: CompressionCounters::with_metrics(parts.metrics.clone()),
+            tool_call_counts: Default::default(),
             metrics: parts.metrics,
             events: crate::events::EventSink::none(),
             turns: rebuilt.state.turns,
@@ -817,6 +822,19 @@ impl Session {
             met = out.met,
             "compaction"
         );
+        let summary = out
+            .summary
+            .map(|v| match v {
+                SummaryVerdict::Rejected(reason) => (v.label(), reason),
+                _ => (v.label(), ""),
+            })
+            .or(out.level2_skipped.then_some(("skipped", "")));
+        if let Some((outcome, reason)) = summary {
+            self.metrics
+                .summaries
+                .get_or_create(&SummaryOutcomeLabels { outcome, reason })
+                .inc();
+        }
         if out.not_run.is_none() {
             self.metrics
                 .compactions
@@ -946,8 +964,10 @@ impl Session {
             },
             cost_usd: self.cost_status(),
             passes: self.passes,
+            summaries: self.state.summaries.clone(),
             headroom: Some(self.headroom()),
             compression: self.compression_counters.session_stats(),
+            tool_calls: self.tool_call_counts,
             unsupported: crate::config::unsupported(&self.live),
             // The server knows when a client last had work done (`AppState::touch`).
             last_activity: None,

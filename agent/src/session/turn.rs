@@ -695,11 +695,20 @@ impl Session {
             let (client, own): (Vec<_>, Vec<_>) = calls
                 .into_iter()
                 .partition(|c| self.options.is_client_tool(&c.name));
+            self.tool_call_counts.client += client.len() as u64;
+            if !client.is_empty() {
+                self.metrics
+                    .tool_calls
+                    .get_or_create(&ToolLabels { tool: "client" })
+                    .inc_by(client.len() as u64);
+            }
             for call in &own {
                 let route = self.mcp_catalog.route(&call.name).cloned();
                 let tool = if route.is_some() {
+                    self.tool_call_counts.mcp += 1;
                     "mcp"
                 } else {
+                    self.tool_call_counts.builtin += 1;
                     tool_label(&call.name)
                 };
                 self.metrics
@@ -729,6 +738,16 @@ impl Session {
                 self.history.push(message);
             }
             scope.answer.after_tools = true;
+            // A required or named choice is met once the session's own tools have run: the
+            // turn's later calls send `none`, so the model answers from the results. Held for
+            // every call, it would leave the model no way to answer and end the turn only at
+            // the call limit or as stagnation.
+            if matches!(
+                self.options.controls.tool_choice,
+                crate::provider::ToolChoice::Required | crate::provider::ToolChoice::Function(_)
+            ) {
+                self.options.controls.tool_choice = crate::provider::ToolChoice::None;
+            }
             if !client.is_empty() {
                 return Ok(scope.outcome(rounds, None, client));
             }

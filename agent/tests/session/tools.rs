@@ -152,3 +152,52 @@ async fn a_reply_cut_at_the_output_limit_is_continued_with_a_doubled_limit() {
     assert_eq!(reqs[1].max_tokens, 16_384);
     assert!(reqs[1].contains("Resume DIRECTLY"));
 }
+
+/// `tool_choice: required` holds until the session's own tools have run: the first call of
+/// the turn sends it, the next one `none`, and the model's answer ends the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_tool_choice_is_met_by_the_first_round_of_own_tools() {
+    use cairn_agent::provider::{Controls, ToolChoice};
+    use cairn_agent::session::TurnOptions;
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().unwrap();
+    let mut built = session(&sim, dir.path(), "").await;
+    sim.push_reply(ScriptedReply::tool_call(
+        "recall",
+        json!({"key": "0123456789abcdef"}),
+    ));
+    sim.push_reply(ScriptedReply::text("nothing archived under that key"));
+    let before = sim.requests().len();
+    let options = TurnOptions {
+        controls: Controls {
+            tool_choice: ToolChoice::Required,
+            ..Controls::default()
+        },
+        ..TurnOptions::default()
+    };
+    let out = built
+        .session
+        .turn_with_options(vec![Message::user("find it")], options, None)
+        .await
+        .expect("turn");
+    assert_eq!(out.rounds, 2);
+    assert_eq!(out.stopped, None);
+    assert_eq!(out.text, "nothing archived under that key");
+    let choices: Vec<serde_json::Value> = sim.requests()[before..]
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(&r.body).expect("body")["tool_choice"].clone()
+        })
+        .collect();
+    assert_eq!(choices, vec![json!("required"), json!("none")]);
+    // The next turn is back to the default: no tool_choice sent.
+    let out = built
+        .session
+        .turn(vec![Message::user("next")])
+        .await
+        .expect("turn");
+    assert_eq!(out.text, "ok");
+    let last: serde_json::Value =
+        serde_json::from_str(&sim.requests().pop().expect("request").body).expect("body");
+    assert!(last.get("tool_choice").is_none(), "{last}");
+}

@@ -13,7 +13,7 @@ use cairn_crds::EffectivePolicy;
 use crate::ccr::Store;
 use crate::history::{self, Message};
 
-use super::state::SKIP_LEVEL2_AFTER_NON_CONVERGING;
+use super::state::{SKIP_LEVEL2_AFTER_NON_CONVERGING, SummaryVerdict};
 use super::summarize::{self, SummaryOutcome};
 use super::window::target_chars;
 use super::{
@@ -101,6 +101,10 @@ pub struct CompactionOutcome {
     pub reports: Vec<PassReport>,
     /// The circuit breaker opened with this compaction.
     pub breaker_opened: bool,
+    /// How level 2's summarizer call ended, when one ran (a memory standing in for the
+    /// summary is no summarizer call); `level2_skipped` when it backed off.
+    pub summary: Option<SummaryVerdict>,
+    pub level2_skipped: bool,
 }
 
 /// Runs the ladder on `history`.
@@ -125,6 +129,8 @@ pub async fn compact(
         not_run: None,
         reports: Vec::new(),
         breaker_opened: false,
+        summary: None,
+        level2_skipped: false,
     };
     if ctx.trigger == Trigger::Auto && state.auto_compaction_disabled() {
         out.not_run = Some(NotRun::CircuitOpen);
@@ -152,6 +158,8 @@ pub async fn compact(
     {
         if state.skip_level2 > 0 {
             state.skip_level2 -= 1;
+            state.summaries.skipped += 1;
+            out.level2_skipped = true;
         } else {
             let (report, outcome) =
                 summarize::summarize(history, ctx.policy, ctx.trigger, s, ctx.store).await;
@@ -171,6 +179,22 @@ pub async fn compact(
             } else {
                 (report, outcome)
             };
+            let from_memory = report
+                .notes
+                .iter()
+                .any(|n| n == summarize::FROM_MEMORY_NOTE);
+            out.summary = match &outcome {
+                SummaryOutcome::Applied if from_memory => None,
+                SummaryOutcome::Applied => Some(SummaryVerdict::Accepted),
+                SummaryOutcome::NothingToSummarize => None,
+                SummaryOutcome::Rejected(r) => Some(SummaryVerdict::Rejected(r.label())),
+                SummaryOutcome::Failed(_) | SummaryOutcome::ArchiveFailed => {
+                    Some(SummaryVerdict::Failed)
+                }
+            };
+            if let Some(v) = out.summary {
+                state.record_summary(v);
+            }
             if outcome == SummaryOutcome::Applied {
                 out.level = Some(2);
                 if !fits(history) {

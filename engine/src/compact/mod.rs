@@ -23,7 +23,7 @@ pub mod verbatim;
 pub mod window;
 
 pub use ladder::{CompactionOutcome, LadderContext, Preflight, compact, preflight};
-pub use state::SessionState;
+pub use state::{SessionState, SummaryVerdict};
 pub use summarize::{SummarizeError, Summarizer};
 pub use window::{Budget, BudgetInputs, Headroom};
 

@@ -9,8 +9,32 @@ use crate::tokens::CharsPerToken;
 pub const CIRCUIT_BREAKER_FAILURES: u32 = 3;
 /// Compactions that skip level 2 after a summary that did not bring the history under budget.
 pub const SKIP_LEVEL2_AFTER_NON_CONVERGING: u32 = 2;
+/// The most compactions level 2 backs off for after rejected or failed summaries in a row
+/// (1, 2, 4, then this many).
+pub const MAX_LEVEL2_BACKOFF: u32 = 8;
 /// Recovery halves the tool-result budgets at most this many times (down to 1/8).
 pub const MAX_TOOL_BUDGET_HALVINGS: u32 = 3;
+
+/// How one level-2 summary ended, for the counters, the metrics and the backoff.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SummaryVerdict {
+    Accepted,
+    /// The quality gate rejected both tries, for this reason (`Rejection::label`).
+    Rejected(&'static str),
+    /// The summarizer call failed, or the archive refused the segment.
+    Failed,
+}
+
+impl SummaryVerdict {
+    /// The `outcome` label of `cairn_agent_summaries_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Rejected(_) => "rejected",
+            Self::Failed => "failed",
+        }
+    }
+}
 
 /// Per-session state of the compaction and recovery machinery.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -47,6 +71,10 @@ pub struct SessionState {
     pub token_escalations: u32,
     /// The once-per-session "large history, no payload cap known" warning was given.
     pub large_history_warned: bool,
+    /// Level-2 summaries rejected or failed in a row (reset by an accepted one): the backoff.
+    pub summary_failures_in_row: u32,
+    /// What level 2's summaries came to (`status.session.summaries`).
+    pub summaries: cairn_crds::session::SummaryStats,
     /// Counters for status and metrics.
     pub compactions: u64,
     pub level3_compactions: u64,
@@ -68,6 +96,30 @@ impl SessionState {
     pub fn begin_turn(&mut self) {
         self.recovery_attempts = 0;
         self.token_escalations = 0;
+    }
+
+    /// Records how a level-2 summary ended and backs level 2 off after a rejection or a
+    /// failure: the next 1, 2, 4, then [`MAX_LEVEL2_BACKOFF`] compactions skip it, until a
+    /// summary passes.
+    pub fn record_summary(&mut self, verdict: SummaryVerdict) {
+        match verdict {
+            SummaryVerdict::Accepted => {
+                self.summaries.accepted += 1;
+                self.summary_failures_in_row = 0;
+                return;
+            }
+            SummaryVerdict::Rejected(reason) => {
+                self.summaries.rejected += 1;
+                self.summaries.last_rejection = Some(reason.to_owned());
+            }
+            SummaryVerdict::Failed => self.summaries.failed += 1,
+        }
+        self.summary_failures_in_row = self.summary_failures_in_row.saturating_add(1);
+        let backoff = 1_u32
+            .checked_shl(self.summary_failures_in_row - 1)
+            .unwrap_or(u32::MAX)
+            .min(MAX_LEVEL2_BACKOFF);
+        self.skip_level2 = self.skip_level2.max(backoff);
     }
 
     /// True when the circuit breaker has opened.

@@ -24,6 +24,12 @@ pub struct PersistedState {
     pub skip_level2: u32,
     #[serde(default)]
     pub tool_budget_halvings: u32,
+    /// Level-2 summaries rejected or failed in a row (the backoff's exponent).
+    #[serde(default)]
+    pub summary_failures_in_row: u32,
+    /// What level 2's summaries came to (`status.session.summaries`).
+    #[serde(default)]
+    pub summaries: cairn_crds::session::SummaryStats,
     #[serde(default)]
     pub compactions: u64,
     #[serde(default)]
@@ -78,6 +84,8 @@ impl PersistedState {
             consecutive_failures: state.consecutive_failures,
             skip_level2: state.skip_level2,
             tool_budget_halvings: state.tool_budget_halvings,
+            summary_failures_in_row: state.summary_failures_in_row,
+            summaries: state.summaries.clone(),
             compactions: state.compactions,
             level3_compactions: state.level3_compactions,
             recoveries: state.recoveries,
@@ -105,6 +113,8 @@ impl PersistedState {
         state.consecutive_failures = self.consecutive_failures;
         state.skip_level2 = self.skip_level2;
         state.tool_budget_halvings = self.tool_budget_halvings;
+        state.summary_failures_in_row = self.summary_failures_in_row;
+        state.summaries = self.summaries.clone();
         state.compactions = self.compactions;
         state.level3_compactions = self.level3_compactions;
         state.recoveries = self.recoveries;

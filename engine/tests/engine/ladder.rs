@@ -8,7 +8,7 @@ use cairn_engine::compact::ladder::{LadderContext, NotRun};
 use cairn_engine::compact::pairing;
 use cairn_engine::compact::summarize::SECTIONS;
 use cairn_engine::compact::{
-    BudgetInputs, SessionState, SummarizeError, Summarizer, Trigger, compact,
+    BudgetInputs, SessionState, SummarizeError, Summarizer, SummaryVerdict, Trigger, compact,
 };
 use cairn_engine::history::{self, Message, Role};
 use cairn_engine::testing::*;
@@ -298,6 +298,76 @@ async fn non_converging_summary_skips_level2_for_the_next_two_compactions() {
         assert_eq!(s.calls(), 1, "level 2 skipped");
         assert_eq!(st.skip_level2, left);
     }
+}
+
+/// One auto compaction of a fresh 600 KB session to 120 KB: nothing is lost, and returns
+/// the outcome.
+async fn compact_a_session(
+    store: &MemoryStore,
+    summarizer: &ScriptedSummarizer,
+    st: &mut SessionState,
+) -> cairn_engine::compact::CompactionOutcome {
+    let policy = EffectivePolicy::default();
+    let mut h = session(600_000);
+    let before = h.clone();
+    let out = compact(
+        &mut h,
+        &ctx(
+            &policy,
+            window_for(120_000),
+            store,
+            Some(summarizer),
+            Trigger::Auto,
+        ),
+        st,
+    )
+    .await;
+    assert!(lost_texts(&before, &h, store).await.is_empty());
+    out
+}
+
+/// A summary long enough but without the nine sections never replaces its segment: the gate
+/// rejects it, the rejection is counted with its reason, level 3 runs with its archive, and
+/// level 2 backs off for 1, 2, 4, ... compactions until a summary passes.
+#[tokio::test]
+async fn a_sectionless_summary_is_rejected_counted_and_backs_level2_off() {
+    let store = MemoryStore::new();
+    let prose = "The user and the assistant talked about the build at length. ".repeat(60);
+    let s = ScriptedSummarizer::new(vec![Ok(prose); 4]);
+    let mut st = SessionState::new();
+    // Rejected twice (both tries): level 3, counted, backed off for one compaction.
+    let out = compact_a_session(&store, &s, &mut st).await;
+    assert_eq!(s.calls(), 2);
+    assert_eq!(out.level, Some(3));
+    assert_eq!(
+        out.summary,
+        Some(SummaryVerdict::Rejected("missing_sections"))
+    );
+    assert_eq!(st.summaries.rejected, 1);
+    assert_eq!(
+        st.summaries.last_rejection.as_deref(),
+        Some("missing_sections")
+    );
+    assert_eq!(st.skip_level2, 1);
+    // The next compaction skips level 2.
+    let out = compact_a_session(&store, &s, &mut st).await;
+    assert_eq!(s.calls(), 2, "level 2 skipped");
+    assert!(out.level2_skipped && out.summary.is_none());
+    assert_eq!(out.level, Some(3));
+    assert_eq!((st.summaries.skipped, st.skip_level2), (1, 0));
+    // Rejected again: backed off for two.
+    compact_a_session(&store, &s, &mut st).await;
+    assert_eq!(s.calls(), 4);
+    assert_eq!((st.summaries.rejected, st.skip_level2), (2, 2));
+    for _ in 0..2 {
+        compact_a_session(&store, &s, &mut st).await;
+    }
+    assert_eq!((s.calls(), st.summaries.skipped), (4, 3));
+    // The script is spent: the next summary is well formed, passes, and ends the backoff.
+    let out = compact_a_session(&store, &s, &mut st).await;
+    assert_eq!(out.summary, Some(SummaryVerdict::Accepted));
+    assert_eq!(out.level, Some(2));
+    assert_eq!((st.summaries.accepted, st.summary_failures_in_row), (1, 0));
 }
 
 #[tokio::test]
