@@ -6,9 +6,7 @@
 //! byte, and `?view=request` is that request's body.
 
 use std::io::Cursor;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::path::Path;
 
 use base64::Engine as _;
 use cairn_agent::history::{Image, Message, ToolCall};
@@ -21,25 +19,7 @@ use serde_json::{Value, json};
 
 use crate::support::agent::*;
 
-/// `node_modules` of the reference MCP servers (`tests/harness/install-mcp-servers.sh`).
-fn node_modules() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/harness/install-mcp-servers.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run install-mcp-servers.sh");
-        assert!(out.status.success(), "install-mcp-servers.sh failed");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.lines()
-            .find_map(|l| l.strip_prefix("node_modules="))
-            .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("no node_modules= in {text}"))
-    })
-}
+use crate::support::mcp_node_modules as node_modules;
 
 fn yaml(kind: ProviderKind, sim: &Sim, files: &Path) -> String {
     let base = match kind {

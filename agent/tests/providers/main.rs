@@ -16,6 +16,7 @@ mod middlebox_nginx;
 mod network_path;
 mod prompt_cache;
 mod real_llama;
+mod real_llama_tools;
 mod reload;
 mod secrets;
 mod summarizer;

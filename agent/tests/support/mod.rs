@@ -9,6 +9,27 @@ pub mod agent;
 pub mod faults;
 pub mod moto;
 
+/// `node_modules` of the reference MCP servers (`tests/harness/install-mcp-servers.sh`),
+/// installed on first use.
+pub fn mcp_node_modules() -> &'static std::path::PathBuf {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/harness/install-mcp-servers.sh");
+        let out = std::process::Command::new("bash")
+            .arg(script)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run install-mcp-servers.sh");
+        assert!(out.status.success(), "install-mcp-servers.sh failed");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("node_modules="))
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| panic!("no node_modules= in {text}"))
+    })
+}
+
 /// Runs the calling test again, alone, in a child process of this test binary, and returns
 /// `true` in that child (where the test does its work) and `false` in the parent once the
 /// child passed. For a test that changes what every thread of the process sees (environment
