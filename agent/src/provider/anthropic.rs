@@ -601,8 +601,183 @@ impl StreamState for MessageStream {
 
 #[cfg(test)]
 mod tests {
+    use super::super::context_management::{ANTHROPIC_BETA, ServerContext};
     use super::super::wire::fixture;
+    use super::super::{REDACTED, ToolSpec};
     use super::*;
+
+    // Bodies written from Anthropic's context editing reference; the README beside them names
+    // the pages and fields each follows.
+    const RECORDED_REQUEST: &str =
+        include_str!("../../tests/data/provider-bodies/anthropic-context-editing-request.json");
+    const RECORDED_HEADERS: &str = include_str!(
+        "../../tests/data/provider-bodies/anthropic-context-editing-request.headers.json"
+    );
+    const RECORDED_RESPONSE: &str =
+        include_str!("../../tests/data/provider-bodies/anthropic-context-editing-response.json");
+    const RECORDED_STREAM: &str =
+        include_str!("../../tests/data/provider-bodies/anthropic-context-editing-stream.sse");
+
+    /// The conversation of the recorded request as cairn holds it, with the edit's settings
+    /// as `providerEngine` gives them.
+    fn recorded_conversation() -> ChatRequest {
+        let calls = |id, name, arguments| vec![fixture::tool_call(id, name, arguments)];
+        let tool = |name: &str, description: &str, field: &str| ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            parameters: serde_json::json!({"type": "object",
+                "properties": {field: {"type": "string"}}, "required": [field]}),
+        };
+        ChatRequest {
+            model: "claude-sonnet-4-5".into(),
+            messages: vec![
+                Message::user("Compare the two release notes and look up anything unclear."),
+                Message::assistant_calls(
+                    "I'll read both files first.",
+                    calls("toolu_01A", "read_file", r#"{"path":"notes/v1.md"}"#),
+                ),
+                Message::tool("toolu_01A", "# v1\n- first release\n- CLI only"),
+                Message::assistant_calls(
+                    "",
+                    calls("toolu_01B", "read_file", r#"{"path":"notes/v2.md"}"#),
+                ),
+                Message::tool(
+                    "toolu_01B",
+                    "# v2\n- HTTP API\n- drops the v1 config format",
+                ),
+                Message::assistant_calls(
+                    "",
+                    calls(
+                        "toolu_01C",
+                        "web_search",
+                        r#"{"query":"v1 config format migration"}"#,
+                    ),
+                ),
+                Message::tool("toolu_01C", "1 result: the migration guide"),
+            ],
+            tools: vec![
+                tool("read_file", "Read a file of the workspace.", "path"),
+                tool("web_search", "Search the web.", "query"),
+            ],
+            max_output_tokens: 4096,
+            stream: false,
+            controls: Default::default(),
+            context: Some(ServerContext::ClearToolUses {
+                trigger_input_tokens: 30_000,
+                keep_tool_uses: 3,
+                clear_at_least_input_tokens: Some(5000),
+                exclude_tools: vec!["web_search".into()],
+            }),
+        }
+    }
+
+    #[test]
+    fn recorded_context_editing_request_is_the_body_and_headers_cairn_sends() {
+        let request = recorded_conversation();
+        // cairn adds prompt-cache breakpoints; it leaves `clear_tool_inputs` at the
+        // reference's default (false: only results are cleared, which is what the mirror
+        // stubs).
+        let sent = fixture::without(
+            serde_json::to_value(Anthropic::body(&request)).unwrap(),
+            "cache_control",
+            None,
+        );
+        let recorded = fixture::without(
+            fixture::recorded(RECORDED_REQUEST),
+            "clear_tool_inputs",
+            Some(&Value::Bool(false)),
+        );
+        assert_eq!(sent, recorded, "{sent:#}");
+
+        let client = Anthropic::new(
+            "https://api.anthropic.com",
+            Secret::new("sk-ant-test"),
+            ClientOptions::default(),
+        )
+        .unwrap();
+        let headers = |request: &ChatRequest| client.render(request).unwrap().headers;
+        let sent = headers(&request);
+        let header = |name: &str| {
+            sent.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        for (name, value) in fixture::recorded(RECORDED_HEADERS).as_object().unwrap() {
+            assert_eq!(header(name), value.as_str(), "{name}: {sent:?}");
+        }
+        assert_eq!(header("x-api-key"), Some(REDACTED));
+        assert_eq!(header("anthropic-beta"), Some(ANTHROPIC_BETA));
+        // Without `engine: provider` neither the beta nor the field is sent.
+        let plain = ChatRequest {
+            context: None,
+            ..recorded_conversation()
+        };
+        assert!(headers(&plain).iter().all(|(k, _)| k != "anthropic-beta"));
+        let body = serde_json::to_value(Anthropic::body(&plain)).unwrap();
+        assert!(body.get("context_management").is_none());
+    }
+
+    #[test]
+    fn recorded_context_editing_replies_decode_to_the_cleared_tool_uses() {
+        // The numbers of the recorded `clear_tool_uses_20250919` entry; the
+        // `clear_thinking_20251015` entry beside it is no edit cairn asked for.
+        let recorded = fixture::recorded(RECORDED_RESPONSE);
+        let entry = recorded["context_management"]["applied_edits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["type"] == CLEAR_TOOL_USES)
+            .unwrap();
+        let want = AppliedContext::ClearedToolUses {
+            cleared_tool_uses: entry["cleared_tool_uses"].as_u64().unwrap(),
+            cleared_input_tokens: entry["cleared_input_tokens"].as_u64().unwrap(),
+        };
+        assert_eq!(
+            want,
+            AppliedContext::ClearedToolUses {
+                cleared_tool_uses: 2,
+                cleared_input_tokens: 18_250
+            }
+        );
+        let replies = [
+            (
+                "json",
+                decode_response(RECORDED_RESPONSE.as_bytes()).unwrap(),
+            ),
+            ("sse", decode_stream(RECORDED_STREAM.as_bytes()).unwrap()),
+        ];
+        for (form, r) in replies {
+            assert_eq!(r.context.as_ref(), Some(&want), "{form}");
+            assert_eq!(
+                r.usage,
+                Usage {
+                    input_tokens: 24_310 + 1_200 + 800,
+                    output_tokens: 96,
+                    cache_read_tokens: 800,
+                    cache_write_tokens: 1_200,
+                },
+                "{form}"
+            );
+            assert_eq!(
+                r.message.content, "v2 drops the v1 config format; the migration guide covers it.",
+                "{form}"
+            );
+            assert_eq!(r.stop, StopReason::ToolUse, "{form}");
+            let [call] = r.tool_calls() else {
+                panic!("{form}: one tool call, got {:?}", r.tool_calls());
+            };
+            assert_eq!(
+                (call.id.as_str(), call.name.as_str()),
+                ("toolu_01D", "read_file")
+            );
+            let arguments: Value = serde_json::from_str(&call.arguments).unwrap();
+            assert_eq!(
+                arguments,
+                serde_json::json!({"path": "docs/migration.md"}),
+                "{form}"
+            );
+        }
+    }
 
     #[test]
     fn body_matches_the_pinned_wire_json() {

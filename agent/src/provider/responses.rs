@@ -439,8 +439,140 @@ impl StreamState for ResponseStream {
 
 #[cfg(test)]
 mod tests {
+    use super::super::context_management::ServerContext;
     use super::super::wire::fixture;
     use super::*;
+    use crate::history::Message;
+
+    // Bodies written from OpenAI's compaction guide and Responses reference; the README
+    // beside them names the pages and fields each follows.
+    const RECORDED_REQUEST: &str =
+        include_str!("../../tests/data/provider-bodies/responses-compaction-request.json");
+    const RECORDED_RESPONSE: &str =
+        include_str!("../../tests/data/provider-bodies/responses-compaction-response.json");
+    const RECORDED_STREAM: &str =
+        include_str!("../../tests/data/provider-bodies/responses-compaction-stream.sse");
+    const RECORDED_NEXT_REQUEST: &str =
+        include_str!("../../tests/data/provider-bodies/responses-compaction-next-request.json");
+
+    /// A request on the history of the recorded conversation, with the compaction
+    /// threshold `providerEngine` gives.
+    fn recorded_request(messages: Vec<Message>) -> ChatRequest {
+        ChatRequest {
+            model: "gpt-5-mini".into(),
+            messages,
+            tools: Vec::new(),
+            max_output_tokens: 4096,
+            stream: false,
+            controls: Default::default(),
+            context: Some(ServerContext::Compaction {
+                compact_threshold: 200_000,
+            }),
+        }
+    }
+
+    fn recorded_history() -> Vec<Message> {
+        vec![
+            Message::system("You are a careful migration assistant."),
+            Message::user("Plan the migration from the v1 config format."),
+            Message::assistant_calls(
+                "I'll read the current config first.",
+                vec![fixture::tool_call(
+                    "call_7Qp2",
+                    "read_file",
+                    r#"{"path":"config/v1.toml"}"#,
+                )],
+            ),
+            Message::tool(
+                "call_7Qp2",
+                "[server]\nport = 8080\n[storage]\npath = \"/var/lib/app\"",
+            ),
+        ]
+    }
+
+    fn body(request: &ChatRequest) -> Value {
+        serde_json::to_value(OpenAiResponses::body(request)).unwrap()
+    }
+
+    #[test]
+    fn recorded_compaction_request_is_the_body_cairn_sends() {
+        let sent = body(&recorded_request(recorded_history()));
+        assert_eq!(sent, fixture::recorded(RECORDED_REQUEST), "{sent:#}");
+        let plain = ChatRequest {
+            context: None,
+            ..recorded_request(recorded_history())
+        };
+        assert!(body(&plain).get("context_management").is_none());
+    }
+
+    #[test]
+    fn recorded_compaction_replies_decode_to_the_item_verbatim() {
+        let recorded = fixture::recorded(RECORDED_RESPONSE);
+        let item = recorded["output"][0].clone();
+        assert_eq!(item["type"], "compaction");
+        let replies = [
+            (
+                "json",
+                decode_response(RECORDED_RESPONSE.as_bytes()).unwrap(),
+            ),
+            ("sse", decode_stream(RECORDED_STREAM.as_bytes()).unwrap()),
+        ];
+        for (form, r) in replies {
+            assert_eq!(
+                r.context,
+                Some(AppliedContext::Compaction { item: item.clone() }),
+                "{form}"
+            );
+            assert_eq!(
+                r.message.content,
+                "Move [server] and [storage] into the v2 layout; nothing else changes.",
+                "{form}"
+            );
+            assert!(r.tool_calls().is_empty(), "{form}");
+            assert_eq!(r.stop, StopReason::End, "{form}");
+            assert_eq!(
+                r.usage,
+                Usage {
+                    input_tokens: 201_432,
+                    output_tokens: 420,
+                    cache_read_tokens: 150_016,
+                    cache_write_tokens: 0,
+                },
+                "{form}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn recorded_compaction_item_goes_back_verbatim_in_the_next_request() {
+        for (form, reply) in [
+            (
+                "json",
+                decode_response(RECORDED_RESPONSE.as_bytes()).unwrap(),
+            ),
+            ("sse", decode_stream(RECORDED_STREAM.as_bytes()).unwrap()),
+        ] {
+            let Some(AppliedContext::Compaction { item }) = &reply.context else {
+                panic!("{form}: no compaction item");
+            };
+            // What the session does with the reply: the item stands for the request's input,
+            // the reply follows it, then the next user message.
+            let mut history = recorded_history();
+            let store = crate::ccr::MemoryStore::new();
+            crate::compact::mirror::mirror_compaction(&mut history, item, &store)
+                .await
+                .expect("mirrored");
+            history.push(reply.message.clone());
+            history.push(Message::user("Write the v2 file."));
+            let sent = body(&recorded_request(history));
+            assert_eq!(
+                sent,
+                fixture::recorded(RECORDED_NEXT_REQUEST),
+                "{form}: {sent:#}"
+            );
+            assert_eq!(&sent["input"][0], item, "{form}");
+        }
+    }
 
     #[test]
     fn body_matches_the_pinned_wire_json() {

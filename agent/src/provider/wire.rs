@@ -208,6 +208,39 @@ pub(crate) mod fixture {
         assert_eq!(got, want, "{}", String::from_utf8_lossy(bytes));
         assert_eq!(bytes.len(), want.to_string().len());
     }
+
+    /// A body recorded from a provider's public reference
+    /// (`agent/tests/data/provider-bodies/`, whose README names the page each follows).
+    pub fn recorded(text: &str) -> Value {
+        serde_json::from_str(text).expect("the recorded body is JSON")
+    }
+
+    /// `v` without the object fields named `key`, at any depth: what cairn adds beyond a
+    /// reference's example, or what it leaves at the reference's default.
+    pub fn without(mut v: Value, key: &str, value: Option<&Value>) -> Value {
+        fn walk(v: &mut Value, key: &str, value: Option<&Value>) {
+            match v {
+                Value::Object(map) => {
+                    if map
+                        .get(key)
+                        .is_some_and(|x| value.is_none_or(|want| x == want))
+                    {
+                        map.remove(key);
+                    }
+                    map.values_mut().for_each(|x| walk(x, key, value));
+                }
+                Value::Array(items) => items.iter_mut().for_each(|x| walk(x, key, value)),
+                _ => {}
+            }
+        }
+        walk(&mut v, key, value);
+        v
+    }
+
+    /// A tool call as the recorded bodies name it.
+    pub fn tool_call(id: &str, name: &str, arguments: &str) -> ToolCall {
+        call(id, name, arguments)
+    }
 }
 
 #[cfg(test)]

@@ -153,3 +153,79 @@ pub fn compaction_item(seq: u64, items: usize) -> Value {
     json!({"type": "compaction", "id": format!("cmp_sim_{seq}"),
            "encrypted_content": format!("gAAAAsim{seq:08}x{items:04}")})
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The bodies cairn's encoders and decoders are tested against, written from the
+    // providers' references (their README names the pages): the simulator reads the same
+    // field names and answers in the same shapes.
+    const ANTHROPIC_REQUEST: &str = include_str!(
+        "../../../agent/tests/data/provider-bodies/anthropic-context-editing-request.json"
+    );
+    const ANTHROPIC_RESPONSE: &str = include_str!(
+        "../../../agent/tests/data/provider-bodies/anthropic-context-editing-response.json"
+    );
+    const RESPONSES_REQUEST: &str =
+        include_str!("../../../agent/tests/data/provider-bodies/responses-compaction-request.json");
+    const RESPONSES_RESPONSE: &str = include_str!(
+        "../../../agent/tests/data/provider-bodies/responses-compaction-response.json"
+    );
+
+    fn recorded(text: &str) -> Value {
+        serde_json::from_str(text).unwrap()
+    }
+
+    fn keys(v: &Value) -> Vec<&str> {
+        v.as_object().unwrap().keys().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn the_recorded_anthropic_edit_is_read_field_by_field() {
+        let mut body = recorded(ANTHROPIC_REQUEST);
+        assert!(anthropic_edits(&body, None, 40_000, 4.0).is_err());
+        // Keep one: of the two results not excluded (web_search's is), the older is cleared;
+        // tiny tokens per byte so that `clear_at_least` is met.
+        body["context_management"]["edits"][0]["keep"]["value"] = json!(1);
+        let at = |tokens| anthropic_edits(&body, Some(ANTHROPIC_BETA), tokens, 0.001).unwrap();
+        assert_eq!(at(29_999), Some(Cleared::default()), "below the trigger");
+        assert_eq!(at(30_000).map(|c| c.tool_uses), Some(1));
+        // Clearing less than `clear_at_least` clears nothing.
+        let few = anthropic_edits(&body, Some(ANTHROPIC_BETA), 30_000, 1000.0).unwrap();
+        assert_eq!(few, Some(Cleared::default()));
+    }
+
+    #[test]
+    fn the_anthropic_applied_edit_has_the_recorded_shape() {
+        let recorded = recorded(ANTHROPIC_RESPONSE);
+        let entry = recorded["context_management"]["applied_edits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["type"] == CLEAR_TOOL_USES)
+            .unwrap();
+        let ours = anthropic_applied(Cleared {
+            tool_uses: 2,
+            input_tokens: 18_250,
+        });
+        assert_eq!(&ours["applied_edits"][0], entry);
+    }
+
+    #[test]
+    fn the_recorded_compaction_request_and_item_match_the_simulator() {
+        assert_eq!(
+            compaction_threshold(&recorded(RESPONSES_REQUEST)),
+            Some(200_000)
+        );
+        let recorded = recorded(RESPONSES_RESPONSE);
+        let item = &recorded["output"][0];
+        let ours = compaction_item(7, 3);
+        let (mut a, mut b) = (keys(&ours), keys(item));
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b);
+        assert_eq!(ours["type"], item["type"]);
+        assert!(ours["encrypted_content"].is_string() && ours["id"].is_string());
+    }
+}
