@@ -62,6 +62,53 @@ fn is_trace_line(line: &str) -> bool {
                 .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit())))
 }
 
+/// Occurrences from which a line template counts as one of the log's dominant ones.
+const DOMINANT_MIN: u32 = 8;
+/// The most lines kept for matching no dominant template: beyond that the log is not one of
+/// a few templates, and the odd lines are not odd.
+const ODD_LINES_MAX: usize = 32;
+
+/// A line's template: its text with every run of digits as one `#`, hashed (no allocation:
+/// this runs on every line of multi-megabyte logs).
+fn template(line: &str) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut h = DefaultHasher::new();
+    let mut in_digits = false;
+    for &b in lines::content(line).as_bytes() {
+        if b.is_ascii_digit() {
+            if !in_digits {
+                h.write_u8(b'#');
+            }
+            in_digits = true;
+        } else {
+            h.write_u8(b);
+            in_digits = false;
+        }
+    }
+    h.finish()
+}
+
+/// Keeps the odd one out: in a log made of a few templates repeated (`line N: compiling
+/// crate_N ... ok` three thousand times), a line that matches none of them is what the reader
+/// must see, whatever its words. Only when at most [`ODD_LINES_MAX`] lines are odd.
+fn keep_odd_lines(all: &[&str], keep: &mut [bool]) {
+    let templates: Vec<u64> = all.iter().map(|l| template(l)).collect();
+    let mut counts: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+    for t in &templates {
+        *counts.entry(*t).or_default() += 1;
+    }
+    let odd: Vec<usize> = (0..all.len())
+        .filter(|&i| {
+            counts[&templates[i]] < DOMINANT_MIN && !lines::content(all[i]).trim().is_empty()
+        })
+        .collect();
+    if odd.len() <= ODD_LINES_MAX && odd.len() * 4 < all.len() {
+        for i in odd {
+            keep[i] = true;
+        }
+    }
+}
+
 pub fn compress(text: &str, limits: &Limits, marker: &str) -> Option<String> {
     let all = lines::split(text);
     let mut keep = vec![false; all.len()];
@@ -81,6 +128,7 @@ pub fn compress(text: &str, limits: &Limits, marker: &str) -> Option<String> {
         }
         i = j.max(i + 1);
     }
+    keep_odd_lines(&all, &mut keep);
     // A run of identical lines keeps only its first; the first of a run of error lines is an
     // error line itself, so every error text stays present.
     for i in 1..all.len() {
@@ -126,6 +174,36 @@ mod tests {
         assert!(!out.contains("crate200 "));
         assert!(out.contains(M));
         assert!(out.len() < log.len() / 5);
+    }
+
+    #[test]
+    fn the_odd_line_among_thousands_of_one_template_is_kept() {
+        let mut log = String::new();
+        for i in 0..3_000 {
+            log.push_str(&format!("line {i}: compiling crate_{i} ... ok\n"));
+            if i == 1_500 {
+                log.push_str("line 1500: cache key mismatch for crate_1500, rebuilt from source\n");
+            }
+        }
+        let out = compress(&log, &Limits::of(CompressionProfile::Default), M).expect("dropped");
+        assert!(
+            out.contains("line 1500: cache key mismatch for crate_1500, rebuilt from source\n")
+        );
+        assert!(!out.contains("line 1400: compiling"));
+        assert!(out.len() < log.len() / 20, "{} of {}", out.len(), log.len());
+        // A log of many different lines has no odd one out: nothing extra is kept.
+        let varied: String = (0..400)
+            .map(|i| {
+                format!(
+                    "{} step {}\n",
+                    ["fetch", "unpack", "link", "verify"][i % 4].repeat(i % 7 + 1),
+                    "x".repeat(i % 13)
+                )
+            })
+            .collect();
+        let kept = compress(&varied, &Limits::of(CompressionProfile::Default), M)
+            .map_or(varied.len(), |o| o.len());
+        assert!(kept < varied.len(), "the varied log still compresses");
     }
 
     #[test]
