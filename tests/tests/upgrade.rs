@@ -300,6 +300,15 @@ fn suspend(cp: &ControlPlane, session: &str, on: bool) {
     );
 }
 
+/// Suspends `sleeper` and waits until its pod is gone.
+fn put_to_sleep(cp: &ControlPlane) {
+    suspend(cp, "sleeper", true);
+    wait_for("sleeper's pod to go", Duration::from_secs(120), || {
+        cp.kubectl_ok(&["get", "pod", "cairn-sleeper-0", "-n", NS])
+            .is_err()
+    });
+}
+
 /// Changes the release with a streamed turn of `talker` in flight and a watcher running;
 /// afterwards every agent runs `tag` and each pod was replaced at most once.
 fn change_release(
@@ -491,11 +500,7 @@ fn helm_upgrade_and_rollback_keep_every_session() {
     assert!(archived, "keeper's tool output was never microcompacted");
     assert_recall(cp, &key, &log);
     // sleeper: suspended, its pod gone.
-    suspend(cp, "sleeper", true);
-    wait_for("sleeper's pod to go", Duration::from_secs(120), || {
-        cp.kubectl_ok(&["get", "pod", "cairn-sleeper-0", "-n", NS])
-            .is_err()
-    });
+    put_to_sleep(cp);
     assert!(
         stored_versions(cp).contains("v1alpha1"),
         "the previous release stores v1alpha1"
@@ -564,11 +569,7 @@ fn helm_upgrade_and_rollback_keep_every_session() {
         pod_ready(cp, NS, "cairn-sleeper-0") && pod_image(cp, "sleeper").ends_with(VERSION)
     });
     assert_history(cp, &sim, &history);
-    suspend(cp, "sleeper", true);
-    wait_for("sleeper's pod to go", Duration::from_secs(120), || {
-        cp.kubectl_ok(&["get", "pod", "cairn-sleeper-0", "-n", NS])
-            .is_err()
-    });
+    put_to_sleep(cp);
 
     // The rollback: the objects go back to the previous release's storage version first
     // (its CRD has no v1beta1, and the API server refuses a CRD without a stored version),

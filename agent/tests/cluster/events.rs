@@ -4,7 +4,7 @@
 //!
 //! `cargo test -p cairn-agent --test cluster events::`
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cairn_crds::{AgentSession, AgentSessionSpec};
@@ -15,7 +15,7 @@ use kube::Api as KubeApi;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
-use crate::serve_lease::{client, kubeconfig};
+use crate::serve_lease::{client, kubeconfig, spawn_serve};
 use crate::support::agent::*;
 
 fn summary() -> String {
@@ -57,22 +57,12 @@ async fn a_recovery_and_a_compaction_each_leave_an_event_on_the_session() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("agent.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn-agent"))
-        .args(["serve", "--session", &format!("{ns}/s1")])
-        .args(["--listen", "127.0.0.1:0"])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("KUBECONFIG", &path)
-        .env("HOSTNAME", "agent-pod")
-        .env("CAIRN_API_TOKEN", TOKEN)
-        .env("OPENAI_API_KEY", "sk-sim")
-        .env("RUST_LOG", "info")
-        .envs(storage_env(dir.path(), None))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
-        .spawn()
-        .expect("spawn cairn-agent");
+    let mut child = spawn_serve(
+        &format!("{ns}/s1"),
+        &path,
+        storage_env(dir.path(), None),
+        &log,
+    );
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(30);
     let url = loop {

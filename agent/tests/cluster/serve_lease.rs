@@ -76,22 +76,12 @@ async fn healthz_answers_while_the_agent_waits_for_its_lease() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("agent.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn-agent"))
-        .args(["serve", "--session", &format!("{ns}/s1")])
-        .args(["--listen", "127.0.0.1:0"])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("KUBECONFIG", &path)
-        .env("HOSTNAME", "agent-pod")
-        .env("CAIRN_API_TOKEN", TOKEN)
-        .env("OPENAI_API_KEY", "sk-sim")
-        .env("RUST_LOG", "info")
-        .envs(storage_env(dir.path(), None))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
-        .spawn()
-        .expect("spawn cairn-agent");
+    let mut child = spawn_serve(
+        &format!("{ns}/s1"),
+        &path,
+        storage_env(dir.path(), None),
+        &log,
+    );
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(30);
     let url = loop {
@@ -193,22 +183,7 @@ async fn an_archive_that_does_not_answer_is_reported_and_waited_for() {
         }
     }
     let log = dir.path().join("agent.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn-agent"))
-        .args(["serve", "--session", &format!("{ns}/s2")])
-        .args(["--listen", "127.0.0.1:0"])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("KUBECONFIG", &path)
-        .env("HOSTNAME", "agent-pod")
-        .env("CAIRN_API_TOKEN", TOKEN)
-        .env("OPENAI_API_KEY", "sk-sim")
-        .env("RUST_LOG", "info")
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
-        .spawn()
-        .expect("spawn cairn-agent");
+    let mut child = spawn_serve(&format!("{ns}/s2"), &path, env, &log);
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(30);
     let url = loop {
@@ -306,4 +281,31 @@ async fn an_archive_that_does_not_answer_is_reported_and_waited_for() {
     let _ = KubeApi::<Namespace>::all(client)
         .delete(&ns, &DeleteParams::default())
         .await;
+}
+
+/// `cairn-agent serve --session SESSION` on a free port against the cluster of
+/// `kubeconfig`, with the test token and key, `storage` for its archive and journal, and its
+/// stderr in `log`.
+pub fn spawn_serve(
+    session: &str,
+    kubeconfig: &std::path::Path,
+    storage: Vec<(String, String)>,
+    log: &std::path::Path,
+) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_cairn-agent"))
+        .args(["serve", "--session", session])
+        .args(["--listen", "127.0.0.1:0"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("KUBECONFIG", kubeconfig)
+        .env("HOSTNAME", "agent-pod")
+        .env("CAIRN_API_TOKEN", TOKEN)
+        .env("OPENAI_API_KEY", "sk-sim")
+        .env("RUST_LOG", "info")
+        .envs(storage)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(log).expect("log")))
+        .spawn()
+        .expect("spawn cairn-agent")
 }
