@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: demo policy test lint crds crds-check fmt
+.PHONY: demo policy test test-fast lint crds crds-check fmt
 
 ## The whole system on this machine, no Docker: installs what is missing (nginx, moto, the
 ## control plane and a node built from Go modules, the images, helm), starts the control
@@ -23,10 +23,20 @@ policy:
 	  --policy charts/cairn/examples/compactionpolicy.yaml
 
 ## Every test: unit, property, integration, the cluster suites and the end-to-end demo
-## (the binaries are built first: the harness runs them as pods).
+## (the binaries are built first: the harness runs them as pods). The unit tests of every
+## crate run first, so a failure there shows in minutes; every other target runs after them
+## even when one failed, and the command fails if either did.
 test:
 	$(CARGO) build -q --workspace --bins
-	$(CARGO) test --workspace --all-targets --no-fail-fast
+	$(CARGO) test --workspace --lib --no-fail-fast; unit=$$?; \
+	$(CARGO) test --workspace --bins --tests --benches --examples --no-fail-fast; rest=$$?; \
+	exit $$(( unit | rest ))
+
+## The fast tier for iteration: every crate's unit tests and the engine's suite (no servers,
+## no cluster).
+test-fast:
+	$(CARGO) test --workspace --lib
+	$(CARGO) test -p cairn-engine --test engine
 
 ## Static checks CI runs before the tests.
 lint: fmt crds-check

@@ -31,14 +31,12 @@ const NS_A: &str = "gw-team-a";
 const NS_B: &str = "gw-team-b";
 const NODE: &str = "real-node-0";
 
+/// True when this machine cannot run a real node (the test is skipped; under `CI=true` it
+/// fails instead).
 fn skip() -> bool {
-    match node::unsupported() {
-        Some(why) => {
-            eprintln!("skipping: this machine cannot run a real node: {why}");
-            true
-        }
-        None => false,
-    }
+    node::unsupported().is_some_and(|why| {
+        cairn_tests::harness::skip_for(&format!("this machine cannot run a real node: {why}"))
+    })
 }
 
 fn kubectl(cp: &ControlPlane, args: &[&str]) -> String {

@@ -27,14 +27,12 @@ pub fn session_addr(cp: &ControlPlane, ns: &str, session: &str) -> String {
     format!("{}:8080", ip.trim())
 }
 
+/// True when this machine cannot run a real node (the test is skipped; under `CI=true` it
+/// fails instead).
 pub fn skip() -> bool {
-    match node::unsupported() {
-        Some(why) => {
-            eprintln!("skipping: this machine cannot run a real node: {why}");
-            true
-        }
-        None => false,
-    }
+    node::unsupported().is_some_and(|why| {
+        cairn_tests::harness::skip_for(&format!("this machine cannot run a real node: {why}"))
+    })
 }
 
 pub fn kubectl(cp: &ControlPlane, args: &[&str]) -> String {
