@@ -8,9 +8,12 @@
 #   ghcr.io/cairn-dev/cairn-gateway:V   the `gateway` stage of deploy/Dockerfile
 # The cairn images follow deploy/Dockerfile's final stages: the binary at the path its COPY
 # names, its USER and ENTRYPOINT, and what the distroless base provides that the binaries
-# use (CA certificates, /etc/passwd with nonroot, PATH). The binaries are built statically
-# (x86_64-unknown-linux-musl, release) unless CAIRN_IMAGE_BIN_DIR names a directory that
-# holds them already; dynamically linked binaries get their shared libraries copied in.
+# use (CA certificates, /etc/passwd with nonroot, PATH). The binaries are the workspace's own
+# dev build (`cargo build --workspace --bins` into $CARGO_TARGET_DIR/debug: the build `make
+# test` and `make demo` have just done, so cargo finds nothing to do), with their shared
+# libraries copied in; CAIRN_IMAGE_PROFILE=release builds them statically instead
+# (x86_64-unknown-linux-musl, release), as deploy/Dockerfile does; CAIRN_IMAGE_BIN_DIR names
+# a directory that holds them already (dynamically linked ones get their libraries too).
 # CAIRN_IMAGE_TAG tags the cairn images (default: the workspace's version), so binaries of
 # another release can be imported beside today's.
 # Usage: build-images.sh [pause] [busybox] [cairn] (none: all).
@@ -57,6 +60,9 @@ image() {
     skopeo copy --quiet "oci:$layout:build" "docker-archive:$tar.tmp:$ref" >&2
     mv "$tar.tmp" "$tar"
     rm -rf "$layout"
+    # Every change of a binary makes a new tarball: the four newest of each image stay (a
+    # test running beside this one may still import one of them), older ones go.
+    ls -t "$OUT/$name"-*.tar 2>/dev/null | tail -n +5 | xargs -r rm -f
   fi
   echo "$name=$tar"
   echo "$name-ref=$ref"
@@ -124,28 +130,26 @@ build_busybox() {
 build_cairn() {
   local bindir="${CAIRN_IMAGE_BIN_DIR:-}"
   if [ -z "$bindir" ]; then
-    rustup target list --installed 2>/dev/null | grep -qx "$MUSL" || rustup target add "$MUSL" >&2
-    command -v musl-gcc >/dev/null || { echo "musl-gcc is required (apt-get install musl-tools)" >&2; exit 1; }
     local target_dir="${CARGO_TARGET_DIR:-$ROOT/target}"
-    bindir="$target_dir/$MUSL/release"
-    # Cargo run from inside `cargo test` sees a different environment and may rebuild the
-    # whole tree: skip it when both binaries are newer than every source.
-    local newer=""
-    if [ -x "$bindir/cairn-agent" ] && [ -x "$bindir/cairn-operator" ] && [ -x "$bindir/cairn-gateway" ]; then
-      newer="$(find "$ROOT/engine" "$ROOT/agent" "$ROOT/operator" "$ROOT/crds" "$ROOT/Cargo.lock" "$ROOT/Cargo.toml" \
-        -newer "$bindir/cairn-agent" -print -quit 2>/dev/null)"
-      [ -z "$newer" ] && newer="$(find "$ROOT/engine" "$ROOT/agent" "$ROOT/operator" "$ROOT/crds" -newer "$bindir/cairn-operator" -print -quit 2>/dev/null)"
-      [ -z "$newer" ] && newer="$(find "$ROOT/gateway" "$ROOT/crds" -newer "$bindir/cairn-gateway" -print -quit 2>/dev/null)"
-    else
-      newer=missing
-    fi
-    if [ -n "$newer" ]; then
-      log "cargo build --release --target $MUSL (cairn-agent, cairn-operator, cairn-gateway)"
-      # A clean environment: the variables `cargo test` sets would make it rebuild the tree.
-      (cd "$ROOT" && env -i PATH="$PATH" HOME="$HOME" CARGO_TARGET_DIR="$target_dir" \
-        ${CARGO_HOME:+CARGO_HOME="$CARGO_HOME"} ${RUSTUP_HOME:+RUSTUP_HOME="$RUSTUP_HOME"} \
-        nice -n 10 cargo build --quiet --release --locked --target "$MUSL" -p cairn-agent -p cairn-operator -p cairn-gateway >&2)
-    fi
+    # The same command as `make test`'s and `make demo`'s build, so its features and
+    # artifacts are theirs: cargo rebuilds only what changed since.
+    local args=(build --quiet --locked --workspace --bins)
+    case "${CAIRN_IMAGE_PROFILE:-dev}" in
+      dev) bindir="$target_dir/debug" ;;
+      release)
+        rustup target list --installed 2>/dev/null | grep -qx "$MUSL" || rustup target add "$MUSL" >&2
+        command -v musl-gcc >/dev/null || { echo "musl-gcc is required (apt-get install musl-tools)" >&2; exit 1; }
+        bindir="$target_dir/$MUSL/release"
+        args=(build --quiet --locked --release --target "$MUSL" -p cairn-agent -p cairn-operator -p cairn-gateway) ;;
+      *) echo "CAIRN_IMAGE_PROFILE is dev or release, not ${CAIRN_IMAGE_PROFILE}" >&2; exit 2 ;;
+    esac
+    log "cargo ${args[*]}"
+    # A clean environment: the variables `cargo test` sets for its tests would make cargo
+    # rebuild the tree; those that change what is built are passed on.
+    (cd "$ROOT" && env -i PATH="$PATH" HOME="$HOME" CARGO_TARGET_DIR="$target_dir" \
+      ${CARGO_HOME:+CARGO_HOME="$CARGO_HOME"} ${RUSTUP_HOME:+RUSTUP_HOME="$RUSTUP_HOME"} \
+      ${CARGO_INCREMENTAL:+CARGO_INCREMENTAL="$CARGO_INCREMENTAL"} ${RUSTFLAGS:+RUSTFLAGS="$RUSTFLAGS"} \
+      nice -n 10 cargo "${args[@]}" >&2)
   fi
   local c cs=(agent operator)
   # The gateway's image when its binary is there (a CAIRN_IMAGE_BIN_DIR may predate it).
