@@ -3,7 +3,8 @@
 //! reachable.
 //!
 //! - Replies are scripted ([`ScriptedReply`]: text, reasoning, a tool call, a stop reason) and
-//!   consumed in order by whichever API is called; with none queued the reply is `ok`.
+//!   consumed in order by whichever API is called; with none queued the reply is `ok`, or,
+//!   to a request for a summary, the summary its instructions ask for ([`summary`]).
 //! - Every model has a context window (set per model, else the default); the request's
 //!   token estimate is its body size in bytes / the model's bytes per token (4 unless the
 //!   script sets `bytesPerToken`), rounded up. Over the window, the answer is that provider's
@@ -28,6 +29,7 @@ pub mod nginx;
 pub mod proxies;
 pub mod script;
 pub mod sigv4;
+pub mod summary;
 pub mod wire;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -521,10 +523,12 @@ async fn handle(
             (auth.is_some() && !bad_signature && parsed.is_ok() && fits && !failing).then(|| {
                 match routed {
                     Some(r) => r.reply,
-                    None => s
-                        .replies
-                        .pop_front()
-                        .unwrap_or_else(|| ScriptedReply::text("ok")),
+                    // Unscripted: a summary request gets the summary it asks for, anything
+                    // else "ok".
+                    None => s.replies.pop_front().unwrap_or_else(|| {
+                        let summary = parsed_json.as_ref().ok().and_then(summary::reply);
+                        ScriptedReply::text(summary.unwrap_or_else(|| "ok".into()))
+                    }),
                 }
             });
         let p = parsed.as_ref().ok();
