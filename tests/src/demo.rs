@@ -1,8 +1,9 @@
 //! The whole system on one machine, no Docker: the local control plane, an S3 server, the
 //! provider simulator behind a real nginx with a small `client_max_body_size`, cairn
 //! installed with its Helm chart (the operator runs as the operator pod, with the chart's
-//! RBAC), and one AgentSession. A few turns force compaction and a 413 recovery; the
-//! session's status shows it. `make demo` runs it on a real node (kubelet, containerd, runc:
+//! RBAC), and one AgentSession. A few turns force a 413 recovery and compactions; the
+//! session's status and the agent's Events show each compaction level at work and the
+//! recovery. `make demo` runs it on a real node (kubelet, containerd, runc:
 //! the operator and agent pods are real containers of the locally built images);
 //! `--kwok` (and `tests/tests/e2e_demo.rs`, which asserts on it) runs the pods on kwok's fake
 //! node instead, each container as a local process with its pod's own ServiceAccount.
@@ -38,8 +39,8 @@ impl Default for DemoOptions {
     fn default() -> Self {
         Self {
             bin_dir: PathBuf::from("target/debug"),
-            turns: 6,
-            turn_bytes: 8_000,
+            turns: 8,
+            turn_bytes: 4_000,
             proxy_limit: "20k".into(),
             real_node: false,
         }
@@ -56,6 +57,8 @@ pub struct DemoReport {
     pub proxy_413s: usize,
     /// Turns that answered 200.
     pub answered: usize,
+    /// The agent's Events on the session.
+    pub events: Vec<SessionEvent>,
 }
 
 /// Everything the demo started; dropping it stops all of it.
@@ -131,7 +134,7 @@ pub fn start(opts: &DemoOptions, say: &mut dyn FnMut(&str)) -> Result<Demo, Harn
     let (node, pods) = if opts.real_node {
         say("starting a real node (containerd, runc, kubelet, kube-proxy, kube-router)");
         let node = RealNode::start(&cp, REAL_NODE, &dir.join("node"))?;
-        say("building and importing the cairn images (first time: a static release build)");
+        say("making the cairn images from the workspace's build and importing them");
         let images = built_paths_with("build-images.sh", &["cairn"])?;
         for name in ["cairn-agent", "cairn-operator"] {
             node.import_image(&images.get(name)?)?;
@@ -230,7 +233,7 @@ spec:
   contextWindow: 64000
   maxOutputTokens: 1024
   systemPrompt: You are the cairn demo agent. Answer briefly.
-  compaction: {{budgetRatio: 0.6}}
+  compaction: {{budgetRatio: 0.6, minKeepRecent: 4}}
 {template}"#,
         s3::ACCESS_KEY_ID,
         s3::SECRET_ACCESS_KEY
@@ -369,6 +372,12 @@ impl Demo {
     }
 
     /// Drives the turns and collects the report.
+    ///
+    /// Each turn hands the agent what a client with its own tools sends: the call of its
+    /// `read_build_log` tool, that tool's output (a build log) and the user's question, on
+    /// every other turn with a pasted design note. The history grows past nginx's body limit, so the agent meets a 413,
+    /// learns the path's cap and recovers, and compacts before the requests that would come
+    /// close to it again.
     pub fn drive(
         &self,
         opts: &DemoOptions,
@@ -376,37 +385,36 @@ impl Demo {
     ) -> Result<DemoReport, HarnessError> {
         let mut answered = 0;
         for turn in 1..=opts.turns {
-            let input = format!(
-                "Turn {turn}: summarise this build log.\n{}",
-                filler(turn, opts.turn_bytes)
-            );
-            let (status, reply) = self.turn(&input)?;
+            let call_id = format!("build-{turn}");
+            let input = json!([
+                {"type": "function_call", "call_id": call_id, "name": "read_build_log",
+                 "arguments": json!({"build": turn}).to_string()},
+                {"type": "function_call_output", "call_id": call_id,
+                 "output": filler(turn, opts.turn_bytes)},
+                {"role": "user", "content": question(turn, opts.turn_bytes * 3 / 2)},
+            ]);
+            let (status, reply) = self.call(
+                "POST",
+                "/v1/responses",
+                Some(json!({"model": MODEL, "input": input})),
+            )?;
             if status == 200 {
                 answered += 1;
             }
-            let notices: Vec<String> = reply["cairn"]["notices"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|n| {
-                            format!(
-                                "{}: {}",
-                                n["kind"].as_str().unwrap_or("?"),
-                                n["message"].as_str().unwrap_or("")
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
             say(&format!(
-                "turn {turn}: HTTP {status}, {} bytes of input",
-                input.len()
+                "turn {turn}: HTTP {status} (a {}-byte build log and a {}-byte message)",
+                opts.turn_bytes,
+                question(turn, opts.turn_bytes * 3 / 2).len()
             ));
             if status != 200 {
                 say(&format!("    {}", reply["error"]));
             }
-            for n in notices {
-                say(&format!("    {n}"));
+            for n in reply["cairn"]["notices"].as_array().into_iter().flatten() {
+                say(&format!(
+                    "    {}: {}",
+                    n["kind"].as_str().unwrap_or("?"),
+                    n["message"].as_str().unwrap_or("")
+                ));
             }
         }
         // The agent writes status.session at most every few seconds.
@@ -437,7 +445,95 @@ impl Demo {
             session,
             proxy_413s,
             answered,
+            events: self.events()?,
         })
+    }
+
+    /// The agent's `Compacted` and `Recovered` Events on the session, oldest first.
+    pub fn events(&self) -> Result<Vec<SessionEvent>, HarnessError> {
+        let json = self
+            .cp
+            .kubectl_ok(&["get", "events.events.k8s.io", "-n", NS, "-o", "json"])?;
+        let v: Value = serde_json::from_str(&json).map_err(|e| err(e.to_string()))?;
+        let mut events: Vec<(String, SessionEvent)> = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| {
+                e["regarding"]["kind"] == "AgentSession"
+                    && e["regarding"]["name"] == SESSION
+                    && matches!(e["reason"].as_str(), Some("Compacted" | "Recovered"))
+            })
+            .map(|e| {
+                let at = e["eventTime"]
+                    .as_str()
+                    .or(e["deprecatedFirstTimestamp"].as_str())
+                    .unwrap_or_default()
+                    .to_owned();
+                let ev = SessionEvent {
+                    reason: e["reason"].as_str().unwrap_or_default().to_owned(),
+                    note: e["note"].as_str().unwrap_or_default().to_owned(),
+                    count: e["series"]["count"].as_u64().unwrap_or(1),
+                };
+                (at, ev)
+            })
+            .collect();
+        events.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(events.into_iter().map(|(_, e)| e).collect())
+    }
+}
+
+/// One of the agent's Events on the session.
+#[derive(Clone, Debug)]
+pub struct SessionEvent {
+    /// `Compacted` or `Recovered`.
+    pub reason: String,
+    pub note: String,
+    /// How many times it happened (the Event's series).
+    pub count: u64,
+}
+
+/// The ladder levels the Events show, each with the pass that does its work: a level counts
+/// only when its pass changed the history.
+pub const LEVELS: [(u8, &str, &str); 3] = [
+    (
+        1,
+        "trim",
+        "old tool outputs cut to previews, originals archived",
+    ),
+    (
+        2,
+        "summary",
+        "the older conversation summarized, the segment archived",
+    ),
+    (
+        3,
+        "emergency",
+        "emergency truncation, the dropped messages archived",
+    ),
+];
+
+impl DemoReport {
+    /// The levels of [`LEVELS`] some `Compacted` Event shows at work.
+    pub fn levels_seen(&self) -> Vec<u8> {
+        LEVELS
+            .iter()
+            .filter(|(_, pass, _)| {
+                self.events.iter().any(|e| {
+                    e.reason == "Compacted"
+                        && e.note
+                            .split_once('(')
+                            .and_then(|(_, rest)| rest.split_once(')'))
+                            .is_some_and(|(passes, _)| passes.split(", ").any(|p| p == *pass))
+                })
+            })
+            .map(|(level, _, _)| *level)
+            .collect()
+    }
+
+    /// Whether a `Recovered` Event shows a recovery.
+    pub fn recovered(&self) -> bool {
+        self.events.iter().any(|e| e.reason == "Recovered")
     }
 }
 
@@ -475,6 +571,45 @@ fn filler(turn: usize, bytes: usize) -> String {
                 "   Compiling crate-{turn}-{i} v0.{i}.0 (/work/crates/crate-{i})\n"
             ));
         }
+    }
+    s
+}
+
+/// The user's message of a turn: a question, on every other turn with a pasted design note
+/// of about `note_bytes` bytes (prose, which no compressor shortens and level 1 never
+/// touches).
+fn question(turn: usize, note_bytes: usize) -> String {
+    if turn.is_multiple_of(4) {
+        // Every fourth turn the user pastes a whole chapter: no pass but level 3 makes room.
+        format!(
+            "Turn {turn}: what failed in build {turn}? Check it against this chapter:\n{}",
+            note(turn, note_bytes * 2)
+        )
+    } else if !turn.is_multiple_of(2) {
+        format!(
+            "Turn {turn}: what failed in build {turn}? It follows this design note:\n{}",
+            note(turn, note_bytes)
+        )
+    } else {
+        format!("Turn {turn}: what failed in build {turn}?")
+    }
+}
+
+/// A design note of about `bytes` bytes: prose no compressor shortens.
+fn note(turn: usize, bytes: usize) -> String {
+    const WORDS: [&str; 16] = [
+        "the", "gateway", "retries", "each", "request", "once", "after", "a", "reset", "while",
+        "session", "state", "stays", "in", "the", "journal",
+    ];
+    let mut s = String::with_capacity(bytes + 100);
+    let mut i = turn * 7;
+    while s.len() < bytes {
+        for n in 0..(8 + i % 9) {
+            s.push_str(WORDS[(i * 5 + n * 3 + turn) % WORDS.len()]);
+            s.push(' ');
+        }
+        s.push_str(&format!("(section {turn}.{i}).\n"));
+        i += 1;
     }
     s
 }

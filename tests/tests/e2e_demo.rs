@@ -1,11 +1,12 @@
 //! End to end, as `make demo DEMO_FLAGS=--kwok` runs it: chart-installed operator, agent pod run by the
-//! harness with its own ServiceAccount, real nginx 413, compaction, status written back.
+//! harness with its own ServiceAccount, real nginx 413, each compaction level at work, status
+//! and Events written back.
 //! (`make demo` runs the same on a real node; `real_node.rs` tests what only a real pod shows.)
 
 use cairn_tests::demo::{self, DemoOptions};
 
 #[test]
-fn the_demo_compacts_recovers_from_a_413_and_reports_it() {
+fn the_demo_shows_each_compaction_level_and_a_413_recovery() {
     let opts = DemoOptions {
         bin_dir: demo::default_bin_dir(),
         ..DemoOptions::default()
@@ -28,6 +29,19 @@ fn the_demo_compacts_recovers_from_a_413_and_reports_it() {
         "{s}"
     );
     assert!(report.table.contains("Running"), "{}", report.table);
+    // What the demo shows a newcomer: each level of the ladder at work and a recovery, as
+    // the agent's own Events on the session name them.
+    assert_eq!(
+        report.levels_seen(),
+        vec![1, 2, 3],
+        "each level changed the history: {:#?}",
+        report.events
+    );
+    assert!(report.recovered(), "{:#?}", report.events);
+    assert!(
+        session["summaries"]["accepted"].as_u64().unwrap_or(0) >= 1,
+        "a summary passed the quality gate: {s}"
+    );
 }
 
 /// `make demo` as it runs by default: the same system with the chart's operator pod and the
@@ -94,6 +108,8 @@ fn the_demo_on_a_real_node_compacts_recovers_from_a_413_and_reports_it() {
         session["archive"]["objects"].as_u64().unwrap_or(0) >= 1,
         "{s}"
     );
+    assert_eq!(report.levels_seen(), vec![1, 2, 3], "{:#?}", report.events);
+    assert!(report.recovered(), "{:#?}", report.events);
 }
 
 /// The same system, then what the operator issue asks of a chart-installed operator and a

@@ -17,7 +17,8 @@ extern "C" fn on_signal(_: libc::c_int) {
 fn main() -> ExitCode {
     let keep = std::env::args().any(|a| a == "--keep");
     let kwok = std::env::args().any(|a| a == "--kwok");
-    let mut say = |m: &str| println!("cairn-demo: {m}");
+    let started = std::time::Instant::now();
+    let mut say = |m: &str| println!("[cairn-demo {:>5.1}s] {m}", started.elapsed().as_secs_f64());
     let real_node = !kwok
         && match demo::real_node_unsupported() {
             None => true,
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
         "turns",
         "compactions",
         "level3Compactions",
+        "summaries",
         "recoveries",
         "learnedPayloadCap",
         "utilization",
@@ -66,6 +68,23 @@ fn main() -> ExitCode {
         "nginx answered 413 {} time(s); {} of {} turns answered",
         report.proxy_413s, report.answered, opts.turns
     );
+    println!("\nthe agent's Events on the session (kubectl describe asess demo -n demo):");
+    for e in &report.events {
+        let times = if e.count > 1 {
+            format!(" (x{})", e.count)
+        } else {
+            String::new()
+        };
+        println!("  {:<10} {}{times}", e.reason, e.note);
+    }
+    println!("\nthe ladder at work, as those Events show it:");
+    let seen = report.levels_seen();
+    for (level, pass, what) in demo::LEVELS {
+        let mark = if seen.contains(&level) { "yes" } else { "no " };
+        println!("  {mark} level {level} ({pass}): {what}");
+    }
+    let mark = if report.recovered() { "yes" } else { "no " };
+    println!("  {mark} recovery: a rejected request shrunk and retried");
     if keep {
         // SAFETY: installing a handler that only stores to an atomic.
         unsafe {
