@@ -6,15 +6,15 @@ SHELL := /bin/bash
 
 .PHONY: demo policy test test-fast lint crds crds-check fmt
 
-## The whole system on this machine, no Docker: installs what is missing (nginx, moto, the
-## control plane and a node built from Go modules, the images, helm), starts the control
-## plane, a real node, S3 and cairn-sim behind nginx, helm-installs cairn onto the node,
-## drives an AgentSession through compaction and a 413 recovery, prints its status, tears
-## everything down. DEMO_FLAGS=--keep leaves it up; DEMO_FLAGS=--kwok uses kwok's node.
+## The whole system on this machine, no Docker: installs what the demo uses and is missing
+## (nginx, moto, helm, the control plane and a node built from Go modules), builds the
+## workspace's binaries and their images, starts the control plane, a real node, S3 and
+## cairn-sim behind nginx, helm-installs cairn onto the node, drives an AgentSession through
+## each compaction level and a 413 recovery, prints its status, tears everything down. Every
+## step prints its elapsed seconds (tests/harness/demo.sh). DEMO_FLAGS=--keep leaves it up;
+## DEMO_FLAGS=--kwok uses kwok's node.
 demo:
-	bash .ci/install.sh
-	$(CARGO) build -q -p cairn-agent -p cairn-operator -p cairn-tests --bins
-	$(CARGO) run -q -p cairn-tests --bin cairn-demo -- $(DEMO_FLAGS)
+	CARGO=$(CARGO) bash tests/harness/demo.sh $(DEMO_FLAGS)
 
 ## Print a session's effective compaction policy (defaults <- CompactionPolicy <- inline).
 policy:
@@ -29,7 +29,7 @@ policy:
 test:
 	$(CARGO) build -q --workspace --bins
 	$(CARGO) test --workspace --lib --no-fail-fast; unit=$$?; \
-	$(CARGO) test --workspace --bins --tests --benches --examples --no-fail-fast; rest=$$?; \
+	$(CARGO) test --workspace --bins --test '*' --benches --examples --no-fail-fast; rest=$$?; \
 	exit $$(( unit | rest ))
 
 ## The fast tier for iteration: every crate's unit tests and the engine's suite (no servers,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Keeps the shared Cargo target dir under a cap (GB, first argument): when it is over, removes
 # the incremental caches and every artifact of this workspace's own targets (libraries, test
-# and bench binaries, build-script outputs), which any clone at a new path rebuilds anyway.
+# and bench binaries, build-script outputs), which the next build remakes from the sources.
 # Artifacts of registry crates, the expensive part of a cold build, are kept.
 set -euo pipefail
 cap_gb="${1:-40}"

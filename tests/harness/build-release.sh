@@ -4,6 +4,8 @@
 # profile, in a target directory of their own that is removed once the binaries are kept:
 # the workspace's would have today's binaries overwritten), and their images tagged with the commit (build-images.sh with CAIRN_IMAGE_BIN_DIR), beside
 # today's. Cached per commit.
+# The history is read from CAIRN_SOURCE when set (the clone `.ci/run` was started from; it
+# runs the tests in a copy of the work tree without one), else from this repository.
 # Usage: build-release.sh COMMIT
 # Output: `chart=<the release's charts/cairn>`, `tag=<image tag>` and build-images.sh's
 # `name=path` / `name-ref=reference` lines for cairn-agent and cairn-operator.
@@ -11,13 +13,14 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 COMMIT="${1:?usage: build-release.sh COMMIT}"
+GIT_ROOT="${CAIRN_SOURCE:-$ROOT}"
 CAIRN_CACHE="${CAIRN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cairn}"
 SRC="$CAIRN_CACHE/src/release-$COMMIT"
 BIN="$CAIRN_CACHE/bin/release-$COMMIT"
 
 log() { echo "[build-release] $*" >&2; }
 
-git -C "$ROOT" cat-file -e "$COMMIT^{commit}" 2>/dev/null || {
+git -C "$GIT_ROOT" cat-file -e "$COMMIT^{commit}" 2>/dev/null || {
   echo "commit $COMMIT is not in this clone's history (a shallow clone?): fetch it with" \
        "\`git fetch --unshallow\`" >&2
   exit 1
@@ -26,7 +29,7 @@ if [ ! -f "$SRC/.exported" ]; then
   log "export $COMMIT"
   rm -rf "$SRC"
   mkdir -p "$SRC"
-  git -C "$ROOT" archive "$COMMIT" | tar -x -C "$SRC"
+  git -C "$GIT_ROOT" archive "$COMMIT" | tar -x -C "$SRC"
   touch "$SRC/.exported"
 fi
 if [ ! -x "$BIN/cairn-agent" ] || [ ! -x "$BIN/cairn-operator" ]; then

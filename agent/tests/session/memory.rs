@@ -18,10 +18,11 @@ use crate::support::moto::Moto;
 
 /// What only a level-2 summary request carries.
 const LEVEL2_PHRASE: &str = "Summarize the conversation transcript below";
-/// A summarizer call takes this long.
-const SLOW: Duration = Duration::from_secs(30);
+/// A summarizer call takes this long: long beside a turn (milliseconds), as a real model's
+/// summary is, and five of a person's messages long.
+const SLOW: Duration = Duration::from_secs(8);
 /// A person sends a message every this often (the turns themselves take milliseconds).
-const PACE: Duration = Duration::from_secs(6);
+const PACE: Duration = Duration::from_millis(1_600);
 const TURNS: usize = 40;
 
 /// A memory with the nine sections, about 1.2 KB.
