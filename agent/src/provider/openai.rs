@@ -207,7 +207,7 @@ struct OutCall<'a> {
 #[derive(Serialize)]
 struct OutFunction<'a> {
     name: &'a str,
-    #[serde(serialize_with = "super::wire_cache::text")]
+    #[serde(serialize_with = "super::wire::arguments_text")]
     arguments: &'a str,
 }
 

@@ -187,7 +187,7 @@ enum TypedItem<'a> {
     FunctionCall {
         call_id: &'a str,
         name: &'a str,
-        #[serde(serialize_with = "super::wire_cache::text")]
+        #[serde(serialize_with = "super::wire::arguments_text")]
         arguments: &'a str,
     },
     FunctionCallOutput {

@@ -51,6 +51,22 @@ impl Serialize for Arguments<'_> {
     }
 }
 
+/// Tool-call arguments where an API takes them as a string (Chat Completions, Responses):
+/// a JSON object goes as the model wrote it (the bytes of a cached prefix do not change);
+/// anything else, such as a call the output limit cut off, goes as the text of the object
+/// [`Arguments`] makes of it. Servers that parse the string refuse the whole request over
+/// one unparseable call: llama.cpp renders its chat template from the parsed arguments and
+/// answers HTTP 500 "Failed to parse tool call arguments as JSON" to every resend.
+pub(crate) fn arguments_text<S: Serializer>(text: &&str, s: S) -> Result<S::Ok, S::Error> {
+    match Arguments::new(text) {
+        Arguments::Object(_) => super::wire_cache::text(text, s),
+        other => {
+            let object = serde_json::to_string(&other).map_err(serde::ser::Error::custom)?;
+            super::wire_cache::text(&object.as_str(), s)
+        }
+    }
+}
+
 /// An image as a `data:` URL, written into the output without building the string first.
 pub(crate) struct DataUrl<'a>(pub &'a Image);
 
@@ -273,6 +289,37 @@ mod tests {
                 serde_json::from_str::<serde_json::Value>(wire).unwrap()
             );
         }
+    }
+
+    #[test]
+    fn string_arguments_are_always_the_text_of_an_object() {
+        #[derive(Serialize)]
+        struct Call<'a> {
+            #[serde(serialize_with = "arguments_text")]
+            arguments: &'a str,
+        }
+        let cut = "{\"path\": \"logs/app.lo";
+        let cases = [
+            ("{\"b\":1, \"a\":[2]}", "{\"b\":1, \"a\":[2]}"),
+            (cut, "{\"arguments\":\"{\\\"path\\\": \\\"logs/app.lo\"}"),
+            ("", "{}"),
+            ("[1]", "{\"arguments\":\"[1]\"}"),
+        ];
+        for (text, sent) in cases {
+            let json = serde_json::to_value(Call { arguments: text }).unwrap();
+            let string = json["arguments"].as_str().unwrap();
+            assert_eq!(string, sent, "{text:?}");
+            assert!(
+                serde_json::from_str::<serde_json::Value>(string)
+                    .unwrap()
+                    .is_object(),
+                "{text:?}"
+            );
+        }
+        // A long object keeps its bytes through the escape cache.
+        let long = format!("{{\"text\": \"{}\"}}", "x".repeat(2_000));
+        let json = serde_json::to_value(Call { arguments: &long }).unwrap();
+        assert_eq!(json["arguments"].as_str(), Some(long.as_str()));
     }
 
     #[test]

@@ -176,6 +176,73 @@ async fn each_api_returns_a_parsed_tool_call_streamed_or_not() {
     }
 }
 
+/// A call the output limit cut off (a string without `maxLength`, like the filesystem
+/// server's `path`) comes back as the model wrote it, not JSON, with the stop reason
+/// `MaxTokens` (Responses: "completed", as llama-server reports it); sent back in the history with a result for it, the server takes the request
+/// (llama-server parses every call's arguments in the history and refuses the whole request
+/// when one does not parse). On the APIs that carry arguments as a string; on Messages the
+/// server itself makes a cut call's input `{}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cut_by_the_output_limit_goes_back_and_the_server_takes_it() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = LlamaServer::start_with_tools(dir.path(), 2_048).expect("llama-server");
+    let unbounded = vec![ToolSpec {
+        name: "read_text_file".into(),
+        description: "Read a text file and return its contents.".into(),
+        parameters: json!({"type": "object",
+            "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+    }];
+    for kind in [
+        ProviderKind::OpenaiCompatible,
+        ProviderKind::OpenaiResponses,
+    ] {
+        let p = client(&server, kind);
+        for stream in [false, true] {
+            let what = format!("{kind:?} stream={stream}");
+            let ask = vec![
+                Message::system("You are a helpful assistant with file tools."),
+                Message::user("Read the file logs/app.log and tell me what it says."),
+            ];
+            let mut cut = None;
+            for limit in [10, 12, 14, 16, 18] {
+                let mut req = request(ask.clone(), stream, ToolChoice::Required);
+                req.tools = unbounded.clone();
+                req.max_output_tokens = limit;
+                let r = p.send(&req).await.unwrap_or_else(|e| panic!("{what}: {e}"));
+                let unparsed = r.tool_calls().iter().any(|c| {
+                    serde_json::from_str::<Value>(&c.arguments).map_or(true, |v| !v.is_object())
+                });
+                // llama-server's Responses reply says "completed" even when the limit cut it.
+                if unparsed {
+                    if kind != ProviderKind::OpenaiResponses {
+                        assert_eq!(r.stop, StopReason::MaxTokens, "{what}: {:?}", r.message);
+                    }
+                    cut = Some(r);
+                    break;
+                }
+            }
+            let cut = cut.unwrap_or_else(|| panic!("{what}: no limit cut a call"));
+            let call = cut.tool_calls()[0].clone();
+            let mut history = ask;
+            history.push(cut.message.clone());
+            let mut result = Message::tool(call.id.clone(), "error: the call was cut off");
+            result.name = Some(call.name.clone());
+            history.push(result);
+            let mut req = request(history, stream, ToolChoice::Required);
+            req.tools = unbounded.clone();
+            let again = p.send(&req).await.unwrap_or_else(|e| {
+                panic!("{what}: the history with the cut call {call:?} was refused: {e}")
+            });
+            assert!(
+                !again.tool_calls().is_empty() || !again.message.content.is_empty(),
+                "{what}: {:?}",
+                again.message
+            );
+        }
+    }
+}
+
 /// A model that answers in prose when a call was required (the model's own template gives
 /// llama.cpp no call syntax, so nothing forces a call): every client returns the text as
 /// the answer, with no call and no error.
