@@ -25,11 +25,13 @@ policy:
 ## Every test: unit, property, integration, the cluster suites and the end-to-end demo
 ## (the binaries are built first: the harness runs them as pods). The unit tests of every
 ## crate run first, so a failure there shows in minutes; every other target runs after them
-## even when one failed, and the command fails if either did.
+## even when one failed, and the command fails if either did. `--bench '*'` names the bench
+## targets only (`--benches` would take each library as a bench target and run its unit tests
+## a second time).
 test:
 	$(CARGO) build -q --workspace --bins
 	$(CARGO) test --workspace --lib --no-fail-fast; unit=$$?; \
-	$(CARGO) test --workspace --bins --test '*' --benches --examples --no-fail-fast; rest=$$?; \
+	$(CARGO) test --workspace --bins --test '*' --bench '*' --examples --no-fail-fast; rest=$$?; \
 	exit $$(( unit | rest ))
 
 ## The fast tier for iteration: every crate's unit tests and the engine's suite (no servers,
