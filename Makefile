@@ -24,14 +24,15 @@ policy:
 
 ## Every test: unit, property, integration, the cluster suites and the end-to-end demo
 ## (the binaries are built first: the harness runs them as pods). The unit tests of every
-## crate run first, so a failure there shows in minutes; every other target runs after them
-## even when one failed, and the command fails if either did. `--bench '*'` names the bench
-## targets only (`--benches` would take each library as a bench target and run its unit tests
-## a second time).
+## crate run first, so a failure there shows in minutes; then every other test target
+## (integration, bench and binary targets: `cargo test --workspace --bins --test '*'
+## --bench '*' --examples`) runs in three lanes side by side, the llama.cpp lane, the real-node
+## lane and the rest, with each target's time (tests/harness/test-lanes.py). Every target runs
+## even when one failed, and the command fails if any did.
 test:
 	$(CARGO) build -q --workspace --bins
 	$(CARGO) test --workspace --lib --no-fail-fast; unit=$$?; \
-	$(CARGO) test --workspace --bins --test '*' --bench '*' --examples --no-fail-fast; rest=$$?; \
+	CARGO=$(CARGO) python3 tests/harness/test-lanes.py; rest=$$?; \
 	exit $$(( unit | rest ))
 
 ## The fast tier for iteration: every crate's unit tests and the engine's suite (no servers,
