@@ -18,13 +18,14 @@ The lanes:
   own, so it runs beside the others.
 
 A target's whole output is printed when it ends (outputs never interleave; while it runs it
-is in a file named at the start), with a line
-`[lane] package/target: ok|FAILED in N s`; a summary by time and the failed targets come
-last. Every target runs even when one failed; the exit status is 1 if any did.
+is in a file named at the start), each test with its time, then a line
+`[lane] package/target: ok|FAILED in N s`. Last come the targets by time, the slowest tests
+and the failed targets. Every target runs even when one failed; the exit status is 1 if any did.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -44,7 +45,16 @@ LANES = {
 ORDER = ["llama", "node", "rest"]
 KIND_FLAG = {"test": "--test", "bench": "--bench", "bin": "--bin", "example": "--example"}
 
+# libtest's per-test times (`--report-time`) are behind `-Z unstable-options`, which the stable
+# toolchain's libtest accepts when RUSTC_BOOTSTRAP=1 is in the test process's environment (set
+# there only: the build is done, nothing compiles under it). Test and binary targets use
+# libtest; the bench targets have their own harness (`harness = false`) and take no flags.
+LIBTEST_TIMES = ["-Z", "unstable-options", "--report-time"]
+TIMED = re.compile(r"^test (\S+) \.\.\. (ok|FAILED)[^<]*<([0-9.]+)s>")
+SLOWEST = 25
+
 print_lock = threading.Lock()
+per_test = []  # (seconds, package/target, test, outcome)
 
 # Each target's output as it runs (read it there while a long target is still going); runs
 # older than a day are swept by the harness.
@@ -88,19 +98,30 @@ def run(lane, target, results):
     package, kind, name, executable, directory = target
     rerun = f"cargo test -p {package} {KIND_FLAG[kind]} {name}"
     env = dict(os.environ, CARGO_MANIFEST_DIR=directory, CARGO_PKG_NAME=package)
+    args = [executable]
+    if kind in ("test", "bin"):
+        env["RUSTC_BOOTSTRAP"] = "1"
+        args += LIBTEST_TIMES
     started = time.monotonic()
     log = os.path.join(LOGS, f"{package}-{kind}-{name}.log")
     with open(log, "w") as out:
         code = subprocess.run(
-            [executable], cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT
+            args, cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT
         ).returncode
     took = time.monotonic() - started
     ok = code == 0
-    results.append((took, lane, package, name, ok))
+    with open(log, errors="replace") as out:
+        output = out.read()
+    tests = [
+        (float(m[3]), f"{package}/{name}", m[1], m[2])
+        for m in map(TIMED.match, output.splitlines())
+        if m
+    ]
     with print_lock:
+        results.append((took, lane, package, name, ok))
+        per_test.extend(tests)
         print(f"\n--- [{lane}] {package}/{name} ({rerun}: {executable})", flush=True)
-        with open(log, errors="replace") as out:
-            sys.stdout.write(out.read())
+        sys.stdout.write(output)
         print(f"[{lane}] {package}/{name}: {'ok' if ok else 'FAILED'} in {took:.0f} s", flush=True)
 
 
@@ -132,6 +153,9 @@ def main():
     for lane in ORDER:
         busy = sum(r[0] for r in results if r[1] == lane)
         print(f"lane {lane}: {busy:.0f} s")
+    print(f"\n=== the {SLOWEST} slowest of {len(per_test)} timed tests")
+    for took, target, test, outcome in sorted(per_test, reverse=True)[:SLOWEST]:
+        print(f"{took:7.1f} s  {target}  {test}{'' if outcome == 'ok' else '  ' + outcome}")
     failed = [f"{p}/{n}" for _, _, p, n, ok in results if not ok]
     print(f"{len(results)} targets in {wall:.0f} s; failed: {', '.join(failed) or 'none'}")
     return 1 if failed else 0
