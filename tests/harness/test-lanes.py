@@ -18,7 +18,8 @@ The lanes:
   own, so it runs beside the others.
 
 A target's whole output is printed when it ends (outputs never interleave; while it runs it
-is in a file named at the start), each test with its time, then a line
+is in a file named at the start), each test with its time (for a test that waits for a
+shared server, such as the one llama.cpp server, the wait is part of it), then a line
 `[lane] package/target: ok|FAILED in N s`. Last come the targets by time, the slowest tests
 and the failed targets. Every target runs even when one failed; the exit status is 1 if any did.
 """
@@ -54,6 +55,7 @@ TIMED = re.compile(r"^test (\S+) \.\.\. (ok|FAILED)[^<]*<([0-9.]+)s>")
 SLOWEST = 25
 
 print_lock = threading.Lock()
+results = []  # (seconds, lane, package, target, ok)
 per_test = []  # (seconds, package/target, test, outcome)
 
 # Each target's output as it runs (read it there while a long target is still going); runs
@@ -94,7 +96,7 @@ def targets():
     return sorted(set(found))
 
 
-def run(lane, target, results):
+def run(lane, target):
     package, kind, name, executable, directory = target
     rerun = f"cargo test -p {package} {KIND_FLAG[kind]} {name}"
     env = dict(os.environ, CARGO_MANIFEST_DIR=directory, CARGO_PKG_NAME=package)
@@ -125,9 +127,9 @@ def run(lane, target, results):
         print(f"[{lane}] {package}/{name}: {'ok' if ok else 'FAILED'} in {took:.0f} s", flush=True)
 
 
-def lane_worker(lane, queue, results):
+def lane_worker(lane, queue):
     for target in queue:
-        run(lane, target, results)
+        run(lane, target)
 
 
 def main():
@@ -137,9 +139,8 @@ def main():
     queues = {lane: [] for lane in ORDER}
     for target in targets():
         queues[LANES.get((target[0], target[2]), "rest")].append(target)
-    results = []
     threads = [
-        threading.Thread(target=lane_worker, args=(lane, queues[lane], results))
+        threading.Thread(target=lane_worker, args=(lane, queues[lane]))
         for lane in ORDER
     ]
     for t in threads:

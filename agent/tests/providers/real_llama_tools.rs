@@ -178,10 +178,11 @@ async fn each_api_returns_a_parsed_tool_call_streamed_or_not() {
 
 /// A call the output limit cut off (a string without `maxLength`, like the filesystem
 /// server's `path`) comes back as the model wrote it, not JSON, with the stop reason
-/// `MaxTokens` (Responses: "completed", as llama-server reports it); sent back in the history with a result for it, the server takes the request
-/// (llama-server parses every call's arguments in the history and refuses the whole request
-/// when one does not parse). On the APIs that carry arguments as a string; on Messages the
-/// server itself makes a cut call's input `{}`.
+/// `MaxTokens` (Responses: "completed", as llama-server reports it); sent back in the history
+/// with a result for it, the server takes the request (llama-server parses every call's
+/// arguments in the history and refuses the whole request when one does not parse). On the
+/// APIs that carry arguments as a string; on Messages the server itself makes a cut call's
+/// input `{}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_cut_by_the_output_limit_goes_back_and_the_server_takes_it() {
     let _turn = ONE_AT_A_TIME.lock().await;
