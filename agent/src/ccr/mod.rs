@@ -7,6 +7,7 @@ pub use cairn_engine::ccr::*;
 pub mod layered;
 pub mod local;
 pub mod s3;
+mod segment;
 
 pub use layered::LayeredStore;
 pub use local::{LimitsError, LocalLimits, LocalStore};

@@ -1,12 +1,12 @@
-//! A process killed in the middle of a concurrent archive batch leaves no marker without its
+//! A process killed in the middle of an archive batch leaves no marker without its
 //! bytes: whatever history a restart rebuilds from the journal, every archive key it refers
 //! to is in the durable local store, intact.
 //!
 //! The test binary re-runs itself as the worker: a session loop over the durable local
 //! directory (archive and journal, as `cairn-agent` runs without S3) that journals a fresh
-//! history, compacts it (hundreds of originals, written in concurrent batches) and journals
-//! the result, again and again. The parent kills it with SIGKILL — as soon as a batch's temp
-//! files appear, or after a random delay — then rebuilds and checks.
+//! history, compacts it (hundreds of originals, each pass's written as one batch) and journals
+//! the result, again and again. The parent kills it with SIGKILL — as soon as a batch's
+//! records land in a segment, or after a random delay — then rebuilds and checks.
 
 use cairn_engine::testing as core_support;
 #[path = "../../benches/support/pipeline.rs"]
@@ -66,11 +66,16 @@ fn work(root: &Path) {
     });
 }
 
-fn has_temp(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|entries| {
+/// Bytes in the worker's segment files: they grow the moment a batch's records land, before
+/// its flush returns.
+fn segment_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
         entries
             .flatten()
-            .any(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+            .filter(|e| e.file_name().to_string_lossy().starts_with("seg-"))
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum()
     })
 }
 
@@ -123,17 +128,18 @@ fn killed_mid_batch_leaves_no_marker_without_its_bytes() {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        // Even rounds: killed the moment a batch's temp files are on disk. Odd rounds: at a
-        // random moment of the loop (mid-journal, mid-rename, between passes).
+        // Even rounds: killed the moment a batch's records are in a segment (its flush under
+        // way). Odd rounds: at a random moment of the loop (mid-journal, between passes).
         let ccr = root.path().join("ccr");
         let deadline = Instant::now() + Duration::from_secs(20);
         if round % 2 == 0 {
             // Let some rounds complete first, so the journal has markers to check.
             std::thread::sleep(Duration::from_millis(150 + fastrand::u64(..300)));
-            while !has_temp(&ccr) && Instant::now() < deadline {
+            let before = segment_bytes(&ccr);
+            while segment_bytes(&ccr) == before && Instant::now() < deadline {
                 std::hint::spin_loop();
             }
-            if has_temp(&ccr) {
+            if segment_bytes(&ccr) != before {
                 mid_batch += 1;
             }
         } else {
