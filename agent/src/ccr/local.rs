@@ -4,8 +4,9 @@
 //! - `seg-<created>-<pid>-<n>`: segments ([`super::segment`] has the record format). A process
 //!   appends only to the one segment it is writing (its *active* segment, locked from its
 //!   creation on), and every batch is one append and one `fdatasync`, plus one directory flush
-//!   when it starts a segment. That is the disk's own floor for making those bytes durable; every original of
-//!   a batch is durable before the batch is acknowledged, so before any marker names it.
+//!   when it starts a segment. That is the disk's own floor for making those bytes durable;
+//!   every original of a batch is durable before the batch is acknowledged, so before any
+//!   marker names it.
 //! - `<key>`: an original in the earlier layout (one file per key), still read and evicted,
 //!   never written.
 //! - `.corrupt/<key>`: the damaged bytes of an original of the only tier, kept for a person to
@@ -21,10 +22,10 @@
 //! batch being written) and age. Recency is kept in memory; a hit also stamps its segment's
 //! modification time, which is every record's last access after a restart (so after a
 //! restart recency is per segment, and an original evicted before it may be back until the
-//! bounds evict again). Evicting forgets an original at once; its space comes back in the background:
-//! a segment with no live record is deleted, one with more dead bytes than live ones has its
-//! live records appended to the active segment (flushed) before it is deleted. So the
-//! directory holds at most about twice the bound plus one segment. A segment is deleted or
+//! bounds evict again). Evicting forgets an original at once; its space comes back in the
+//! background: a segment with no live record is deleted, one with more dead bytes than live
+//! ones has its live records appended to the active segment (flushed) before it is deleted.
+//! So the directory holds at most about twice the bound plus one segment. A segment is deleted or
 //! rewritten only under its lock, only when it holds no record the index has not seen, and
 //! an empty one only once it is stale: never one another process is still appending to.
 //!
