@@ -158,8 +158,20 @@ fn watch(cp: &'static ControlPlane, stop: Arc<AtomicBool>) -> std::thread::JoinH
                 seen.polls
             ));
             let cache_arg = format!("--cache-dir={}", cache.display());
-            let get = cp.kubectl(&["get", "asess", "-n", NS, &cache_arg]);
+            let mut get = cp.kubectl(&["get", "asess", "-n", NS, &cache_arg]);
             let _ = std::fs::remove_dir_all(&cache);
+            // The one race no client avoids: the rollback's CRD stops serving v1beta1 between
+            // this call's discovery and its list. Discovering again answers; two failures in
+            // a row are a real gap.
+            let version_went = |o: &Output| {
+                !o.status.success()
+                    && String::from_utf8_lossy(&o.stderr)
+                        .contains("the server could not find the requested resource")
+            };
+            if get.as_ref().is_ok_and(version_went) {
+                get = cp.kubectl(&["get", "asess", "-n", NS, &cache_arg]);
+                let _ = std::fs::remove_dir_all(&cache);
+            }
             match get {
                 Ok(o) if o.status.success() => {}
                 Ok(o) => seen
