@@ -201,6 +201,13 @@ async fn sessions_converge_and_the_operator_then_idles() {
     let pid = operator.0.id();
 
     let api: Api<AgentSession> = Api::namespaced(client.clone(), &ns);
+    // A freshly applied CRD is served a moment after it is stored: until then its paths are
+    // a plain 404.
+    let served = Instant::now() + Duration::from_secs(60);
+    while let Err(e) = api.list(&ListParams::default().limit(1)).await {
+        assert!(Instant::now() < served, "AgentSessions not served: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let started = Instant::now();
     futures::stream::iter(0..sessions_wanted)
         .map(|i| {
