@@ -506,7 +506,8 @@ impl LocalStore {
 
     /// Bytes of the segment files and files of the earlier layout, as the directory lists
     /// them (what the store costs on disk).
-    pub fn disk_bytes(&self) -> Result<u64, ArchiveError> {
+    #[cfg(test)]
+    fn disk_bytes(&self) -> Result<u64, ArchiveError> {
         let mut total = 0;
         for dirent in fs::read_dir(&self.inner.dir)? {
             let dirent = dirent?;
@@ -651,16 +652,7 @@ impl Inner {
         }
         let mut buf = std::mem::take(&mut *lock(&self.scratch));
         buf.clear();
-        let offsets = segment::encode(&fresh, 0, &mut buf);
-        let records = fresh
-            .iter()
-            .zip(offsets)
-            .map(|((key, bytes), offset)| Record {
-                key: *key,
-                offset,
-                len: bytes.len() as u64,
-            })
-            .collect();
+        let records = segment::encode(&fresh, &mut buf);
         Ok(Encoded {
             buf,
             records,
@@ -684,17 +676,8 @@ impl Inner {
                 Err(e) => return Err(e),
             }
         }
-        let offsets = segment::encode(&again, 0, &mut batch.buf);
-        batch.records.extend(
-            again
-                .iter()
-                .zip(offsets)
-                .map(|((key, bytes), offset)| Record {
-                    key: *key,
-                    offset,
-                    len: bytes.len() as u64,
-                }),
-        );
+        let healed = segment::encode(&again, &mut batch.buf);
+        batch.records.extend(healed);
         if batch.records.is_empty() {
             return Ok((deduplicated, false));
         }
@@ -1151,11 +1134,11 @@ impl Inner {
         }
         let originals: Vec<(Key, &[u8])> = live.iter().map(|(r, b)| (r.key, &b[..])).collect();
         let mut buf = Vec::new();
-        let offsets = segment::encode(&originals, 0, &mut buf);
+        let moved = segment::encode(&originals, &mut buf);
         let (to, base) = self.append(&buf)?;
         let mut index = self.index();
-        for ((record, _), offset) in live.iter().zip(offsets) {
-            let offset = base + offset;
+        for ((record, _), written) in live.iter().zip(moved) {
+            let offset = base + written.offset;
             let from = Place::Segment {
                 id,
                 offset: record.offset,
@@ -1586,7 +1569,6 @@ mod tests {
         let mut torn = Vec::new();
         segment::encode(
             &[(Key::of(b"never acknowledged"), b"never acknowledged")],
-            0,
             &mut torn,
         );
         torn.truncate(torn.len() - 5);

@@ -28,21 +28,25 @@ pub struct Record {
     pub len: u64,
 }
 
-/// Appends the records of `originals` to `out`; returns where each original's bytes will be
-/// in the segment, `out` being written there at `base`.
-pub fn encode(originals: &[(Key, &[u8])], base: u64, out: &mut Vec<u8>) -> Vec<u64> {
+/// Appends the records of `originals` to `out`; returns each record with the offset of its
+/// original's bytes in `out` (the caller adds where `out` lands in the segment).
+pub fn encode(originals: &[(Key, &[u8])], out: &mut Vec<u8>) -> Vec<Record> {
     let extra: usize = originals.iter().map(|(_, b)| b.len()).sum::<usize>()
         + originals.len() * HEADER_LEN as usize;
     out.reserve(extra);
-    let mut offsets = Vec::with_capacity(originals.len());
+    let mut records = Vec::with_capacity(originals.len());
     for (key, bytes) in originals {
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(key.as_str().as_bytes());
         out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        offsets.push(base + out.len() as u64);
+        records.push(Record {
+            key: *key,
+            offset: out.len() as u64,
+            len: bytes.len() as u64,
+        });
         out.extend_from_slice(bytes);
     }
-    offsets
+    records
 }
 
 /// The whole records between `from` and `to` (the file's length as the caller saw it), and
@@ -99,19 +103,19 @@ mod tests {
         let b = vec![7u8; 1000];
         let originals = [(Key::of(&a), &a[..]), (Key::of(&b), &b[..])];
         let mut buf = Vec::new();
-        let offsets = encode(&originals, 0, &mut buf);
+        let encoded = encode(&originals, &mut buf);
         let whole = buf.len() as u64;
         // A third record cut in the middle of its bytes, then garbage.
         let c = vec![9u8; 500];
-        encode(&[(Key::of(&c), &c[..])], whole, &mut buf);
+        encode(&[(Key::of(&c), &c[..])], &mut buf);
         buf.truncate(buf.len() - 100);
         let mut file = tempfile::tempfile().expect("file");
         file.write_all(&buf).expect("write");
         let (found, end) = scan(&file, 0, buf.len() as u64).expect("scan");
         assert_eq!(end, whole);
         assert_eq!(found.len(), 2);
-        for ((record, (key, bytes)), offset) in found.iter().zip(&originals).zip(&offsets) {
-            assert_eq!((record.key, record.offset), (*key, *offset));
+        for ((record, (key, bytes)), written) in found.iter().zip(&originals).zip(&encoded) {
+            assert_eq!((record.key, record.offset), (*key, written.offset));
             assert_eq!(read(&file, record).expect("read"), *bytes);
         }
         // Garbage where a header should be ends the scan too.
