@@ -66,16 +66,9 @@ struct TestEnv {
     secret_wait: Duration,
 }
 
-/// The kubeconfig of the cluster under test: `KUBECONFIG`, else the harness's own.
-fn kubeconfig() -> std::path::PathBuf {
-    match std::env::var_os("KUBECONFIG") {
-        Some(path) => path.into(),
-        None => cairn_tests::harness::shared_cluster().kubeconfig.clone(),
-    }
-}
-
 async fn config() -> kube::Config {
-    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig()).expect("kubeconfig reads");
+    let kubeconfig = kube::config::Kubeconfig::read_from(cairn_tests::harness::kubeconfig())
+        .expect("kubeconfig reads");
     kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .expect("kubeconfig is usable")
@@ -935,7 +928,7 @@ async fn template_pass_throughs_land_on_the_pod_and_service_account() {
 fn helm(args: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().expect("helm home");
     Command::new(cairn_tests::harness::helm().expect("helm installs"))
-        .env("KUBECONFIG", kubeconfig())
+        .env("KUBECONFIG", cairn_tests::harness::kubeconfig())
         .env("HELM_CACHE_HOME", dir.path().join("cache"))
         .env("HELM_CONFIG_HOME", dir.path().join("config"))
         .env("HELM_DATA_HOME", dir.path().join("data"))
@@ -1364,7 +1357,7 @@ fn start_replica(ns: &str, identity: &str, metrics_port: u16) -> Replica {
             "--metrics-listen",
             &format!("127.0.0.1:{metrics_port}"),
         ])
-        .env("KUBECONFIG", kubeconfig())
+        .env("KUBECONFIG", cairn_tests::harness::kubeconfig())
         .env("POD_NAME", identity)
         .env("RUST_LOG", "info")
         .stdout(log_file(ns, identity))

@@ -46,11 +46,8 @@ struct Env {
 }
 
 async fn config() -> kube::Config {
-    let path = match std::env::var_os("KUBECONFIG") {
-        Some(path) => path.into(),
-        None => cairn_tests::harness::shared_cluster().kubeconfig.clone(),
-    };
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("kubeconfig reads");
+    let kubeconfig = kube::config::Kubeconfig::read_from(cairn_tests::harness::kubeconfig())
+        .expect("kubeconfig reads");
     kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .expect("kubeconfig is usable")

