@@ -389,30 +389,19 @@ spec:
         || http_from(cp, ns, &addr, "/healthz").contains(" 200"),
     );
     eprintln!("NetworkPolicy in effect after {:?}", applied.elapsed());
-    // Once in effect, it holds: the same namespace and the operator's get through, the
-    // other namespace does not.
-    // An admitted request may be retried once: with every test of the binary creating pods,
-    // an exec or a connection can be slow; a refused one must never get through.
-    let admitted = |from: &str, path: &str| {
-        let mut last = String::new();
-        for _ in 0..2 {
-            last = http_from(cp, from, &addr, path);
-            if last.contains(" 200") {
-                return Ok(());
-            }
-        }
-        Err(last)
-    };
-    for _ in 0..3 {
-        if let Err(r) = admitted(ns, "/healthz") {
-            panic!("the session's namespace is admitted: {r}");
-        }
-        if let Err(r) = admitted(op, "/readyz") {
-            panic!("the operator's namespace is admitted: {r}");
-        }
-        let r = http_from(cp, other, &addr, "/healthz");
-        assert!(!r.contains("HTTP/"), "another namespace is refused: {r}");
-    }
+    let refused = [(other, "client", "another namespace")];
+    policy_holds(
+        cp,
+        &addr,
+        (&[(ns, "client", "the session's namespace")], "/healthz"),
+        &refused,
+    );
+    policy_holds(
+        cp,
+        &addr,
+        (&[(op, "client", "the operator's namespace")], "/readyz"),
+        &refused,
+    );
     for n in [ns, op, other] {
         let _ = cp.kubectl(&["delete", "namespace", n, "--wait=false"]);
     }
@@ -473,6 +462,42 @@ fn labelled_pod(ns: &str, name: &str, labels: &str) -> String {
 }
 
 /// `GET path` from pod `pod` of `ns` to `addr`: the status line, or what went wrong.
+/// A client pod: its namespace, its name, and why it is there (for the failure message).
+type Client<'a> = (&'a str, &'a str, &'a str);
+
+/// A NetworkPolicy in effect holds, three times over: each admitted client gets an answer on
+/// `path`, each refused one never gets one. An admitted request may be retried once: with
+/// every test of the binary creating pods, an exec or a connection can be slow; a refused one
+/// must never get through.
+fn policy_holds(
+    cp: &ControlPlane,
+    addr: &str,
+    (admitted, path): (&[Client], &str),
+    refused: &[Client],
+) {
+    let answers = |(ns, pod, _): &Client| {
+        let mut last = String::new();
+        for _ in 0..2 {
+            last = http_from_pod(cp, ns, pod, addr, path);
+            if last.contains(" 200") {
+                return Ok(());
+            }
+        }
+        Err(last)
+    };
+    for _ in 0..3 {
+        for client in admitted {
+            if let Err(r) = answers(client) {
+                panic!("{} is admitted: {r}", client.2);
+            }
+        }
+        for (ns, pod, why) in refused {
+            let r = http_from_pod(cp, ns, pod, addr, "/healthz");
+            assert!(!r.contains("HTTP/"), "{why} is refused: {r}");
+        }
+    }
+}
+
 fn http_from_pod(cp: &ControlPlane, ns: &str, pod: &str, addr: &str, path: &str) -> String {
     let (host, port) = addr.split_once(':').unwrap_or((addr, "80"));
     let script =
@@ -605,28 +630,18 @@ fn a_sessions_agent_admits_the_gateway_and_its_clients_and_refuses_other_session
         std::thread::sleep(Duration::from_millis(500));
     }
     eprintln!("NetworkPolicies in effect after {:?}", applied.elapsed());
-    // An admitted request may be retried once (a slow exec); a refused one never gets through.
-    let admitted = |n: &str, from: &str| {
-        let mut last = String::new();
-        for _ in 0..2 {
-            last = http_from_pod(cp, n, from, &addr, "/healthz");
-            if last.contains(" 200") {
-                return Ok(());
-            }
-        }
-        Err(last)
-    };
-    for _ in 0..3 {
-        for (n, from, why) in [
-            (gw, "gateway", "the gateway"),
-            (ns, "ui", "a client the session names"),
-            (ns, "labelled", "a cairn.dev/client pod"),
-        ] {
-            if let Err(r) = admitted(n, from) {
-                panic!("{why} is admitted: {r}");
-            }
-        }
-        for (n, from, why) in [
+    policy_holds(
+        cp,
+        &addr,
+        (
+            &[
+                (gw, "gateway", "the gateway"),
+                (ns, "ui", "a client the session names"),
+                (ns, "labelled", "a cairn.dev/client pod"),
+            ],
+            "/healthz",
+        ),
+        &[
             (ns, "other-agent", "another session's agent"),
             (ns, "plain", "an unlabelled pod of the namespace"),
             (
@@ -634,11 +649,8 @@ fn a_sessions_agent_admits_the_gateway_and_its_clients_and_refuses_other_session
                 "bystander",
                 "a pod of the gateway's namespace that is not the gateway",
             ),
-        ] {
-            let r = http_from_pod(cp, n, from, &addr, "/healthz");
-            assert!(!r.contains("HTTP/"), "{why} is refused: {r}");
-        }
-    }
+        ],
+    );
     for n in [ns, gw] {
         let _ = cp.kubectl(&["delete", "namespace", n, "--wait=false"]);
     }
@@ -2032,15 +2044,19 @@ fn the_chart_runs_the_operator_whose_agent_pod_is_hardened_and_does_its_work() {
         Duration::from_secs(30),
         || !http_from(cp, other, &addr, "/healthz").contains("HTTP/"),
     );
-    for _ in 0..3 {
-        let r = http_from(cp, other, &addr, "/healthz");
-        assert!(!r.contains("HTTP/"), "another namespace is refused: {r}");
-        let r = http_from(cp, ns, &addr, "/healthz");
-        assert!(
-            r.contains(" 200"),
-            "the session's namespace is admitted: {r}"
-        );
-    }
+    // kube-router fills the ipsets of admitted sources a moment after it installs the
+    // chains: wait for the admitted side too before holding the policy to both.
+    wait_for(
+        "the session's policy to admit its namespace",
+        Duration::from_secs(30),
+        || http_from(cp, ns, &addr, "/healthz").contains(" 200"),
+    );
+    policy_holds(
+        cp,
+        &addr,
+        (&[(ns, "client", "the session's namespace")], "/healthz"),
+        &[(other, "client", "another namespace")],
+    );
     let _ = cp.kubectl(&["delete", "namespace", other, "--wait=false"]);
 
     // PolicySupported: settings the running agent cannot honour reach the operator's
