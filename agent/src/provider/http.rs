@@ -249,12 +249,18 @@ pub(crate) fn encode(
         .map_err(|e| Box::new(ProviderError::transport(provider, e.to_string(), 0)))
 }
 
+/// How long an idle connection is kept for the next request.
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
 impl HttpClient {
     pub fn new(provider: &str, options: ClientOptions) -> Result<Self, BuildError> {
         let builder = reqwest::Client::builder()
             .user_agent(concat!("cairn-agent/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(options.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(60));
+            // Below the 5 s after which llama-server (cpp-httplib), Node and uvicorn close an
+            // idle connection: a request written as the server closes gets no answer, and a
+            // transport failure is a payload signal to the recovery ladder, never retried.
+            .pool_idle_timeout(POOL_IDLE);
         let client = options
             .net
             .reqwest(builder)
