@@ -303,7 +303,13 @@ fn minimal_session_builds_hardened_owned_objects() {
     );
     assert_eq!(
         probe_path(&c.readiness_probe),
-        Some(("/readyz".into(), http))
+        Some(("/readyz".into(), http.clone()))
+    );
+    // Starting is polled every second, so that readiness is probed the moment it passes.
+    assert_eq!(probe_path(&c.startup_probe), Some(("/readyz".into(), http)));
+    assert_eq!(
+        c.startup_probe.as_ref().and_then(|p| p.period_seconds),
+        Some(1)
     );
     assert_eq!(c.ports.as_ref().map(|p| p[0].container_port), Some(8080));
     // Operator defaults apply without a template.

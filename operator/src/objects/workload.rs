@@ -313,17 +313,22 @@ fn runtime_default() -> SeccompProfile {
     }
 }
 
+/// How long an agent may take to start (take its Lease, rebuild its history) before the
+/// kubelet restarts it: longer than a Lease left behind by a lost pod takes to expire, plus
+/// the rebuild of a long journal from a slow store.
+const STARTUP_SECONDS: i32 = 600;
+
 fn agent_container(plan: &Plan) -> Container {
     let session = format!("{}/{}", plan.namespace, plan.name);
-    let probe = |path: &str| Probe {
+    let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_string()),
             port: IntOrString::String("http".into()),
             ..Default::default()
         }),
-        period_seconds: Some(10),
+        period_seconds: Some(period),
         timeout_seconds: Some(2),
-        failure_threshold: Some(3),
+        failure_threshold: Some(failures),
         ..Default::default()
     };
     Container {
@@ -346,8 +351,13 @@ fn agent_container(plan: &Plan) -> Container {
         }]),
         env: Some(env(plan)),
         resources: Some(plan.resources.clone()),
-        liveness_probe: Some(probe("/healthz")),
-        readiness_probe: Some(probe("/readyz")),
+        // Starting (the Lease taken, the history rebuilt from the journal) is polled every
+        // second: the kubelet probes readiness the moment the startup probe passes, so a
+        // started or woken session is Ready about a second after the agent is, not at the
+        // next 10 s tick. Then liveness and readiness every 10 s.
+        startup_probe: Some(probe("/readyz", 1, STARTUP_SECONDS)),
+        liveness_probe: Some(probe("/healthz", 10, 3)),
+        readiness_probe: Some(probe("/readyz", 10, 3)),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(RUN_AS),
