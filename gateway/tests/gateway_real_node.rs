@@ -224,6 +224,24 @@ print("AWAKE_MS=" + str(int((time.monotonic() - t) * 1000)))
 print("A4=" + r.output_text)
 "#;
 
+/// One more wake-up of alpha: the request that wakes it, timed as the SDK saw it.
+fn wake_again(n: usize) -> String {
+    format!(
+        r#"
+t = time.monotonic()
+r = a.responses.create(model="m-1", input="alpha wake {n}")
+print("WAKE_MS=" + str(int((time.monotonic() - t) * 1000)))
+print("ANSWER=" + r.output_text)
+"#
+    )
+}
+
+/// Wake-ups the test times: the first above and this many more.
+const WAKES: usize = 5;
+
+/// The most a wake-up may take in the test (the target for the median is half of it).
+const WAKE_CEILING: Duration = Duration::from_secs(10);
+
 /// Serves the JWKS on the host's loopback (the gateway pod fetches it through the node).
 fn serve_jwks(rt: &tokio::runtime::Runtime) -> SocketAddr {
     let listener = rt
@@ -572,6 +590,78 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
         ],
     );
     eprintln!("alpha's events: {events}");
+
+    // More wake-ups, each after alpha fell asleep again (a shorter idle rule from here on):
+    // each held request answered, the history intact, each within the ceiling; the median
+    // is printed.
+    kubectl(
+        cp,
+        &[
+            "patch",
+            "agentsession",
+            "alpha",
+            "-n",
+            NS_A,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"idle":{"suspendAfter":"5s"}}}"#,
+        ],
+    );
+    let mut wakes = vec![Duration::from_millis(wake_ms)];
+    let mut said = vec![
+        "alpha question one",
+        "alpha question three",
+        "alpha answer four",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>();
+    for n in 2..=WAKES {
+        wait_for(
+            "alpha to be idle-suspended again",
+            Duration::from_secs(120),
+            || {
+                phase(cp, NS_A, "alpha") == "Suspended"
+                    && cp
+                        .kubectl_ok(&["get", "pods", "-n", NS_A, "-o", "name"])
+                        .is_ok_and(|o| o.trim().is_empty())
+            },
+        );
+        let answer = format!("alpha answer after wake {n}");
+        sim.push_reply(ScriptedReply::text(&answer));
+        let before = sim.requests().len();
+        let out = run_python(&format!("{PRELUDE}{}", wake_again(n)), &env);
+        assert_eq!(line(&out, "ANSWER"), answer, "{out}");
+        let took = Duration::from_millis(line(&out, "WAKE_MS").parse().expect("ms"));
+        eprintln!("WAKE-UP {n}: {took:?}");
+        let question = format!("alpha wake {n}");
+        let requests = sim.requests();
+        let woken = requests
+            .iter()
+            .skip(before)
+            .find(|r| r.contains(&question))
+            .unwrap_or_else(|| panic!("the provider never got {question:?}: {requests:?}"));
+        for earlier in &said {
+            assert!(
+                woken.contains(earlier),
+                "wake-up {n}: the session remembers {earlier:?}: {}",
+                woken.body
+            );
+        }
+        said.extend([question, answer]);
+        wakes.push(took);
+    }
+    let mut sorted = wakes.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    eprintln!("WAKE-UPS: {wakes:?}, median {median:?}");
+    for (n, took) in wakes.iter().enumerate() {
+        assert!(
+            *took <= WAKE_CEILING,
+            "wake-up {} took {took:?} (at most {WAKE_CEILING:?}): {wakes:?}",
+            n + 1
+        );
+    }
 
     for ns in [NS_A, NS_B] {
         let _ = cp.kubectl(&["delete", "agentsession", "--all", "-n", ns, "--wait=false"]);
