@@ -12,7 +12,7 @@ pub mod runtime;
 pub mod s3;
 pub mod seaweedfs;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use controlplane::ControlPlane;
@@ -122,7 +122,9 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// A fresh working directory for one harness run under the cache (not /tmp, which may be
-/// small); runs older than a day are swept.
+/// small). Runs are swept: one whose process has ended after an hour (a server's data is
+/// gigabytes: an etcd, a containerd root, S3 volumes; a failed test printed its output
+/// already), any after a day.
 pub fn run_dir(name: &str) -> Result<PathBuf, HarnessError> {
     let base = std::env::var_os("CAIRN_CACHE")
         .map(PathBuf::from)
@@ -133,13 +135,17 @@ pub fn run_dir(name: &str) -> Result<PathBuf, HarnessError> {
         .map_err(|e| HarnessError::io(format!("creating {}", base.display()), e))?;
     if let Ok(entries) = std::fs::read_dir(&base) {
         for e in entries.flatten() {
-            let old = e
+            let Some(age) = e
                 .metadata()
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > Duration::from_secs(86_400));
-            if old {
+            else {
+                continue;
+            };
+            let ended = run_owner(&e.file_name().to_string_lossy())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+            if age > KEEP_RUNS || (ended && age > KEEP_ENDED_RUNS) {
                 let _ = std::fs::remove_dir_all(e.path());
             }
         }
@@ -152,6 +158,23 @@ pub fn run_dir(name: &str) -> Result<PathBuf, HarnessError> {
     std::fs::create_dir_all(&dir)
         .map_err(|e| HarnessError::io(format!("creating {}", dir.display()), e))?;
     Ok(dir)
+}
+
+/// How long a run directory is kept at most.
+const KEEP_RUNS: Duration = Duration::from_secs(86_400);
+
+/// How long a run directory is kept once the process that made it has ended.
+const KEEP_ENDED_RUNS: Duration = Duration::from_secs(3_600);
+
+/// The process a run directory belongs to, from its name: `NAME-PID-SEQ` ([`run_dir`]) or
+/// `test-lanes-PID` (`tests/harness/test-lanes.py`).
+fn run_owner(name: &str) -> Option<u32> {
+    let (rest, last) = name.rsplit_once('-')?;
+    let last: u32 = last.parse().ok()?;
+    match rest.rsplit_once('-').and_then(|(_, pid)| pid.parse().ok()) {
+        Some(pid) => Some(pid),
+        None => Some(last),
+    }
 }
 
 /// One control plane per test binary, started on first use and stopped when the binary exits
@@ -198,4 +221,18 @@ pub fn helm() -> Result<PathBuf, HarnessError> {
     })
     .clone()
     .map_err(HarnessError::Setup)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_owner;
+
+    #[test]
+    fn a_run_directory_names_its_process() {
+        assert_eq!(run_owner("cluster-15533-0"), Some(15533));
+        assert_eq!(run_owner("gw-node-812-3"), Some(812));
+        assert_eq!(run_owner("test-lanes-3723"), Some(3723));
+        assert_eq!(run_owner("notes"), None);
+        assert_eq!(run_owner("node-s3"), None);
+    }
 }
