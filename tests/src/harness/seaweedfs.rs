@@ -89,6 +89,10 @@ impl SeaweedFs {
         let mut cmd = Command::new(&weed);
         cmd.arg("mini").args([
             format!("-dir={}", dir.join("data").display()),
+            // A fixed number of volumes: left to itself, `mini` sizes them from the free disk
+            // space and, with less than one volume's worth free, has none to write to (every
+            // PUT then waits for capacity until it times out).
+            "-volume.max=32".into(),
             "-ip=127.0.0.1".into(),
             "-ip.bind=127.0.0.1".into(),
             format!("-master.port={master}"),
