@@ -663,6 +663,20 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
         );
     }
 
+    // Nothing the operator asked for was refused: it checks before watching what the chart
+    // does not grant (Secrets outside `secretWatchNamespaces`).
+    let log = kubectl(
+        cp,
+        &["logs", "-n", OPERATOR_NS, "deploy/cairn", "-c", "operator"],
+    );
+    let refused: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+    assert!(
+        refused.is_empty(),
+        "the operator was refused {} times: {:?}",
+        refused.len(),
+        refused.first()
+    );
+
     for ns in [NS_A, NS_B] {
         let _ = cp.kubectl(&["delete", "agentsession", "--all", "-n", ns, "--wait=false"]);
     }

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::core::{ObjectMeta, PartialObjectMeta};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -269,6 +269,39 @@ async fn retire_stateful_sets(client: &Client, ns: Option<&str>) {
     }
 }
 
+/// Whether the operator may list and watch Secrets in `ns` (every namespace when `None`), as
+/// the API server answers a SelfSubjectAccessReview (which every authenticated user may ask).
+/// The chart grants it only in `secretWatchNamespaces`. No answer counts as no.
+async fn may_watch_secrets(client: &Client, ns: Option<&str>) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    for verb in ["list", "watch"] {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: ns.map(str::to_owned),
+                    verb: Some(verb.into()),
+                    resource: Some("secrets".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &review).await {
+            Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
+            Ok(_) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, verb, "asking whether Secrets may be watched");
+                return false;
+            }
+        }
+    }
+    true
+}
+
 /// Runs the controller for one scope (a namespace, or all) until `shutdown` resolves.
 pub async fn run(
     ctx: Arc<Context>,
@@ -357,27 +390,38 @@ pub async fn run(
         |_| {},
         accepted.clone(),
     );
-    // The operator's own Secrets (the token Secrets): metadata only.
+    // The operator's own Secrets (the token Secrets): metadata only, where it may list them.
+    // Elsewhere the store stays empty (a reconcile then creates a token Secret by name,
+    // keeping the token of one that exists), rather than a watch refused again and again.
     let (secrets_writer, secrets) = {
         let (reader, writer) = reflector::store();
         (writer, reader)
     };
-    let secret_stream = watcher(
-        scoped::<PartialObjectMeta<Secret>>(client.clone(), ns),
-        owned,
-    )
-    .default_backoff()
-    .modify(|s| s.managed_fields_mut().clear())
-    .reflect(secrets_writer)
-    .inspect({
-        let accepted = accepted.clone();
-        move |event| {
-            if let Ok(event) = event {
-                accepted.observe(event);
+    let secret_stream = if may_watch_secrets(&client, ns).await {
+        watcher(
+            scoped::<PartialObjectMeta<Secret>>(client.clone(), ns),
+            owned,
+        )
+        .default_backoff()
+        .modify(|s| s.managed_fields_mut().clear())
+        .reflect(secrets_writer)
+        .inspect({
+            let accepted = accepted.clone();
+            move |event| {
+                if let Ok(event) = event {
+                    accepted.observe(event);
+                }
             }
-        }
-    })
-    .touched_objects();
+        })
+        .touched_objects()
+        .boxed()
+    } else {
+        tracing::info!(
+            scope = ns.unwrap_or("all namespaces"),
+            "Secrets may not be listed here: the token Secrets are written by name, not cached"
+        );
+        futures::stream::empty().boxed()
+    };
     let sessions_for_network = sessions.clone();
     ctx.add_stores(
         namespace.clone(),
