@@ -23,7 +23,9 @@ fi
 
 tag="$(printf '%s\n' "${PY_PINS[@]}" | sha256sum | cut -c1-12)"
 VENV="$CAIRN_CACHE/mcp-py-$tag"
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import mcp.server.fastmcp' 2>/dev/null; then
+# The module tests/mcp/compact_server.py imports, as a file: importing the SDK takes seconds,
+# and every test binary that starts an MCP server asks.
+if [ ! -x "$VENV/bin/python" ] || ! compgen -G "$VENV/lib/python3*/site-packages/mcp/server/mcpserver/__init__.py" >/dev/null; then
   rm -rf "$VENV.tmp"
   python3 -m venv "$VENV.tmp"
   "$VENV.tmp/bin/python" -m pip install -q --disable-pip-version-check "${PY_PINS[@]}" >&2
