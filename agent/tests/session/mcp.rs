@@ -257,6 +257,109 @@ async fn filesystem_reads_over_stdio_are_deduplicated_microcompacted_and_recalle
     assert_eq!(recalled[n - 1].content, b);
 }
 
+/// A templated log read through the real filesystem MCP server is compressed on entry (the
+/// default policy), and every anomaly stays in what the model is sent: a line of a kind of its
+/// own, a line whose fields changed, a stack trace. The thousands of lines of the template
+/// are counted behind a marker whose recall gives the original back byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_templated_log_read_over_mcp_keeps_every_anomaly_in_its_compressed_view() {
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let files_dir = files.path().canonicalize().unwrap();
+    let unique = "2026-12-05T02:16:40.000Z INFO cache warmed from snapshot snap-7 in 2.1s";
+    let changed =
+        "2026-12-05T02:33:20.000Z INFO GET /api/items/2000 status=200 took=12ms retry=3 upstream=b";
+    let trace = [
+        "Exception in thread \"worker-3\" java.lang.IllegalStateException: pool exhausted",
+        "\tat com.example.pool.Pool.acquire(Pool.java:42)",
+        "\tat com.example.api.Items.get(Items.java:17)",
+    ];
+    let mut log = String::new();
+    for i in 0..3_000 {
+        log.push_str(&format!(
+            "2026-12-05T02:{:02}:{:02}.{:03}Z INFO GET /api/items/{i} status=200 took={}ms\n",
+            i / 60 % 60,
+            i % 60,
+            i % 1_000,
+            i % 37 + 3
+        ));
+        let after: &[&str] = match i {
+            1_000 => &[unique],
+            2_000 => &[changed],
+            2_500 => &trace,
+            _ => &[],
+        };
+        for line in after {
+            log.push_str(line);
+            log.push('\n');
+        }
+    }
+    let path = files_dir.join("server.log");
+    std::fs::write(&path, &log).unwrap();
+    let extra = format!(
+        "tools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\n",
+        bin("mcp-server-filesystem"),
+        files_dir.display()
+    );
+    let mut built = session(&sim, dir.path(), "fslog", &extra).await;
+    sim.push_reply(ScriptedReply::tool_call(
+        "read_text_file",
+        json!({"path": path.display().to_string()}),
+    ));
+    sim.push_reply(ScriptedReply::text("read it"));
+    built
+        .session
+        .turn(vec![Message::user("what happened in server.log?")])
+        .await
+        .expect("turn");
+    let results = tool_results(built.session.history());
+    assert_eq!(results.len(), 1);
+    let view = results[0].content.clone();
+    assert!(
+        view.len() < log.len() / 10,
+        "compressed on entry: {} of {} bytes",
+        view.len(),
+        log.len()
+    );
+    assert!(
+        !view.contains("/api/items/1500 "),
+        "the template's lines are counted"
+    );
+    // The model was sent the compressed view with every anomaly in it.
+    let sent = sim
+        .requests()
+        .last()
+        .map(|r| r.body.clone())
+        .unwrap_or_default();
+    for anomaly in [unique, changed].iter().chain(&trace) {
+        assert!(view.contains(anomaly), "{anomaly:?} kept: {view}");
+        let escaped = serde_json::to_string(anomaly).expect("json");
+        assert!(
+            sent.contains(escaped.trim_matches('"')),
+            "{anomaly:?} sent to the model"
+        );
+    }
+    let key = Key::of(log.as_bytes());
+    let markers = extract_markers(&view);
+    assert!(
+        !markers.is_empty() && markers.iter().all(|m| *m == key),
+        "every note names the original: {view}"
+    );
+    sim.push_reply(ScriptedReply::tool_call(
+        "recall",
+        json!({"key": key.marker()}),
+    ));
+    sim.push_reply(ScriptedReply::text("recalled"));
+    built
+        .session
+        .turn(vec![Message::user("show me all of it")])
+        .await
+        .expect("recall turn");
+    let recalled = tool_results(built.session.history());
+    assert_eq!(recalled[recalled.len() - 1].content, log, "byte for byte");
+}
+
 /// A turn whose model calls `calls`, then one more turn, whose cheap passes see the newest
 /// reads too.
 async fn reads_then_status(sim: &Sim, built: &mut Built, calls: Vec<(&str, Value)>) {
