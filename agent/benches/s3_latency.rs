@@ -157,7 +157,7 @@ fn benches(
     let window = window_for(&h);
 
     // One run per bound, for comparison (1: the archive's writes one after another).
-    for in_flight in [1, 16, 32, 64] {
+    for in_flight in [1, 16, 32, 64, 128, 256] {
         let (store, _dir) = remote.store(in_flight);
         let mut run = h.clone();
         let before = proxy.count();
