@@ -11,8 +11,8 @@
 //!
 //! Each sample uses its own session prefix and a fresh cache directory, so every original
 //! really goes to S3. Before measuring, the same compaction is timed once with one request
-//! in flight (`archive.maxInFlight: 1`: the writes one after another), with 16, 32 and 64, and
-//! with 16 and no added latency (what the server itself takes).
+//! in flight (`archive.maxInFlight: 1`: the writes one after another), with 16, 32, 64, 128
+//! and 256, and at the default bound with no added latency (what the server itself takes).
 //!
 //! `cargo bench -p cairn-agent --bench s3_latency`
 

@@ -469,15 +469,17 @@ pub struct ArchiveSpec {
     pub ttl: Option<String>,
     /// Archive writes (or reads) one compaction pass keeps in flight at once; the pass
     /// still applies its edits only after every original is stored. 1 writes them one
-    /// after another. Default: 32.
+    /// after another. Default: 64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 256").message("archive.maxInFlight must be between 1 and 256"))]
     pub max_in_flight: Option<u32>,
 }
 
-/// `archive.maxInFlight` when the session sets none: at 20 ms per request, the ~300
-/// originals of a first compaction of a 4 MiB history take about 10 round trips.
-pub const DEFAULT_ARCHIVE_MAX_IN_FLIGHT: u32 = 32;
+/// `archive.maxInFlight` when the session sets none: where more in flight stopped helping in
+/// the S3 benchmark (the ~300 originals of a first compaction of a 4 MiB history at 20 ms per
+/// request: 367 ms at 32, 283 ms at 64, 282 ms at 128; docs/benchmarks.md). A pass opens up to
+/// this many connections to the store at once.
+pub const DEFAULT_ARCHIVE_MAX_IN_FLIGHT: u32 = 64;
 
 /// Keys of a Secret holding S3 credentials.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
