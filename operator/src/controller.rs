@@ -414,11 +414,11 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
         &reached,
         &sharing,
     );
-    write_status(&session, &obs, ctx).await?;
+    let status_wait = write_status(&session, &obs, ctx).await?;
     let action = next_look(
         &reached,
         credentials.as_ref().ok().copied().flatten(),
-        idle.recheck,
+        idle.recheck.into_iter().chain(status_wait).min(),
         ctx.resync,
         ctx.secret_recheck(&namespace),
     );
@@ -580,11 +580,12 @@ fn observed(
 /// When to look at the session again: a missing policy slowly (its watch usually comes
 /// first), an invalid spec on its next edit, a missing Secret after `secret_recheck`;
 /// otherwise at the safety-net `resync`, or sooner when the scoped credentials' `refresh` or,
-/// once applied, the idle deadline comes first.
+/// once applied, `recheck` (the idle deadline, or the end of the first status's wait for the
+/// pod) comes first.
 fn next_look(
     reached: &Result<apply::Applied, Stop>,
     refresh: Option<Duration>,
-    idle_recheck: Option<Duration>,
+    recheck: Option<Duration>,
     resync: Duration,
     secret_recheck: Duration,
 ) -> Action {
@@ -594,10 +595,10 @@ fn next_look(
         Err(Stop::Invalid(_)) => Action::await_change(),
         Err(Stop::NoCredentials(_)) => Action::requeue(refresh),
         Err(Stop::SecretMissing(_)) => Action::requeue(secret_recheck),
-        // The idle deadline, a moment after it so that it has passed.
-        Ok(_) => Action::requeue(
-            idle_recheck.map_or(refresh, |r| refresh.min(r + Duration::from_secs(1))),
-        ),
+        // A moment after the deadline, so that it has passed.
+        Ok(_) => {
+            Action::requeue(recheck.map_or(refresh, |r| refresh.min(r + Duration::from_secs(1))))
+        }
     }
 }
 
@@ -699,18 +700,27 @@ async fn scoped_credentials(
 }
 
 /// Writes the status if the operator's part changed, and publishes an Event per transition.
-async fn write_status(session: &AgentSession, obs: &Observed, ctx: &Context) -> Result<(), Error> {
+/// A new session's first status that only says its pod is starting waits for the pod, up to
+/// [`status::FIRST_STATUS_GRACE`] after the session's creation: returns how much longer.
+async fn write_status(
+    session: &AgentSession,
+    obs: &Observed,
+    ctx: &Context,
+) -> Result<Option<Duration>, Error> {
     let prev = session.status.as_ref();
     let next = status::desired(prev, obs, &now());
     ctx.metrics
         .set_phase(&key_of(&session.metadata), next.phase);
     if prev.map(status::operator_part) == Some(status::operator_part(&next)) {
-        return Ok(());
+        return Ok(None);
+    }
+    if let Some(wait) = first_status_wait(session, &next, Timestamp::now()) {
+        return Ok(Some(wait));
     }
     let key = cache::Key::of(session);
     let digest = written_digest(&next);
     if ctx.accepted.pending(&key, &digest) {
-        return Ok(());
+        return Ok(None);
     }
     let written = patch_status(session, &next, ctx).await?;
     let sessions = ctx
@@ -726,7 +736,26 @@ async fn write_status(session: &AgentSession, obs: &Observed, ctx: &Context) -> 
     for t in status::transitions(prev, &next) {
         ctx.publish(&reference, t.warning, &t.reason, t.note).await;
     }
-    Ok(())
+    Ok(None)
+}
+
+/// How much longer the first status of `session` may wait for its pod
+/// ([`status::first_write_waits`]); `None`: write it now (something to report, the grace is
+/// over, or the creation time is unknown).
+fn first_status_wait(
+    session: &AgentSession,
+    next: &AgentSessionStatus,
+    now: Timestamp,
+) -> Option<Duration> {
+    if !status::first_write_waits(session.status.as_ref(), next) {
+        return None;
+    }
+    let created = session.metadata.creation_timestamp.as_ref()?.0;
+    // A creation time ahead of this clock counts as just now.
+    let age = Duration::try_from(now.duration_since(created)).unwrap_or_default();
+    status::FIRST_STATUS_GRACE
+        .checked_sub(age)
+        .filter(|wait| !wait.is_zero())
 }
 
 /// Digest of the operator's part of `status` without the conditions' transition times (which
@@ -989,6 +1018,42 @@ mod tests {
             "just past the idle deadline"
         );
         assert_eq!(look(Ok(applied(false)), Some(30), Some(60)), secs(30));
+    }
+
+    #[test]
+    fn a_new_sessions_first_status_waits_for_its_pod_until_the_grace_is_over() {
+        let created = Timestamp::from_second(1_800_000_000).expect("time");
+        let mut session = minimal();
+        session.metadata.creation_timestamp = Some(Time(created));
+        let starting = AgentSessionStatus {
+            phase: Some(cairn_crds::Phase::Pending),
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: status::READY.into(),
+                status: "False".into(),
+                reason: status::POD_NOT_READY.into(),
+                message: String::new(),
+                last_transition_time: Time(created),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        };
+        let at = |secs: i64| created + k8s_openapi::jiff::SignedDuration::from_secs(secs);
+        assert_eq!(
+            first_status_wait(&session, &starting, at(3)),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(first_status_wait(&session, &starting, at(10)), None);
+        assert_eq!(
+            first_status_wait(&session, &starting, at(-5)),
+            Some(status::FIRST_STATUS_GRACE),
+            "a creation time ahead of the clock counts as now"
+        );
+        session.metadata.creation_timestamp = None;
+        assert_eq!(
+            first_status_wait(&session, &starting, at(3)),
+            None,
+            "no creation time: written at once"
+        );
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! worth an Event. `lastTransitionTime` moves only when a condition's status flips, so an
 //! unchanged session yields a byte-identical status and no write.
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use cairn_crds::{AgentSessionStatus, Phase};
@@ -16,6 +18,27 @@ pub const POLICY_SUPPORTED: &str = "PolicySupported";
 pub const COST_BUDGET: &str = "CostBudget";
 /// Type of the condition that says why a session sleeps or woke (`crate::idle` decides it).
 pub const IDLE: &str = "Idle";
+
+/// How long after its creation a new session's first status may wait for its pod
+/// ([`first_write_waits`]).
+pub const FIRST_STATUS_GRACE: Duration = Duration::from_secs(10);
+
+/// Whether the first status of a new session may wait for its pod: none was written yet, and
+/// all it would say is that the pod is starting (phase Pending, Ready False for PodNotReady).
+/// The pod is usually ready within seconds; one write then says Running, with the Events of
+/// its conditions, where there would have been two. Anything else (a missing policy or
+/// Secret, an invalid spec, a suspension) is written at once.
+pub fn first_write_waits(prev: Option<&AgentSessionStatus>, next: &AgentSessionStatus) -> bool {
+    prev.is_none_or(|s| s.phase.is_none())
+        && next.phase == Some(Phase::Pending)
+        && next
+            .conditions
+            .iter()
+            .any(|c| c.type_ == READY && c.reason == POD_NOT_READY)
+}
+
+/// Reason of Ready while the session's pod starts.
+pub const POD_NOT_READY: &str = "PodNotReady";
 
 /// A reason (CamelCase, stable) and a human message, for a condition or an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,7 +132,7 @@ pub fn desired(
         (None, Ok(_)) => (
             false,
             Problem::new(
-                "PodNotReady",
+                POD_NOT_READY,
                 format!(
                     "waiting for pod {} to become ready",
                     crate::objects::pod_name(&obs.name)
@@ -510,12 +533,13 @@ pub fn transitions(
 ) -> Vec<Transition> {
     let mut out = Vec::new();
     let prev_phase = prev.and_then(|s| s.phase);
-    // A new session starting out Pending is what every creation does: not news (at scale
-    // every Event is a write).
-    let first_pending = prev_phase.is_none() && next.phase == Some(Phase::Pending);
+    // A new session starting out Pending, or Running at its first status, is what every
+    // creation does: not news (at scale every Event is a write).
+    let first_start =
+        prev_phase.is_none() && matches!(next.phase, Some(Phase::Pending | Phase::Running));
     if let Some(phase) = next.phase
         && prev_phase != Some(phase)
-        && !first_pending
+        && !first_start
     {
         out.push(Transition {
             warning: matches!(phase, Phase::Failed | Phase::Degraded),
@@ -534,7 +558,7 @@ pub fn transitions(
         // Not ready while starting or suspended is expected, not a warning.
         let expected = matches!(
             c.reason.as_str(),
-            "PodNotReady"
+            POD_NOT_READY
                 | "Suspended"
                 | "IdleSuspended"
                 | "ArchiveNotChecked"

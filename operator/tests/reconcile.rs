@@ -228,6 +228,27 @@ async fn first_reconcile_applies_every_object_then_writes_status() {
 }
 
 #[tokio::test]
+async fn a_new_sessions_first_status_waits_for_its_pod() {
+    let mut new = session(None);
+    new.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    let seen = reconcile_once(new).await;
+    let got = requests(&seen);
+    assert!(
+        got.iter()
+            .any(|r| r.starts_with("POST") && r.contains("/pods")),
+        "the pod is created: {got:?}"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|(r, _)| r.contains("/status") || r.contains("/events")),
+        "a status that would only say the pod is starting waits for the pod: {got:?}"
+    );
+}
+
+#[tokio::test]
 async fn an_unchanged_session_gets_no_status_write_and_no_event() {
     let token_secret = TokenSecret::default();
     let first = reconcile_against(session(None), token_secret.clone()).await;

@@ -293,6 +293,63 @@ fn transitions_name_the_new_phase_and_changed_conditions() {
     let failed = status::desired(Some(&running), &failed_obs, &at(20));
     let t = status::transitions(Some(&running), &failed);
     assert!(t.iter().any(|t| t.reason == "Failed" && t.warning));
+    let first_running = status::desired(None, &no_archive, &at(0));
+    let t = status::transitions(None, &first_running);
+    assert_eq!(
+        t.iter().map(|t| t.reason.as_str()).collect::<Vec<_>>(),
+        ["ArchiveNotConfigured"],
+        "a first status that says Running is not news; its warnings are"
+    );
+}
+
+#[test]
+fn only_a_first_status_that_says_the_pod_is_starting_waits_for_the_pod() {
+    let starting = |o: &mut Observed| o.ready_pods = Some(0);
+    let with = |change: &dyn Fn(&mut Observed)| {
+        let mut o = observed();
+        change(&mut o);
+        status::desired(None, &o, &at(0))
+    };
+    let pending = with(&starting);
+    assert!(status::first_write_waits(None, &pending));
+    let mut no_archive = observed();
+    starting(&mut no_archive);
+    no_archive.archive = Err(Problem::new("ArchiveNotConfigured", "no bucket"));
+    assert!(
+        status::first_write_waits(None, &status::desired(None, &no_archive, &at(0))),
+        "its warning Event goes out with the first status"
+    );
+    assert!(
+        !status::first_write_waits(Some(&pending), &pending),
+        "a status already written is kept current"
+    );
+    for (why, next) in [
+        ("running", with(&|_| ())),
+        ("suspended", with(&|o| o.suspended = true)),
+        (
+            "a missing policy",
+            with(&|o| {
+                starting(o);
+                o.policy = Err(Problem::new("PolicyNotFound", "missing"));
+            }),
+        ),
+        (
+            "a missing Secret",
+            with(&|o| {
+                o.ready_pods = None;
+                o.blocker = Some(Blocker::Waiting(Problem::new("SecretNotFound", "k")));
+            }),
+        ),
+        (
+            "an invalid spec",
+            with(&|o| {
+                o.ready_pods = None;
+                o.blocker = Some(Blocker::Invalid(Problem::new("InvalidPayloadCap", "bad")));
+            }),
+        ),
+    ] {
+        assert!(!status::first_write_waits(None, &next), "{why}");
+    }
 }
 
 #[test]
