@@ -8,6 +8,7 @@
 //! [`storage::ObjectStore`], [`meter::Meter`]); the crate depends on
 //! no HTTP client, SDK, server, Kubernetes client, or tokio networking and filesystem.
 
+pub mod artifacts;
 pub mod breakdown;
 pub mod catalog;
 pub mod ccr;

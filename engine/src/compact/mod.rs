@@ -15,6 +15,7 @@ pub mod ladder;
 pub mod microcompact;
 pub mod mirror;
 pub mod pairing;
+pub mod probe;
 pub mod state;
 pub mod summarize;
 pub mod text;
@@ -23,6 +24,7 @@ pub mod verbatim;
 pub mod window;
 
 pub use ladder::{CompactionOutcome, LadderContext, Preflight, compact, preflight};
+pub use probe::{Retention, retention};
 pub use state::{SessionState, SummaryVerdict};
 pub use summarize::{SummarizeError, Summarizer};
 pub use window::{Budget, BudgetInputs, Headroom};

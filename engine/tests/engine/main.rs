@@ -6,6 +6,7 @@ mod converge;
 mod deps;
 mod ladder;
 mod pairing_alloc;
+mod probe;
 mod props;
 mod recovery;
 mod turn;

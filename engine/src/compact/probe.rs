@@ -1,0 +1,232 @@
+//! What a compaction kept, measured without an LLM: of the artifacts the history touched
+//! before (files, commands, errors, requests; see [`crate::artifacts`]), how many the
+//! compacted history still shows, and how many it can still reach through its archive
+//! markers.
+//!
+//! An artifact is *present* when its text occurs verbatim in what the compacted history
+//! sends for some message: content, reasoning or tool-call arguments (or is named by those
+//! arguments once parsed, so a command given as an argv array or a path with JSON escapes
+//! still counts). It is *reachable* when present, or when it occurs in an archived original
+//! whose `<<ccr:KEY>>` marker the compacted history carries in that same sent text, following
+//! markers inside fetched originals too, up to [`MAX_DEPTH`] fetches deep. Keys that only sit
+//! in `meta.archived` do not count: the model never sees them. An archived segment (JSON
+//! Lines, see [`super::archive::segment_text`]) is read as the messages it holds, so escaped
+//! text and the markers it quotes are found as the model would recall them.
+//!
+//! Pure: the caller passes the archive as a lookup of bytes by key.
+
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashSet};
+
+use crate::artifacts::{self, Artifact, Category};
+use crate::ccr::{Key, extract_markers};
+use crate::history::Message;
+
+use super::archive::parse_segment;
+
+/// Fetches followed from the compacted history down through archived originals.
+pub const MAX_DEPTH: usize = 4;
+
+/// Counts for one category.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Artifacts of the history before compaction.
+    pub total: usize,
+    /// Of those, shown verbatim by the compacted history.
+    pub present: usize,
+    /// Of those, present or recallable through the compacted history's markers.
+    pub reachable: usize,
+}
+
+impl Tally {
+    fn add(&mut self, present: bool, reachable: bool) {
+        self.total += 1;
+        self.present += usize::from(present);
+        self.reachable += usize::from(present || reachable);
+    }
+}
+
+/// Retention of one compaction, per category.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    pub files: Tally,
+    pub commands: Tally,
+    pub errors: Tally,
+    pub requests: Tally,
+    /// Artifacts neither present nor reachable, in order.
+    pub lost: Vec<Artifact>,
+}
+
+impl Retention {
+    /// The counts of `category`.
+    pub fn tally(&self, category: Category) -> Tally {
+        match category {
+            Category::Files => self.files,
+            Category::Commands => self.commands,
+            Category::Errors => self.errors,
+            Category::Requests => self.requests,
+        }
+    }
+
+    fn tally_mut(&mut self, category: Category) -> &mut Tally {
+        match category {
+            Category::Files => &mut self.files,
+            Category::Commands => &mut self.commands,
+            Category::Errors => &mut self.errors,
+            Category::Requests => &mut self.requests,
+        }
+    }
+
+    /// Mean over the categories with something at stake of `present / total`; 1.0 when
+    /// nothing was at stake.
+    pub fn score(&self) -> f64 {
+        self.mean(|t| t.present)
+    }
+
+    /// [`Retention::score`] for `reachable`: 1.0 when nothing was lost for good.
+    pub fn reachable_share(&self) -> f64 {
+        self.mean(|t| t.reachable)
+    }
+
+    fn mean(&self, kept: impl Fn(&Tally) -> usize) -> f64 {
+        let shares: Vec<f64> = Category::ALL
+            .iter()
+            .map(|c| self.tally(*c))
+            .filter(|t| t.total > 0)
+            .map(|t| kept(&t) as f64 / t.total as f64)
+            .collect();
+        if shares.is_empty() {
+            return 1.0;
+        }
+        shares.iter().sum::<f64>() / shares.len() as f64
+    }
+}
+
+/// Retention of the compaction that turned `before` into `after`; `archived` returns an
+/// original's bytes by key (or `None` when the archive does not hold it).
+pub fn retention(
+    before: &[Message],
+    after: &[Message],
+    archived: &dyn Fn(&Key) -> Option<Vec<u8>>,
+) -> Retention {
+    let stake = artifacts::of_history(before);
+    let mut shown = Texts::default();
+    for m in after {
+        shown.add_message(m);
+    }
+    let present: HashSet<&Artifact> = stake.iter().filter(|a| shown.holds(a)).collect();
+    // The archive is read only when something is not in plain sight.
+    let recallable = if present.len() < stake.len() {
+        recall(shown.markers(), archived)
+    } else {
+        Texts::default()
+    };
+    let mut out = Retention::default();
+    for a in &stake {
+        let p = present.contains(a);
+        let r = p || recallable.holds(a);
+        out.tally_mut(a.category).add(p, r);
+        if !r {
+            out.lost.push(a.clone());
+        }
+    }
+    out
+}
+
+/// Everything the archive gives back through `keys`, following markers inside the originals.
+fn recall(keys: Vec<Key>, archived: &dyn Fn(&Key) -> Option<Vec<u8>>) -> Texts<'static> {
+    let mut out = Texts::default();
+    let mut seen: BTreeSet<Key> = BTreeSet::new();
+    let mut level = keys;
+    for _ in 0..MAX_DEPTH {
+        let mut next = Vec::new();
+        for key in level {
+            if !seen.insert(key) {
+                continue;
+            }
+            let Some(bytes) = archived(&key) else {
+                continue;
+            };
+            let mut found = Texts::default();
+            found.add_original(bytes);
+            next.extend(found.markers());
+            out.absorb(found);
+        }
+        if next.is_empty() {
+            break;
+        }
+        level = next;
+    }
+    out
+}
+
+/// Sent text to search, and the artifacts named by tool-call arguments within it.
+#[derive(Default)]
+struct Texts<'a> {
+    texts: Vec<Cow<'a, str>>,
+    named: HashSet<String>,
+}
+
+impl<'a> Texts<'a> {
+    fn add_message(&mut self, m: &'a Message) {
+        self.texts.push(Cow::Borrowed(&m.content));
+        if let Some(r) = &m.reasoning {
+            self.texts.push(Cow::Borrowed(r));
+        }
+        for c in &m.tool_calls {
+            self.texts.push(Cow::Borrowed(&c.arguments));
+        }
+        self.name(artifacts::of_calls(&m.tool_calls));
+    }
+
+    fn add_owned_message(&mut self, m: Message) {
+        self.name(artifacts::of_calls(&m.tool_calls));
+        self.texts.push(Cow::Owned(m.content));
+        if let Some(r) = m.reasoning {
+            self.texts.push(Cow::Owned(r));
+        }
+        for c in m.tool_calls {
+            self.texts.push(Cow::Owned(c.arguments));
+        }
+    }
+
+    /// An archived original: a segment's messages, or a single text (which may be a call's
+    /// arguments). The raw text is searched as well.
+    fn add_original(&mut self, bytes: Vec<u8>) {
+        let text = match String::from_utf8(bytes) {
+            Ok(t) => t,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        };
+        match parse_segment(&text) {
+            Ok(msgs) if !msgs.is_empty() && text.starts_with('{') => {
+                msgs.into_iter().for_each(|m| self.add_owned_message(m));
+            }
+            _ => self.name(artifacts::of_arguments(&text)),
+        }
+        self.texts.push(Cow::Owned(text));
+    }
+
+    fn name(&mut self, found: Vec<Artifact>) {
+        self.named.extend(found.into_iter().map(|a| a.text));
+    }
+
+    fn absorb(&mut self, other: Texts<'_>) {
+        self.texts
+            .extend(other.texts.into_iter().map(|t| Cow::Owned(t.into_owned())));
+        self.named.extend(other.named);
+    }
+
+    fn holds(&self, a: &Artifact) -> bool {
+        self.named.contains(&a.text) || self.texts.iter().any(|t| t.contains(a.text.as_str()))
+    }
+
+    /// Markers in the texts, distinct, in order of first appearance.
+    fn markers(&self) -> Vec<Key> {
+        let mut seen = HashSet::new();
+        self.texts
+            .iter()
+            .flat_map(|t| extract_markers(t))
+            .filter(|k| seen.insert(*k))
+            .collect()
+    }
+}

@@ -1,0 +1,549 @@
+//! The retention probe: what a session touched (files, commands, errors, requests), and how
+//! much of it a compaction keeps in sight or within recall.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cairn_crds::EffectivePolicy;
+use cairn_engine::artifacts::{self, Artifact, Category};
+use cairn_engine::ccr::{Key, MemoryStore, Store, extract_markers};
+use cairn_engine::compact::archive::{parse_segment, segment_text};
+use cairn_engine::compact::emergency::emergency;
+use cairn_engine::compact::probe::{Retention, retention};
+use cairn_engine::compact::{PassReport, Trigger, pairing};
+use cairn_engine::history::{self, Message};
+use cairn_engine::testing::*;
+use proptest::prelude::*;
+
+fn art(category: Category, text: &str) -> Artifact {
+    Artifact {
+        category,
+        text: text.into(),
+    }
+}
+
+fn calls_of(args: &[&str]) -> Message {
+    let calls = args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| call(&format!("c{i}"), "tool", a))
+        .collect();
+    Message::assistant_calls("", calls)
+}
+
+fn errors_of(content: &str) -> Vec<Artifact> {
+    artifacts::of_message(&Message::tool("c1", content))
+}
+
+#[test]
+fn every_file_key_names_a_file() {
+    let m = calls_of(&[
+        r#"{"path":"src/a.rs"}"#,
+        r#"{"file_path":"/repo/b.rs","content":"x"}"#,
+        r#"{"filename":"c.txt"}"#,
+        r#"{"file":"  d.md  "}"#,
+        r#"{"paths":["e.rs","f.rs",3],"files":["g.rs"]}"#,
+        r#"{"edits":[{"file_path":"nested/h.rs","old":"a","new":"b"}]}"#,
+        r#"{"path":"src/a.rs","file":{"not":"a string"},"name":"not a file"}"#,
+    ]);
+    let files: Vec<String> = artifacts::of_message(&m)
+        .into_iter()
+        .inspect(|a| assert_eq!(a.category, Category::Files))
+        .map(|a| a.text)
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "src/a.rs",
+            "/repo/b.rs",
+            "c.txt",
+            "d.md",
+            "g.rs",
+            "e.rs",
+            "f.rs",
+            "nested/h.rs"
+        ],
+        "distinct within the message, trimmed, calls in order, keys sorted"
+    );
+}
+
+#[test]
+fn every_command_key_names_a_command() {
+    let m = calls_of(&[
+        r#"{"command":"cargo test 2>&1 | tail -200"}"#,
+        r#"{"cmd":["git","status","--short"]}"#,
+        r#"{"script":"set -e\nmake"}"#,
+        r#"{"command":["ls",7]}"#,
+        r#"{"cmd":""}"#,
+    ]);
+    assert_eq!(
+        artifacts::of_message(&m),
+        vec![
+            art(Category::Commands, "cargo test 2>&1 | tail -200"),
+            art(Category::Commands, "git status --short"),
+            art(Category::Commands, "set -e\nmake"),
+        ]
+    );
+    assert_eq!(Category::Commands.label(), "commands");
+    assert_eq!(
+        Category::ALL.map(Category::label),
+        ["files", "commands", "errors", "requests"]
+    );
+}
+
+#[test]
+fn invalid_json_arguments_name_nothing() {
+    let m = calls_of(&[
+        r#"{"path":"src/a.rs""#,
+        "path=src/b.rs",
+        "",
+        r#""src/c.rs""#,
+    ]);
+    assert!(artifacts::of_message(&m).is_empty());
+}
+
+#[test]
+fn an_error_result_gives_its_first_error_line() {
+    let cases = [
+        (
+            "Error: file not found: src/x.rs\nmore",
+            Some("Error: file not found: src/x.rs"),
+        ),
+        (
+            "\n\n   error: could not compile `cairn`  \n",
+            Some("error: could not compile `cairn`"),
+        ),
+        (
+            "ERROR 1045 (28000): Access denied",
+            Some("ERROR 1045 (28000): Access denied"),
+        ),
+        (
+            "fatal: not a git repository",
+            Some("fatal: not a git repository"),
+        ),
+        (
+            "panic: runtime error: index out of range",
+            Some("panic: runtime error: index out of range"),
+        ),
+        (
+            "thread 'main' panicked at src/main.rs:2:5:\nboom",
+            Some("thread 'main' panicked at src/main.rs:2:5:"),
+        ),
+        (
+            "Traceback (most recent call last):\n  File \"x.py\"",
+            Some("Traceback (most recent call last):"),
+        ),
+        (
+            "   Compiling cairn v0.1.0\nerror[E0425]: cannot find value `x`\nerror: aborting",
+            Some("error[E0425]: cannot find value `x`"),
+        ),
+        (
+            "running 3 tests\n  error: bad input\n",
+            Some("error: bad input"),
+        ),
+        // Not errors: a later line must start with `error[E` or `error:`.
+        ("running 3 tests\ntest result: ok. 0 errors", None),
+        ("fn f() -> Result<(), Error> {}", None),
+        ("log: an error: happened mid-line", None),
+        ("", None),
+    ];
+    for (content, want) in cases {
+        let got = errors_of(content);
+        let want: Vec<Artifact> = want.map(|w| art(Category::Errors, w)).into_iter().collect();
+        assert_eq!(got, want, "{content:?}");
+    }
+    // Cut to 200 bytes on a character boundary.
+    let long = format!("error: {}", "é".repeat(300));
+    let got = errors_of(&long);
+    assert!(got[0].text.len() <= 200 && got[0].text.len() >= 199);
+    assert!(long.starts_with(&got[0].text));
+}
+
+#[test]
+fn a_user_message_is_a_request_trimmed_and_cut() {
+    let m = Message::user("  please fix the build  \n");
+    assert_eq!(
+        artifacts::of_message(&m),
+        vec![art(Category::Requests, "please fix the build")]
+    );
+    let long = format!("  {}", "ü".repeat(150)); // 300 bytes after the spaces
+    let got = artifacts::of_message(&Message::user(long.clone()));
+    assert_eq!(got[0].text, "ü".repeat(100));
+    assert!(artifacts::of_message(&Message::user(" \n ")).is_empty());
+}
+
+#[test]
+fn summaries_notices_and_system_messages_yield_nothing() {
+    let mut notice = Message::user("[cairn: the conversation outgrew the model's context window]");
+    notice.meta.is_summary = true;
+    let mut summary = calls_of(&[r#"{"path":"src/a.rs"}"#]);
+    summary.meta.is_summary = true;
+    let mut tool = Message::tool("c1", "error: summarized away");
+    tool.meta.is_summary = true;
+    for m in [
+        notice,
+        summary,
+        tool,
+        Message::system("error: you are a coding agent"),
+    ] {
+        assert!(artifacts::of_message(&m).is_empty(), "{m:?}");
+    }
+    let h = vec![
+        Message::system("be brief"),
+        Message::user("read a"),
+        calls_of(&[r#"{"path":"a.rs"}"#, r#"{"path":"a.rs"}"#]),
+        Message::tool("c0", "error: no such file"),
+        Message::tool("c1", "error: no such file"),
+        Message::user("read a"),
+    ];
+    assert_eq!(
+        artifacts::of_history(&h),
+        BTreeSet::from([
+            art(Category::Files, "a.rs"),
+            art(Category::Errors, "error: no such file"),
+            art(Category::Requests, "read a"),
+        ])
+    );
+}
+
+/// The synthetic coding session, with every third shell run failing to compile.
+fn failing_session(bytes: usize) -> Vec<Message> {
+    let mut h = session(bytes);
+    let runs = h.iter_mut().filter(|m| m.name.as_deref() == Some("bash"));
+    for (n, m) in runs.enumerate().filter(|(n, _)| n.is_multiple_of(3)) {
+        m.content = format!(
+            "   Compiling cairn v0.1.0\nerror[E0308]: mismatched types in run {n}\n{}",
+            m.content
+        );
+    }
+    h
+}
+
+/// The originals a pass archived, collected from the store (the probe itself is synchronous).
+async fn archived_by(reports: &[&PassReport], store: &dyn Store) -> BTreeMap<Key, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for k in reports.iter().flat_map(|r| r.archived.iter()) {
+        if let Some(bytes) = store.fetch(k).await.expect("memory store reads") {
+            out.insert(*k, bytes);
+        }
+    }
+    out
+}
+
+fn lookup(map: &BTreeMap<Key, Vec<u8>>) -> impl Fn(&Key) -> Option<Vec<u8>> + '_ {
+    |k| map.get(k).cloned()
+}
+
+fn show(label: &str, r: &Retention) {
+    eprintln!(
+        "{label}: score {:.3}, reachable {:.3}",
+        r.score(),
+        r.reachable_share()
+    );
+    for c in Category::ALL {
+        let t = r.tally(c);
+        eprintln!(
+            "  {:<9} total {:>3}  present {:>3}  reachable {:>3}",
+            c.label(),
+            t.total,
+            t.present,
+            t.reachable
+        );
+    }
+}
+
+#[test]
+fn without_compaction_everything_is_present() {
+    let h = failing_session(200_000);
+    let r = retention(&h, &h, &|_| None);
+    show("no compaction", &r);
+    for c in Category::ALL {
+        let t = r.tally(c);
+        assert!(t.total > 0, "{}", c.label());
+        assert_eq!(
+            (t.present, t.reachable),
+            (t.total, t.total),
+            "{}",
+            c.label()
+        );
+    }
+    assert_eq!(r.score(), 1.0);
+    assert_eq!(r.reachable_share(), 1.0);
+    assert!(r.lost.is_empty());
+    // Nothing at stake scores 1.0 too.
+    let empty = retention(&[], &h, &|_| None);
+    assert_eq!((empty.score(), empty.reachable_share()), (1.0, 1.0));
+}
+
+#[tokio::test]
+async fn level3_keeps_the_removed_part_within_recall() {
+    let store = MemoryStore::new();
+    let policy = EffectivePolicy::default();
+    let before = failing_session(300_000);
+    let mut h = before.clone();
+    let (report, met) = emergency(&mut h, &policy, 60_000, Trigger::Auto, &store).await;
+    assert!(met, "{report:?}");
+    assert!(report.removed > 0);
+    let map = archived_by(&[&report], &store).await;
+    let r = retention(&before, &h, &lookup(&map));
+    show("level 3 at 60000 bytes", &r);
+    for c in Category::ALL {
+        let t = r.tally(c);
+        assert_eq!(t.reachable, t.total, "{}: {:?}", c.label(), r.lost);
+    }
+    assert!(r.lost.is_empty());
+    assert_eq!(r.reachable_share(), 1.0);
+    assert!(r.requests.present < r.requests.total && r.errors.present < r.errors.total);
+    assert!(r.score() < 1.0, "{}", r.score());
+
+    // Through the notice's marker alone: every artifact of the removed messages comes back.
+    let notice = h
+        .iter()
+        .find(|m| m.meta.is_summary)
+        .expect("level 3 leaves a notice");
+    let key = extract_markers(&notice.content)[0];
+    let segment_only: BTreeMap<Key, Vec<u8>> =
+        BTreeMap::from([(key, map.get(&key).expect("segment archived").clone())]);
+    let segment = String::from_utf8(segment_only[&key].clone()).expect("utf8");
+    let removed = parse_segment(&segment).expect("a segment");
+    assert_eq!(removed.len(), report.removed);
+    let removed_artifacts = artifacts::of_history(&removed);
+    assert!(!removed_artifacts.is_empty());
+    let r = retention(&before, &h, &lookup(&segment_only));
+    for a in &r.lost {
+        assert!(!removed_artifacts.contains(a), "removed yet lost: {a:?}");
+    }
+    // Without the archive, what is not in sight is lost.
+    let r = retention(&before, &h, &|_| None);
+    assert_eq!(r.reachable_share(), r.score());
+    assert!(r.lost.iter().any(|a| removed_artifacts.contains(a)));
+}
+
+#[tokio::test]
+async fn markers_inside_archived_segments_are_followed() {
+    let store = MemoryStore::new();
+    let policy = EffectivePolicy::default();
+    let before = failing_session(300_000);
+    let mut h = before.clone();
+    let (first, _) = emergency(&mut h, &policy, 120_000, Trigger::Auto, &store).await;
+    // A shorter tail the second time, so the first notice is truncated too.
+    let short = EffectivePolicy {
+        min_keep_recent: 2,
+        ..EffectivePolicy::default()
+    };
+    let (second, met) = emergency(&mut h, &short, 8_000, Trigger::Auto, &store).await;
+    assert!(
+        met && first.removed > 0 && second.removed > 0,
+        "{first:?}\n{second:?}"
+    );
+    // The first notice now sits inside the second segment, its marker escaped there.
+    assert!(
+        !h.iter()
+            .any(|m| m.content.contains(&first.archived[0].marker()))
+    );
+    let map = archived_by(&[&first, &second], &store).await;
+    let r = retention(&before, &h, &lookup(&map));
+    show("level 3 twice (120000, then 8000 bytes keeping 2)", &r);
+    assert!(r.lost.is_empty(), "{:?}", r.lost);
+    assert!(r.score() < r.reachable_share());
+    // Without the first segment, what only it held is lost: the nesting was followed.
+    let mut second_only = map.clone();
+    second_only.remove(&first.archived[0]);
+    let r = retention(&before, &h, &lookup(&second_only));
+    assert!(!r.lost.is_empty());
+}
+
+#[test]
+fn escaped_and_argv_artifacts_are_found_in_a_segment() {
+    // A path with `<` (escaped in a segment) and an argv command (never a substring).
+    let removed = vec![
+        Message::user("look at the generics"),
+        Message::assistant_calls(
+            "",
+            vec![
+                call("c1", "read_file", r#"{"path":"src/<gen>.rs"}"#),
+                call("c2", "bash", r#"{"cmd":["rg","-n","T<U>"]}"#),
+            ],
+        ),
+        Message::tool("c1", "fn f<T>() {}"),
+        Message::tool("c2", "error: regex parse error"),
+    ];
+    let segment = segment_text(&removed);
+    assert!(!segment.contains("src/<gen>.rs"));
+    let key = Key::of(segment.as_bytes());
+    let mut notice = Message::user(format!("[cairn: truncated; recall {}]", key.marker()));
+    notice.meta.is_summary = true;
+    let after = vec![notice, Message::user("next")];
+    let map = BTreeMap::from([(key, segment.into_bytes())]);
+    let mut before = removed.clone();
+    before.push(Message::user("next"));
+    let r = retention(&before, &after, &lookup(&map));
+    assert!(r.lost.is_empty(), "{:?}", r.lost);
+    assert_eq!(r.files.reachable, 1);
+    assert_eq!(r.commands.reachable, 1);
+    assert_eq!(r.requests.present, 1);
+    assert_eq!(r.requests.reachable, 2);
+    // A marker only in `meta.archived` is not one the model can see.
+    let mut hidden = Message::user("next");
+    hidden.meta.archived.push(key.as_str().into());
+    let r = retention(&before, &[hidden], &lookup(&map));
+    assert_eq!(r.lost.len(), 4);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    User(usize),
+    Assistant(usize),
+    Calls(Vec<(u8, usize, bool)>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0usize..1_500).prop_map(Op::User),
+        2 => (0usize..4_000).prop_map(Op::Assistant),
+        5 => proptest::collection::vec((0u8..6, 0usize..6_000, any::<bool>()), 1..4)
+            .prop_map(Op::Calls),
+    ]
+}
+
+/// A small valid history: every call answered right after it, some results errors.
+fn build(ops: &[Op]) -> Vec<Message> {
+    let mut h = vec![Message::system("You are a coding agent.")];
+    h.push(Message::user("Start the task."));
+    for (n, op) in ops.iter().enumerate() {
+        match op {
+            Op::User(size) => h.push(Message::user(format!(
+                "request {n}: {}",
+                "please continue with ünïcode. ".repeat(size / 30 + 1)
+            ))),
+            Op::Assistant(size) => h.push(Message::assistant(format!(
+                "assistant {n}: {}",
+                tool_output(3, n, *size)
+            ))),
+            Op::Calls(calls) => {
+                let args = |k: usize, kind: u8| match kind {
+                    0 => format!(r#"{{"path":"src/f{n}_{k}.rs"}}"#),
+                    1 => format!(r#"{{"file_path":"src/<g{n}>.rs","old":"a","new":"b"}}"#),
+                    2 => format!(r#"{{"paths":["a{n}.rs","b{k}.rs"]}}"#),
+                    3 => format!(r#"{{"command":"cargo test -p crate{n} 2>&1"}}"#),
+                    4 => format!(r#"{{"cmd":["rg","-n","needle{n}","src/"]}}"#),
+                    _ => "{not json".to_string(),
+                };
+                let tool_calls = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, (kind, _, _))| call(&format!("c{n}_{k}"), "tool", &args(k, *kind)))
+                    .collect();
+                h.push(Message::assistant_calls(format!("step {n}"), tool_calls));
+                for (k, (kind, size, failed)) in calls.iter().enumerate() {
+                    let mut body = tool_output(usize::from(*kind), n * 10 + k, *size);
+                    if *failed {
+                        body = format!("error[E0{n:03}]: failure {n}.{k}\n{body}");
+                    }
+                    h.push(Message::tool(format!("c{n}_{k}"), body));
+                }
+            }
+        }
+    }
+    h.push(Message::user("What is left?"));
+    h
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_current_thread().build() {
+        Ok(rt) => rt,
+        Err(e) => panic!("runtime: {e}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn level3_loses_no_artifact(
+        ops in proptest::collection::vec(op(), 1..25),
+        percent in 1usize..100,
+        keep in 1u32..10,
+    ) {
+        let before = build(&ops);
+        prop_assert!(pairing::is_valid(&before));
+        let target = history::weight(&before) * percent / 100;
+        let policy = EffectivePolicy { min_keep_recent: keep, ..EffectivePolicy::default() };
+        let store = MemoryStore::new();
+        let mut h = before.clone();
+        let map = rt().block_on(async {
+            let (report, _) = emergency(&mut h, &policy, target, Trigger::Auto, &store).await;
+            archived_by(&[&report], &store).await
+        });
+        let r = retention(&before, &h, &lookup(&map));
+        for c in Category::ALL {
+            let t = r.tally(c);
+            prop_assert_eq!(t.reachable, t.total, "{}: lost {:?}", c.label(), &r.lost);
+            prop_assert!(t.present <= t.reachable && t.reachable <= t.total);
+        }
+        prop_assert!(r.lost.is_empty());
+        prop_assert!(r.score() <= r.reachable_share());
+    }
+}
+
+/// The probe at each ladder level on the synthetic coding session at three sizes: every
+/// level keeps every artifact within recall (reachable 100 %), and the table of what stays in
+/// sight is printed (`cargo test -p cairn-engine --test engine level_by_level -- --nocapture`;
+/// the figures are in docs/benchmarks.md).
+#[tokio::test]
+async fn level_by_level_every_artifact_stays_within_recall() {
+    use cairn_engine::compact::{summarize, trim};
+    let policy = EffectivePolicy::default();
+    eprintln!("| history | level | score | files | commands | errors | requests | reachable |");
+    eprintln!("|---|---|---|---|---|---|---|---|");
+    for bytes in [200_000, 1_000_000, 4_000_000] {
+        let before = failing_session(bytes);
+        for level in 1..=3u8 {
+            let store = MemoryStore::new();
+            let mut h = before.clone();
+            let report = match level {
+                1 => trim::trim(&mut h, &policy, Trigger::Auto, &store).await,
+                2 => {
+                    let summarizer = ScriptedSummarizer::good();
+                    summarize::summarize(&mut h, &policy, Trigger::Auto, &summarizer, &store)
+                        .await
+                        .0
+                }
+                _ => {
+                    emergency(&mut h, &policy, bytes / 10, Trigger::Auto, &store)
+                        .await
+                        .0
+                }
+            };
+            assert!(report.is_change(), "level {level} at {bytes}: {report:?}");
+            let map = archived_by(&[&report], &store).await;
+            let r = retention(&before, &h, &lookup(&map));
+            let cell = |c: Category| {
+                let t = r.tally(c);
+                format!("{}/{}", t.present, t.total)
+            };
+            eprintln!(
+                "| {} KB | {level} | {:.2} | {} | {} | {} | {} | {:.2} |",
+                bytes / 1000,
+                r.score(),
+                cell(Category::Files),
+                cell(Category::Commands),
+                cell(Category::Errors),
+                cell(Category::Requests),
+                r.reachable_share()
+            );
+            for c in Category::ALL {
+                let t = r.tally(c);
+                assert_eq!(
+                    t.reachable,
+                    t.total,
+                    "level {level} at {bytes}: {} lost {:?}",
+                    c.label(),
+                    r.lost
+                );
+            }
+        }
+    }
+}
