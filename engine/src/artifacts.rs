@@ -21,6 +21,7 @@
 
 use std::collections::BTreeSet;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::compact::text::floor_boundary;
@@ -45,7 +46,8 @@ const ERROR_STARTS: &[&str] = &["Error", "error", "ERROR", "fatal", "panic", "Tr
 const ERROR_LINES: &[&str] = &["error[E", "error:"];
 
 /// Kind of thing a session touched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Category {
     Files,
     Commands,
@@ -74,7 +76,7 @@ impl Category {
 }
 
 /// One thing a session touched: a file path, a command, an error line, a request.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Artifact {
     pub category: Category,
     pub text: String,

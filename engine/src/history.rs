@@ -59,10 +59,21 @@ pub struct MessageMeta {
     /// Archive keys of originals this message stands in for (16 lowercase hex each).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub archived: Vec<String>,
+    /// The artifact ledger of a compaction's stand-in: the files, commands and errors of the
+    /// messages it replaced, oldest first (see [`crate::compact::ledger`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledger: Vec<crate::artifacts::Artifact>,
+    /// Older ledger entries folded away: counted here, their messages in the archive.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ledger_folded: u64,
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One message of the conversation.

@@ -146,6 +146,17 @@ pub async fn emergency(
         let chars: usize = dropped.iter().map(Message::weight).sum();
         let mut n = Message::user(notice(dropped.len(), chars, &key));
         n.meta.is_summary = true;
+        // The ledger's section, in the room the kept tail's floor leaves under the target:
+        // the cuts below can still meet it.
+        super::ledger::record(&mut n, &dropped);
+        let room = super::ledger::room(target, floor_with_keep(history, keep));
+        let section = super::ledger::section(
+            &n.meta.ledger,
+            n.meta.ledger_folded,
+            Some(&key.marker()),
+            room,
+        );
+        n.content.push_str(&section);
         n.meta.archived.push(key.as_str().to_string());
         for k in referenced_keys(&dropped) {
             if k != key {

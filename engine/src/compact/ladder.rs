@@ -17,7 +17,8 @@ use super::state::{SKIP_LEVEL2_AFTER_NON_CONVERGING, SummaryVerdict};
 use super::summarize::{self, SummaryOutcome};
 use super::window::target_chars;
 use super::{
-    Budget, BudgetInputs, PassReport, SessionState, Summarizer, Trigger, emergency, trim, verbatim,
+    Budget, BudgetInputs, PassReport, SessionState, Summarizer, Trigger, emergency, ledger, trim,
+    verbatim,
 };
 
 /// Pre-flight compacts when a request would exceed this share of a known payload cap.
@@ -216,6 +217,11 @@ pub async fn compact(
         state.level3_compactions += 1;
     }
 
+    if out.level == Some(2) {
+        // What the summarized messages touched, in the room left under the target (level 3
+        // writes its notice's section itself).
+        ledger::render_newest(history, target);
+    }
     out.bytes_after = history::weight(history);
     out.met = out.bytes_after <= target;
     if ctx.trigger == Trigger::Recovery {

@@ -12,6 +12,7 @@ pub mod budget;
 pub mod dedup;
 pub mod emergency;
 pub mod ladder;
+pub mod ledger;
 pub mod microcompact;
 pub mod mirror;
 pub mod pairing;

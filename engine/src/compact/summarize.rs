@@ -387,6 +387,7 @@ async fn apply(
         summary.trim()
     ));
     msg.meta.is_summary = true;
+    super::ledger::record(&mut msg, &owned);
     msg.meta.archived.push(segment_key.as_str().to_string());
     for k in referenced_keys(&owned) {
         if k != segment_key {

@@ -292,7 +292,12 @@ async fn level3_keeps_the_removed_part_within_recall() {
     }
     assert!(r.lost.is_empty());
     assert_eq!(r.reachable_share(), 1.0);
-    assert!(r.requests.present < r.requests.total && r.errors.present < r.errors.total);
+    assert!(r.requests.present < r.requests.total);
+    assert_eq!(
+        (r.files.present, r.errors.present),
+        (r.files.total, r.errors.total),
+        "the notice's ledger shows what the removed messages touched"
+    );
     assert!(r.score() < 1.0, "{}", r.score());
 
     // Through the notice's marker alone: every artifact of the removed messages comes back.
@@ -546,4 +551,130 @@ async fn level_by_level_every_artifact_stays_within_recall() {
             }
         }
     }
+}
+
+/// The whole ladder (whose stand-ins carry the artifact ledger) at a target that takes it to
+/// level 2 with the scripted summarizer, and to level 3 without a summarizer: every file,
+/// command and error of the history stays in sight, in a kept message or in the ledger
+/// section, and every artifact within recall. A second compaction of the compacted history
+/// carries the first one's ledger forward. The table is in docs/benchmarks.md.
+#[tokio::test]
+async fn with_the_ledger_every_file_command_and_error_stays_in_sight() {
+    use cairn_engine::compact::ledger::HEADING;
+    use cairn_engine::compact::{BudgetInputs, LadderContext, SessionState, compact, trim};
+    let policy = EffectivePolicy::default();
+    let summarizer = ScriptedSummarizer::good();
+    for bytes in [200_000, 1_000_000, 4_000_000] {
+        let before = failing_session(bytes);
+        // Level 2 runs at three fifths of what level 1 leaves; level 3 (no summarizer) at a
+        // tenth of the history.
+        let mut trimmed = before.clone();
+        trim::trim(&mut trimmed, &policy, Trigger::Auto, &MemoryStore::new()).await;
+        let after_trim = history::weight(&trimmed);
+        for (level, with_summarizer, target) in
+            [(2u8, true, after_trim * 3 / 5), (3, false, bytes / 10)]
+        {
+            let store = MemoryStore::new();
+            let mut h = before.clone();
+            let mut state = SessionState::new();
+            let ctx = LadderContext {
+                policy: &policy,
+                inputs: BudgetInputs {
+                    context_window: (bytes / 4) as u64,
+                    payload_cap: None,
+                    reserve_bytes: 0,
+                },
+                store: &store,
+                summarizer: with_summarizer.then_some(&summarizer as _),
+                trigger: Trigger::Auto,
+                budget_ratio: None,
+                target: Some(target),
+            };
+            let out = compact(&mut h, &ctx, &mut state).await;
+            assert_eq!(out.level, Some(level), "{bytes}: {out:?}");
+            assert!(out.met, "the ledger never costs the target: {out:?}");
+            assert!(h.iter().any(|m| m.content.contains(HEADING)));
+            let reports: Vec<&PassReport> = out.reports.iter().collect();
+            let map = archived_by(&reports, &store).await;
+            let r = retention(&before, &h, &lookup(&map));
+            let cell = |c: Category| {
+                let t = r.tally(c);
+                format!("{}/{}", t.present, t.total)
+            };
+            eprintln!(
+                "| {} KB | {level} | {:.2} | {} | {} | {} | {} | {:.2} |",
+                bytes / 1000,
+                r.score(),
+                cell(Category::Files),
+                cell(Category::Commands),
+                cell(Category::Errors),
+                cell(Category::Requests),
+                r.reachable_share()
+            );
+            for c in [Category::Files, Category::Commands, Category::Errors] {
+                let t = r.tally(c);
+                assert_eq!(
+                    t.present,
+                    t.total,
+                    "{bytes} level {level}: {} {:?}",
+                    c.label(),
+                    r.lost
+                );
+            }
+            assert_eq!(r.reachable_share(), 1.0, "{:?}", r.lost);
+
+            // Compacted again, harder: the first stand-in's ledger is carried forward.
+            let again = LadderContext {
+                target: Some(target / 2),
+                summarizer: None,
+                ..ctx
+            };
+            let out = compact(&mut h, &again, &mut state).await;
+            assert!(out.met, "{out:?}");
+            let r = retention(&before, &h, &|_| None);
+            for c in [Category::Files, Category::Commands, Category::Errors] {
+                let t = r.tally(c);
+                assert_eq!(
+                    t.present,
+                    t.total,
+                    "second pass at {bytes}: {} {:?}",
+                    c.label(),
+                    r.lost
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_short_room_shows_files_and_commands_first_and_counts_the_rest() {
+    use cairn_engine::compact::ledger::section;
+    let mut entries = vec![art(Category::Files, "src/a.rs")];
+    entries.extend((0..50).map(|n| art(Category::Errors, &format!("error: failure number {n}"))));
+    entries.push(art(Category::Commands, "cargo test"));
+    let marker = "<<ccr:0123456789abcdef>>";
+    let s = section(&entries, 3, Some(marker), 400);
+    assert!(s.len() <= 400, "{}", s.len());
+    assert!(
+        s.contains("file src/a.rs\n") && s.contains("command cargo test\n"),
+        "{s}"
+    );
+    assert!(
+        s.contains("error: failure number 49"),
+        "the newest errors: {s}"
+    );
+    assert!(!s.contains("error: failure number 0\n"), "{s}");
+    let shown = s.lines().filter(|l| l.starts_with("error ")).count();
+    assert!(
+        s.contains(&format!(
+            "{} more not shown: recall {marker}",
+            50 - shown + 3
+        )),
+        "the rest is counted with the marker: {s}"
+    );
+    assert_eq!(
+        section(&entries, 0, Some(marker), 60),
+        "",
+        "no room for the heading"
+    );
 }

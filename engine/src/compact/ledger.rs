@@ -1,0 +1,173 @@
+//! The artifact ledger: what the messages a compaction removed had touched (the files and
+//! commands their tool calls named, the errors their tool results reported), kept by the
+//! stand-in that replaces them (a level-2 summary, a session memory standing in for a
+//! summary, a level-3 notice) and shown in its content, so the model still knows what it did
+//! after the messages are gone.
+//!
+//! Deterministic, no LLM: the entries come from [`crate::artifacts`]. They travel in the
+//! stand-in's `meta.ledger`, so they are journaled with it, survive a restart and a rewind
+//! with the history, and a later compaction that removes the stand-in carries them into its
+//! own. Bounded: a stand-in keeps the newest [`MAX_ENTRIES`]; older ones are folded (counted
+//! in `meta.ledger_folded`), never silently dropped: their messages are in the archived
+//! segment whose marker the stand-in carries.
+//!
+//! The section is written once per compaction, into its stand-in, and only within the room
+//! the history leaves under the compaction's target (at most a twentieth of the target and
+//! [`MAX_BYTES`]): after a summary, what the history weighs; at level 3, what its kept
+//! tail weighs at its floor. So it never costs a compaction its convergence. When the room
+//! is short, files and commands come first, then the newest errors; what is not shown is
+//! counted in a line that carries the segment's marker.
+
+use crate::artifacts::{self, Artifact, Category};
+use crate::ccr::Key;
+use crate::history::{self, Message};
+
+/// Entries one stand-in keeps; older ones are folded.
+pub const MAX_ENTRIES: usize = 256;
+/// The section takes at most this many bytes.
+pub const MAX_BYTES: usize = 4_096;
+/// ... and at most this fraction (1/N) of the compaction's target.
+pub const TARGET_SHARE: usize = 20;
+/// First line of the section in a stand-in's content.
+pub const HEADING: &str =
+    "[cairn: ledger of the messages above this point that were removed: what they touched";
+
+/// The ledger of `removed`, oldest first, distinct: each message's files, commands and
+/// errors, and the entries of the stand-ins among them carried forward. Returns the newest
+/// [`MAX_ENTRIES`] entries and how many older ones are folded.
+pub fn of_removed<'a>(removed: impl IntoIterator<Item = &'a Message>) -> (Vec<Artifact>, u64) {
+    let mut entries: Vec<Artifact> = Vec::new();
+    let mut folded = 0u64;
+    for m in removed {
+        if m.meta.is_summary {
+            entries.extend(m.meta.ledger.iter().cloned());
+            folded += m.meta.ledger_folded;
+        } else {
+            entries.extend(
+                artifacts::of_message(m)
+                    .into_iter()
+                    .filter(|a| a.category != Category::Requests),
+            );
+        }
+    }
+    // Distinct, at the place of their last appearance (the newest use of a file counts).
+    let mut seen = std::collections::HashSet::new();
+    let mut newest_first: Vec<Artifact> = entries
+        .into_iter()
+        .rev()
+        .filter(|a| seen.insert(a.clone()))
+        .collect();
+    if newest_first.len() > MAX_ENTRIES {
+        folded += (newest_first.len() - MAX_ENTRIES) as u64;
+        newest_first.truncate(MAX_ENTRIES);
+    }
+    newest_first.reverse();
+    (newest_first, folded)
+}
+
+/// Records the ledger of `removed` in `stand_in`.
+pub fn record<'a>(stand_in: &mut Message, removed: impl IntoIterator<Item = &'a Message>) {
+    let (entries, folded) = of_removed(removed);
+    stand_in.meta.ledger = entries;
+    stand_in.meta.ledger_folded = folded;
+}
+
+/// The room a section may take under `target` when the history weighs (or can be cut to)
+/// `weight`: what is left, at most a [`TARGET_SHARE`]th of the target and [`MAX_BYTES`].
+pub fn room(target: usize, weight: usize) -> usize {
+    target
+        .saturating_sub(weight)
+        .min(target / TARGET_SHARE)
+        .min(MAX_BYTES)
+}
+
+/// Writes the section of the newest stand-in that carries a ledger and has no section yet,
+/// within the room `history` leaves under `target`. Returns the bytes added (0: no stand-in,
+/// or no room for even the heading).
+pub fn render_newest(history: &mut [Message], target: usize) -> usize {
+    let room = room(target, history::weight(history));
+    let Some(m) = history
+        .iter_mut()
+        .rev()
+        .find(|m| m.meta.is_summary && !m.meta.ledger.is_empty() && !m.content.contains(HEADING))
+    else {
+        return 0;
+    };
+    let marker = m
+        .meta
+        .archived
+        .first()
+        .and_then(|k| Key::parse(k))
+        .map(|k| k.marker());
+    let section = section(
+        &m.meta.ledger,
+        m.meta.ledger_folded,
+        marker.as_deref(),
+        room,
+    );
+    m.content.push_str(&section);
+    section.len()
+}
+
+/// The section for `entries` (oldest first) in at most `room` bytes; empty when not even the
+/// heading fits.
+pub fn section(entries: &[Artifact], folded: u64, marker: Option<&str>, room: usize) -> String {
+    let heading = format!("\n\n{HEADING}]\n");
+    let fold_line = |n: u64| match marker {
+        Some(k) => format!("{n} more not shown: recall {k}\n"),
+        None => format!("{n} more not shown\n"),
+    };
+    // The fold line's room is kept back whatever happens (its count has at most 20 digits).
+    let fold_room = fold_line(u64::MAX).len();
+    if heading.len() + fold_room > room {
+        return String::new();
+    }
+    let mut budget = room - heading.len() - fold_room;
+    let mut shown: Vec<(usize, String)> = Vec::new();
+    let mut omitted = folded;
+    for category in [Category::Files, Category::Commands, Category::Errors] {
+        // Newest first within a category, so a short room keeps the latest.
+        for (i, a) in entries
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, a)| a.category == category)
+        {
+            let line = format!("{} {}\n", label(category), one_line(&a.text));
+            if line.len() <= budget {
+                budget -= line.len();
+                shown.push((i, line));
+            } else {
+                omitted += 1;
+            }
+        }
+    }
+    // Shown in the order they were touched.
+    shown.sort_by_key(|(i, _)| *i);
+    let mut out = heading;
+    for (_, line) in shown {
+        out.push_str(&line);
+    }
+    if omitted > 0 {
+        out.push_str(&fold_line(omitted));
+    }
+    out
+}
+
+fn label(category: Category) -> &'static str {
+    match category {
+        Category::Files => "file",
+        Category::Commands => "command",
+        Category::Errors => "error",
+        Category::Requests => "request",
+    }
+}
+
+/// A multi-line command on one line (its newlines as `\n`), so each entry is one line.
+fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\n') {
+        std::borrow::Cow::Owned(text.replace('\n', "\\n"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
