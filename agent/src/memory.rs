@@ -360,7 +360,10 @@ impl SessionMemory {
             let text = doc.text.trim();
             doc.frontier = history
                 .iter()
-                .position(|m| m.meta.is_summary && m.content.ends_with(text))
+                .position(|m| {
+                    m.meta.is_summary
+                        && crate::compact::ledger::without_section(&m.content).ends_with(text)
+                })
                 .and_then(|ix| Frontier::of(history, ix));
         }
         drop(i);

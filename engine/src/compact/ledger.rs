@@ -72,6 +72,14 @@ pub fn record<'a>(stand_in: &mut Message, removed: impl IntoIterator<Item = &'a 
     stand_in.meta.ledger_folded = folded;
 }
 
+/// `content` without its ledger section, if it has one: the stand-in's own text.
+pub fn without_section(content: &str) -> &str {
+    match content.find(&format!("\n\n{HEADING}")) {
+        Some(at) => &content[..at],
+        None => content,
+    }
+}
+
 /// The room a section may take under `target` when the history weighs (or can be cut to)
 /// `weight`: what is left, at most a [`TARGET_SHARE`]th of the target and [`MAX_BYTES`].
 pub fn room(target: usize, weight: usize) -> usize {

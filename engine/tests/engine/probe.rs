@@ -678,3 +678,16 @@ fn a_short_room_shows_files_and_commands_first_and_counts_the_rest() {
         "no room for the heading"
     );
 }
+
+#[test]
+fn a_stand_ins_own_text_is_its_content_without_the_section() {
+    use cairn_engine::compact::ledger::{section, without_section};
+    let own = "[cairn: summary of 4 earlier messages]\n\nThe memory text.";
+    let with = format!(
+        "{own}{}",
+        section(&[art(Category::Files, "a.rs")], 0, None, 1_000)
+    );
+    assert_ne!(with, own);
+    assert_eq!(without_section(&with), own);
+    assert_eq!(without_section(own), own);
+}
