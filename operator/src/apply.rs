@@ -10,6 +10,7 @@ use std::fmt::Debug;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -261,7 +262,7 @@ async fn ensure_pod(
     desired: Option<&Pod>,
     store: Option<&Store<Packed<Pod>>>,
     accepted: &Accepted,
-) -> Result<bool, kube::Error> {
+) -> Result<PodState, kube::Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let desired = desired.map(stamp);
     let reference = ObjectRef::new(name).within(namespace);
@@ -284,15 +285,27 @@ async fn ensure_pod(
             .and_then(|s| s.get(&reference))
             .and_then(|p| p.meta().resource_version.clone())
     };
+    let created = actual
+        .as_ref()
+        .and_then(|p| p.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0);
+    let not_ready = |created| PodState {
+        ready: false,
+        created,
+    };
     match step {
-        PodStep::Keep => Ok(actual.as_ref().is_some_and(pod_ready)),
-        PodStep::Wait => Ok(false),
+        PodStep::Keep => Ok(PodState {
+            ready: actual.as_ref().is_some_and(pod_ready),
+            created,
+        }),
+        PodStep::Wait => Ok(not_ready(created)),
         PodStep::Create => {
             let Some((pod, digest)) = desired else {
-                return Ok(false);
+                return Ok(not_ready(None));
             };
+            // Created by an earlier reconcile whose write the cache has not shown yet.
             if accepted.pending(&key, &digest) {
-                return Ok(false);
+                return Ok(not_ready(Some(Timestamp::now())));
             }
             let params = PostParams {
                 field_manager: Some(FIELD_MANAGER.into()),
@@ -300,18 +313,19 @@ async fn ensure_pod(
             };
             match api.create(&params, &pod).await {
                 Ok(created) => {
+                    let at = created.metadata.creation_timestamp.as_ref().map(|t| t.0);
                     accepted.record(key, digest, created.metadata.resource_version, version);
-                    Ok(false)
+                    Ok(not_ready(Some(at.unwrap_or_else(Timestamp::now))))
                 }
                 // The cache lags: the watch brings the pod, and the next reconcile judges it.
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(not_ready(Some(Timestamp::now()))),
                 Err(e) => Err(e),
             }
         }
         PodStep::Delete { uid } => {
             let marker = format!("delete:{uid}");
             if accepted.pending(&key, &marker) {
-                return Ok(false);
+                return Ok(not_ready(None));
             }
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
@@ -324,10 +338,10 @@ async fn ensure_pod(
                 Ok(deleted) => {
                     let version_now = deleted.left().and_then(|p| p.metadata.resource_version);
                     accepted.record(key, marker, version_now, version);
-                    Ok(false)
+                    Ok(not_ready(None))
                 }
                 // Gone already, or replaced meanwhile: the watch tells.
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(not_ready(None)),
                 Err(e) => Err(e),
             }
         }
@@ -455,6 +469,9 @@ where
 pub struct Applied {
     /// The session's pod is ready.
     pub ready: bool,
+    /// When the session's pod was created (now, when this reconcile or one the cache has not
+    /// caught up with created it); `None` without a pod.
+    pub pod_created: Option<Timestamp>,
     /// The token the token Secret holds, when it was written (created, or applied with the
     /// token read from it); `None` when it was current.
     pub token: Option<ApiToken>,
@@ -509,7 +526,7 @@ pub async fn apply_all(
             remove_per_session(client, plan, stores.map(|s| &s.network_policies), accepted).await?;
         }
     }
-    let ready = ensure_pod(
+    let pod = ensure_pod(
         client,
         &plan.namespace,
         &pod_name(&plan.name),
@@ -519,7 +536,17 @@ pub async fn apply_all(
         accepted,
     )
     .await?;
-    Ok(Applied { ready, token })
+    Ok(Applied {
+        ready: pod.ready,
+        pod_created: pod.created,
+        token,
+    })
+}
+
+/// What the pod step found or did: readiness, and when the pod was created.
+struct PodState {
+    ready: bool,
+    created: Option<Timestamp>,
 }
 
 #[cfg(test)]

@@ -329,15 +329,15 @@ pub fn stamped<K: Resource + Clone>(object: &K, digest: String) -> K {
     out
 }
 
-/// Keeps of a watched pod only what the operator reads: its identity, owners, deletion,
-/// the digest it was built with, its phase and its `Ready` condition. The spec (most of a
+/// Keeps of a watched pod only what the operator reads: its identity, creation time (how long
+/// a new session's first status may wait for it), owners, deletion, the digest it was built
+/// with, its phase and its `Ready` condition. The spec (most of a
 /// pod) is immutable where it matters and judged by that digest.
 pub fn trim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.labels = None;
     meta.generate_name = None;
-    meta.creation_timestamp = None;
     meta.annotations = meta.annotations.take().and_then(|mut a| {
         let applied = a.remove(APPLIED_ANNOTATION)?;
         Some([(APPLIED_ANNOTATION.to_string(), applied)].into())
@@ -509,7 +509,7 @@ mod tests {
     fn a_trimmed_pod_keeps_what_the_pod_step_reads() {
         let mut pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "cairn-a-0", "uid": "p", "resourceVersion": "9",
-                         "labels": {"x": "y"},
+                         "creationTimestamp": "2026-12-05T10:00:00Z", "labels": {"x": "y"},
                          "ownerReferences": [{"apiVersion": "cairn.dev/v1beta1",
                              "kind": "AgentSession", "name": "a", "uid": "u", "controller": true}],
                          "annotations": {"cairn.dev/applied": "d", "other": "z"}},
@@ -525,6 +525,7 @@ mod tests {
             json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "cairn-a-0", "uid": "p", "resourceVersion": "9",
+                             "creationTimestamp": "2026-12-05T10:00:00Z",
                              "ownerReferences": [{"apiVersion": "cairn.dev/v1beta1",
                                  "kind": "AgentSession", "name": "a", "uid": "u",
                                  "controller": true}],

@@ -414,7 +414,8 @@ async fn apply_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Acti
         &reached,
         &sharing,
     );
-    let status_wait = write_status(&session, &obs, ctx).await?;
+    let pod_created = reached.as_ref().ok().and_then(|a| a.pod_created);
+    let status_wait = write_status(&session, &obs, pod_created, ctx).await?;
     let action = next_look(
         &reached,
         credentials.as_ref().ok().copied().flatten(),
@@ -701,10 +702,12 @@ async fn scoped_credentials(
 
 /// Writes the status if the operator's part changed, and publishes an Event per transition.
 /// A new session's first status that only says its pod is starting waits for the pod, up to
-/// [`status::FIRST_STATUS_GRACE`] after the session's creation: returns how much longer.
+/// [`status::FIRST_STATUS_GRACE`] after the pod's creation (`pod_created`): returns how much
+/// longer.
 async fn write_status(
     session: &AgentSession,
     obs: &Observed,
+    pod_created: Option<Timestamp>,
     ctx: &Context,
 ) -> Result<Option<Duration>, Error> {
     let prev = session.status.as_ref();
@@ -714,7 +717,7 @@ async fn write_status(
     if prev.map(status::operator_part) == Some(status::operator_part(&next)) {
         return Ok(None);
     }
-    if let Some(wait) = first_status_wait(session, &next, Timestamp::now()) {
+    if let Some(wait) = first_status_wait(session, &next, pod_created, Timestamp::now()) {
         return Ok(Some(wait));
     }
     let key = cache::Key::of(session);
@@ -739,18 +742,19 @@ async fn write_status(
     Ok(None)
 }
 
-/// How much longer the first status of `session` may wait for its pod
-/// ([`status::first_write_waits`]); `None`: write it now (something to report, the grace is
-/// over, or the creation time is unknown).
+/// How much longer the first status of `session` may wait for its pod, created at
+/// `pod_created` ([`status::first_write_waits`]); `None`: write it now (something to
+/// report, the grace is over, or there is no pod).
 fn first_status_wait(
     session: &AgentSession,
     next: &AgentSessionStatus,
+    pod_created: Option<Timestamp>,
     now: Timestamp,
 ) -> Option<Duration> {
     if !status::first_write_waits(session.status.as_ref(), next) {
         return None;
     }
-    let created = session.metadata.creation_timestamp.as_ref()?.0;
+    let created = pod_created?;
     // A creation time ahead of this clock counts as just now.
     let age = Duration::try_from(now.duration_since(created)).unwrap_or_default();
     status::FIRST_STATUS_GRACE
@@ -955,7 +959,11 @@ mod tests {
     }
 
     fn applied(ready: bool) -> apply::Applied {
-        apply::Applied { ready, token: None }
+        apply::Applied {
+            ready,
+            pod_created: None,
+            token: None,
+        }
     }
 
     fn problem(reason: &str) -> Problem {
@@ -1023,8 +1031,7 @@ mod tests {
     #[test]
     fn a_new_sessions_first_status_waits_for_its_pod_until_the_grace_is_over() {
         let created = Timestamp::from_second(1_800_000_000).expect("time");
-        let mut session = minimal();
-        session.metadata.creation_timestamp = Some(Time(created));
+        let session = minimal();
         let starting = AgentSessionStatus {
             phase: Some(cairn_crds::Phase::Pending),
             conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
@@ -1038,21 +1045,21 @@ mod tests {
             ..Default::default()
         };
         let at = |secs: i64| created + k8s_openapi::jiff::SignedDuration::from_secs(secs);
+        let pod = Some(created);
         assert_eq!(
-            first_status_wait(&session, &starting, at(3)),
+            first_status_wait(&session, &starting, pod, at(3)),
             Some(Duration::from_secs(7))
         );
-        assert_eq!(first_status_wait(&session, &starting, at(10)), None);
+        assert_eq!(first_status_wait(&session, &starting, pod, at(10)), None);
         assert_eq!(
-            first_status_wait(&session, &starting, at(-5)),
+            first_status_wait(&session, &starting, pod, at(-5)),
             Some(status::FIRST_STATUS_GRACE),
             "a creation time ahead of the clock counts as now"
         );
-        session.metadata.creation_timestamp = None;
         assert_eq!(
-            first_status_wait(&session, &starting, at(3)),
+            first_status_wait(&session, &starting, None, at(3)),
             None,
-            "no creation time: written at once"
+            "no pod: written at once"
         );
     }
 
@@ -1147,6 +1154,7 @@ mod tests {
 
         let token = apply::Applied {
             ready: true,
+            pod_created: None,
             token: Some(objects::ApiToken::from_existing("t0ken".into())),
         };
         let o = obs(&found, &Ok(None), Ok(token));

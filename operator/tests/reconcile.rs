@@ -30,15 +30,21 @@ type Seen = Vec<(String, Value)>;
 type TokenSecret = Arc<Mutex<Option<Value>>>;
 
 async fn serve(handle: tower_test::mock::Handle<Request<Body>, Response<Body>>) -> Seen {
-    serve_with(handle, TokenSecret::default()).await
+    serve_with(handle, TokenSecret::default(), LONG_AGO).await
 }
+
+/// The creation time the fake API server gives a pod it creates, unless a test asks for
+/// none (then the operator counts the pod as created now): long ago, so that a new session's
+/// first status does not wait for it ([`cairn_operator::status::FIRST_STATUS_GRACE`]).
+const LONG_AGO: Option<&str> = Some("2026-01-01T00:00:00Z");
 
 async fn serve_with(
     handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
     token_secret: TokenSecret,
+    pod_created: Option<&'static str>,
 ) -> Seen {
     let log = Arc::new(Mutex::new(Seen::new()));
-    serve_into(handle, log.clone(), token_secret).await;
+    serve_into(handle, log.clone(), token_secret, pod_created).await;
     log.lock().map(|seen| seen.clone()).expect("log")
 }
 
@@ -51,6 +57,7 @@ async fn serve_into(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
     log: Arc<Mutex<Seen>>,
     token_secret: TokenSecret,
+    pod_created: Option<&'static str>,
 ) {
     while let Some((request, respond)) = handle.next_request().await {
         let method = request.method().clone();
@@ -106,6 +113,12 @@ async fn serve_into(
             && let Some(meta) = reply.get_mut("metadata").and_then(Value::as_object_mut)
         {
             meta.insert("resourceVersion".into(), json!(STORED_VERSION));
+            if method == http::Method::POST
+                && path.ends_with("/pods")
+                && let Some(at) = pod_created
+            {
+                meta.insert("creationTimestamp".into(), json!(at));
+            }
         }
         let response = Response::builder()
             .status(status)
@@ -130,13 +143,17 @@ fn session(status: Option<AgentSessionStatus>) -> AgentSession {
 }
 
 async fn reconcile_once(s: AgentSession) -> Seen {
-    reconcile_against(s, TokenSecret::default()).await
+    reconcile_against(s, TokenSecret::default(), LONG_AGO).await
 }
 
 /// One reconcile against a fake API server that holds `token_secret`.
-async fn reconcile_against(s: AgentSession, token_secret: TokenSecret) -> Seen {
+async fn reconcile_against(
+    s: AgentSession,
+    token_secret: TokenSecret,
+    pod_created: Option<&'static str>,
+) -> Seen {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve_with(handle, token_secret));
+    let server = tokio::spawn(serve_with(handle, token_secret, pod_created));
     let client = Client::new(service, "default");
     let ctx = Arc::new(Context::new(
         client,
@@ -203,7 +220,7 @@ async fn first_reconcile_applies_every_object_then_writes_status() {
     assert_eq!(status["kind"], "AgentSession");
     assert_eq!(
         status["status"]["phase"], "Pending",
-        "the pod was just created"
+        "the pod is not ready, and not new"
     );
     assert_eq!(status["status"]["pod"], "cairn-chat-0");
     let pod = &seen
@@ -229,11 +246,7 @@ async fn first_reconcile_applies_every_object_then_writes_status() {
 
 #[tokio::test]
 async fn a_new_sessions_first_status_waits_for_its_pod() {
-    let mut new = session(None);
-    new.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        k8s_openapi::jiff::Timestamp::now(),
-    ));
-    let seen = reconcile_once(new).await;
+    let seen = reconcile_against(session(None), TokenSecret::default(), None).await;
     let got = requests(&seen);
     assert!(
         got.iter()
@@ -251,7 +264,7 @@ async fn a_new_sessions_first_status_waits_for_its_pod() {
 #[tokio::test]
 async fn an_unchanged_session_gets_no_status_write_and_no_event() {
     let token_secret = TokenSecret::default();
-    let first = reconcile_against(session(None), token_secret.clone()).await;
+    let first = reconcile_against(session(None), token_secret.clone(), LONG_AGO).await;
     let written: AgentSessionStatus = serde_json::from_value(
         first
             .iter()
@@ -265,7 +278,7 @@ async fn an_unchanged_session_gets_no_status_write_and_no_event() {
         written.api_token_hash.is_some(),
         "the token's digest is published"
     );
-    let second = reconcile_against(session(Some(written)), token_secret).await;
+    let second = reconcile_against(session(Some(written)), token_secret, LONG_AGO).await;
     assert!(
         !second.iter().any(|(r, _)| r.contains("/status")),
         "status unchanged: not written"
@@ -389,7 +402,12 @@ fn sent(log: &Mutex<Seen>) -> Vec<String> {
 async fn an_outdated_cache_is_no_reason_to_send_an_accepted_write_again() {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let log = Arc::new(Mutex::new(Seen::new()));
-    let server = tokio::spawn(serve_into(handle, log.clone(), TokenSecret::default()));
+    let server = tokio::spawn(serve_into(
+        handle,
+        log.clone(),
+        TokenSecret::default(),
+        LONG_AGO,
+    ));
     let ctx = Arc::new(Context::new(
         Client::new(service, "default"),
         Defaults::default(),
