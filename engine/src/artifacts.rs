@@ -195,6 +195,8 @@ pub fn error_line(content: &str) -> Option<&str> {
     if is_error_start(first) || ERROR_LINES.iter().any(|p| first.starts_with(p)) {
         return Some(first);
     }
+    // Most results hold no diagnostic at all: one substring search skips the line walk.
+    memchr::memmem::find(content.as_bytes(), b"error")?;
     lines.find(|l| ERROR_LINES.iter().any(|p| l.starts_with(p)))
 }
 

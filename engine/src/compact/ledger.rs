@@ -20,7 +20,7 @@
 
 use crate::artifacts::{self, Artifact, Category};
 use crate::ccr::Key;
-use crate::history::{self, Message};
+use crate::history::{self, Message, Role};
 
 /// Entries one stand-in keeps; older ones are folded.
 pub const MAX_ENTRIES: usize = 256;
@@ -42,12 +42,9 @@ pub fn of_removed<'a>(removed: impl IntoIterator<Item = &'a Message>) -> (Vec<Ar
         if m.meta.is_summary {
             entries.extend(m.meta.ledger.iter().cloned());
             folded += m.meta.ledger_folded;
-        } else {
-            entries.extend(
-                artifacts::of_message(m)
-                    .into_iter()
-                    .filter(|a| a.category != Category::Requests),
-            );
+        } else if m.role != Role::User {
+            // A user's message holds requests only, which the ledger leaves to the summary.
+            entries.extend(artifacts::of_message(m));
         }
     }
     // Distinct, at the place of their last appearance (the newest use of a file counts).
