@@ -21,10 +21,10 @@
 
 use std::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::compact::text::floor_boundary;
+pub use crate::history::{Artifact, Category};
 use crate::history::{Message, Role, ToolCall};
 
 /// Errors and requests are cut to this many bytes.
@@ -44,43 +44,6 @@ const COMMAND_KEYS: &[&str] = &["command", "cmd", "script"];
 const ERROR_STARTS: &[&str] = &["Error", "error", "ERROR", "fatal", "panic", "Traceback"];
 /// Prefixes of any line that make a tool result an error (compiler and cargo diagnostics).
 const ERROR_LINES: &[&str] = &["error[E", "error:"];
-
-/// Kind of thing a session touched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Category {
-    Files,
-    Commands,
-    Errors,
-    Requests,
-}
-
-impl Category {
-    /// Every category, in order.
-    pub const ALL: [Category; 4] = [
-        Category::Files,
-        Category::Commands,
-        Category::Errors,
-        Category::Requests,
-    ];
-
-    /// Short stable label for reports and metrics.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Files => "files",
-            Self::Commands => "commands",
-            Self::Errors => "errors",
-            Self::Requests => "requests",
-        }
-    }
-}
-
-/// One thing a session touched: a file path, a command, an error line, a request.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Artifact {
-    pub category: Category,
-    pub text: String,
-}
 
 impl Artifact {
     fn new(category: Category, text: &str) -> Option<Self> {

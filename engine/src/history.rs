@@ -62,10 +62,47 @@ pub struct MessageMeta {
     /// The artifact ledger of a compaction's stand-in: the files, commands and errors of the
     /// messages it replaced, oldest first (see [`crate::compact::ledger`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ledger: Vec<crate::artifacts::Artifact>,
+    pub ledger: Vec<Artifact>,
     /// Older ledger entries folded away: counted here, their messages in the archive.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ledger_folded: u64,
+}
+
+/// Kind of thing a session touched (see [`crate::artifacts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Category {
+    Files,
+    Commands,
+    Errors,
+    Requests,
+}
+
+impl Category {
+    /// Every category, in order.
+    pub const ALL: [Category; 4] = [
+        Category::Files,
+        Category::Commands,
+        Category::Errors,
+        Category::Requests,
+    ];
+
+    /// Short stable label for reports and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Files => "files",
+            Self::Commands => "commands",
+            Self::Errors => "errors",
+            Self::Requests => "requests",
+        }
+    }
+}
+
+/// One thing a session touched: a file path, a command, an error line, a request.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Artifact {
+    pub category: Category,
+    pub text: String,
 }
 
 fn is_false(b: &bool) -> bool {
