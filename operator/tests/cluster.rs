@@ -988,10 +988,15 @@ async fn a_default_helm_install_runs_a_session_that_says_what_is_missing() {
     // `helm install` with nothing set. The release name contains "cairn", so every object
     // (the ClusterRole and its binding included) is named after it alone.
     let release = format!("cairn-defaults-{}", hex_suffix());
-    // The CRDs may exist already (other tests of this binary apply them without Helm, with
-    // the operator's field manager): `--take-ownership --force-conflicts` lets the release
-    // adopt them, as a first install over CRDs applied that way must (docs/operator.md,
-    // "Who owns the CRDs"). The values stay the defaults.
+    // Other tests of this binary apply the CRDs without Helm, with the operator's field
+    // manager, at any moment: `--take-ownership --force-conflicts` lets the release adopt
+    // them, as a first install over CRDs applied that way must (docs/operator.md, "Who owns
+    // the CRDs"). They are applied here first, so the install is always that adoption: a CRD
+    // created by another test between Helm's lookup and its update fails the install
+    // ("original object ... not found"). The values stay the defaults.
+    cairn_operator::crds::apply_crds(env_client().await)
+        .await
+        .expect("CRDs apply");
     let out = helm(&[
         "install",
         "--take-ownership",
