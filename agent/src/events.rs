@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cairn_crds::AgentSession;
+use cairn_crds::session::CompactionScore;
 use cairn_engine::classify::FailureClass;
 use cairn_engine::compact::Trigger;
 use cairn_engine::compact::ladder::CompactionOutcome;
@@ -75,12 +76,34 @@ pub fn compacted(out: &CompactionOutcome) -> Option<SessionEvent> {
     if !out.met {
         note.push_str(&format!("; still above the {}-byte target", out.target));
     }
+    if let Some(q) = &out.quality {
+        note.push_str(&format!("; {}", in_sight(q)));
+    }
     Some(SessionEvent {
         warning: false,
         reason: "Compacted",
         action: "Compact",
         note,
     })
+}
+
+/// A compaction's score and what it kept in sight of what it replaced, by category (the
+/// categories with nothing at stake left out).
+fn in_sight(q: &CompactionScore) -> String {
+    let kept: Vec<String> = [
+        ("files", q.files),
+        ("commands", q.commands),
+        ("errors", q.errors),
+        ("requests", q.requests),
+    ]
+    .iter()
+    .filter(|(_, c)| c.at_stake > 0)
+    .map(|(name, c)| format!("{name} {}/{}", c.in_sight, c.at_stake))
+    .collect();
+    if kept.is_empty() {
+        return format!("score {:.2}", q.score);
+    }
+    format!("score {:.2}, in sight: {}", q.score, kept.join(", "))
 }
 
 fn originals_archived(n: usize) -> String {
@@ -121,6 +144,9 @@ pub fn recovered(class: FailureClass, o: &RecoveryOutcome) -> SessionEvent {
     }
     if let Some(window) = o.learned_window {
         note.push_str(&format!("; context window learned: {window} tokens"));
+    }
+    if let Some(q) = &o.quality {
+        note.push_str(&format!("; {}", in_sight(q)));
     }
     note.push_str("; the request is retried");
     SessionEvent {
@@ -278,6 +304,7 @@ mod tests {
             breaker_opened: false,
             summary: None,
             level2_skipped: false,
+            quality: None,
         }
     }
 
@@ -304,6 +331,31 @@ mod tests {
     }
 
     #[test]
+    fn a_scored_compaction_says_what_it_kept_in_sight() {
+        let mut out = outcome(
+            20_000,
+            4_000,
+            vec![report(Pass::Emergency, 20_000, 4_000, 1)],
+        );
+        let seen = |in_sight, at_stake| cairn_crds::session::InSight { at_stake, in_sight };
+        out.quality = Some(CompactionScore {
+            score: 0.75,
+            level: 3,
+            files: seen(4, 4),
+            commands: seen(2, 2),
+            errors: seen(0, 0),
+            requests: seen(0, 3),
+        });
+        let ev = compacted(&out).expect("an event");
+        assert!(
+            ev.note
+                .ends_with("; score 0.75, in sight: files 4/4, commands 2/2, requests 0/3"),
+            "{}",
+            ev.note
+        );
+    }
+
+    #[test]
     fn a_compaction_that_changed_nothing_or_did_not_run_is_no_event() {
         assert_eq!(compacted(&outcome(1_000, 1_000, vec![])), None);
         let mut out = outcome(9_000, 4_000, vec![]);
@@ -323,6 +375,7 @@ mod tests {
             notice_injected: false,
             floor_warning: None,
             report: report(Pass::Recovery, 1_000_000, 600_000, 4),
+            quality: None,
         };
         let ev = recovered(FailureClass::PayloadTooLarge, &o);
         assert_eq!((ev.warning, ev.reason), (false, "Recovered"));

@@ -34,6 +34,9 @@ const SECONDS_BUCKETS: [f64; 12] = [
 /// Bucket bounds of the request-size histogram, in bytes.
 const BYTES_BUCKETS: [f64; 10] = [1e3, 1e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 2.5e6, 5e6, 1e7];
 
+/// Bucket bounds of the compaction score histogram (a share, 0 to 1).
+const SCORE_BUCKETS: [f64; 7] = [0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0];
+
 fn seconds_histogram() -> Histogram {
     Histogram::new(SECONDS_BUCKETS)
 }
@@ -168,6 +171,15 @@ pub struct CompactionLabels {
     pub trigger: &'static str,
 }
 
+/// Artifacts a compaction put at stake, by category (`files`, `commands`, `errors`,
+/// `requests`) and whether the compacted history still shows them (`in_sight`) or only its
+/// markers reach them (`recallable`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ArtifactLabels {
+    pub category: &'static str,
+    pub state: &'static str,
+}
+
 /// How a level-2 summary ended: `accepted`, `rejected` (with the gate's reason), `failed`,
 /// or `skipped` (level 2 backed off).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -254,6 +266,8 @@ pub struct Metrics {
     pub model_tokens: Family<ModelTokenLabels, Counter>,
     pub cost_usd: Family<CostLabels, FloatCounter>,
     pub compactions: Family<CompactionLabels, Counter>,
+    pub compaction_score: Histogram,
+    pub compaction_artifacts: Family<ArtifactLabels, Counter>,
     pub summaries: Family<SummaryOutcomeLabels, Counter>,
     pub memory_updates: Family<OutcomeLabels, Counter>,
     pub memory_compactions: Counter,
@@ -296,6 +310,8 @@ impl Default for Metrics {
             model_tokens: Family::default(),
             cost_usd: Family::default(),
             compactions: Family::default(),
+            compaction_score: Histogram::new(SCORE_BUCKETS),
+            compaction_artifacts: Family::default(),
             summaries: Family::default(),
             memory_updates: Family::default(),
             memory_compactions: Counter::default(),
@@ -350,6 +366,16 @@ impl Default for Metrics {
             "compactions",
             "Compactions by ladder level and trigger",
             m.compactions.clone(),
+        );
+        r.register(
+            "compaction_score",
+            "Scores of compactions that replaced messages: the mean share, over files, commands, errors and requests, of what they replaced that the compacted history still shows",
+            m.compaction_score.clone(),
+        );
+        r.register(
+            "compaction_artifacts",
+            "Artifacts compactions put at stake, by category and state (in_sight, or recallable through markers only)",
+            m.compaction_artifacts.clone(),
         );
         r.register(
             "summaries",
@@ -520,6 +546,28 @@ impl Metrics {
         Self::default()
     }
 
+    /// A compaction's score: the histogram, and its artifacts by category and state.
+    pub fn compaction_scored(&self, score: &cairn_crds::session::CompactionScore) {
+        self.compaction_score.observe(score.score);
+        for (category, c) in [
+            ("files", score.files),
+            ("commands", score.commands),
+            ("errors", score.errors),
+            ("requests", score.requests),
+        ] {
+            for (state, n) in [
+                ("in_sight", c.in_sight),
+                ("recallable", c.at_stake.saturating_sub(c.in_sight)),
+            ] {
+                if n > 0 {
+                    self.compaction_artifacts
+                        .get_or_create(&ArtifactLabels { category, state })
+                        .inc_by(n);
+                }
+            }
+        }
+    }
+
     /// The OpenMetrics text exposition, the archive's counters included.
     pub fn render(&self, archive: Option<ArchiveSnapshot>) -> String {
         let mut out = String::new();
@@ -663,6 +711,13 @@ mod tests {
             .get_or_create(&CompactionLabels {
                 level: 2,
                 trigger: "auto",
+            })
+            .inc();
+        m.compaction_score.observe(0.8);
+        m.compaction_artifacts
+            .get_or_create(&ArtifactLabels {
+                category: "files",
+                state: "in_sight",
             })
             .inc();
         m.summaries

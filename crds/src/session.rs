@@ -786,6 +786,80 @@ pub struct SessionStats {
     /// The session memory (compaction.memory), when it is enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
+
+    /// What compactions kept in sight of what they replaced (journaled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction_quality: Option<CompactionQuality>,
+}
+
+/// What compactions kept in sight, over the session's life (journaled). A compaction puts
+/// at stake the files, commands and errors of the messages it replaces or removes, and the
+/// user's requests among them; an artifact is in sight when the compacted history still
+/// shows its text (in a kept message, a summary or the artifact ledger). What is not in sight
+/// stays recallable through the stand-in's `<<ccr:KEY>>` markers.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactionQuality {
+    /// The newest compaction that replaced or removed messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<CompactionScore>,
+    /// Compactions scored.
+    #[serde(default)]
+    pub scored: u64,
+    /// Scores weighted toward the newest: each compaction's score moves it a fifth of the
+    /// way (the first sets it).
+    #[serde(default)]
+    pub rolling: f64,
+    /// The lowest score of any compaction.
+    #[serde(default)]
+    pub lowest: f64,
+    /// Compactions whose best attempt stayed below `compaction.quality.minScore`.
+    #[serde(default)]
+    pub below_min_score: u64,
+}
+
+impl CompactionQuality {
+    /// Counts `score` in.
+    pub fn record(&mut self, score: CompactionScore) {
+        let s = score.score;
+        if self.scored == 0 {
+            self.rolling = s;
+            self.lowest = s;
+        } else {
+            self.rolling += (s - self.rolling) / 5.0;
+            self.lowest = self.lowest.min(s);
+        }
+        self.scored += 1;
+        self.last = Some(score);
+    }
+}
+
+/// One compaction's score: per category, the artifacts at stake and those still in sight.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactionScore {
+    /// Mean of `inSight / atStake` over the categories with something at stake (1 when
+    /// nothing was).
+    pub score: f64,
+    /// Highest ladder level that ran (0: the cheap passes only).
+    #[serde(default)]
+    pub level: u8,
+    #[serde(default)]
+    pub files: InSight,
+    #[serde(default)]
+    pub commands: InSight,
+    #[serde(default)]
+    pub errors: InSight,
+    #[serde(default)]
+    pub requests: InSight,
+}
+
+/// Artifacts of one category a compaction put at stake, and how many stay in sight.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct InSight {
+    pub at_stake: u64,
+    pub in_sight: u64,
 }
 
 /// The session memory: how fresh it is and what waits to be absorbed.

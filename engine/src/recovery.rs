@@ -127,6 +127,8 @@ pub struct RecoveryOutcome {
     /// Set when the uncompactable part reaches ¾ of the rejected size.
     pub floor_warning: Option<String>,
     pub report: PassReport,
+    /// What its compaction kept in sight of what it replaced, when it changed the history.
+    pub quality: Option<cairn_crds::session::CompactionScore>,
 }
 
 /// Runs the next recovery attempt on `history` after a failure of class `class`.
@@ -226,6 +228,7 @@ pub async fn recover(
         notice_injected,
         floor_warning,
         report,
+        quality: out.quality,
     })
 }
 

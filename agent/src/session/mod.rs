@@ -835,6 +835,9 @@ impl Session {
                 .get_or_create(&SummaryOutcomeLabels { outcome, reason })
                 .inc();
         }
+        if let Some(q) = &out.quality {
+            self.metrics.compaction_scored(q);
+        }
         if out.not_run.is_none() {
             self.metrics
                 .compactions
@@ -973,6 +976,8 @@ impl Session {
             last_activity: None,
             idle_since: None,
             memory: self.memory_on().map(|m| m.stats(&self.history, self.turns)),
+            compaction_quality: (self.state.quality != Default::default())
+                .then(|| self.state.quality.clone()),
         }
     }
 

@@ -57,6 +57,10 @@ pub struct ContextReport {
     pub assumes: Assumptions,
     /// Things the assembly reported (MCP servers out of reach, ...).
     pub notices: Vec<String>,
+    /// What the session's compactions kept in sight of what they replaced: the newest one's
+    /// score by category, the rolling and lowest scores (`status.session.compactionQuality`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compaction_quality: Option<cairn_crds::session::CompactionQuality>,
     /// The exact body; not part of the JSON report (`?view=request` serves it).
     #[serde(skip)]
     pub body: Vec<u8>,
@@ -247,6 +251,8 @@ impl Session {
             compacts_first,
             assumes,
             notices: notices.list.into_iter().map(|n| n.message).collect(),
+            compaction_quality: (self.state.quality != Default::default())
+                .then(|| self.state.quality.clone()),
             body,
         })
     }

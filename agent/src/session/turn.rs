@@ -1149,6 +1149,9 @@ impl Session {
                 outcome: "retried",
             })
             .inc();
+        if let Some(q) = &o.quality {
+            self.metrics.compaction_scored(q);
+        }
         self.events.emit(Some(crate::events::recovered(class, o)));
         self.last_recovery = Some(LastRecovery {
             at: cairn_crds::time::rfc3339(SystemTime::now()),

@@ -57,12 +57,13 @@ async fn a_recovery_and_a_compaction_each_leave_an_event_on_the_session() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("agent.log");
-    let mut child = spawn_serve(
-        &format!("{ns}/s1"),
-        &path,
-        storage_env(dir.path(), None),
-        &log,
-    );
+    let mut env = storage_env(dir.path(), None);
+    // status.session goes out each second, so the test sees the compaction's score there.
+    env.push((
+        cairn_agent::cluster::STATUS_INTERVAL_ENV.to_owned(),
+        "1".to_owned(),
+    ));
+    let mut child = spawn_serve(&format!("{ns}/s1"), &path, env, &log);
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(30);
     let url = loop {
@@ -102,6 +103,39 @@ async fn a_recovery_and_a_compaction_each_leave_an_event_on_the_session() {
     sim.push_reply(ScriptedReply::text(summary()));
     let (status, body) = api.post("/v1/session/compact", json!({})).await;
     assert_eq!(status, 200, "compaction: {body}");
+    // The compaction is scored on what it replaced: the six questions were at stake, and
+    // the score says how many the compacted history still shows. The same figures are in
+    // the session's counters, the context inspector and the metrics.
+    let (_, session) = api.get("/v1/session").await;
+    let session: serde_json::Value = serde_json::from_slice(&session).expect("session JSON");
+    let quality = session
+        .pointer("/stats/compactionQuality")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(quality["scored"], 1, "{session}");
+    let last = &quality["last"];
+    let requests = &last["requests"];
+    assert!(requests["atStake"].as_u64() >= Some(1), "{last}");
+    assert!(
+        requests["inSight"].as_u64() <= requests["atStake"].as_u64(),
+        "{last}"
+    );
+    let score = last["score"].as_f64().expect("a score");
+    assert!((0.0..=1.0).contains(&score), "{last}");
+    assert_eq!(quality["rolling"].as_f64(), Some(score), "{quality}");
+    let (_, context) = api.get("/v1/session/context").await;
+    let context: serde_json::Value = serde_json::from_slice(&context).expect("context JSON");
+    assert_eq!(context["compactionQuality"], quality, "{context}");
+    let (_, metrics) = api.get("/metrics").await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics.contains("cairn_agent_compaction_score_count 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("cairn_agent_compaction_artifacts_total{category=\"requests\""),
+        "{metrics}"
+    );
 
     for i in 6..9 {
         sim.push_reply(ScriptedReply::text(format!(
@@ -162,12 +196,38 @@ async fn a_recovery_and_a_compaction_each_leave_an_event_on_the_session() {
         note.starts_with("manual compaction, level ") && note.contains(" bytes"),
         "{note}"
     );
+    assert!(
+        note.contains(&format!("; score {score:.2}, in sight: ")) && note.contains(" requests "),
+        "{note}"
+    );
     assert_eq!(recovered.type_.as_deref(), Some("Normal"));
     let note = recovered.note.unwrap_or_default();
     assert!(
         note.starts_with("after payload too large (413): attempt 1 shrank the history"),
         "{note}"
     );
+
+    // status.session carries the score too (the recovery may have scored once more).
+    let sessions = KubeApi::<AgentSession>::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = sessions.get("s1").await.expect("get AgentSession");
+        let scored = s
+            .status
+            .as_ref()
+            .and_then(|st| st.session.as_ref())
+            .and_then(|st| st.compaction_quality.as_ref())
+            .map_or(0, |q| q.scored);
+        if scored >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no compactionQuality in status.session: {:?}",
+            s.status
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

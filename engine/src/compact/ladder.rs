@@ -9,6 +9,7 @@
 //! ([`LadderContext::target`]).
 
 use cairn_crds::EffectivePolicy;
+use cairn_crds::session::CompactionScore;
 
 use crate::ccr::Store;
 use crate::history::{self, Message};
@@ -17,8 +18,8 @@ use super::state::{SKIP_LEVEL2_AFTER_NON_CONVERGING, SummaryVerdict};
 use super::summarize::{self, SummaryOutcome};
 use super::window::target_chars;
 use super::{
-    Budget, BudgetInputs, PassReport, SessionState, Summarizer, Trigger, emergency, ledger, trim,
-    verbatim,
+    Budget, BudgetInputs, PassReport, SessionState, Summarizer, Trigger, emergency, ledger, probe,
+    trim, verbatim,
 };
 
 /// Pre-flight compacts when a request would exceed this share of a known payload cap.
@@ -106,6 +107,9 @@ pub struct CompactionOutcome {
     /// summary is no summarizer call); `level2_skipped` when it backed off.
     pub summary: Option<SummaryVerdict>,
     pub level2_skipped: bool,
+    /// What it kept in sight of what it replaced, when it changed the history
+    /// ([`probe::score`]).
+    pub quality: Option<CompactionScore>,
 }
 
 /// Runs the ladder on `history`.
@@ -132,6 +136,7 @@ pub async fn compact(
         breaker_opened: false,
         summary: None,
         level2_skipped: false,
+        quality: None,
     };
     if ctx.trigger == Trigger::Auto && state.auto_compaction_disabled() {
         out.not_run = Some(NotRun::CircuitOpen);
@@ -143,6 +148,7 @@ pub async fn compact(
         return out;
     }
     let fits = |h: &[Message]| history::weight(h) <= target;
+    let snapshot = probe::Snapshot::of(history);
 
     out.reports
         .push(verbatim::enforce(history, budget, ctx.trigger, ctx.store).await);
@@ -224,6 +230,12 @@ pub async fn compact(
     }
     out.bytes_after = history::weight(history);
     out.met = out.bytes_after <= target;
+    if out.reports.iter().any(PassReport::is_change) {
+        let stake = snapshot.at_stake(history);
+        let score = probe::score(&stake, history, out.level.unwrap_or(0));
+        state.quality.record(score.clone());
+        out.quality = Some(score);
+    }
     if ctx.trigger == Trigger::Recovery {
         // Recovery counts its own attempts; it neither opens nor closes the breaker.
         return out;

@@ -14,9 +14,19 @@
 //! text and the markers it quotes are found as the model would recall them.
 //!
 //! Pure: the caller passes the archive as a lookup of bytes by key.
+//!
+//! Every compaction is scored the same way without reading the archive ([`Snapshot`],
+//! [`score`]): what it puts at stake are the artifacts of the messages it replaces or
+//! removes, and its score is the share of those still in sight. Reachability is not re-read
+//! there: every replaced byte is archived before a marker names it, which the property tests
+//! of [`retention`] check.
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
+
+use aho_corasick::AhoCorasick;
+use cairn_crds::session::{CompactionScore, InSight};
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::artifacts::{self, Artifact, Category};
 use crate::ccr::{Key, extract_markers};
@@ -109,27 +119,103 @@ pub fn retention(
     after: &[Message],
     archived: &dyn Fn(&Key) -> Option<Vec<u8>>,
 ) -> Retention {
-    let stake = artifacts::of_history(before);
-    let mut shown = Texts::default();
-    for m in after {
-        shown.add_message(m);
-    }
-    let present: HashSet<&Artifact> = stake.iter().filter(|a| shown.holds(a)).collect();
+    let stake: Vec<Artifact> = artifacts::of_history(before).into_iter().collect();
+    let shown = Texts::of(after);
+    let present = shown.find(&stake);
     // The archive is read only when something is not in plain sight.
-    let recallable = if present.len() < stake.len() {
-        recall(shown.markers(), archived)
+    let recallable = if present.contains(&false) {
+        recall(shown.markers(), archived).find(&stake)
     } else {
-        Texts::default()
+        present.clone()
     };
     let mut out = Retention::default();
-    for a in &stake {
-        let p = present.contains(a);
-        let r = p || recallable.holds(a);
-        out.tally_mut(a.category).add(p, r);
-        if !r {
-            out.lost.push(a.clone());
+    for ((a, p), r) in stake.into_iter().zip(present).zip(recallable) {
+        out.tally_mut(a.category).add(p, p || r);
+        if !(p || r) {
+            out.lost.push(a);
         }
     }
+    out
+}
+
+/// A history as a compaction found it: each message's fingerprint and artifacts, so that
+/// once the history is compacted in place, [`Snapshot::at_stake`] knows what it put at stake.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    messages: Vec<(u64, Vec<Artifact>)>,
+}
+
+impl Snapshot {
+    pub fn of(history: &[Message]) -> Self {
+        Self {
+            messages: history
+                .iter()
+                .map(|m| (fingerprint(m), artifacts::of_message(m)))
+                .collect(),
+        }
+    }
+
+    /// The artifacts of the messages `after` does not hold unchanged, distinct, in order.
+    pub fn at_stake(&self, after: &[Message]) -> Vec<Artifact> {
+        let kept: HashSet<u64> = after.iter().map(fingerprint).collect();
+        let mut seen = HashSet::new();
+        self.messages
+            .iter()
+            .filter(|(f, _)| !kept.contains(f))
+            .flat_map(|(_, found)| found)
+            .filter(|a| seen.insert(*a))
+            .cloned()
+            .collect()
+    }
+}
+
+/// What a message sends, hashed: two messages with one fingerprint read the same.
+fn fingerprint(m: &Message) -> u64 {
+    let mut h = Xxh3::new();
+    let mut part = |bytes: &[u8]| {
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    part(m.role.as_str().as_bytes());
+    part(m.content.as_bytes());
+    part(m.reasoning.as_deref().unwrap_or_default().as_bytes());
+    part(m.tool_call_id.as_deref().unwrap_or_default().as_bytes());
+    for c in &m.tool_calls {
+        part(c.id.as_bytes());
+        part(c.name.as_bytes());
+        part(c.arguments.as_bytes());
+    }
+    h.digest()
+}
+
+/// The score of a compaction that put `stake` at stake (see [`Snapshot::at_stake`]) and
+/// left `after`; `level` is the highest ladder level that ran (0: none).
+pub fn score(stake: &[Artifact], after: &[Message], level: u8) -> CompactionScore {
+    let found = Texts::of(after).find(stake);
+    let mut out = CompactionScore {
+        level,
+        ..CompactionScore::default()
+    };
+    for (a, in_sight) in stake.iter().zip(found) {
+        let c = match a.category {
+            Category::Files => &mut out.files,
+            Category::Commands => &mut out.commands,
+            Category::Errors => &mut out.errors,
+            Category::Requests => &mut out.requests,
+        };
+        c.at_stake += 1;
+        c.in_sight += u64::from(in_sight);
+    }
+    let shares: Vec<f64> = [out.files, out.commands, out.errors, out.requests]
+        .iter()
+        .filter(|c| c.at_stake > 0)
+        .map(|c: &InSight| c.in_sight as f64 / c.at_stake as f64)
+        .collect();
+    out.score = if shares.is_empty() {
+        1.0
+    } else {
+        shares.iter().sum::<f64>() / shares.len() as f64
+    };
     out
 }
 
@@ -168,6 +254,14 @@ struct Texts<'a> {
 }
 
 impl<'a> Texts<'a> {
+    fn of(messages: &'a [Message]) -> Self {
+        let mut out = Self::default();
+        for m in messages {
+            out.add_message(m);
+        }
+        out
+    }
+
     fn add_message(&mut self, m: &'a Message) {
         self.texts.push(Cow::Borrowed(&m.content));
         if let Some(r) = &m.reasoning {
@@ -216,8 +310,37 @@ impl<'a> Texts<'a> {
         self.named.extend(other.named);
     }
 
-    fn holds(&self, a: &Artifact) -> bool {
-        self.named.contains(&a.text) || self.texts.iter().any(|t| t.contains(a.text.as_str()))
+    /// Which of `wanted` the texts hold, by index: named by a call, or found in one pass
+    /// over the texts for all of them at once.
+    fn find(&self, wanted: &[Artifact]) -> Vec<bool> {
+        let mut found: Vec<bool> = wanted
+            .iter()
+            .map(|a| self.named.contains(&a.text))
+            .collect();
+        let mut left = found.iter().filter(|f| !**f).count();
+        if left == 0 {
+            return found;
+        }
+        let Ok(matcher) = AhoCorasick::new(wanted.iter().map(|a| a.text.as_str())) else {
+            // An automaton too large to build: one search per artifact.
+            for (f, a) in found.iter_mut().zip(wanted) {
+                *f = *f || self.texts.iter().any(|t| t.contains(a.text.as_str()));
+            }
+            return found;
+        };
+        for t in &self.texts {
+            for m in matcher.find_overlapping_iter(t.as_ref()) {
+                let f = &mut found[m.pattern().as_usize()];
+                if !*f {
+                    *f = true;
+                    left -= 1;
+                    if left == 0 {
+                        return found;
+                    }
+                }
+            }
+        }
+        found
     }
 
     /// Markers in the texts, distinct, in order of first appearance.

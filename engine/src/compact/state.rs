@@ -75,6 +75,8 @@ pub struct SessionState {
     pub summary_failures_in_row: u32,
     /// What level 2's summaries came to (`status.session.summaries`).
     pub summaries: cairn_crds::session::SummaryStats,
+    /// What compactions kept in sight (`status.session.compactionQuality`).
+    pub quality: cairn_crds::session::CompactionQuality,
     /// Counters for status and metrics.
     pub compactions: u64,
     pub level3_compactions: u64,

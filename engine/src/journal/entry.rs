@@ -30,6 +30,9 @@ pub struct PersistedState {
     /// What level 2's summaries came to (`status.session.summaries`).
     #[serde(default)]
     pub summaries: cairn_crds::session::SummaryStats,
+    /// What compactions kept in sight (`status.session.compactionQuality`).
+    #[serde(default, skip_serializing_if = "is_unscored")]
+    pub quality: cairn_crds::session::CompactionQuality,
     #[serde(default)]
     pub compactions: u64,
     #[serde(default)]
@@ -86,6 +89,7 @@ impl PersistedState {
             tool_budget_halvings: state.tool_budget_halvings,
             summary_failures_in_row: state.summary_failures_in_row,
             summaries: state.summaries.clone(),
+            quality: state.quality.clone(),
             compactions: state.compactions,
             level3_compactions: state.level3_compactions,
             recoveries: state.recoveries,
@@ -115,6 +119,7 @@ impl PersistedState {
         state.tool_budget_halvings = self.tool_budget_halvings;
         state.summary_failures_in_row = self.summary_failures_in_row;
         state.summaries = self.summaries.clone();
+        state.quality = self.quality.clone();
         state.compactions = self.compactions;
         state.level3_compactions = self.level3_compactions;
         state.recoveries = self.recoveries;
@@ -195,6 +200,10 @@ pub const UNDO_ARCHIVE_MIN_BYTES: u64 = 4 * 1024;
 
 fn is_zero_tokens(t: &[u64; 3]) -> bool {
     t.iter().all(|n| *n == 0)
+}
+
+fn is_unscored(q: &cairn_crds::session::CompactionQuality) -> bool {
+    q.scored == 0 && q.below_min_score == 0
 }
 
 fn is_zero(n: &usize) -> bool {

@@ -8,7 +8,7 @@ use cairn_engine::artifacts::{self, Artifact, Category};
 use cairn_engine::ccr::{Key, MemoryStore, Store, extract_markers};
 use cairn_engine::compact::archive::{parse_segment, segment_text};
 use cairn_engine::compact::emergency::emergency;
-use cairn_engine::compact::probe::{Retention, retention};
+use cairn_engine::compact::probe::{Retention, Snapshot, retention, score};
 use cairn_engine::compact::{PassReport, Trigger, pairing};
 use cairn_engine::history::{self, Message};
 use cairn_engine::testing::*;
@@ -453,6 +453,79 @@ fn build(ops: &[Op]) -> Vec<Message> {
     h
 }
 
+/// One row of the retention tables in docs/benchmarks.md.
+fn row(bytes: usize, level: u8, r: &Retention) {
+    let cell = |c: Category| {
+        let t = r.tally(c);
+        format!("{}/{}", t.present, t.total)
+    };
+    eprintln!(
+        "| {} KB | {level} | {:.2} | {} | {} | {} | {} | {:.2} |",
+        bytes / 1000,
+        r.score(),
+        cell(Category::Files),
+        cell(Category::Commands),
+        cell(Category::Errors),
+        cell(Category::Requests),
+        r.reachable_share()
+    );
+}
+
+/// A compaction is scored on what it replaced or removed: the artifacts of messages it left
+/// unchanged are not at stake, and with nothing at stake the score is 1.
+#[test]
+fn a_score_counts_only_what_the_compaction_replaced() {
+    let h = failing_session(200_000);
+    let snapshot = Snapshot::of(&h);
+    assert!(snapshot.at_stake(&h).is_empty(), "nothing replaced");
+    let nothing = score(&[], &h, 0);
+    assert_eq!((nothing.score, nothing.files.at_stake), (1.0, 0));
+
+    // The older half dropped without a trace: at stake exactly what only it held.
+    let half = h.len() / 2;
+    let kept = h[half..].to_vec();
+    let stake = snapshot.at_stake(&kept);
+    let older: BTreeSet<Artifact> = artifacts::of_history(&h[..half]);
+    assert_eq!(stake.iter().cloned().collect::<BTreeSet<_>>(), older);
+    let q = score(&stake, &kept, 3);
+    let in_sight_before = retention(&h, &kept, &|_| None);
+    // Whatever of the older half the newer half names again stays in sight.
+    for (c, s) in [
+        (Category::Files, q.files),
+        (Category::Commands, q.commands),
+        (Category::Errors, q.errors),
+        (Category::Requests, q.requests),
+    ] {
+        let t = in_sight_before.tally(c);
+        let newer_only = t.total - s.at_stake as usize;
+        assert_eq!(
+            s.in_sight as usize + newer_only,
+            t.present,
+            "{}: {q:?}",
+            c.label()
+        );
+    }
+    assert!(
+        q.score < 1.0,
+        "dropping half a session loses sight of something: {q:?}"
+    );
+
+    // A message changed in place puts its artifacts at stake.
+    let mut changed = h.clone();
+    let i = changed
+        .iter()
+        .position(|m| !m.tool_calls.is_empty())
+        .expect("a call");
+    changed[i].tool_calls[0].arguments = "{}".into();
+    let stake = snapshot.at_stake(&changed);
+    assert_eq!(
+        stake.iter().cloned().collect::<BTreeSet<_>>(),
+        artifacts::of_message(&h[i])
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+    );
+}
+
 fn rt() -> tokio::runtime::Runtime {
     match tokio::runtime::Builder::new_current_thread().build() {
         Ok(rt) => rt,
@@ -525,20 +598,7 @@ async fn level_by_level_every_artifact_stays_within_recall() {
             assert!(report.is_change(), "level {level} at {bytes}: {report:?}");
             let map = archived_by(&[&report], &store).await;
             let r = retention(&before, &h, &lookup(&map));
-            let cell = |c: Category| {
-                let t = r.tally(c);
-                format!("{}/{}", t.present, t.total)
-            };
-            eprintln!(
-                "| {} KB | {level} | {:.2} | {} | {} | {} | {} | {:.2} |",
-                bytes / 1000,
-                r.score(),
-                cell(Category::Files),
-                cell(Category::Commands),
-                cell(Category::Errors),
-                cell(Category::Requests),
-                r.reachable_share()
-            );
+            row(bytes, level, &r);
             for c in Category::ALL {
                 let t = r.tally(c);
                 assert_eq!(
@@ -597,20 +657,22 @@ async fn with_the_ledger_every_file_command_and_error_stays_in_sight() {
             let reports: Vec<&PassReport> = out.reports.iter().collect();
             let map = archived_by(&reports, &store).await;
             let r = retention(&before, &h, &lookup(&map));
-            let cell = |c: Category| {
-                let t = r.tally(c);
-                format!("{}/{}", t.present, t.total)
-            };
-            eprintln!(
-                "| {} KB | {level} | {:.2} | {} | {} | {} | {} | {:.2} |",
-                bytes / 1000,
-                r.score(),
-                cell(Category::Files),
-                cell(Category::Commands),
-                cell(Category::Errors),
-                cell(Category::Requests),
-                r.reachable_share()
-            );
+            row(bytes, level, &r);
+            // The compaction's own score: what it replaced, in sight (files, commands and
+            // errors all of it, with the ledger).
+            let q = out
+                .quality
+                .clone()
+                .expect("a compaction that changed the history is scored");
+            assert_eq!(q.level, level);
+            for c in [q.files, q.commands, q.errors] {
+                assert!(c.at_stake > 0, "{q:?}");
+                assert_eq!(c.in_sight, c.at_stake, "{bytes} level {level}: {q:?}");
+            }
+            assert!(q.requests.in_sight <= q.requests.at_stake);
+            assert!(q.score > 0.0 && q.score <= 1.0, "{q:?}");
+            assert_eq!(state.quality.last.as_ref(), Some(&q));
+            assert_eq!(state.quality.scored, 1);
             for c in [Category::Files, Category::Commands, Category::Errors] {
                 let t = r.tally(c);
                 assert_eq!(
