@@ -79,8 +79,13 @@ pub fn compacted(out: &CompactionOutcome) -> Option<SessionEvent> {
     if let Some(q) = &out.quality {
         note.push_str(&format!("; {}", in_sight(q)));
     }
+    if let Some(min) = out.below_min_score {
+        note.push_str(&format!(
+            ", below the policy's quality.minScore {min} even with the widest ledger section"
+        ));
+    }
     Some(SessionEvent {
-        warning: false,
+        warning: out.below_min_score.is_some(),
         reason: "Compacted",
         action: "Compact",
         note,
@@ -305,6 +310,7 @@ mod tests {
             summary: None,
             level2_skipped: false,
             quality: None,
+            below_min_score: None,
         }
     }
 
@@ -350,6 +356,18 @@ mod tests {
         assert!(
             ev.note
                 .ends_with("; score 0.75, in sight: files 4/4, commands 2/2, requests 0/3"),
+            "{}",
+            ev.note
+        );
+        assert!(!ev.warning);
+        // Below the policy's threshold: a Warning that says so.
+        out.below_min_score = Some(0.9);
+        let ev = compacted(&out).expect("an event");
+        assert_eq!((ev.warning, ev.reason), (true, "Compacted"));
+        assert!(
+            ev.note.ends_with(
+                "requests 0/3, below the policy's quality.minScore 0.9 even with the widest ledger section"
+            ),
             "{}",
             ev.note
         );

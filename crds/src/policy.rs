@@ -124,6 +124,27 @@ pub struct CompactionPolicySpec {
     /// a recall marker once later reads returned every line it read again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedup: Option<DedupSpec>,
+
+    /// What a compaction must keep in sight of what it replaces (its score:
+    /// `status.session.compactionQuality`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<QualitySpec>,
+}
+
+/// The compaction score a policy asks for.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(crates(kube_core = "::kube_core"))]
+#[serde(rename_all = "camelCase")]
+pub struct QualitySpec {
+    /// The lowest score a compaction may end with: the mean share, over files, commands,
+    /// errors and user requests, of what it replaced that the compacted history still
+    /// shows. Below it, the compaction widens its ledger section (up to a quarter of its
+    /// target, never past it) and scores again; a compaction that stays below is counted
+    /// in `status.session.compactionQuality.belowMinScore` and its Compacted Event is a
+    /// Warning. 0 < minScore <= 1. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1.0").message("quality.minScore must be greater than 0 and at most 1"))]
+    pub min_score: Option<f64>,
 }
 
 /// Read dedup.
@@ -471,6 +492,24 @@ pub struct EffectivePolicy {
     /// Left out of the canonical form at its default, like `on_budget_exceeded`.
     #[serde(default, skip_serializing_if = "Dedup::is_default")]
     pub dedup: Dedup,
+    /// Left out of the canonical form at its default, like `on_budget_exceeded`.
+    #[serde(default, skip_serializing_if = "Quality::is_default")]
+    pub quality: Quality,
+}
+
+/// The effective compaction score threshold.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Quality {
+    /// `None`: no threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_score: Option<f64>,
+}
+
+impl Quality {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// The effective read dedup settings.
@@ -830,6 +869,7 @@ impl Default for EffectivePolicy {
             output: Output::default(),
             memory: Memory::default(),
             dedup: Dedup::default(),
+            quality: Quality::default(),
         }
     }
 }
@@ -853,6 +893,9 @@ impl EffectivePolicy {
         }
         if let Some(tools) = o.dedup.as_ref().and_then(|d| d.read_tools.as_ref()) {
             self.dedup.read_tools.clone_from(tools);
+        }
+        if let Some(q) = o.quality.as_ref().and_then(|q| q.min_score) {
+            self.quality.min_score = Some(q);
         }
         if let Some(m) = &o.memory {
             set(&mut self.memory.enabled, m.enabled);
@@ -964,6 +1007,11 @@ impl EffectivePolicy {
         }
         if self.memory.every_turns == 0 {
             return err("memory.everyTurns must be at least 1");
+        }
+        if let Some(m) = self.quality.min_score
+            && !(m > 0.0 && m <= 1.0)
+        {
+            return err("quality.minScore must be greater than 0 and at most 1");
         }
         if self.tool_results.per_result_chars > self.tool_results.per_turn_chars {
             return err("toolResults.perResultChars must not exceed perTurnChars");
@@ -1094,6 +1142,26 @@ mod tests {
         let inline = spec_yaml("timeouts: {providerCallSeconds: 120}\n");
         let err = resolve(Some(&policy), Some(&inline)).unwrap_err();
         assert!(err.to_string().contains("providerCallSeconds"), "{err}");
+    }
+
+    #[test]
+    fn quality_min_score_is_off_by_default_and_a_session_can_set_it() {
+        let default = resolve(None, None).expect("defaults");
+        assert_eq!(default.quality.min_score, None);
+        let policy = spec_yaml("quality: {minScore: 0.8}\n");
+        let p = resolve(Some(&policy), None).expect("valid");
+        assert_eq!(p.quality.min_score, Some(0.8));
+        let inline = spec_yaml("quality: {minScore: 0.95}\n");
+        let s = resolve(Some(&policy), Some(&inline)).expect("valid");
+        assert_eq!(s.quality.min_score, Some(0.95));
+        assert_ne!(p.hash(), s.hash());
+        let unset = spec_yaml("quality: {}\n");
+        assert_eq!(
+            resolve(None, Some(&unset)).expect("valid").hash(),
+            default.hash()
+        );
+        let wrong = spec_yaml("quality: {minScore: 1.5}\n");
+        assert!(resolve(None, Some(&wrong)).is_err());
     }
 
     #[test]

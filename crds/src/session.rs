@@ -844,12 +844,16 @@ pub struct CompactionScore {
     /// Highest ladder level that ran (0: the cheap passes only).
     #[serde(default)]
     pub level: u8,
+    /// Files named by the replaced tool calls' arguments.
     #[serde(default)]
     pub files: InSight,
+    /// Commands the replaced tool calls ran.
     #[serde(default)]
     pub commands: InSight,
+    /// Error lines of the replaced tool results.
     #[serde(default)]
     pub errors: InSight,
+    /// The user's requests among the replaced messages.
     #[serde(default)]
     pub requests: InSight,
 }
@@ -858,7 +862,9 @@ pub struct CompactionScore {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct InSight {
+    /// Artifacts of this category in the messages the compaction replaced or removed.
     pub at_stake: u64,
+    /// Of those, the ones the compacted history still shows.
     pub in_sight: u64,
 }
 

@@ -18,6 +18,7 @@ use crate::ccr::{Key, Store, extract_markers};
 use crate::history::{self, Message, Role};
 
 use super::archive::{archive_all, note_archived, referenced_keys, segment_text};
+use super::ledger::Width;
 use super::pairing::{self, OrphanMode};
 use super::text;
 use super::trim::tail_start;
@@ -111,6 +112,18 @@ pub async fn emergency(
     trigger: Trigger,
     store: &dyn Store,
 ) -> (PassReport, bool) {
+    emergency_with(history, policy, target, trigger, store, Width::Normal).await
+}
+
+/// [`emergency`] with the notice's ledger section `width` wide.
+pub async fn emergency_with(
+    history: &mut Vec<Message>,
+    policy: &EffectivePolicy,
+    target: usize,
+    trigger: Trigger,
+    store: &dyn Store,
+    width: Width,
+) -> (PassReport, bool) {
     let schedule = keep_schedule(policy);
     // The largest tail whose floor meets the target; the smallest one when none does.
     let keep = schedule
@@ -149,7 +162,7 @@ pub async fn emergency(
         // The ledger's section, in the room the kept tail's floor leaves under the target:
         // the cuts below can still meet it.
         super::ledger::record(&mut n, &dropped);
-        let room = super::ledger::room(target, floor_with_keep(history, keep));
+        let room = super::ledger::room_with(target, floor_with_keep(history, keep), width);
         let section = super::ledger::section(
             &n.meta.ledger,
             n.meta.ledger_folded,

@@ -14,12 +14,13 @@ use cairn_crds::session::CompactionScore;
 use crate::ccr::Store;
 use crate::history::{self, Message};
 
+use super::ledger::Width;
 use super::state::{SKIP_LEVEL2_AFTER_NON_CONVERGING, SummaryVerdict};
 use super::summarize::{self, SummaryOutcome};
 use super::window::target_chars;
 use super::{
-    Budget, BudgetInputs, PassReport, SessionState, Summarizer, Trigger, emergency, ledger, probe,
-    trim, verbatim,
+    Budget, BudgetInputs, Pass, PassReport, SessionState, Summarizer, Trigger, emergency, ledger,
+    probe, trim, verbatim,
 };
 
 /// Pre-flight compacts when a request would exceed this share of a known payload cap.
@@ -110,6 +111,8 @@ pub struct CompactionOutcome {
     /// What it kept in sight of what it replaced, when it changed the history
     /// ([`probe::score`]).
     pub quality: Option<CompactionScore>,
+    /// The policy's `quality.minScore`, when the score stayed below it.
+    pub below_min_score: Option<f64>,
 }
 
 /// Runs the ladder on `history`.
@@ -137,6 +140,7 @@ pub async fn compact(
         summary: None,
         level2_skipped: false,
         quality: None,
+        below_min_score: None,
     };
     if ctx.trigger == Trigger::Auto && state.auto_compaction_disabled() {
         out.not_run = Some(NotRun::CircuitOpen);
@@ -215,7 +219,10 @@ pub async fn compact(
         }
     }
 
+    let mut before_level3 = None;
     if !fits(history) {
+        // With a score to meet, level 3 may run again from here with a wider ledger section.
+        before_level3 = ctx.policy.quality.min_score.map(|_| history.clone());
         let (report, _) =
             emergency::emergency(history, ctx.policy, target, ctx.trigger, ctx.store).await;
         out.reports.push(report);
@@ -228,14 +235,14 @@ pub async fn compact(
         // writes its notice's section itself).
         ledger::render_newest(history, target);
     }
-    out.bytes_after = history::weight(history);
-    out.met = out.bytes_after <= target;
     if out.reports.iter().any(PassReport::is_change) {
-        let stake = snapshot.at_stake(history);
-        let score = probe::score(&stake, history, out.level.unwrap_or(0));
+        let score = grade(history, &snapshot, before_level3, target, ctx, &mut out).await;
         state.quality.record(score.clone());
+        state.quality.below_min_score += u64::from(out.below_min_score.is_some());
         out.quality = Some(score);
     }
+    out.bytes_after = history::weight(history);
+    out.met = out.bytes_after <= target;
     if ctx.trigger == Trigger::Recovery {
         // Recovery counts its own attempts; it neither opens nor closes the breaker.
         return out;
@@ -245,6 +252,75 @@ pub async fn compact(
     state.compactions += 1;
     out.breaker_opened = !was_open && state.auto_compaction_disabled();
     out
+}
+
+/// The score of the compaction that turned `snapshot` into `history`. Below the policy's
+/// `quality.minScore` it tries once more with a wider ledger section (within `target`):
+/// level 3 runs again from `before_level3`, the history it started from, or a summary's
+/// section is widened in place; the better of the two stays. One that stays below sets
+/// `out.below_min_score`. Either way the compaction's last report says so.
+async fn grade(
+    history: &mut Vec<Message>,
+    snapshot: &probe::Snapshot,
+    before_level3: Option<Vec<Message>>,
+    target: usize,
+    ctx: &LadderContext<'_>,
+    out: &mut CompactionOutcome,
+) -> CompactionScore {
+    let level = out.level.unwrap_or(0);
+    let score = probe::score(&snapshot.at_stake(history), history, level);
+    let Some(min) = ctx.policy.quality.min_score.filter(|m| score.score < *m) else {
+        return score;
+    };
+    let first = score.score;
+    let score = match before_level3 {
+        Some(mut again) => {
+            let (report, _) = emergency::emergency_with(
+                &mut again,
+                ctx.policy,
+                target,
+                ctx.trigger,
+                ctx.store,
+                Width::Wide,
+            )
+            .await;
+            let retried = probe::score(&snapshot.at_stake(&again), &again, level);
+            if retried.score > score.score && history::weight(&again) <= target {
+                *history = again;
+                if let Some(r) = out
+                    .reports
+                    .iter_mut()
+                    .rev()
+                    .find(|r| r.pass == Pass::Emergency)
+                {
+                    *r = report;
+                }
+                retried
+            } else {
+                score
+            }
+        }
+        None if ledger::widen_newest(history, target) => {
+            probe::score(&snapshot.at_stake(history), history, level)
+        }
+        None => score,
+    };
+    let note = if score.score >= min {
+        format!(
+            "score {first:.2} was below quality.minScore {min}: the ledger section was widened, score {:.2}",
+            score.score
+        )
+    } else {
+        out.below_min_score = Some(min);
+        format!(
+            "score {:.2} stays below quality.minScore {min} with the widest ledger section the target leaves room for",
+            score.score
+        )
+    };
+    if let Some(r) = out.reports.iter_mut().rev().find(|r| r.is_change()) {
+        r.notes.push(note);
+    }
+    score
 }
 
 /// A summarizer with its session memory hidden: level 2 proper.

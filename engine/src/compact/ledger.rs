@@ -1,5 +1,6 @@
 //! The artifact ledger: what the messages a compaction removed had touched (the files and
-//! commands their tool calls named, the errors their tool results reported), kept by the
+//! commands their tool calls named, the errors their tool results reported, the requests
+//! their user messages made), kept by the
 //! stand-in that replaces them (a level-2 summary, a session memory standing in for a
 //! summary, a level-3 notice) and shown in its content, so the model still knows what it did
 //! after the messages are gone.
@@ -15,12 +16,18 @@
 //! the history leaves under the compaction's target (at most a twentieth of the target and
 //! [`MAX_BYTES`]): after a summary, what the history weighs; at level 3, what its kept
 //! tail weighs at its floor. So it never costs a compaction its convergence. When the room
-//! is short, files and commands come first, then the newest errors; what is not shown is
-//! counted in a line that carries the segment's marker.
+//! is short, files and commands come first, then the newest errors, then the newest
+//! requests; what is not shown is counted in a line that carries the segment's marker.
+//!
+//! A compaction that scores below the policy's `quality.minScore` widens the section of its
+//! stand-in ([`Width::Wide`]): after a summary, all the room left under its target
+//! ([`widen_newest`]); at level 3, level 3 runs again from the same history with that room
+//! at its floor, cutting its kept tail further. Either way at most a [`WIDE_SHARE`]th of the
+//! target, and never past it.
 
 use crate::artifacts::{self, Artifact, Category};
 use crate::ccr::Key;
-use crate::history::{self, Message, Role};
+use crate::history::{self, Message};
 
 /// Entries one stand-in keeps; older ones are folded.
 pub const MAX_ENTRIES: usize = 256;
@@ -28,13 +35,15 @@ pub const MAX_ENTRIES: usize = 256;
 pub const MAX_BYTES: usize = 4_096;
 /// ... and at most this fraction (1/N) of the compaction's target.
 pub const TARGET_SHARE: usize = 20;
+/// A widened section takes at most this fraction (1/N) of the compaction's target.
+pub const WIDE_SHARE: usize = 4;
 /// First line of the section in a stand-in's content.
 pub const HEADING: &str =
     "[cairn: ledger of the messages above this point that were removed: what they touched";
 
-/// The ledger of `removed`, oldest first, distinct: each message's files, commands and
-/// errors, and the entries of the stand-ins among them carried forward. Returns the newest
-/// [`MAX_ENTRIES`] entries and how many older ones are folded.
+/// The ledger of `removed`, oldest first, distinct: each message's files, commands, errors
+/// and requests, and the entries of the stand-ins among them carried forward. Returns the
+/// newest [`MAX_ENTRIES`] entries and how many older ones are folded.
 pub fn of_removed<'a>(removed: impl IntoIterator<Item = &'a Message>) -> (Vec<Artifact>, u64) {
     let mut entries: Vec<Artifact> = Vec::new();
     let mut folded = 0u64;
@@ -42,8 +51,7 @@ pub fn of_removed<'a>(removed: impl IntoIterator<Item = &'a Message>) -> (Vec<Ar
         if m.meta.is_summary {
             entries.extend(m.meta.ledger.iter().cloned());
             folded += m.meta.ledger_folded;
-        } else if m.role != Role::User {
-            // A user's message holds requests only, which the ledger leaves to the summary.
+        } else {
             entries.extend(artifacts::of_message(m));
         }
     }
@@ -77,13 +85,28 @@ pub fn without_section(content: &str) -> &str {
     }
 }
 
+/// How much of a compaction's target a section may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Width {
+    /// At most a [`TARGET_SHARE`]th of the target and [`MAX_BYTES`].
+    Normal,
+    /// At most a [`WIDE_SHARE`]th of the target (`quality.minScore` asks for more).
+    Wide,
+}
+
 /// The room a section may take under `target` when the history weighs (or can be cut to)
 /// `weight`: what is left, at most a [`TARGET_SHARE`]th of the target and [`MAX_BYTES`].
 pub fn room(target: usize, weight: usize) -> usize {
-    target
-        .saturating_sub(weight)
-        .min(target / TARGET_SHARE)
-        .min(MAX_BYTES)
+    room_with(target, weight, Width::Normal)
+}
+
+/// [`room`] at `width`.
+pub fn room_with(target: usize, weight: usize, width: Width) -> usize {
+    let left = target.saturating_sub(weight);
+    match width {
+        Width::Normal => left.min(target / TARGET_SHARE).min(MAX_BYTES),
+        Width::Wide => left.min(target / WIDE_SHARE),
+    }
 }
 
 /// Writes the section of the newest stand-in that carries a ledger and has no section yet,
@@ -114,6 +137,40 @@ pub fn render_newest(history: &mut [Message], target: usize) -> usize {
     section.len()
 }
 
+/// Writes the section of the newest stand-in that carries a ledger again, in all the room
+/// `history` leaves under `target` without it, at most a [`WIDE_SHARE`]th of the target.
+/// Returns whether the section grew (a section that would not is left as it was).
+pub fn widen_newest(history: &mut [Message], target: usize) -> bool {
+    let Some(i) = history
+        .iter()
+        .rposition(|m| m.meta.is_summary && !m.meta.ledger.is_empty())
+    else {
+        return false;
+    };
+    let old = std::mem::take(&mut history[i].content);
+    history[i].content = without_section(&old).to_owned();
+    let room = room_with(target, history::weight(history), Width::Wide);
+    let m = &mut history[i];
+    let marker = m
+        .meta
+        .archived
+        .first()
+        .and_then(|k| Key::parse(k))
+        .map(|k| k.marker());
+    let section = section(
+        &m.meta.ledger,
+        m.meta.ledger_folded,
+        marker.as_deref(),
+        room,
+    );
+    m.content.push_str(&section);
+    if m.content.len() <= old.len() {
+        m.content = old;
+        return false;
+    }
+    true
+}
+
 /// The section for `entries` (oldest first) in at most `room` bytes; empty when not even the
 /// heading fits.
 pub fn section(entries: &[Artifact], folded: u64, marker: Option<&str>, room: usize) -> String {
@@ -130,7 +187,7 @@ pub fn section(entries: &[Artifact], folded: u64, marker: Option<&str>, room: us
     let mut budget = room - heading.len() - fold_room;
     let mut shown: Vec<(usize, String)> = Vec::new();
     let mut omitted = folded;
-    for category in [Category::Files, Category::Commands, Category::Errors] {
+    for category in Category::ALL {
         // Newest first within a category, so a short room keeps the latest.
         for (i, a) in entries
             .iter()
@@ -168,8 +225,8 @@ fn label(category: Category) -> &'static str {
     }
 }
 
-/// A multi-line command on one line (its newlines as `\n`), so each entry is one line.
-fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+/// A multi-line entry on one line (its newlines as `\n`), so each entry is one line.
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
     if text.contains('\n') {
         std::borrow::Cow::Owned(text.replace('\n', "\\n"))
     } else {

@@ -33,6 +33,7 @@ use crate::ccr::{Key, extract_markers};
 use crate::history::Message;
 
 use super::archive::parse_segment;
+use super::ledger;
 
 /// Fetches followed from the compacted history down through archived originals.
 pub const MAX_DEPTH: usize = 4;
@@ -321,16 +322,29 @@ impl<'a> Texts<'a> {
         if left == 0 {
             return found;
         }
-        let Ok(matcher) = AhoCorasick::new(wanted.iter().map(|a| a.text.as_str())) else {
-            // An automaton too large to build: one search per artifact.
-            for (f, a) in found.iter_mut().zip(wanted) {
-                *f = *f || self.texts.iter().any(|t| t.contains(a.text.as_str()));
+        // Each artifact's text, and the one-line form the ledger section shows a multi-line
+        // one in; `of[p]` is the artifact pattern `p` stands for.
+        let mut patterns: Vec<Cow<'_, str>> = Vec::with_capacity(wanted.len());
+        let mut of: Vec<usize> = Vec::with_capacity(wanted.len());
+        for (i, a) in wanted.iter().enumerate() {
+            let one_line = ledger::one_line(&a.text);
+            if matches!(one_line, Cow::Owned(_)) {
+                patterns.push(one_line);
+                of.push(i);
+            }
+            patterns.push(Cow::Borrowed(a.text.as_str()));
+            of.push(i);
+        }
+        let Ok(matcher) = AhoCorasick::new(patterns.iter().map(|p| p.as_ref())) else {
+            // An automaton too large to build: one search per pattern.
+            for (p, i) in patterns.iter().zip(&of) {
+                found[*i] = found[*i] || self.texts.iter().any(|t| t.contains(p.as_ref()));
             }
             return found;
         };
         for t in &self.texts {
             for m in matcher.find_overlapping_iter(t.as_ref()) {
-                let f = &mut found[m.pattern().as_usize()];
+                let f = &mut found[of[m.pattern().as_usize()]];
                 if !*f {
                     *f = true;
                     left -= 1;
