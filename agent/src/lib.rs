@@ -8,7 +8,7 @@
 // The pure core lives in `cairn-engine`; its modules keep their paths here.
 pub use cairn_engine::{
     breakdown, catalog, classify, compact, compress, cost, history, meter, overflow, recovery,
-    replay, steering, tokens,
+    replay, steering, tokens, why,
 };
 
 pub mod ccr;

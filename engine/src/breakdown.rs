@@ -450,6 +450,39 @@ pub fn table(report: &serde_json::Value) -> String {
     if let Some(why) = report.get("compactsFirst").and_then(Value::as_str) {
         let _ = writeln!(out, "the next turn compacts first: {why}");
     }
+    if let Some(q) = report.get("compactionQuality") {
+        let score = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        let _ = write!(
+            out,
+            "compaction score: {} scored, rolling {:.2}, lowest {:.2}, {} below minScore",
+            num(q, "scored"),
+            score(q, "rolling"),
+            score(q, "lowest"),
+            num(q, "belowMinScore")
+        );
+        if let Some(last) = q.get("last") {
+            let kept: Vec<String> = ["files", "commands", "errors", "requests"]
+                .iter()
+                .filter_map(|c| {
+                    let t = last.get(*c)?;
+                    (num(t, "atStake") > 0)
+                        .then(|| format!("{c} {}/{}", num(t, "inSight"), num(t, "atStake")))
+                })
+                .collect();
+            let _ = write!(
+                out,
+                "; last {:.2} at level {} (in sight: {})",
+                score(last, "score"),
+                num(last, "level"),
+                if kept.is_empty() {
+                    "nothing at stake".to_owned()
+                } else {
+                    kept.join(", ")
+                }
+            );
+        }
+        let _ = writeln!(out);
+    }
     let markers = report
         .get("markers")
         .and_then(Value::as_array)

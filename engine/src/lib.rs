@@ -28,3 +28,4 @@ pub mod storage;
 pub mod testing;
 pub mod tokens;
 pub mod turn;
+pub mod why;

@@ -33,6 +33,8 @@ pub enum Command {
         input: Option<String>,
         stream: bool,
     },
+    /// `GET /v1/session/context?why=TEXT`: where a text went.
+    Why { text: String },
     /// `GET /v1/recall/{key}`: an archived original.
     Recall { key: String },
     /// `POST /v1/session/compact`.
@@ -88,6 +90,10 @@ impl Command {
                 }
                 get(path)
             }
+            Self::Why { text } => get(format!(
+                "/v1/session/context?why={}",
+                utf8_percent_encode(text, ESCAPED)
+            )),
             Self::Recall { key } => {
                 get(format!("/v1/recall/{}", utf8_percent_encode(key, ESCAPED)))
             }
@@ -544,6 +550,13 @@ mod tests {
             stream: false,
         };
         assert_eq!(plain.request().path, "/v1/session/context");
+        let why = Command::Why {
+            text: "src/a b&c.rs".into(),
+        };
+        assert_eq!(
+            why.request().path,
+            "/v1/session/context?why=src%2Fa%20b%26c.rs"
+        );
         let recall = Command::Recall {
             key: "<<ccr:0123abcd>>".into(),
         }

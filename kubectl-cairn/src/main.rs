@@ -54,6 +54,10 @@ enum Cmd {
         /// Render the request as a streamed turn sends it.
         #[arg(long)]
         stream: bool,
+        /// Where TEXT went instead: kept, summarized (in which section), in a ledger, or
+        /// archived under a marker that `recall` returns.
+        #[arg(long, value_name = "TEXT", conflicts_with_all = ["view", "input", "stream"])]
+        why: Option<String>,
     },
     /// Print an archived original byte for byte (GET /v1/recall/KEY).
     Recall {
@@ -85,6 +89,7 @@ enum Output {
     Raw,
     Json,
     Table,
+    Why,
     Compaction,
     Rewind,
 }
@@ -94,10 +99,20 @@ fn main() -> ExitCode {
     let (session, command, output) = match cli.command {
         Cmd::Context {
             session,
+            json,
+            why: Some(text),
+            ..
+        } => {
+            let output = if json { Output::Json } else { Output::Why };
+            (session, Command::Why { text }, output)
+        }
+        Cmd::Context {
+            session,
             view,
             json,
             input,
             stream,
+            why: None,
         } => {
             let request = matches!(view, View::Request);
             let output = match (request, json) {
@@ -167,6 +182,7 @@ fn main() -> ExitCode {
             };
             let text = match other {
                 Output::Table => cairn_agent::breakdown::table(&value),
+                Output::Why => cairn_agent::why::describe(&value),
                 Output::Compaction => describe_compaction(&value) + "\n",
                 Output::Rewind => describe_rewind(&value) + "\n",
                 _ => serde_json::to_string_pretty(&value).unwrap_or_default() + "\n",

@@ -3,7 +3,8 @@
 //! `?view=request` answers with the exact body of the next request as the provider would
 //! receive it (the provider's JSON); otherwise the by-part report. `?input=TEXT` adds a user
 //! message the next turn would bring; `?stream=true` renders the request as a streamed turn
-//! sends it.
+//! sends it. `?why=TEXT` answers instead where TEXT went: kept, in a summary's section or a
+//! ledger, or archived under a marker ([`cairn_engine::why`]).
 
 use std::collections::HashMap;
 
@@ -22,6 +23,16 @@ pub(super) async fn get_context(
     let Query(query) = query
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
     let bad = |what: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", what);
+    if let Some(text) = query.get("why") {
+        if text.is_empty() {
+            return Err(bad("why needs the text to look for"));
+        }
+        if query.len() > 1 {
+            return Err(bad("why takes no other parameter"));
+        }
+        let session = state.session.try_lock().map_err(|_| busy())?;
+        return Ok(axum::Json(session.why(text).await).into_response());
+    }
     let raw = match query.get("view").map(String::as_str) {
         None | Some("parts") => false,
         Some("request") => true,

@@ -120,6 +120,12 @@ impl Session {
     /// The request the next turn would send first, by part: assembled and rendered by the code
     /// of a real send, measured, and not sent. The next turn is assumed to bring the client
     /// part (tools, instructions, controls) of the latest turn, and `options.input`.
+    /// Where `text` went: the history, then the archived originals its markers reach
+    /// (`GET /v1/session/context?why=TEXT`).
+    pub async fn why(&self, text: &str) -> cairn_engine::why::Why {
+        cairn_engine::why::why(&self.history, text, self.store.as_ref()).await
+    }
+
     pub async fn inspect(
         &mut self,
         options: InspectOptions,

@@ -10,3 +10,4 @@ mod probe;
 mod props;
 mod recovery;
 mod turn;
+mod why;

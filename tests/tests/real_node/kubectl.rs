@@ -207,7 +207,9 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
     ));
     let (status, body) = call(
         ("POST", "/v1/responses"),
-        Some(serde_json::json!({"model": "sim", "input": "read the build log", "tools": tools})),
+        Some(
+            serde_json::json!({"model": "sim", "input": "read the build log of ticket WHY-4711", "tools": tools}),
+        ),
     );
     assert_eq!(status, 200, "first turn: {body}");
     let first = json_of(&body);
@@ -372,6 +374,64 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
         again.stderr.contains("(nothing_to_rewind)"),
         "{}",
         again.stderr
+    );
+
+    // context --why: a text of the first turn, after three compactions with work between
+    // them, is located; the marker it prints recalls the original that holds it.
+    let early = "ticket WHY-4711";
+    for round in 0..3 {
+        for i in 0..2 {
+            sim.push_reply(cairn_sim::ScriptedReply::text(format!(
+                "round {round}, answer {i}: {}",
+                "module_599 still fails. ".repeat(30)
+            )));
+            let (status, body) = call(
+                ("POST", "/v1/responses"),
+                Some(serde_json::json!({
+                    "model": "sim", "tools": tools,
+                    "input": format!("round {round}, question {i}: {}", "y".repeat(1500))
+                })),
+            );
+            assert_eq!(status, 200, "round {round}, turn {i}: {body}");
+        }
+        sim.push_reply(cairn_sim::ScriptedReply::text(summary_text()));
+        let compact = plugin(cp, &engineer, &["compact", "worker", "--json"]);
+        assert_eq!(compact.code, 0, "{}", compact.stderr);
+        let out = json_of(&compact.text());
+        assert!(
+            out["bytesAfter"].as_u64() < out["bytesBefore"].as_u64(),
+            "compaction {round} made the history smaller: {out}"
+        );
+    }
+    let why = plugin(cp, &engineer, &["context", "worker", "--why", early]);
+    assert_eq!(why.code, 0, "{}", why.stderr);
+    let where_ = why.text();
+    eprintln!("kubectl cairn context --why: {where_}");
+    let archived = where_
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("archived under "))
+        .and_then(|rest| rest.find(">>").map(|end| rest[..end + 2].to_owned()))
+        .unwrap_or_else(|| panic!("no archived place for {early:?}:\n{where_}"));
+    let recalled = plugin(cp, &engineer, &["recall", "worker", &archived]);
+    assert_eq!(recalled.code, 0, "{}", recalled.stderr);
+    assert!(
+        String::from_utf8_lossy(&recalled.stdout).contains(early),
+        "recall of {archived} returns the original that holds {early:?}"
+    );
+    let why_json = plugin(
+        cp,
+        &engineer,
+        &["context", "worker", "--why", early, "--json"],
+    );
+    assert_eq!(why_json.code, 0, "{}", why_json.stderr);
+    let (status, endpoint) = call(("GET", "/v1/session/context?why=ticket%20WHY-4711"), None);
+    assert_eq!(status, 200, "{endpoint}");
+    assert_eq!(json_of(&why_json.text()), json_of(&endpoint));
+    // The table carries the compactions' score.
+    let table = plugin(cp, &engineer, &["context", "worker"]).text();
+    assert!(
+        table.contains("compaction score: ") && table.contains(" scored, rolling "),
+        "{table}"
     );
 
     // The plugin's words for what the caller can fix.
