@@ -768,10 +768,34 @@ impl Session {
             budget_ratio: ratio,
             target: None,
         };
-        let span = tracing::info_span!("compaction", trigger = trigger.label());
+        // GenAI semantic-convention attributes (the model a level-2 summary would be asked
+        // of) and the compaction's outcome, recorded once it is known.
+        let model = self
+            .accounting
+            .summarizer_model
+            .clone()
+            .unwrap_or_else(|| live.spec.provider.model.clone());
+        let span = tracing::info_span!(
+            "compaction",
+            trigger = trigger.label(),
+            gen_ai.operation.name = "compaction",
+            gen_ai.request.model = %model,
+            cairn.compaction.level = tracing::field::Empty,
+            cairn.compaction.bytes_before = tracing::field::Empty,
+            cairn.compaction.bytes_after = tracing::field::Empty,
+            cairn.compaction.score = tracing::field::Empty,
+        );
         let mut out = compact(&mut self.history, &ctx, &mut self.state)
-            .instrument(span)
+            .instrument(span.clone())
             .await;
+        // As signed integers: the OTLP export writes a u64 as a string.
+        let int = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        span.record("cairn.compaction.level", i64::from(out.level.unwrap_or(0)));
+        span.record("cairn.compaction.bytes_before", int(out.bytes_before));
+        span.record("cairn.compaction.bytes_after", int(out.bytes_after));
+        if let Some(q) = &out.quality {
+            span.record("cairn.compaction.score", q.score);
+        }
         if let (Some(memory), Some(pre)) = (&memory, pre) {
             if self.queue_removed(&pre).await.is_err() {
                 self.history.replace(pre);

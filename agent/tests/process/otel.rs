@@ -14,6 +14,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
+use serde_json::json;
 
 use crate::support::agent::*;
 
@@ -74,7 +75,12 @@ async fn spans_reach_an_otlp_receiver_with_the_session_and_without_bodies() {
     let config = dir.path().join("otel.yaml");
     std::fs::write(
         &config,
-        config_yaml("traced", &format!("{}/v1", sim.url()), 200_000, ""),
+        config_yaml(
+            "traced",
+            &format!("{}/v1", sim.url()),
+            200_000,
+            "compaction: {minKeepRecent: 2}\n",
+        ),
     )
     .expect("config");
     let mut env = storage_env(dir.path(), None);
@@ -89,6 +95,31 @@ async fn spans_reach_an_otlp_receiver_with_the_session_and_without_bodies() {
     let (status, body) = agent.api().turn(question).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(output_text(&body), answer);
+    // More turns, then a compaction that replaces the older ones.
+    for i in 0..4 {
+        sim.push_reply(ScriptedReply::text(format!(
+            "answer {i}: {}",
+            "ok. ".repeat(200)
+        )));
+        let (status, body) = agent
+            .api()
+            .turn(&format!("question {i}: {}", "z".repeat(2_000)))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let mut summary = String::new();
+    for (n, section) in cairn_agent::compact::summarize::SECTIONS.iter().enumerate() {
+        summary.push_str(&format!(
+            "{}. {section}\nThe user asked questions 0 to 3.\n",
+            n + 1
+        ));
+    }
+    while summary.len() < 2_500 {
+        summary.push_str("Details: each answer was ok.\n");
+    }
+    sim.push_reply(ScriptedReply::text(summary));
+    let (status, body) = agent.api().post("/v1/session/compact", json!({})).await;
+    assert_eq!(status, 200, "{body}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         received.raw.lock().expect("lock").is_empty(),
@@ -144,6 +175,40 @@ async fn spans_reach_an_otlp_receiver_with_the_session_and_without_bodies() {
         Some("openai-compatible")
     );
     assert_eq!(call.trace_id, turn.trace_id);
+    // The compaction's span: the GenAI attributes, its level, sizes and score.
+    let compaction = spans
+        .iter()
+        .find(|s| s.name == "compaction" && attr(&s.attributes, "trigger") == Some("manual"))
+        .unwrap_or_else(|| panic!("no manual compaction span in {names:?}"));
+    assert_eq!(
+        attr(&compaction.attributes, "gen_ai.operation.name"),
+        Some("compaction")
+    );
+    assert_eq!(
+        attr(&compaction.attributes, "gen_ai.request.model"),
+        Some(MODEL)
+    );
+    let number = |key: &str| {
+        compaction
+            .attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+            .and_then(|v| match v {
+                any_value::Value::IntValue(i) => Some(*i as f64),
+                any_value::Value::DoubleValue(d) => Some(*d),
+                _ => None,
+            })
+    };
+    let (before, after) = (
+        number("cairn.compaction.bytes_before")
+            .unwrap_or_else(|| panic!("bytes before: {:?}", compaction.attributes)),
+        number("cairn.compaction.bytes_after").expect("bytes after"),
+    );
+    assert!(after < before, "{:?}", compaction.attributes);
+    assert!(number("cairn.compaction.level").is_some());
+    let score = number("cairn.compaction.score").expect("a score");
+    assert!((0.0..=1.0).contains(&score), "{score}");
 
     // Neither the question nor the answer left the agent in a span.
     for raw in received.raw.lock().expect("lock").iter() {
