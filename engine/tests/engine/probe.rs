@@ -799,6 +799,20 @@ async fn with_the_ledger_every_file_command_and_error_stays_in_sight() {
             assert!(q.score > 0.0 && q.score <= 1.0, "{q:?}");
             assert_eq!(state.quality.last.as_ref(), Some(&q));
             assert_eq!(state.quality.scored, 1);
+            // What scoring costs the compaction: the snapshot before, the score after.
+            let started = std::time::Instant::now();
+            let snapshot = Snapshot::of(&before);
+            let snapped = started.elapsed();
+            let again = score(&snapshot.at_stake(&h), &h, level);
+            let scored = started.elapsed() - snapped;
+            assert_eq!(again, q);
+            eprintln!(
+                "  compaction score {:.2} (of what it replaced); snapshot of {} messages {:.2} ms, score {:.2} ms",
+                q.score,
+                before.len(),
+                snapped.as_secs_f64() * 1e3,
+                scored.as_secs_f64() * 1e3
+            );
             for c in [Category::Files, Category::Commands, Category::Errors] {
                 let t = r.tally(c);
                 assert_eq!(
