@@ -257,3 +257,194 @@ async fn an_archived_rewind_target_survives_a_restart_and_its_loss_only_costs_th
     assert_eq!(to_jsonl(&rebuilt.history), to_jsonl(&history));
     assert!(lost.rewindable().is_none());
 }
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// A turn: a request, a call that reads file `file` or runs a command on it, its result
+    /// (an error line first when it `fails`) of about `size` bytes.
+    Turn {
+        file: u8,
+        command: bool,
+        fails: bool,
+        size: usize,
+    },
+    /// The ladder to `percent` of the history: through level 2 with a summarizer, else
+    /// level 3.
+    Compact { percent: usize, summarize: bool },
+    /// Undoes the newest compaction not yet undone, keeping what came after it.
+    Rewind,
+    /// The agent restarts: a new writer rebuilds the history and its rewind levels.
+    Restart,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0u8..12, any::<bool>(), any::<bool>(), 100usize..8_000).prop_map(
+            |(file, command, fails, size)| Step::Turn { file, command, fails, size }
+        ),
+        3 => (5usize..60, any::<bool>()).prop_map(|(percent, summarize)| Step::Compact { percent, summarize }),
+        1 => Just(Step::Rewind),
+        1 => Just(Step::Restart),
+    ]
+}
+
+/// Every original the archive holds that `history` reaches through markers, read ahead for
+/// the probe (which is synchronous), following markers inside segments.
+async fn reachable_originals(
+    history: &[Message],
+    archive: &dyn Store,
+) -> std::collections::BTreeMap<cairn_agent::ccr::Key, Vec<u8>> {
+    use cairn_agent::ccr::extract_markers;
+    let mut out = std::collections::BTreeMap::new();
+    let texts = |m: &Message| {
+        let mut t = vec![m.content.clone()];
+        t.extend(m.reasoning.clone());
+        t.extend(m.tool_calls.iter().map(|c| c.arguments.clone()));
+        t
+    };
+    let mut next: Vec<cairn_agent::ccr::Key> = history
+        .iter()
+        .flat_map(texts)
+        .flat_map(|t| extract_markers(&t))
+        .collect();
+    while let Some(key) = next.pop() {
+        if out.contains_key(&key) {
+            continue;
+        }
+        let Ok(Some(bytes)) = archive.fetch(&key).await else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        next.extend(extract_markers(&text));
+        if let Ok(messages) = cairn_agent::compact::archive::parse_segment(&text) {
+            next.extend(
+                messages
+                    .iter()
+                    .flat_map(texts)
+                    .flat_map(|t| extract_markers(&t)),
+            );
+        }
+        out.insert(key, bytes);
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24)
+    ))]
+
+    /// The artifact ledger's guarantee across the journal: whatever the turns, compactions
+    /// (levels 2 and 3 of the real ladder), rewinds and restarts, every file, command, error
+    /// and request that entered the history is in the history or reachable through its
+    /// markers, and a restart rebuilds the history with its ledgers byte for byte.
+    #[test]
+    fn every_artifact_stays_within_reach_across_compactions_rewinds_and_restarts(
+        steps in proptest::collection::vec(step(), 1..30)
+    ) {
+        use cairn_agent::compact::{BudgetInputs, LadderContext, SessionState, Trigger, compact};
+        use cairn_engine::artifacts::Category;
+        use cairn_engine::compact::probe::retention;
+        use cairn_engine::testing::ScriptedSummarizer;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let objects: Arc<dyn ObjectStore> = Arc::new(DirObjects::open(dir.path()).unwrap());
+            let archive: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            let (mut journal, _) =
+                Journal::open_archiving(objects.clone(), "w0", archive.clone()).await.unwrap();
+            let policy = cairn_crds::EffectivePolicy { min_keep_recent: 2, ..Default::default() };
+            let summarizer = ScriptedSummarizer::good();
+            let mut state = SessionState::new();
+            let mut history = vec![Message::system("You are a coding agent.")];
+            journal.write(&history, Change::default()).await.unwrap();
+            let mut entered: Vec<Message> = Vec::new();
+            let mut levels: Vec<Undo> = Vec::new();
+            let mut n = 0usize;
+            for s in steps {
+                let change = match s {
+                    Step::Turn { file, command, fails, size } => {
+                        n += 1;
+                        let (tool, args) = if command {
+                            ("bash", serde_json::json!({"command": format!("cargo test -p m{file}")}))
+                        } else {
+                            ("read_file", serde_json::json!({"path": format!("src/m{file}.rs")}))
+                        };
+                        let id = format!("c{n}");
+                        let mut result = String::new();
+                        if fails {
+                            result.push_str(&format!("error[E0308]: mismatched types in step {n}\n"));
+                        }
+                        result.push_str(&format!("line of output {n}\n").repeat(size / 20 + 1));
+                        let mut out = Message::tool(id.clone(), result);
+                        out.name = Some(tool.into());
+                        let turn = vec![
+                            Message::user(format!("request {n}: look at m{file}")),
+                            Message::assistant_calls(
+                                format!("Looking at m{file}."),
+                                vec![cairn_agent::history::ToolCall {
+                                    id,
+                                    name: tool.into(),
+                                    arguments: args.to_string(),
+                                }],
+                            ),
+                            out,
+                        ];
+                        entered.extend(turn.iter().cloned());
+                        history.extend(turn);
+                        Change::default()
+                    }
+                    Step::Compact { percent, summarize } => {
+                        let pre = history.clone();
+                        let ctx = LadderContext {
+                            policy: &policy,
+                            inputs: BudgetInputs { context_window: 1_000_000, payload_cap: None, reserve_bytes: 0 },
+                            store: archive.as_ref(),
+                            summarizer: summarize.then_some(&summarizer as _),
+                            trigger: Trigger::Manual,
+                            budget_ratio: None,
+                            target: Some(cairn_agent::history::weight(&history) * percent / 100),
+                        };
+                        compact(&mut history, &ctx, &mut state).await;
+                        if to_jsonl(&history) == to_jsonl(&pre) {
+                            continue;
+                        }
+                        let undo = Undo { pre, post_len: history.len() };
+                        levels.push(undo.clone());
+                        if levels.len() > REWIND_LEVELS {
+                            levels.remove(0);
+                        }
+                        Change { undo: Some(undo), ..Change::default() }
+                    }
+                    Step::Rewind => {
+                        let Some(undo) = levels.pop() else { continue };
+                        let after = history.split_off(undo.post_len.min(history.len()));
+                        history = undo.pre;
+                        history.extend(after);
+                        Change { rewinds: true, ..Change::default() }
+                    }
+                    Step::Restart => {
+                        let (reopened, rebuilt) = Journal::open_archiving(
+                            objects.clone(), format!("w{n}-{}", levels.len()), archive.clone(),
+                        ).await.unwrap();
+                        prop_assert_eq!(to_jsonl(&rebuilt.history), to_jsonl(&history));
+                        journal = reopened;
+                        history = rebuilt.history;
+                        levels = rebuilt.undos.iter().map(|l| l.undo.clone()).collect();
+                        continue;
+                    }
+                };
+                journal.write(&history, change).await.unwrap();
+                let originals = reachable_originals(&history, archive.as_ref()).await;
+                let r = retention(&entered, &history, &|k| originals.get(k).cloned());
+                for c in Category::ALL {
+                    let t = r.tally(c);
+                    prop_assert_eq!(t.reachable, t.total, "{}: lost {:?}", c.label(), &r.lost);
+                }
+            }
+            let (_, rebuilt) = Journal::open_archiving(objects, "last", archive).await.unwrap();
+            prop_assert_eq!(to_jsonl(&rebuilt.history), to_jsonl(&history));
+            Ok(())
+        })?;
+    }
+}

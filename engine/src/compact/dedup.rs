@@ -367,6 +367,7 @@ pub async fn dedup_reads(
         .collect();
     for (i, content, key) in staged {
         let m = &mut history[i];
+        super::ledger::note_cut(m);
         m.content = content;
         note_archived(m, &key);
         report.changed += 1;

@@ -258,6 +258,7 @@ pub async fn shrink_largest(
                     let s = text::stub("message", st, &k);
                     if s.len() < current {
                         weight = weight - current + s.len();
+                        super::ledger::note_cut(&mut history[i]);
                         history[i].content = s;
                         report.changed += 1;
                     }
@@ -286,6 +287,7 @@ pub async fn shrink_largest(
                 report.archived.push(key);
             }
             // The original moves into `originals`; every cut below is made from it.
+            super::ledger::note_cut(&mut history[i]);
             let original = std::mem::take(&mut history[i].content);
             originals.insert(i, (original, key));
             note_archived(&mut history[i], &key);

@@ -5,8 +5,10 @@
 //! summary, a level-3 notice) and shown in its content, so the model still knows what it did
 //! after the messages are gone.
 //!
-//! Deterministic, no LLM: the entries come from [`crate::artifacts`]. They travel in the
-//! stand-in's `meta.ledger`, so they are journaled with it, survive a restart and a rewind
+//! Deterministic, no LLM: the entries come from [`crate::artifacts`]. A message whose
+//! content a pass cuts in place keeps what it held in its own `meta.ledger` ([`note_cut`]),
+//! so what a cut hides still reaches the stand-in that later replaces the message. They
+//! travel in the stand-in's `meta.ledger`, so they are journaled with it, survive a restart and a rewind
 //! with the history, and a later compaction that removes the stand-in carries them into its
 //! own. Bounded: a stand-in keeps the newest [`MAX_ENTRIES`]; older ones are folded (counted
 //! in `meta.ledger_folded`), never silently dropped: their messages are in the archived
@@ -48,10 +50,10 @@ pub fn of_removed<'a>(removed: impl IntoIterator<Item = &'a Message>) -> (Vec<Ar
     let mut entries: Vec<Artifact> = Vec::new();
     let mut folded = 0u64;
     for m in removed {
-        if m.meta.is_summary {
-            entries.extend(m.meta.ledger.iter().cloned());
-            folded += m.meta.ledger_folded;
-        } else {
+        // A stand-in's ledger, or what a message whose content a pass cut held before.
+        entries.extend(m.meta.ledger.iter().cloned());
+        folded += m.meta.ledger_folded;
+        if !m.meta.is_summary {
             entries.extend(artifacts::of_message(m));
         }
     }
@@ -68,6 +70,24 @@ pub fn of_removed<'a>(removed: impl IntoIterator<Item = &'a Message>) -> (Vec<Ar
     }
     newest_first.reverse();
     (newest_first, folded)
+}
+
+/// Before a pass cuts `m`'s content in place (archiving the original): keeps the artifacts
+/// of the message as it is in `m.meta.ledger` (the newest [`MAX_ENTRIES`], older ones
+/// folded), so the compaction that later removes `m` carries them into its stand-in's
+/// ledger, although the cut content may no longer show them (an error line past a
+/// preview's head). Call it while the content is whole.
+pub fn note_cut(m: &mut Message) {
+    for a in artifacts::of_message(m) {
+        if !m.meta.ledger.contains(&a) {
+            m.meta.ledger.push(a);
+        }
+    }
+    if m.meta.ledger.len() > MAX_ENTRIES {
+        let extra = m.meta.ledger.len() - MAX_ENTRIES;
+        m.meta.ledger.drain(..extra);
+        m.meta.ledger_folded += extra as u64;
+    }
 }
 
 /// Records the ledger of `removed` in `stand_in`.

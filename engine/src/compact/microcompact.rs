@@ -288,6 +288,7 @@ fn apply_edits(
         };
         let Some(content) = content else { continue };
         report.bytes_after = report.bytes_after - m.content.len() + content.len();
+        super::ledger::note_cut(m);
         m.content = content;
         note_archived(m, &key);
         report.changed += 1;

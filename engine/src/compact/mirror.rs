@@ -92,6 +92,7 @@ pub async fn mirror_cleared_tool_uses(
     for (i, key) in pairs {
         let m = &mut history[i];
         let st = text::Stats::of(&m.content);
+        super::ledger::note_cut(m);
         m.content = text::stub("tool result (cleared by the provider)", st, &key);
         note_archived(m, &key);
         out.stubbed += 1;

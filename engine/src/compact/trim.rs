@@ -153,6 +153,7 @@ pub async fn trim(
                 None => break,
             },
         };
+        super::ledger::note_cut(m);
         match e.render {
             Render::StripReasoning => m.reasoning = None,
             Render::Ready { content, .. } => m.content = content,
