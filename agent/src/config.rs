@@ -211,6 +211,17 @@ pub fn summarizer_has_own_endpoint(live: &Live) -> bool {
 /// The settings of `live` this agent does not honour, with what it does instead. Reported in
 /// `status.session.unsupported` (the operator's `PolicySupported` condition and its Event),
 /// logged when they change: a setting is never silently ignored.
+/// Whether level-2 summaries are asked for as a JSON object of the nine sections
+/// (`summarizer.structured`, on a summarizer whose provider has an output format).
+pub fn structured_summaries(live: &Live) -> bool {
+    let kind = live
+        .policy
+        .summarizer
+        .provider
+        .unwrap_or(live.spec.provider.kind);
+    live.policy.summarizer.structured && kind != cairn_crds::ProviderKind::Bedrock
+}
+
 pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
     let mut out = Vec::new();
     if let Some(e) = catalog::PriceTable::fleet_error() {
@@ -244,6 +255,12 @@ pub fn unsupported(live: &Live) -> Vec<UnsupportedSetting> {
         },
     }
     out.extend(silent_settings(live));
+    if live.policy.summarizer.structured && !structured_summaries(live) {
+        out.push(UnsupportedSetting {
+            field: "summarizer.structured".into(),
+            reason: "the summarizer's provider (bedrock, Converse API) has no output format; summaries are asked for as text".into(),
+        });
+    }
     if live.policy.memory.enabled
         && (!live.policy.summarizer.enabled || live.policy.engine != SummaryEngine::Local)
     {

@@ -394,6 +394,13 @@ pub struct SummarizerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 512").message("summarizer.contextWindow must be at least 512"))]
     pub context_window: Option<u64>,
+    /// Ask the summarizer for the nine sections as one JSON object whose fields the server
+    /// must fill (the `json_schema` output format, which OpenAI, llama.cpp and vLLM
+    /// enforce), and write the summary from it: for small models that do not keep the
+    /// nine-section layout on their own. Not with a Bedrock summarizer (the Converse API has
+    /// no output format; `status.session.unsupported` says so). Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured: Option<bool>,
 }
 
 /// Content-aware compression.
@@ -720,6 +727,14 @@ pub struct Summarizer {
     pub region: Option<String>,
     /// `None`: from the model catalog.
     pub context_window: Option<u64>,
+    /// Left out of the canonical form when false (the policy hash of a session that never
+    /// set it did not change when the field was added).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub structured: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -844,6 +859,7 @@ impl Default for EffectivePolicy {
                 credentials: None,
                 region: None,
                 context_window: None,
+                structured: false,
             },
             compression: Compression {
                 mode: CompressionMode::Lossy,
@@ -932,6 +948,7 @@ impl EffectivePolicy {
         }
         if let Some(s) = &o.summarizer {
             set(&mut self.summarizer.enabled, s.enabled);
+            set(&mut self.summarizer.structured, s.structured);
             if s.provider.is_some() {
                 self.summarizer.provider = s.provider;
             }
@@ -1272,6 +1289,8 @@ mod tests {
             |p| p.provider_engine.compact_threshold_tokens = Some(5000),
             |p| p.dedup.read_tools.clear(),
             |p| p.dedup.read_tools[0].path_arg = Some("file".into()),
+            |p| p.summarizer.structured = true,
+            |p| p.quality.min_score = Some(0.5),
         ];
         let mut seen = std::collections::HashSet::new();
         seen.insert(base.hash());

@@ -10,14 +10,17 @@ use async_trait::async_trait;
 use tracing::Instrument;
 
 use crate::classify::{FailureClass, classify};
-use crate::compact::summarize::{MIN_INPUT_CHARS, SUMMARY_MIN_CHARS, SummaryRequest};
+use crate::compact::summarize::{
+    MIN_INPUT_CHARS, SECTION_FIELDS, SUMMARY_MIN_CHARS, SummaryRequest, from_sections,
+    required_chars, sections_schema,
+};
 use crate::compact::text;
 use crate::compact::{SummarizeError, Summarizer};
 use crate::config::Live;
 use crate::history::Message;
 use crate::metrics::{Metrics, ProviderErrorLabels};
 use crate::overflow::{ServerCount, server_count};
-use crate::provider::{ChatRequest, Provider, Usage};
+use crate::provider::{ChatRequest, Controls, OutputFormat, Provider, Usage};
 
 /// Reply budget of a summary, in tokens.
 const SUMMARY_OUTPUT_TOKENS: u64 = 8_192;
@@ -37,6 +40,8 @@ pub struct ProviderSummarizer {
     /// Tokens the summarizer's calls used, for the session to count apart.
     usage: Mutex<Usage>,
     metrics: Option<Arc<Metrics>>,
+    /// Ask for the nine sections as a JSON object (`summarizer.structured`).
+    structured: bool,
 }
 
 impl ProviderSummarizer {
@@ -62,6 +67,7 @@ impl ProviderSummarizer {
             chars_per_token: crate::tokens::DEFAULT_CHARS_PER_TOKEN,
             usage: Mutex::new(Usage::default()),
             metrics: None,
+            structured: crate::config::structured_summaries(live),
         }
     }
 
@@ -131,6 +137,12 @@ impl ProviderSummarizer {
     }
 
     fn request(&self, instructions: &str, transcript: String) -> ChatRequest {
+        let controls = Controls {
+            format: self
+                .structured
+                .then(|| self.sections_format(transcript.len())),
+            ..Controls::default()
+        };
         ChatRequest {
             model: self.model.clone(),
             messages: vec![
@@ -140,9 +152,34 @@ impl ProviderSummarizer {
             tools: Vec::new(),
             max_output_tokens: self.max_output,
             stream: false,
-            controls: Default::default(),
+            controls,
             context: None,
         }
+    }
+
+    /// The JSON Schema format of a structured summary of `transcript_chars`: each section
+    /// long enough for the quality gate together, and short enough that all nine fit the
+    /// output limit even at one byte per token (what a grammar-constrained small model may
+    /// write), a quarter kept for the JSON around them.
+    fn sections_format(&self, transcript_chars: usize) -> OutputFormat {
+        let sections = SECTION_FIELDS.len();
+        let min = required_chars(transcript_chars).div_ceil(sections) + 8;
+        let max = (self.max_output as usize * 3 / 4 / sections).max(min);
+        OutputFormat::JsonSchema {
+            name: "summary".into(),
+            description: Some("The nine sections of the summary, one string each.".into()),
+            schema: sections_schema(min, max),
+            strict: Some(true),
+        }
+    }
+
+    /// The summary a reply stands for: a structured reply's sections under their headings,
+    /// any other reply as it is (the quality gate judges it).
+    fn summary_of(&self, reply: String) -> String {
+        if self.structured {
+            return from_sections(&reply).unwrap_or(reply);
+        }
+        reply
     }
 }
 
@@ -185,7 +222,7 @@ impl Summarizer for ProviderSummarizer {
         let err = match self.provider.send(&req).instrument(span.clone()).await {
             Ok(r) => {
                 self.count(&r.usage);
-                return Ok(r.message.content);
+                return Ok(self.summary_of(r.message.content));
             }
             Err(e) => e,
         };
@@ -226,7 +263,7 @@ impl Summarizer for ProviderSummarizer {
         match self.provider.send(&retry).instrument(span).await {
             Ok(r) => {
                 self.count(&r.usage);
-                Ok(r.message.content)
+                Ok(self.summary_of(r.message.content))
             }
             Err(e) => {
                 let class = self.failed(&e);

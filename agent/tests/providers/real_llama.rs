@@ -455,3 +455,101 @@ async fn a_reply_cut_by_a_full_context_is_reported() {
         "{metrics}"
     );
 }
+
+/// The retention probe with the real model writing level 2: the synthetic coding session
+/// (reads, shell runs, every third run failing to compile), compacted by hand with
+/// `summarizer.structured` (the server fills the nine sections under the `json_schema`
+/// output format). The summary passes the quality gate; the table row of what stays in sight
+/// with the ledger section and without it (the summary alone) is printed
+/// (docs/benchmarks.md, `cargo test -p cairn-agent --test providers structured_level_2 --
+/// --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_model_writes_a_structured_level_2_summary_and_the_probe_scores_it() {
+    use cairn_engine::artifacts::Category;
+    use cairn_engine::compact::ledger::without_section;
+    use cairn_engine::compact::probe::retention;
+    use cairn_engine::compact::state::SummaryVerdict;
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let dir = logs_dir();
+    let server = LlamaServer::start(dir.path(), 8_192).expect("llama-server");
+    let yaml = format!(
+        "name: probe\nnamespace: tests\nprovider:\n  kind: openai-compatible\n  model: smollm2-135m-instruct\n  baseUrl: {}/v1\ncontextWindow: 8192\nmaxOutputTokens: 2048\nsystemPrompt: You are a concise assistant.\ncompaction:\n  minKeepRecent: 2\n  summarizer:\n    structured: true\n",
+        server.url
+    );
+    let env = storage_env(dir.path(), None);
+    let mut built = build_session(&yaml, &env, "probe").await;
+    assert!(built.session.stats().unsupported.is_empty());
+    let mut before = cairn_engine::testing::session(60_000);
+    let runs = before
+        .iter_mut()
+        .filter(|m| m.name.as_deref() == Some("bash"));
+    for (n, m) in runs.enumerate().filter(|(n, _)| n.is_multiple_of(3)) {
+        m.content = format!(
+            "   Compiling cairn v0.1.0\nerror[E0308]: mismatched types in run {n}\n{}",
+            m.content
+        );
+    }
+    // A short last exchange: the two messages the compaction keeps.
+    before.push(cairn_agent::history::Message::user(
+        "Is the build fixed now?",
+    ));
+    before.push(cairn_agent::history::Message::assistant(
+        "Not yet: module 3 still fails.",
+    ));
+    built
+        .session
+        .replace_history(before.clone())
+        .await
+        .expect("seed");
+    let out = built.session.compact_now(None).await.expect("a compaction");
+    let stats = built.session.stats();
+    assert_eq!(
+        (out.summary, stats.summaries.accepted),
+        (Some(SummaryVerdict::Accepted), 1),
+        "the real model's structured summary passed the gate: {out:?}\n{:?}",
+        stats.summaries
+    );
+    // Level 3 follows when the summary and the kept tail still exceed the target.
+    let level = out.level.unwrap_or(0);
+    assert!(level >= 2, "{out:?}");
+    let after = built.session.history().to_vec();
+    let summary = after
+        .iter()
+        .find(|m| m.meta.is_summary)
+        .expect("the summary");
+    for heading in cairn_agent::compact::summarize::SECTIONS {
+        assert!(
+            summary.content.contains(heading),
+            "{heading}: {}",
+            summary.content
+        );
+    }
+    let q = out.quality.clone().expect("scored");
+    let alone: Vec<_> = after
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            m.content = without_section(&m.content).to_owned();
+            m
+        })
+        .collect();
+    for (label, history) in [("with the ledger", &after), ("summary alone", &alone)] {
+        let r = retention(&before, history, &|_| None);
+        let cell = |c: Category| {
+            let t = r.tally(c);
+            format!("{}/{}", t.present, t.total)
+        };
+        eprintln!(
+            "| 60 KB | {level} (SmolLM2-135M summary, structured) | {label} | {:.2} | {} | {} | {} | {} |",
+            r.score(),
+            cell(Category::Files),
+            cell(Category::Commands),
+            cell(Category::Errors),
+            cell(Category::Requests),
+        );
+    }
+    eprintln!("compaction's own score {:.2}: {q:?}", q.score);
+    for c in [q.files, q.commands, q.errors] {
+        assert_eq!(c.in_sight, c.at_stake, "with the ledger: {q:?}");
+    }
+}

@@ -143,3 +143,91 @@ async fn summaries_go_to_the_summarizers_own_endpoint_and_its_tokens_are_counted
         "{text}"
     );
 }
+
+/// `summarizer.structured`: the summary is asked for as a JSON object of the nine sections
+/// (the `json_schema` output format), and the answer becomes the summary under its
+/// headings, which the quality gate accepts. A Bedrock summarizer has no output format:
+/// the setting is reported, not silently dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_structured_summary_is_asked_for_by_schema_and_written_under_its_headings() {
+    use cairn_agent::compact::summarize::{SECTION_FIELDS, SECTIONS};
+    let sim = Sim::start().await.expect("sim");
+    let dir = tempfile::tempdir().expect("dir");
+    let env = storage_env(dir.path(), None);
+    let yaml = config_yaml(
+        "structured",
+        &format!("{}/v1", sim.url()),
+        200_000,
+        "compaction:\n  summarizer:\n    structured: true\n",
+    );
+    let mut built = build_session(&yaml, &env, "test").await;
+    assert!(built.session.stats().unsupported.is_empty());
+    built
+        .session
+        .replace_history(padded_history(12))
+        .await
+        .expect("seed");
+    let answer: serde_json::Map<String, serde_json::Value> = SECTION_FIELDS
+        .iter()
+        .map(|f| {
+            (
+                (*f).to_owned(),
+                format!("SECTION-{f}: the user asked twelve questions; all answered. ")
+                    .repeat(4)
+                    .into(),
+            )
+        })
+        .collect();
+    sim.push_reply(ScriptedReply::text(
+        serde_json::Value::Object(answer).to_string(),
+    ));
+    let out = built.session.compact_now(None).await.expect("compaction");
+    assert_eq!(out.level, Some(2), "{out:?}");
+    let request = sim.requests().pop().expect("a summary request");
+    let body: serde_json::Value = serde_json::from_str(&request.body).expect("JSON body");
+    let format = &body["response_format"];
+    assert_eq!(format["type"], "json_schema", "{body}");
+    let schema = &format["json_schema"]["schema"];
+    assert_eq!(
+        schema["required"],
+        serde_json::json!(SECTION_FIELDS),
+        "{format}"
+    );
+    assert!(schema["properties"]["current_work"]["minLength"].as_u64() > Some(8));
+    let summary = built
+        .session
+        .history()
+        .iter()
+        .find(|m| m.meta.is_summary)
+        .expect("the summary")
+        .content
+        .clone();
+    assert!(
+        summary.contains(&format!(
+            "1. {}\nSECTION-{}",
+            SECTIONS[0], SECTION_FIELDS[0]
+        )),
+        "{summary}"
+    );
+    assert!(
+        !summary.contains("{\""),
+        "written as text, not JSON: {summary}"
+    );
+    assert_eq!(built.session.stats().summaries.accepted, 1);
+
+    // A Bedrock summarizer: reported in status.session.unsupported.
+    let bedrock = config_yaml(
+        "structured-bedrock",
+        &format!("{}/v1", sim.url()),
+        200_000,
+        "compaction:\n  summarizer:\n    structured: true\n    provider: bedrock\n    model: anthropic.claude-haiku-4-5\n    region: us-east-1\n",
+    );
+    let built = build_session(&bedrock, &storage_env(dir.path(), None), "bedrock").await;
+    let unsupported = built.session.stats().unsupported;
+    assert!(
+        unsupported
+            .iter()
+            .any(|u| u.field == "summarizer.structured" && u.reason.contains("bedrock")),
+        "{unsupported:?}"
+    );
+}

@@ -219,6 +219,12 @@ pub async fn compact(
         }
     }
 
+    if out.level == Some(2) && !fits(history) {
+        // Level 3 runs next: the summary's ledger section is written now, in the room a
+        // section takes of the target, so that level 3 keeps it (it never cuts cairn's own
+        // stand-ins) or carries its entries into its notice.
+        ledger::render_newest_within(history, ledger::room(target, 0));
+    }
     let mut before_level3 = None;
     if !fits(history) {
         // With a score to meet, level 3 may run again from here with a wider ledger section.

@@ -134,6 +134,11 @@ pub fn room_with(target: usize, weight: usize, width: Width) -> usize {
 /// or no room for even the heading).
 pub fn render_newest(history: &mut [Message], target: usize) -> usize {
     let room = room(target, history::weight(history));
+    render_newest_within(history, room)
+}
+
+/// [`render_newest`] in `room` bytes.
+pub fn render_newest_within(history: &mut [Message], room: usize) -> usize {
     let Some(m) = history
         .iter_mut()
         .rev()

@@ -143,6 +143,66 @@ pub fn missing_sections(text: &str) -> Vec<&'static str> {
         .collect()
 }
 
+/// The shortest summary the quality gate accepts for a segment of `segment_chars` bytes.
+pub fn required_chars(segment_chars: usize) -> usize {
+    (segment_chars / SUMMARY_RATIO)
+        .clamp(SUMMARY_MIN_CHARS, SUMMARY_MIN_CHARS_CAP)
+        .min(segment_chars / 4)
+}
+
+/// The JSON field of each of [`SECTIONS`], in order, in a structured summary
+/// (`summarizer.structured`).
+pub const SECTION_FIELDS: [&str; 9] = [
+    "primary_request_and_intent",
+    "key_technical_concepts",
+    "files_and_code",
+    "errors_and_fixes",
+    "problem_solving",
+    "all_user_messages",
+    "pending_tasks",
+    "current_work",
+    "optional_next_step",
+];
+
+/// The JSON Schema of a structured summary: an object with one string per section, each
+/// `min_chars` to `max_chars` long, nothing else.
+pub fn sections_schema(min_chars: usize, max_chars: usize) -> serde_json::Value {
+    let max_chars = max_chars.max(min_chars);
+    let properties: serde_json::Map<String, serde_json::Value> = SECTION_FIELDS
+        .iter()
+        .zip(SECTIONS)
+        .map(|(field, heading)| {
+            (
+                (*field).to_owned(),
+                serde_json::json!({
+                    "type": "string",
+                    "description": heading,
+                    "minLength": min_chars,
+                    "maxLength": max_chars,
+                }),
+            )
+        })
+        .collect();
+    serde_json::json!({
+        "type": "object",
+        "properties": properties,
+        "required": SECTION_FIELDS,
+        "additionalProperties": false,
+    })
+}
+
+/// The summary a structured answer stands for: each section under its numbered heading, in
+/// order; `None` when `answer` is not a JSON object with a string for every section.
+pub fn from_sections(answer: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(answer.trim()).ok()?;
+    let mut out = String::new();
+    for (n, (field, heading)) in SECTION_FIELDS.iter().zip(SECTIONS).enumerate() {
+        let text = v.get(field)?.as_str()?;
+        out.push_str(&format!("{}. {heading}\n{}\n\n", n + 1, text.trim()));
+    }
+    Some(out.trim_end().to_owned())
+}
+
 /// The quality gate.
 pub fn check_quality(summary: &str, segment_chars: usize) -> Result<(), Rejection> {
     let s = summary.trim();
@@ -152,10 +212,7 @@ pub fn check_quality(summary: &str, segment_chars: usize) -> Result<(), Rejectio
     if is_refusal(s) {
         return Err(Rejection::Refusal);
     }
-    let required = (segment_chars / SUMMARY_RATIO)
-        .clamp(SUMMARY_MIN_CHARS, SUMMARY_MIN_CHARS_CAP)
-        .min(segment_chars / 4);
-    if s.len() < required {
+    if s.len() < required_chars(segment_chars) {
         return Err(Rejection::TooShort);
     }
     if s.len() >= segment_chars {
@@ -425,6 +482,37 @@ async fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_structured_answer_becomes_a_summary_the_gate_accepts() {
+        let schema = sections_schema(40, 30);
+        assert_eq!(schema["required"].as_array().map(Vec::len), Some(9));
+        assert_eq!(schema["properties"]["errors_and_fixes"]["minLength"], 40);
+        assert_eq!(schema["properties"]["errors_and_fixes"]["maxLength"], 40);
+        assert_eq!(schema["additionalProperties"], false);
+        let answer: serde_json::Map<String, serde_json::Value> = SECTION_FIELDS
+            .iter()
+            .map(|f| {
+                (
+                    (*f).to_owned(),
+                    format!("  what {f} says about the build.  ").into(),
+                )
+            })
+            .collect();
+        let summary =
+            from_sections(&serde_json::Value::Object(answer).to_string()).expect("a summary");
+        assert!(summary.starts_with(
+            "1. Primary request and intent\nwhat primary_request_and_intent says about the build.\n\n2. "
+        ));
+        assert!(missing_sections(&summary).is_empty(), "{summary}");
+        assert_eq!(check_quality(&summary, 20_000), Ok(()));
+        // Not the object: no summary from it.
+        assert_eq!(from_sections("1. Primary request and intent ..."), None);
+        assert_eq!(
+            from_sections(r#"{"primary_request_and_intent": "only one"}"#),
+            None
+        );
+    }
 
     #[test]
     fn quality_gate() {

@@ -492,6 +492,55 @@ fn row(bytes: usize, level: u8, r: &Retention) {
     );
 }
 
+/// A summary that does not bring the history under the target: level 3 follows, and the
+/// summary's ledger section, written before level 3 runs, keeps what it replaced in sight
+/// (level 3 keeps it, or carries its entries into its own notice).
+#[tokio::test]
+async fn after_a_summary_that_does_not_converge_level_3_keeps_its_ledger_in_sight() {
+    use cairn_engine::compact::ledger::HEADING;
+    use cairn_engine::compact::state::SummaryVerdict;
+    use cairn_engine::compact::{BudgetInputs, LadderContext, SessionState, compact};
+    // A short kept tail: no user message after the summary, so level 3 keeps the summary
+    // and cuts the tail's tool results instead.
+    let policy = EffectivePolicy {
+        min_keep_recent: 2,
+        ..EffectivePolicy::default()
+    };
+    // A long summary: the kept tail and it stay over the target.
+    let summarizer = ScriptedSummarizer::new(vec![Ok(well_formed_summary(40_000))]);
+    let bytes = 1_000_000;
+    let before = failing_session(bytes);
+    let store = MemoryStore::new();
+    let mut h = before.clone();
+    let mut state = SessionState::new();
+    let ctx = LadderContext {
+        policy: &policy,
+        inputs: BudgetInputs {
+            context_window: (bytes / 4) as u64,
+            payload_cap: None,
+            reserve_bytes: 0,
+        },
+        store: &store,
+        summarizer: Some(&summarizer),
+        trigger: Trigger::Auto,
+        budget_ratio: None,
+        target: Some(50_000),
+    };
+    let out = compact(&mut h, &ctx, &mut state).await;
+    assert_eq!(
+        (out.summary, out.level, out.met),
+        (Some(SummaryVerdict::Accepted), Some(3), true),
+        "{out:?}"
+    );
+    let stand_in = h.iter().find(|m| m.meta.is_summary).expect("a stand-in");
+    assert!(stand_in.content.contains(HEADING));
+    let q = out.quality.expect("scored");
+    for c in [q.files, q.commands, q.errors] {
+        assert!(c.at_stake > 0);
+        assert_eq!(c.in_sight, c.at_stake, "{q:?}");
+    }
+}
+
 /// `compaction.quality.minScore` above what a level-3 compaction reaches: level 3 runs
 /// again with a wider ledger section (cutting its kept tail further, within the target) and
 /// the compaction is scored again; what it reaches is noted, and one that stays below is
