@@ -473,19 +473,25 @@ impl Cluster {
 /// `compact`'s answer, for a person.
 pub fn describe_compaction(answer: &Value) -> String {
     let n = |k: &str| answer.get(k).and_then(Value::as_u64).unwrap_or(0);
-    format!(
-        "compacted ({}, level {}): {} → {} bytes, {} messages{}",
+    let mut out = format!(
+        "compacted ({}, level {}): {} → {} bytes, {} messages",
         answer.get("trigger").and_then(Value::as_str).unwrap_or("-"),
         n("level"),
         n("bytesBefore"),
         n("bytesAfter"),
         n("messages"),
-        if answer.get("met").and_then(Value::as_bool) == Some(false) {
-            "; the budget is still not met"
-        } else {
-            ""
-        }
-    )
+    );
+    if answer.get("met").and_then(Value::as_bool) == Some(false) {
+        out.push_str("; the budget is still not met");
+    }
+    // Agents before the compaction score do not send it.
+    if let Some(score) = answer.pointer("/quality/score").and_then(Value::as_f64) {
+        out.push_str(&format!("; score {score:.2}"));
+    }
+    if let Some(min) = answer.get("belowMinScore").and_then(Value::as_f64) {
+        out.push_str(&format!(", below quality.minScore {min}"));
+    }
+    out
 }
 
 /// `rewind`'s answer, for a person.
@@ -550,6 +556,14 @@ mod tests {
             stream: false,
         };
         assert_eq!(plain.request().path, "/v1/session/context");
+        let answer = serde_json::json!({
+            "trigger": "manual", "level": 3, "bytesBefore": 9000, "bytesAfter": 4000,
+            "messages": 7, "met": true, "quality": {"score": 0.8125}, "belowMinScore": 0.9
+        });
+        assert_eq!(
+            describe_compaction(&answer),
+            "compacted (manual, level 3): 9000 → 4000 bytes, 7 messages; score 0.81, below quality.minScore 0.9"
+        );
         let why = Command::Why {
             text: "src/a b&c.rs".into(),
         };

@@ -809,6 +809,8 @@ async fn compact(
         "bytesAfter": out.bytes_after,
         "met": out.met,
         "messages": session.history().len(),
+        "quality": out.quality,
+        "belowMinScore": out.below_min_score,
     }))
     .into_response())
 }

@@ -103,6 +103,7 @@ async fn a_recovery_and_a_compaction_each_leave_an_event_on_the_session() {
     sim.push_reply(ScriptedReply::text(summary()));
     let (status, body) = api.post("/v1/session/compact", json!({})).await;
     assert_eq!(status, 200, "compaction: {body}");
+    let answered = body["quality"]["score"].as_f64();
     // The compaction is scored on what it replaced: the six questions were at stake, and
     // the score says how many the compacted history still shows. The same figures are in
     // the session's counters, the context inspector and the metrics.
@@ -123,6 +124,11 @@ async fn a_recovery_and_a_compaction_each_leave_an_event_on_the_session() {
     let score = last["score"].as_f64().expect("a score");
     assert!((0.0..=1.0).contains(&score), "{last}");
     assert_eq!(quality["rolling"].as_f64(), Some(score), "{quality}");
+    assert_eq!(
+        answered,
+        Some(score),
+        "the compaction's answer carries its score: {body}"
+    );
     let (_, context) = api.get("/v1/session/context").await;
     let context: serde_json::Value = serde_json::from_slice(&context).expect("context JSON");
     assert_eq!(context["compactionQuality"], quality, "{context}");
