@@ -105,6 +105,36 @@ fn edit() -> impl Strategy<Value = Edit> {
     ]
 }
 
+/// Records a compaction whose history before was `pre` as the newest rewind level (the
+/// oldest dropped past [`REWIND_LEVELS`]); the change that journals it.
+fn compacted(pre: Vec<Message>, history: &[Message], levels: &mut Vec<Undo>) -> Change {
+    let undo = Undo {
+        pre,
+        post_len: history.len(),
+    };
+    levels.push(undo.clone());
+    if levels.len() > REWIND_LEVELS {
+        levels.remove(0);
+    }
+    Change {
+        undo: Some(undo),
+        ..Change::default()
+    }
+}
+
+/// Undoes the newest compaction in `levels`, keeping what came after it; the change that
+/// journals it, or `None` with nothing to rewind.
+fn rewound(history: &mut Vec<Message>, levels: &mut Vec<Undo>) -> Option<Change> {
+    let undo = levels.pop()?;
+    let after = history.split_off(undo.post_len.min(history.len()));
+    *history = undo.pre;
+    history.extend(after);
+    Some(Change {
+        rewinds: true,
+        ..Change::default()
+    })
+}
+
 fn stored_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
         .unwrap()
@@ -153,19 +183,11 @@ proptest! {
                         n += 1;
                         history.push(Message::assistant(format!("summary {n}")));
                         history.extend(tail);
-                        let undo = Undo { pre, post_len: history.len() };
-                        levels.push(undo.clone());
-                        if levels.len() > REWIND_LEVELS {
-                            levels.remove(0);
-                        }
-                        Change { undo: Some(undo), ..Change::default() }
+                        compacted(pre, &history, &mut levels)
                     }
                     Edit::Rewind => {
-                        let Some(undo) = levels.pop() else { continue };
-                        let after = history.split_off(undo.post_len.min(history.len()));
-                        history = undo.pre;
-                        history.extend(after);
-                        Change { rewinds: true, ..Change::default() }
+                        let Some(change) = rewound(&mut history, &mut levels) else { continue };
+                        change
                     }
                 };
                 journal.write(&history, change).await.unwrap();
@@ -409,19 +431,11 @@ proptest! {
                         if to_jsonl(&history) == to_jsonl(&pre) {
                             continue;
                         }
-                        let undo = Undo { pre, post_len: history.len() };
-                        levels.push(undo.clone());
-                        if levels.len() > REWIND_LEVELS {
-                            levels.remove(0);
-                        }
-                        Change { undo: Some(undo), ..Change::default() }
+                        compacted(pre, &history, &mut levels)
                     }
                     Step::Rewind => {
-                        let Some(undo) = levels.pop() else { continue };
-                        let after = history.split_off(undo.post_len.min(history.len()));
-                        history = undo.pre;
-                        history.extend(after);
-                        Change { rewinds: true, ..Change::default() }
+                        let Some(change) = rewound(&mut history, &mut levels) else { continue };
+                        change
                     }
                     Step::Restart => {
                         let (reopened, rebuilt) = Journal::open_archiving(

@@ -146,6 +146,12 @@ pub fn render_newest_within(history: &mut [Message], room: usize) -> usize {
     else {
         return 0;
     };
+    append_section(m, room)
+}
+
+/// Appends the section of `m`'s ledger in at most `room` bytes, its fold line naming `m`'s
+/// own segment; returns the bytes added.
+fn append_section(m: &mut Message, room: usize) -> usize {
     let marker = m
         .meta
         .archived
@@ -176,19 +182,7 @@ pub fn widen_newest(history: &mut [Message], target: usize) -> bool {
     history[i].content = without_section(&old).to_owned();
     let room = room_with(target, history::weight(history), Width::Wide);
     let m = &mut history[i];
-    let marker = m
-        .meta
-        .archived
-        .first()
-        .and_then(|k| Key::parse(k))
-        .map(|k| k.marker());
-    let section = section(
-        &m.meta.ledger,
-        m.meta.ledger_folded,
-        marker.as_deref(),
-        room,
-    );
-    m.content.push_str(&section);
+    append_section(m, room);
     if m.content.len() <= old.len() {
         m.content = old;
         return false;

@@ -460,6 +460,30 @@ fn build(ops: &[Op]) -> Vec<Message> {
     h
 }
 
+/// The ladder's context for the synthetic session of `bytes`: an automatic compaction to
+/// `target`, with `summarizer` or without one.
+fn ladder<'a>(
+    policy: &'a EffectivePolicy,
+    store: &'a MemoryStore,
+    summarizer: Option<&'a ScriptedSummarizer>,
+    bytes: usize,
+    target: usize,
+) -> cairn_engine::compact::LadderContext<'a> {
+    cairn_engine::compact::LadderContext {
+        policy,
+        inputs: cairn_engine::compact::BudgetInputs {
+            context_window: (bytes / 4) as u64,
+            payload_cap: None,
+            reserve_bytes: 0,
+        },
+        store,
+        summarizer: summarizer.map(|s| s as _),
+        trigger: Trigger::Auto,
+        budget_ratio: None,
+        target: Some(target),
+    }
+}
+
 /// `h` with each stand-in's ledger (its section and its entries) taken away, so only its
 /// markers reach what it replaced.
 fn without_sections(h: &[Message]) -> Vec<Message> {
@@ -499,7 +523,7 @@ fn row(bytes: usize, level: u8, r: &Retention) {
 async fn after_a_summary_that_does_not_converge_level_3_keeps_its_ledger_in_sight() {
     use cairn_engine::compact::ledger::HEADING;
     use cairn_engine::compact::state::SummaryVerdict;
-    use cairn_engine::compact::{BudgetInputs, LadderContext, SessionState, compact};
+    use cairn_engine::compact::{SessionState, compact};
     // A short kept tail: no user message after the summary, so level 3 keeps the summary
     // and cuts the tail's tool results instead.
     let policy = EffectivePolicy {
@@ -513,19 +537,7 @@ async fn after_a_summary_that_does_not_converge_level_3_keeps_its_ledger_in_sigh
     let store = MemoryStore::new();
     let mut h = before.clone();
     let mut state = SessionState::new();
-    let ctx = LadderContext {
-        policy: &policy,
-        inputs: BudgetInputs {
-            context_window: (bytes / 4) as u64,
-            payload_cap: None,
-            reserve_bytes: 0,
-        },
-        store: &store,
-        summarizer: Some(&summarizer),
-        trigger: Trigger::Auto,
-        budget_ratio: None,
-        target: Some(50_000),
-    };
+    let ctx = ladder(&policy, &store, Some(&summarizer), bytes, 50_000);
     let out = compact(&mut h, &ctx, &mut state).await;
     assert_eq!(
         (out.summary, out.level, out.met),
@@ -548,7 +560,7 @@ async fn after_a_summary_that_does_not_converge_level_3_keeps_its_ledger_in_sigh
 #[tokio::test]
 async fn a_min_score_above_the_score_widens_the_ledger_and_is_reported() {
     use cairn_engine::compact::ledger::HEADING;
-    use cairn_engine::compact::{BudgetInputs, LadderContext, SessionState, compact};
+    use cairn_engine::compact::{SessionState, compact};
     let bytes = 1_000_000;
     let before = failing_session(bytes);
     let run = |target: usize, min_score: Option<f64>| {
@@ -559,19 +571,7 @@ async fn a_min_score_above_the_score_widens_the_ledger_and_is_reported() {
             let store = MemoryStore::new();
             let mut h = before;
             let mut state = SessionState::new();
-            let ctx = LadderContext {
-                policy: &policy,
-                inputs: BudgetInputs {
-                    context_window: (bytes / 4) as u64,
-                    payload_cap: None,
-                    reserve_bytes: 0,
-                },
-                store: &store,
-                summarizer: None,
-                trigger: Trigger::Auto,
-                budget_ratio: None,
-                target: Some(target),
-            };
+            let ctx = ladder(&policy, &store, None, bytes, target);
             let out = compact(&mut h, &ctx, &mut state).await;
             let section = h
                 .iter()
@@ -796,7 +796,7 @@ async fn level_by_level_every_artifact_stays_within_recall() {
 #[tokio::test]
 async fn with_the_ledger_every_file_command_and_error_stays_in_sight() {
     use cairn_engine::compact::ledger::HEADING;
-    use cairn_engine::compact::{BudgetInputs, LadderContext, SessionState, compact, trim};
+    use cairn_engine::compact::{LadderContext, SessionState, compact, trim};
     let policy = EffectivePolicy::default();
     let summarizer = ScriptedSummarizer::good();
     for bytes in [200_000, 1_000_000, 4_000_000] {
@@ -812,19 +812,13 @@ async fn with_the_ledger_every_file_command_and_error_stays_in_sight() {
             let store = MemoryStore::new();
             let mut h = before.clone();
             let mut state = SessionState::new();
-            let ctx = LadderContext {
-                policy: &policy,
-                inputs: BudgetInputs {
-                    context_window: (bytes / 4) as u64,
-                    payload_cap: None,
-                    reserve_bytes: 0,
-                },
-                store: &store,
-                summarizer: with_summarizer.then_some(&summarizer as _),
-                trigger: Trigger::Auto,
-                budget_ratio: None,
-                target: Some(target),
-            };
+            let ctx = ladder(
+                &policy,
+                &store,
+                with_summarizer.then_some(&summarizer),
+                bytes,
+                target,
+            );
             let out = compact(&mut h, &ctx, &mut state).await;
             assert_eq!(out.level, Some(level), "{bytes}: {out:?}");
             assert!(out.met, "the ledger never costs the target: {out:?}");
