@@ -95,16 +95,12 @@ pub fn compacted(out: &CompactionOutcome) -> Option<SessionEvent> {
 /// A compaction's score and what it kept in sight of what it replaced, by category (the
 /// categories with nothing at stake left out).
 fn in_sight(q: &CompactionScore) -> String {
-    let kept: Vec<String> = [
-        ("files", q.files),
-        ("commands", q.commands),
-        ("errors", q.errors),
-        ("requests", q.requests),
-    ]
-    .iter()
-    .filter(|(_, c)| c.at_stake > 0)
-    .map(|(name, c)| format!("{name} {}/{}", c.in_sight, c.at_stake))
-    .collect();
+    let kept: Vec<String> = q
+        .categories()
+        .iter()
+        .filter(|(_, c)| c.at_stake > 0)
+        .map(|(name, c)| format!("{name} {}/{}", c.in_sight, c.at_stake))
+        .collect();
     if kept.is_empty() {
         return format!("score {:.2}", q.score);
     }

@@ -549,12 +549,7 @@ impl Metrics {
     /// A compaction's score: the histogram, and its artifacts by category and state.
     pub fn compaction_scored(&self, score: &cairn_crds::session::CompactionScore) {
         self.compaction_score.observe(score.score);
-        for (category, c) in [
-            ("files", score.files),
-            ("commands", score.commands),
-            ("errors", score.errors),
-            ("requests", score.requests),
-        ] {
+        for (category, c) in score.categories() {
             for (state, n) in [
                 ("in_sight", c.in_sight),
                 ("recallable", c.at_stake.saturating_sub(c.in_sight)),

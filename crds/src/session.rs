@@ -819,6 +819,11 @@ pub struct CompactionQuality {
 }
 
 impl CompactionQuality {
+    /// Nothing scored and nothing below the threshold yet: not worth reporting.
+    pub fn is_empty(&self) -> bool {
+        self.scored == 0 && self.below_min_score == 0
+    }
+
     /// Counts `score` in.
     pub fn record(&mut self, score: CompactionScore) {
         let s = score.score;
@@ -856,6 +861,19 @@ pub struct CompactionScore {
     /// The user's requests among the replaced messages.
     #[serde(default)]
     pub requests: InSight,
+}
+
+impl CompactionScore {
+    /// The categories by their stable label (`files`, `commands`, `errors`, `requests`), in
+    /// that order: one list for Events, metrics and the inspector.
+    pub fn categories(&self) -> [(&'static str, InSight); 4] {
+        [
+            ("files", self.files),
+            ("commands", self.commands),
+            ("errors", self.errors),
+            ("requests", self.requests),
+        ]
+    }
 }
 
 /// Artifacts of one category a compaction put at stake, and how many stay in sight.

@@ -147,6 +147,13 @@ fn is_default_meta(m: &MessageMeta) -> bool {
 }
 
 impl Message {
+    /// The texts this message sends: its content, its reasoning, its tool calls' arguments.
+    pub fn sent_texts(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.content.as_str())
+            .chain(self.reasoning.as_deref())
+            .chain(self.tool_calls.iter().map(|c| c.arguments.as_str()))
+    }
+
     fn new(role: Role, content: impl Into<String>) -> Self {
         Self {
             role,

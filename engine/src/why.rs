@@ -150,16 +150,9 @@ impl Why {
     }
 }
 
-/// The texts a message sends.
-fn texts(m: &Message) -> impl Iterator<Item = &str> {
-    std::iter::once(m.content.as_str())
-        .chain(m.reasoning.as_deref())
-        .chain(m.tool_calls.iter().map(|c| c.arguments.as_str()))
-}
-
 fn markers_of(m: &Message) -> Vec<Key> {
     let mut out: Vec<Key> = Vec::new();
-    for t in texts(m) {
+    for t in m.sent_texts() {
         for k in extract_markers(t) {
             if !out.contains(&k) {
                 out.push(k);
@@ -172,10 +165,13 @@ fn markers_of(m: &Message) -> Vec<Key> {
 /// Where in message `i` the text is, if it is.
 fn in_message(i: usize, m: &Message, text: &str) -> Option<Place> {
     if !m.meta.is_summary {
-        return texts(m).any(|t| t.contains(text)).then_some(Place::Kept {
-            message: i,
-            role: m.role.as_str(),
-        });
+        return m
+            .sent_texts()
+            .any(|t| t.contains(text))
+            .then_some(Place::Kept {
+                message: i,
+                role: m.role.as_str(),
+            });
     }
     let markers = || markers_of(m).iter().map(Key::marker).collect();
     let own = ledger::without_section(&m.content);
@@ -217,7 +213,7 @@ fn in_original(original: &str, text: &str) -> (Option<Option<usize>>, Vec<Key>) 
     {
         let found = messages
             .iter()
-            .position(|m| texts(m).any(|t| t.contains(text)))
+            .position(|m| m.sent_texts().any(|t| t.contains(text)))
             .map(Some);
         let mut inner: Vec<Key> = Vec::new();
         for m in &messages {

@@ -1000,7 +1000,7 @@ impl Session {
             last_activity: None,
             idle_since: None,
             memory: self.memory_on().map(|m| m.stats(&self.history, self.turns)),
-            compaction_quality: (self.state.quality != Default::default())
+            compaction_quality: (!self.state.quality.is_empty())
                 .then(|| self.state.quality.clone()),
         }
     }

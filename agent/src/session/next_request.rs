@@ -257,7 +257,7 @@ impl Session {
             compacts_first,
             assumes,
             notices: notices.list.into_iter().map(|n| n.message).collect(),
-            compaction_quality: (self.state.quality != Default::default())
+            compaction_quality: (!self.state.quality.is_empty())
                 .then(|| self.state.quality.clone()),
             body,
         })

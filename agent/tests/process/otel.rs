@@ -107,17 +107,9 @@ async fn spans_reach_an_otlp_receiver_with_the_session_and_without_bodies() {
             .await;
         assert_eq!(status, 200, "{body}");
     }
-    let mut summary = String::new();
-    for (n, section) in cairn_agent::compact::summarize::SECTIONS.iter().enumerate() {
-        summary.push_str(&format!(
-            "{}. {section}\nThe user asked questions 0 to 3.\n",
-            n + 1
-        ));
-    }
-    while summary.len() < 2_500 {
-        summary.push_str("Details: each answer was ok.\n");
-    }
-    sim.push_reply(ScriptedReply::text(summary));
+    sim.push_reply(ScriptedReply::text(
+        cairn_engine::testing::well_formed_summary(2_500),
+    ));
     let (status, body) = agent.api().post("/v1/session/compact", json!({})).await;
     assert_eq!(status, 200, "{body}");
     tokio::time::sleep(Duration::from_millis(500)).await;

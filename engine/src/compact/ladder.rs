@@ -274,7 +274,8 @@ async fn grade(
     out: &mut CompactionOutcome,
 ) -> CompactionScore {
     let level = out.level.unwrap_or(0);
-    let score = probe::score(&snapshot.at_stake(history), history, level);
+    let stake = snapshot.at_stake(history);
+    let score = probe::score(&stake, history, level);
     let Some(min) = ctx.policy.quality.min_score.filter(|m| score.score < *m) else {
         return score;
     };
@@ -306,9 +307,8 @@ async fn grade(
                 score
             }
         }
-        None if ledger::widen_newest(history, target) => {
-            probe::score(&snapshot.at_stake(history), history, level)
-        }
+        // Widening changes only the stand-in, which put nothing at stake.
+        None if ledger::widen_newest(history, target) => probe::score(&stake, history, level),
         None => score,
     };
     let note = if score.score >= min {

@@ -64,12 +64,17 @@ pub fn of_removed<'a>(removed: impl IntoIterator<Item = &'a Message>) -> (Vec<Ar
         .rev()
         .filter(|a| seen.insert(a.clone()))
         .collect();
-    if newest_first.len() > MAX_ENTRIES {
-        folded += (newest_first.len() - MAX_ENTRIES) as u64;
-        newest_first.truncate(MAX_ENTRIES);
-    }
     newest_first.reverse();
+    folded += keep_newest(&mut newest_first);
     (newest_first, folded)
+}
+
+/// Keeps the newest [`MAX_ENTRIES`] of `entries` (oldest first); returns how many older
+/// ones it folded.
+fn keep_newest(entries: &mut Vec<Artifact>) -> u64 {
+    let extra = entries.len().saturating_sub(MAX_ENTRIES);
+    entries.drain(..extra);
+    extra as u64
 }
 
 /// Before a pass cuts `m`'s content in place (archiving the original): keeps the artifacts
@@ -83,11 +88,7 @@ pub fn note_cut(m: &mut Message) {
             m.meta.ledger.push(a);
         }
     }
-    if m.meta.ledger.len() > MAX_ENTRIES {
-        let extra = m.meta.ledger.len() - MAX_ENTRIES;
-        m.meta.ledger.drain(..extra);
-        m.meta.ledger_folded += extra as u64;
-    }
+    m.meta.ledger_folded += keep_newest(&mut m.meta.ledger);
 }
 
 /// Records the ledger of `removed` in `stand_in`.

@@ -25,7 +25,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
 
 use aho_corasick::AhoCorasick;
-use cairn_crds::session::{CompactionScore, InSight};
+use cairn_crds::session::CompactionScore;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::artifacts::{self, Artifact, Category};
@@ -100,17 +100,23 @@ impl Retention {
     }
 
     fn mean(&self, kept: impl Fn(&Tally) -> usize) -> f64 {
-        let shares: Vec<f64> = Category::ALL
-            .iter()
-            .map(|c| self.tally(*c))
-            .filter(|t| t.total > 0)
-            .map(|t| kept(&t) as f64 / t.total as f64)
-            .collect();
-        if shares.is_empty() {
-            return 1.0;
-        }
-        shares.iter().sum::<f64>() / shares.len() as f64
+        mean_share(Category::ALL.iter().map(|c| {
+            let t = self.tally(*c);
+            (kept(&t) as u64, t.total as u64)
+        }))
     }
+}
+
+/// The mean of `kept / total` over the `(kept, total)` pairs with a total; 1.0 when none has.
+fn mean_share(pairs: impl Iterator<Item = (u64, u64)>) -> f64 {
+    let shares: Vec<f64> = pairs
+        .filter(|(_, total)| *total > 0)
+        .map(|(kept, total)| kept as f64 / total as f64)
+        .collect();
+    if shares.is_empty() {
+        return 1.0;
+    }
+    shares.iter().sum::<f64>() / shares.len() as f64
 }
 
 /// Retention of the compaction that turned `before` into `after`; `archived` returns an
@@ -207,16 +213,11 @@ pub fn score(stake: &[Artifact], after: &[Message], level: u8) -> CompactionScor
         c.at_stake += 1;
         c.in_sight += u64::from(in_sight);
     }
-    let shares: Vec<f64> = [out.files, out.commands, out.errors, out.requests]
-        .iter()
-        .filter(|c| c.at_stake > 0)
-        .map(|c: &InSight| c.in_sight as f64 / c.at_stake as f64)
-        .collect();
-    out.score = if shares.is_empty() {
-        1.0
-    } else {
-        shares.iter().sum::<f64>() / shares.len() as f64
-    };
+    out.score = mean_share(
+        out.categories()
+            .into_iter()
+            .map(|(_, c)| (c.in_sight, c.at_stake)),
+    );
     out
 }
 
@@ -264,13 +265,7 @@ impl<'a> Texts<'a> {
     }
 
     fn add_message(&mut self, m: &'a Message) {
-        self.texts.push(Cow::Borrowed(&m.content));
-        if let Some(r) = &m.reasoning {
-            self.texts.push(Cow::Borrowed(r));
-        }
-        for c in &m.tool_calls {
-            self.texts.push(Cow::Borrowed(&c.arguments));
-        }
+        self.texts.extend(m.sent_texts().map(Cow::Borrowed));
         self.name(artifacts::of_calls(&m.tool_calls));
     }
 

@@ -31,7 +31,10 @@ pub struct PersistedState {
     #[serde(default)]
     pub summaries: cairn_crds::session::SummaryStats,
     /// What compactions kept in sight (`status.session.compactionQuality`).
-    #[serde(default, skip_serializing_if = "is_unscored")]
+    #[serde(
+        default,
+        skip_serializing_if = "cairn_crds::session::CompactionQuality::is_empty"
+    )]
     pub quality: cairn_crds::session::CompactionQuality,
     #[serde(default)]
     pub compactions: u64,
@@ -200,10 +203,6 @@ pub const UNDO_ARCHIVE_MIN_BYTES: u64 = 4 * 1024;
 
 fn is_zero_tokens(t: &[u64; 3]) -> bool {
     t.iter().all(|n| *n == 0)
-}
-
-fn is_unscored(q: &cairn_crds::session::CompactionQuality) -> bool {
-    q.scored == 0 && q.below_min_score == 0
 }
 
 fn is_zero(n: &usize) -> bool {
