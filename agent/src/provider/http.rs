@@ -4,6 +4,9 @@
 //! size.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -11,7 +14,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 
 use super::config::{BuildError, ClientOptions};
 use super::eventstream::EventStreamDecoder;
-use super::retry::{Decision, is_quota_exhausted, parse_retry_after};
+use super::retry::{Decision, is_quota_exhausted, parse_retry_after, resend_on_new_connection};
 use super::sse::{SseDecoder, SseEvent};
 use super::wire_cache::WireCache;
 use super::{
@@ -222,6 +225,70 @@ pub(crate) struct HttpClient {
     options: ClientOptions,
     /// The escaped long texts of the last body, reused by the next.
     wire: WireCache,
+    /// Connections opened so far ([`CountConnections`]).
+    opened: Arc<AtomicU64>,
+}
+
+/// A layer around the client's connector that counts the connections it opens: a request
+/// that failed while none was opened went out on a pooled one.
+#[derive(Clone)]
+struct CountConnections(Arc<AtomicU64>);
+
+impl<S> tower::Layer<S> for CountConnections {
+    type Service = Counted<S>;
+
+    fn layer(&self, inner: S) -> Counted<S> {
+        Counted {
+            inner,
+            opened: Arc::clone(&self.0),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    opened: Arc<AtomicU64>,
+}
+
+impl<S: tower::Service<R>, R> tower::Service<R> for Counted<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, target: R) -> S::Future {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        self.inner.call(target)
+    }
+}
+
+/// The connection closed under a request before any answer came: hyper's incomplete
+/// message, or the reset or broken pipe of writing onto a socket the server had closed.
+fn closed_unanswered(e: &reqwest::Error) -> bool {
+    use std::io::ErrorKind;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+            || err.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    ErrorKind::ConnectionReset
+                        | ErrorKind::BrokenPipe
+                        | ErrorKind::ConnectionAborted
+                )
+            })
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -254,13 +321,15 @@ const POOL_IDLE: Duration = Duration::from_secs(4);
 
 impl HttpClient {
     pub fn new(provider: &str, options: ClientOptions) -> Result<Self, BuildError> {
+        let opened = Arc::new(AtomicU64::new(0));
         let builder = reqwest::Client::builder()
             .user_agent(concat!("cairn-agent/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(options.connect_timeout)
             // Below the 5 s after which llama-server (cpp-httplib), Node and uvicorn close an
             // idle connection: a request written as the server closes gets no answer, and a
             // transport failure is a payload signal to the recovery ladder, never retried.
-            .pool_idle_timeout(POOL_IDLE);
+            .pool_idle_timeout(POOL_IDLE)
+            .connector_layer(CountConnections(Arc::clone(&opened)));
         let client = options
             .net
             .reqwest(builder)
@@ -271,6 +340,7 @@ impl HttpClient {
             provider: provider.to_string(),
             options,
             wire: WireCache::new(),
+            opened,
         })
     }
 
@@ -519,14 +589,10 @@ impl HttpClient {
                 }
             }
         }
-        let request = self
-            .client
-            .post(url)
-            .headers(hdrs)
-            .header(CONTENT_TYPE, "application/json")
-            .body(body);
         let response =
-            match tokio::time::timeout(self.options.response_timeout, request.send()).await {
+            match tokio::time::timeout(self.options.response_timeout, self.post(url, hdrs, body))
+                .await
+            {
                 Err(_) => {
                     return Err(ProviderError::transport(
                         &self.provider,
@@ -569,6 +635,48 @@ impl HttpClient {
         err.headers = headers;
         err.retry_after = retry_after;
         Err(err)
+    }
+
+    /// POSTs `body`, and once more on a new connection when the connection closed under it
+    /// unanswered after it went out on a pooled one ([`resend_on_new_connection`]).
+    async fn post(
+        &self,
+        url: &str,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<reqwest::Response, reqwest::Error> {
+        let request_bytes = body.len() as u64;
+        let mut resent = false;
+        loop {
+            let opened = self.opened.load(Ordering::Relaxed);
+            let sent = self
+                .client
+                .post(url)
+                .headers(headers.clone())
+                .header(CONTENT_TYPE, "application/json")
+                .body(body.clone())
+                .send()
+                .await;
+            match sent {
+                Err(e)
+                    if closed_unanswered(&e)
+                        && resend_on_new_connection(
+                            self.opened.load(Ordering::Relaxed) == opened,
+                            request_bytes,
+                            resent,
+                        ) =>
+                {
+                    tracing::debug!(
+                        provider = %self.provider,
+                        request_bytes,
+                        error = %crate::net::error_chain(&e),
+                        "a pooled connection closed under the request; resending it on a new one"
+                    );
+                    resent = true;
+                }
+                other => return other,
+            }
+        }
     }
 
     fn decode_error(

@@ -12,6 +12,7 @@ mod context_management;
 mod contract;
 mod decoders;
 mod faults;
+mod keep_alive;
 mod middlebox_nginx;
 mod network_path;
 mod prompt_cache;

@@ -4,9 +4,12 @@
 //! (overloaded). A 400 or 413 is never retried: those are overflow or payload rejections and
 //! belong to the recovery ladder, where resending the same bytes cannot help. Transport
 //! failures are not retried either: a reset on a large request is a payload signal the
-//! classifier must see.
+//! classifier must see. The one exception is a request that met a connection the server had
+//! already closed ([`resend_on_new_connection`]).
 
 use std::time::Duration;
+
+use crate::classify::DEFAULT_SUSPECTED_PAYLOAD_BYTES;
 
 /// Backoff schedule for transient failures.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,6 +93,17 @@ impl RetryPolicy {
     }
 }
 
+/// Whether a request that got no answer at all, because the connection closed under it, goes
+/// out once more, at once, on a new connection. HTTP/1.1 keep-alive has a race: a server may
+/// close an idle connection just as the client writes the next request onto it (llama-server
+/// closes one after every streamed reply, while its headers promise keep-alive). Only a
+/// request written onto a `reused` pooled connection qualifies, only once, and only below the
+/// size at which a cut connection is a payload signal ([`DEFAULT_SUSPECTED_PAYLOAD_BYTES`]):
+/// a large one is left to the recovery ladder, which never resends a request unchanged.
+pub fn resend_on_new_connection(reused: bool, request_bytes: u64, resent: bool) -> bool {
+    reused && !resent && request_bytes < DEFAULT_SUSPECTED_PAYLOAD_BYTES
+}
+
 /// Parses a `Retry-After` value: delay seconds (possibly fractional) or an HTTP date.
 pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
     let v = value.trim();
@@ -112,6 +126,21 @@ mod tests {
             max_delay: Duration::from_secs(2),
             jitter: 0.5,
         }
+    }
+
+    #[test]
+    fn only_a_small_request_on_a_reused_connection_is_resent_and_only_once() {
+        let small = DEFAULT_SUSPECTED_PAYLOAD_BYTES - 1;
+        assert!(resend_on_new_connection(true, small, false));
+        assert!(!resend_on_new_connection(true, small, true), "once");
+        assert!(
+            !resend_on_new_connection(false, small, false),
+            "a new connection that closes unanswered is a real failure"
+        );
+        assert!(
+            !resend_on_new_connection(true, DEFAULT_SUSPECTED_PAYLOAD_BYTES, false),
+            "a large request's cut belongs to the recovery ladder"
+        );
     }
 
     #[test]
