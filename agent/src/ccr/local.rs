@@ -3,10 +3,11 @@
 //! What the directory holds:
 //! - `seg-<created>-<pid>-<n>`: segments ([`super::segment`] has the record format). A process
 //!   appends only to the one segment it is writing (its *active* segment, locked from its
-//!   creation on), and every batch is one append and one `fdatasync`, plus one directory flush
-//!   when it starts a segment. That is the disk's own floor for making those bytes durable;
-//!   every original of a batch is durable before the batch is acknowledged, so before any
-//!   marker names it.
+//!   creation on), and every batch is one append and one `fdatasync`. A segment's name is
+//!   made durable (one directory flush) when it is started, before any batch lands in it: the
+//!   first one when the store is opened, so a session's first compaction does not pay for it.
+//!   That is the disk's own floor for making those bytes durable; every original of a batch
+//!   is durable before the batch is acknowledged, so before any marker names it.
 //! - `<key>`: an original in the earlier layout (one file per key), still read and evicted,
 //!   never written.
 //! - `.corrupt/<key>`: the damaged bytes of an original of the only tier, kept for a person to
@@ -382,6 +383,20 @@ impl LocalStore {
         store.inner.rescan(true)?;
         store.inner.evict(&HashSet::new(), now)?;
         store.inner.reclaim()?;
+        if sync_writes {
+            // The segment's creation and the directory flush that makes its name durable
+            // happen here, at start-up, so a session's first batch pays its append and its
+            // flush only. A directory that takes no new file now gets one at the first batch,
+            // which then reports why not.
+            match store.inner.create_segment() {
+                Ok(active) => *store.inner.writer() = Some(active),
+                Err(e) => tracing::warn!(
+                    dir = %store.inner.dir.display(),
+                    error = %e,
+                    "no archive segment could be started yet"
+                ),
+            }
+        }
         Ok(store)
     }
 
@@ -726,7 +741,6 @@ impl Inner {
     /// the offset `buf` landed at.
     fn append(&self, buf: &[u8]) -> Result<(SegmentId, u64), ArchiveError> {
         let mut writer = self.writer();
-        let mut created = false;
         if writer
             .as_ref()
             .is_none_or(|a| a.len >= self.segment_target())
@@ -736,30 +750,18 @@ impl Inner {
                 let _ = full.file.unlock();
             }
             *writer = Some(self.create_segment()?);
-            created = true;
         }
         let Some(active) = writer.as_mut() else {
             return Err(ArchiveError::Unavailable("no active segment".into()));
         };
         let base = active.len;
-        let written = active
-            .file
-            .write_all_at(buf, base)
-            .and_then(|()| {
-                if self.sync_writes {
-                    active.file.sync_data()
-                } else {
-                    Ok(())
-                }
-            })
-            .and_then(|()| {
-                if created && self.sync_writes {
-                    // The segment's name is durable only once the directory is.
-                    File::open(&self.dir)?.sync_all()
-                } else {
-                    Ok(())
-                }
-            });
+        let written = active.file.write_all_at(buf, base).and_then(|()| {
+            if self.sync_writes {
+                active.file.sync_data()
+            } else {
+                Ok(())
+            }
+        });
         if let Err(e) = written {
             // Cut what may have landed, so no batch follows a torn record; a segment that
             // cannot be cut takes no more batches (its whole records stay readable).
@@ -778,9 +780,10 @@ impl Inner {
         Ok((id, base))
     }
 
-    /// A new segment, locked from its creation on. Another process deletes an empty segment
-    /// only once it is stale, and any other only under its lock, so none deletes this one
-    /// while this process appends to it.
+    /// A new segment, locked from its creation on, its name durable in durable mode (the
+    /// directory flushed) before any batch lands in it. Another process deletes an empty
+    /// segment only once it is stale, and any other only under its lock, so none deletes this
+    /// one while this process appends to it.
     fn create_segment(&self) -> Result<Active, ArchiveError> {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -803,6 +806,9 @@ impl Inner {
             return Err(ArchiveError::Unavailable(
                 "a new archive segment was locked by another process".into(),
             ));
+        }
+        if self.sync_writes {
+            File::open(&self.dir)?.sync_all()?;
         }
         let reader = Arc::new(file.try_clone()?);
         let id = self.index().add_segment(name, path, reader, true);
@@ -1477,7 +1483,13 @@ mod tests {
             s.put_batch(&batch).await,
             Err(ArchiveError::Unavailable(_))
         ));
-        assert_eq!(fs::read_dir(dir.path()).expect("list").count(), 0);
+        // Only the segment started at opening, still empty.
+        let entries: Vec<fs::Metadata> = fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").metadata().expect("metadata"))
+            .collect();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].len(), 0, "not a byte written");
     }
 
     #[tokio::test]
