@@ -297,7 +297,14 @@ fn flush_floor(dir: &std::path::Path, batches: &[&[u8]]) {
 /// to what the disk can do at all.
 fn stores(c: &mut Criterion) {
     cairn_agent::allocator::configure();
-    let rt = runtime();
+    // The agent's runtime: multi-thread, so the local store writes each batch in place.
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("tokio runtime: {e}"),
+    };
     let policy = EffectivePolicy::default();
     let h = core_support::session(4 * MB);
     let window = window_for(&h);

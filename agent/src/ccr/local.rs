@@ -33,10 +33,10 @@
 //! Other processes may share the directory: a miss rescans it (at most once a second) for
 //! their new segments and records, and the bounds re-list it every [`RESCAN_INTERVAL`].
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, FileTimes, OpenOptions, TryLockError};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -64,8 +64,6 @@ const MISS_RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// within 64 KiB to 64 MiB), so rewriting a half-dead segment copies a bounded amount.
 const SEGMENT_MIN: u64 = 64 << 10;
 const SEGMENT_MAX: u64 = 64 << 20;
-/// A batch buffer up to this size is kept for the next batch.
-const SCRATCH_MAX: usize = 16 << 20;
 
 /// Bounds of a local tier (from `AgentSession.spec.archive.localCacheSize` and `.ttl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,8 +151,6 @@ struct Inner {
     /// A reclaim is running in the background.
     reclaiming: AtomicBool,
     seq: AtomicU64,
-    /// The last batch's buffer, reused by the next one (its pages already mapped).
-    scratch: Mutex<Vec<u8>>,
 }
 
 type SegmentId = u64;
@@ -210,13 +206,21 @@ struct Slot {
 type Located = (Slot, Option<Arc<File>>);
 
 /// A batch as segment records, ready to append.
-struct Encoded {
-    buf: Vec<u8>,
-    /// The new originals; offsets are into `buf`.
-    records: Vec<Record>,
+struct Encoded<'a> {
+    /// The new originals.
+    batch: segment::Batch<'a>,
     /// Originals whose key the index already has: stored only if that copy is gone or
     /// damaged.
     present: Vec<(Key, Vec<u8>)>,
+}
+
+impl Encoded<'_> {
+    fn into_owned(self) -> Encoded<'static> {
+        Encoded {
+            batch: self.batch.into_owned(),
+            present: self.present,
+        }
+    }
 }
 
 impl Index {
@@ -374,7 +378,6 @@ impl LocalStore {
                 writer: Mutex::new(None),
                 reclaiming: AtomicBool::new(false),
                 seq: AtomicU64::new(0),
-                scratch: Mutex::new(Vec::new()),
             }),
             in_flight: DEFAULT_IN_FLIGHT,
         };
@@ -436,15 +439,23 @@ impl LocalStore {
         self.put_refs(&refs).await
     }
 
-    /// The batch is encoded here, straight from the caller's bytes into the records that
-    /// will be appended (the one copy a batch costs), then written in one blocking task.
+    /// The batch is written from the caller's bytes, on this thread (which the runtime
+    /// lends to blocking work), so the originals are never copied. A current-thread runtime
+    /// cannot lend its only thread: there the batch is copied for a blocking task.
     async fn put_refs(&self, entries: &[(Key, &[u8])]) -> Result<Vec<PutOutcome>, ArchiveError> {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
         let encoded = self.inner.encode(entries)?;
-        let inner = Arc::clone(&self.inner);
-        let (deduplicated, reclaim) = blocking(move || inner.put_encoded(encoded)).await?;
+        let lends = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let (deduplicated, reclaim) = if lends {
+            tokio::task::block_in_place(|| self.inner.put_encoded(encoded))?
+        } else {
+            let owned = encoded.into_owned();
+            let inner = Arc::clone(&self.inner);
+            blocking(move || inner.put_encoded(owned)).await?
+        };
         if reclaim {
             self.reclaim_in_background();
         }
@@ -641,7 +652,7 @@ impl Inner {
 
     /// The batch's new originals as segment records; the ones whose key the index already
     /// has are kept apart, to be verified before they count as stored.
-    fn encode(&self, entries: &[(Key, &[u8])]) -> Result<Encoded, ArchiveError> {
+    fn encode<'a>(&self, entries: &[(Key, &'a [u8])]) -> Result<Encoded<'a>, ArchiveError> {
         let cap = self.limits.per_entry_cap();
         if let Some((_, over)) = entries.iter().find(|(_, c)| c.len() as u64 > cap) {
             return Err(ArchiveError::Unavailable(format!(
@@ -656,50 +667,38 @@ impl Inner {
                 .map(|(k, _)| index.slots.contains_key(k))
                 .collect()
         };
-        let mut fresh = Vec::with_capacity(entries.len());
+        let mut batch = segment::Batch::default();
         let mut present = Vec::new();
-        for (entry, known) in entries.iter().zip(known) {
+        for (&(key, bytes), known) in entries.iter().zip(known) {
             if known {
-                present.push((entry.0, entry.1.to_vec()));
+                present.push((key, bytes.to_vec()));
             } else {
-                fresh.push(*entry);
+                batch.push(key, Cow::Borrowed(bytes));
             }
         }
-        let mut buf = std::mem::take(&mut *lock(&self.scratch));
-        buf.clear();
-        let records = segment::encode(&fresh, &mut buf);
-        Ok(Encoded {
-            buf,
-            records,
-            present,
-        })
+        Ok(Encoded { batch, present })
     }
 
     /// Appends an encoded batch; returns the keys that were already stored intact and
     /// whether evicted space waits to be reclaimed.
-    fn put_encoded(&self, mut batch: Encoded) -> Result<(HashSet<Key>, bool), ArchiveError> {
+    fn put_encoded(&self, encoded: Encoded<'_>) -> Result<(HashSet<Key>, bool), ArchiveError> {
         let now = SystemTime::now();
+        let Encoded { mut batch, present } = encoded;
         let mut deduplicated = HashSet::new();
-        let mut again: Vec<(Key, &[u8])> = Vec::new();
-        for (key, content) in &batch.present {
-            match self.get(*key, now) {
+        for (key, content) in present {
+            match self.get(key, now) {
                 Ok(Some(_)) => {
-                    deduplicated.insert(*key);
+                    deduplicated.insert(key);
                 }
                 // Gone since, or damaged: archiving the original again heals it.
-                Ok(None) | Err(ArchiveError::Corrupt(_)) => again.push((*key, content)),
+                Ok(None) | Err(ArchiveError::Corrupt(_)) => batch.push(key, Cow::Owned(content)),
                 Err(e) => return Err(e),
             }
         }
-        let healed = segment::encode(&again, &mut batch.buf);
-        batch.records.extend(healed);
-        if batch.records.is_empty() {
+        if batch.is_empty() {
             return Ok((deduplicated, false));
         }
-        let (id, base) = self.append(&batch.buf)?;
-        if batch.buf.capacity() <= SCRATCH_MAX {
-            *lock(&self.scratch) = std::mem::take(&mut batch.buf);
-        }
+        let (id, base) = self.append(&batch)?;
         if self.sync_writes && self.dir.join(QUARANTINE_DIR).exists() {
             // Healed: the intact original is back, the damaged copy has served its purpose.
             for record in &batch.records {
@@ -736,10 +735,10 @@ impl Inner {
         Ok((deduplicated, reclaim))
     }
 
-    /// Appends encoded records to this process's active segment (a new one when there is
-    /// none or it is full), flushed in durable mode before returning; returns the segment and
-    /// the offset `buf` landed at.
-    fn append(&self, buf: &[u8]) -> Result<(SegmentId, u64), ArchiveError> {
+    /// Appends a batch to this process's active segment (a new one when there is none or it
+    /// is full), flushed in durable mode before returning; returns the segment and the offset
+    /// the batch landed at.
+    fn append(&self, batch: &segment::Batch<'_>) -> Result<(SegmentId, u64), ArchiveError> {
         let mut writer = self.writer();
         if writer
             .as_ref()
@@ -755,7 +754,7 @@ impl Inner {
             return Err(ArchiveError::Unavailable("no active segment".into()));
         };
         let base = active.len;
-        let written = active.file.write_all_at(buf, base).and_then(|()| {
+        let written = batch.write_at(&active.file, base).and_then(|()| {
             if self.sync_writes {
                 active.file.sync_data()
             } else {
@@ -770,7 +769,7 @@ impl Inner {
             }
             return Err(e.into());
         }
-        active.len += buf.len() as u64;
+        active.len += batch.len();
         let (id, end) = (active.id, active.len);
         drop(writer);
         if let Some(segment) = self.index().segments.get_mut(&id) {
@@ -1138,12 +1137,13 @@ impl Inner {
         if live.is_empty() {
             return Ok(());
         }
-        let originals: Vec<(Key, &[u8])> = live.iter().map(|(r, b)| (r.key, &b[..])).collect();
-        let mut buf = Vec::new();
-        let moved = segment::encode(&originals, &mut buf);
-        let (to, base) = self.append(&buf)?;
+        let mut batch = segment::Batch::default();
+        for (record, bytes) in &live {
+            batch.push(record.key, Cow::Borrowed(&bytes[..]));
+        }
+        let (to, base) = self.append(&batch)?;
         let mut index = self.index();
-        for ((record, _), written) in live.iter().zip(moved) {
+        for ((record, _), written) in live.iter().zip(&batch.records) {
             let offset = base + written.offset;
             let from = Place::Segment {
                 id,
@@ -1252,8 +1252,7 @@ fn parse_duration(s: &str) -> Option<Duration> {
 }
 
 /// The index is plain maps and counts, each update complete before its lock is let go, the
-/// writer a file and its length, the scratch a buffer: a panic elsewhere cannot leave any of
-/// them half-changed.
+/// writer a file and its length: a panic elsewhere cannot leave either half-changed.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -1318,7 +1317,7 @@ mod tests {
     fn tamper(s: &LocalStore, key: Key, with: &[u8]) {
         let (path, offset) = s.location(key).expect("stored");
         let f = OpenOptions::new().write(true).open(path).expect("open");
-        f.write_all_at(with, offset).expect("tamper");
+        std::os::unix::fs::FileExt::write_all_at(&f, with, offset).expect("tamper");
     }
 
     #[test]
@@ -1433,7 +1432,9 @@ mod tests {
         assert!(s.usage().await.expect("usage").bytes <= 1000);
     }
 
-    #[tokio::test]
+    /// On the agent's runtime (multi-thread: the batch is written in place, from the caller's
+    /// bytes); the other tests run on a current-thread one, where the batch is copied.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_is_one_segment_append_and_the_index_matches_a_rescan() {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = LocalStore::open(dir.path(), limits(1 << 20)).expect("open");
@@ -1578,14 +1579,15 @@ mod tests {
         let (path, _) = s.location(kept).expect("stored");
         drop(s);
         // A crash in the middle of the next batch: its header and part of its bytes landed.
-        let mut torn = Vec::new();
-        segment::encode(
-            &[(Key::of(b"never acknowledged"), b"never acknowledged")],
-            &mut torn,
+        let mut torn = segment::Batch::default();
+        torn.push(
+            Key::of(b"never acknowledged"),
+            Cow::Borrowed(b"never acknowledged"),
         );
-        torn.truncate(torn.len() - 5);
-        let f = OpenOptions::new().append(true).open(&path).expect("open");
-        io::Write::write_all(&mut &f, &torn).expect("append");
+        let f = OpenOptions::new().write(true).open(&path).expect("open");
+        let end = f.metadata().expect("metadata").len();
+        torn.write_at(&f, end).expect("append");
+        f.set_len(end + torn.len() - 5).expect("cut");
         let s = LocalStore::open(dir.path(), limits(1 << 20)).expect("reopen");
         assert_eq!(s.usage().await.expect("usage").entries, 1);
         assert_eq!(
