@@ -50,7 +50,10 @@ pub fn end_to_end(headers: &HeaderMap) -> HeaderMap {
 pub fn client(connect_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .connect_timeout(connect_timeout)
-        .pool_idle_timeout(Duration::from_secs(60))
+        // Under the 30 s after which an agent closes a kept-alive connection that sent no
+        // request (its header timeout): a request is never written onto a connection the
+        // agent is closing, which would get no answer.
+        .pool_idle_timeout(Duration::from_secs(20))
         .tcp_nodelay(true)
         // A session's Service is plain HTTP inside the cluster; never follow redirects.
         .redirect(reqwest::redirect::Policy::none())
