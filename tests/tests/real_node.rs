@@ -1131,9 +1131,28 @@ fn processes_in(ns: &(String, String)) -> Vec<String> {
     found
 }
 
+/// Holds the namespaces `ns` open (through the first process found in them) while the leak
+/// check looks for their processes. A freed namespace's inode number goes to the next
+/// namespace made, maybe another test's pod, whose processes would then pass for the node's.
+fn hold_namespaces(ns: &(String, String)) -> Vec<std::fs::File> {
+    let first = processes_in(ns);
+    let pid = first
+        .first()
+        .and_then(|p| p.split(' ').next())
+        .expect("a process of the node");
+    ["net", "pid"]
+        .iter()
+        .map(|n| std::fs::File::open(format!("/proc/{pid}/ns/{n}")).expect("namespace"))
+        .collect()
+}
+
+/// Nothing of the node is left: first no process in its namespaces (held by `held` until
+/// then), then, with the namespaces let go, no cgroup, mount or veth and the host's iptables
+/// as `before`.
 fn assert_nothing_left(
     node_dir: &Path,
     ns: &(String, String),
+    held: Vec<std::fs::File>,
     cgroup_root: &str,
     veth: &str,
     before: &Traces,
@@ -1142,6 +1161,17 @@ fn assert_nothing_left(
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let procs = processes_in(ns);
+        if procs.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {how}: processes {procs:?} in the node's namespaces"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(held);
+    loop {
         let cgroups: Vec<_> = node::cgroup_hierarchies()
             .into_iter()
             .map(|h| h.join(cgroup_root))
@@ -1155,8 +1185,7 @@ fn assert_nothing_left(
             .filter(|l| l.contains(dir.as_ref()) || l.contains("/var/lib/cni"))
             .collect();
         let veth_left = now.links.contains(&format!("{veth}@"));
-        let clean = procs.is_empty()
-            && cgroups.is_empty()
+        let clean = cgroups.is_empty()
             && mounts.is_empty()
             && !veth_left
             && now.host_iptables == before.host_iptables;
@@ -1165,7 +1194,7 @@ fn assert_nothing_left(
         }
         assert!(
             Instant::now() < deadline,
-            "after {how}: processes {procs:?}, cgroups {cgroups:?}, mounts {mounts:?}, veth left {veth_left}, host iptables changed {}",
+            "after {how}: cgroups {cgroups:?}, mounts {mounts:?}, veth left {veth_left}, host iptables changed {}",
             now.host_iptables != before.host_iptables
         );
         std::thread::sleep(Duration::from_millis(200));
@@ -1233,6 +1262,7 @@ fn stopping_the_node_or_killing_the_harness_leaves_nothing_behind() {
         !processes_in(&ns).is_empty(),
         "the node's processes are found"
     );
+    let held = hold_namespaces(&ns);
     let (cg, veth) = (node.cgroup_root.clone(), node.host_veth.clone());
     assert!(
         node::cgroup_hierarchies()
@@ -1243,7 +1273,7 @@ fn stopping_the_node_or_killing_the_harness_leaves_nothing_behind() {
     let started = Instant::now();
     node.stop();
     eprintln!("node stopped in {:?}", started.elapsed());
-    assert_nothing_left(&dir, &ns, &cg, &veth, &before, "stop");
+    assert_nothing_left(&dir, &ns, held, &cg, &veth, &before, "stop");
     let _ = cp.kubectl(&["delete", "node", "real-node-stop"]);
 
     // Killed outright: the process that started the node is gone in an instant.
@@ -1278,9 +1308,10 @@ fn stopping_the_node_or_killing_the_harness_leaves_nothing_behind() {
     };
     let ns = (net.clone(), pid.clone());
     assert!(!processes_in(&ns).is_empty(), "the child's node runs");
+    let held = hold_namespaces(&ns);
     child.kill().expect("SIGKILL");
     let _ = child.wait();
-    assert_nothing_left(Path::new(dir), &ns, cg, veth, &before, "SIGKILL");
+    assert_nothing_left(Path::new(dir), &ns, held, cg, veth, &before, "SIGKILL");
 }
 
 /// Starts a control plane and a node, reports where they are, then waits to be killed.
