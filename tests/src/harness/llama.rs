@@ -107,7 +107,14 @@ impl LlamaServer {
             .arg(&bins.model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--ctx-size", &ctx_size.to_string()])
-            .args(["--parallel", "1", "--threads", "2", "--no-webui"])
+            .args(["--parallel", "1", "--no-webui"])
+            // One thread: llama.cpp's threads meet at a spinning barrier after every step of
+            // a token, so a thread that is not running stalls the others. The harness's servers
+            // share two cores with the other test lanes and with each other (a session's and
+            // its summarizer's); there one thread generates 2x faster beside one busy core and
+            // 6-8x faster beside a second server than two threads (docs/benchmarks.md). Only an
+            // otherwise idle machine is faster with two (1.8x).
+            .args(["--threads", &llama_threads()])
             // Reuse cached chunks of the prompt that moved (a compaction drops the oldest
             // messages and the rest shift forward), so a turn evaluates little beyond its new
             // message. The server's limits are unchanged.
@@ -148,6 +155,14 @@ impl LlamaServer {
     pub fn pid(&self) -> Option<u32> {
         self.proc.pid()
     }
+}
+
+/// Threads per server: 1, or `CAIRN_LLAMA_THREADS` (say 2 on an otherwise idle machine).
+fn llama_threads() -> String {
+    std::env::var("CAIRN_LLAMA_THREADS")
+        .ok()
+        .filter(|v| v.parse::<u32>().is_ok_and(|n| n > 0))
+        .unwrap_or_else(|| "1".into())
 }
 
 fn health(port: u16) -> bool {
