@@ -387,6 +387,17 @@ status:
     )
 }
 
+/// kubectl's discovery cache beside the kubeconfig, one per cluster. The default one is per
+/// host and port, and a port a finished control plane used comes back for a later one: an
+/// API server that serves other versions of cairn's resources (an upgrade test's earlier
+/// CRDs) would then be asked for the old ones, and answer 404 for hours.
+fn cache_dir(kubeconfig: &Path) -> String {
+    format!(
+        "--cache-dir={}",
+        kubeconfig.with_file_name("kube-cache").display()
+    )
+}
+
 pub(crate) fn kubectl_output(
     kubectl: &Path,
     kubeconfig: &Path,
@@ -394,6 +405,7 @@ pub(crate) fn kubectl_output(
 ) -> Result<Output, HarnessError> {
     Command::new(kubectl)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(cache_dir(kubeconfig))
         .arg("--request-timeout=30s")
         .args(args)
         .output()
@@ -409,6 +421,7 @@ fn kubectl_stdin_output(
     use std::io::Write;
     let mut child = Command::new(kubectl)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(cache_dir(kubeconfig))
         .arg("--request-timeout=30s")
         .args(args)
         .stdin(std::process::Stdio::piped())
