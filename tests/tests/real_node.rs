@@ -1119,12 +1119,34 @@ fn processes_in(ns: &(String, String)) -> Vec<String> {
                 .unwrap_or_default()
         };
         if link("net") == ns.0 || link("pid") == ns.1 {
+            let status = std::fs::read_to_string(p.join("status")).unwrap_or_default();
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string()
+            };
             found.push(format!(
-                "{} {}",
+                "{} {} (state {}, ppid {}, net {}, pid {}, cmdline {:?}, cgroup {:?})",
                 e.file_name().to_string_lossy(),
                 std::fs::read_to_string(p.join("comm"))
                     .unwrap_or_default()
-                    .trim()
+                    .trim(),
+                field("State:"),
+                field("PPid:"),
+                link("net") == ns.0,
+                link("pid") == ns.1,
+                std::fs::read_to_string(p.join("cmdline"))
+                    .unwrap_or_default()
+                    .replace('\0', " "),
+                std::fs::read_to_string(p.join("cgroup"))
+                    .unwrap_or_default()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
             ));
         }
     }

@@ -481,8 +481,17 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
         Some((read("net")?, read("pid")?))
     }
 
-    /// Stops every process of the node and waits until its cgroups are gone.
+    /// Stops every process of the node and waits until its cgroups are gone. Its namespaces
+    /// are held open meanwhile, and a process still in them after the node's init has gone is
+    /// killed: nothing of the node outlives `stop`.
     pub fn stop(&mut self) {
+        let namespaces = self.namespaces();
+        let held: Vec<File> = self
+            .init_pid
+            .iter()
+            .flat_map(|pid| ["net", "pid"].map(|n| File::open(format!("/proc/{pid}/ns/{n}")).ok()))
+            .flatten()
+            .collect();
         let mut gone = true;
         if let Some(pid) = self.init_pid.take() {
             // SAFETY: signalling the PID namespace's first process, which we started.
@@ -498,6 +507,10 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
         if let Some(mut p) = self.unshare.take() {
             p.stop(Duration::from_secs(5));
         }
+        if let Some(ns) = namespaces {
+            kill_left_in(&ns, Duration::from_secs(10));
+        }
+        drop(held);
         // Sockets hold the network namespace alive: close the forwarders last.
         if let Ok(mut forwarders) = self.forwarders.lock() {
             for f in forwarders.drain(..) {
@@ -657,6 +670,39 @@ pub fn cgroup_hierarchies() -> Vec<PathBuf> {
 
 fn poisoned() -> HarnessError {
     HarnessError::Setup("the node's forwarder list lock is poisoned".into())
+}
+
+/// SIGKILLs every process whose network or PID namespace is one of `ns` (`net:[inode]`,
+/// `pid:[inode]`) until none is left or `within` has passed. The caller holds the namespaces
+/// open, so their inode numbers cannot have gone to another namespace.
+fn kill_left_in(ns: &(String, String), within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut left = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let link = |n: &str| {
+                std::fs::read_link(format!("/proc/{pid}/ns/{n}"))
+                    .map(|l| l.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            };
+            if process_alive(pid) && (link("net") == ns.0 || link("pid") == ns.1) {
+                left.push(pid);
+            }
+        }
+        if left.is_empty() || Instant::now() >= deadline {
+            return;
+        }
+        for pid in left {
+            // SAFETY: signalling a process of the node's own namespaces.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn process_alive(pid: i32) -> bool {
