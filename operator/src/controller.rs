@@ -284,12 +284,13 @@ async fn reconcile_session(session: Arc<AgentSession>, ctx: &Context) -> Result<
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-/// Whether deleting `session` has anything to do: purge (or deliberately keep) an archive in
-/// a bucket, or report an archive setting that cannot be read. Without a bucket the archive
-/// and journal live on the pod's volume and go with it.
+/// Whether deleting `session` has anything to do: purge an archive in a bucket, or report an
+/// archive setting that cannot be read. Without a bucket the archive and journal live on the
+/// pod's volume and go with it; with `retainOnDelete` (the default) they stay in the bucket
+/// and there is nothing to do (decision 0088).
 pub fn needs_finalizer(session: &AgentSession, defaults: &Defaults) -> bool {
     validate::archive_plan(session.spec.archive.as_ref(), defaults)
-        .map_or(true, |a| a.bucket.is_some())
+        .map_or(true, |a| a.bucket.is_some() && !a.retain_on_delete)
 }
 
 fn archive_state(archive: &ArchivePlan, namespace: &str, name: &str) -> Result<String, Problem> {
@@ -982,6 +983,37 @@ mod tests {
             RESYNC,
             SECRET_RECHECK,
         )
+    }
+
+    #[test]
+    fn only_a_session_whose_archive_is_purged_waits_for_the_operator_when_deleted() {
+        let with = |archive: serde_json::Value| {
+            session(json!({"provider": {"kind": "openai", "model": "gpt-5"}, "archive": archive}))
+        };
+        let defaults = Defaults::default();
+        // No bucket: archive and journal go with the pod's volume.
+        assert!(!needs_finalizer(&minimal(), &defaults));
+        // A bucket, kept on delete (the default): nothing to do when it goes.
+        let kept = with(json!({"bucket": "b", "credentials": {"secretName": "s3"}}));
+        assert!(!needs_finalizer(&kept, &defaults));
+        // A bucket purged on delete: the finalizer holds the deletion until it is empty.
+        let purged = with(json!({"bucket": "b", "credentials": {"secretName": "s3"},
+                                 "retainOnDelete": false}));
+        assert!(needs_finalizer(&purged, &defaults));
+        // The operator's bucket counts as the session's own.
+        let mut operator_bucket = defaults.clone();
+        operator_bucket.archive.bucket = Some("b".into());
+        operator_bucket.archive.ambient_credentials = true;
+        assert!(!needs_finalizer(&minimal(), &operator_bucket));
+        assert!(needs_finalizer(
+            &with(json!({"retainOnDelete": false})),
+            &operator_bucket
+        ));
+        // A setting that cannot be read is reported when the session goes, never guessed.
+        assert!(needs_finalizer(
+            &with(json!({"bucket": "b", "prefix": "../x", "retainOnDelete": true})),
+            &defaults
+        ));
     }
 
     #[test]

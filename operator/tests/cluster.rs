@@ -1142,13 +1142,17 @@ async fn delete_purges_the_archive_and_children_are_collected() {
     env.create_session("doomed", doomed).await;
     env.create_session("kept", kept).await;
     let running = env.wait_phase("doomed", Phase::Running).await;
-    env.wait_phase("kept", Phase::Running).await;
+    let kept_running = env.wait_phase("kept", Phase::Running).await;
     assert!(
         running
             .finalizers()
             .iter()
             .any(|f| f == controller::FINALIZER),
-        "a session with a bucket has the purging finalizer"
+        "a session whose archive is purged on delete has the purging finalizer"
+    );
+    assert!(
+        kept_running.finalizers().is_empty(),
+        "a session whose archive is kept has nothing to wait for when deleted"
     );
     // A configured bucket is not an archive that answered: no agent runs here (kwok), so
     // ArchiveReady waits for a check until one is written as the agent writes it.
