@@ -1100,25 +1100,18 @@ fn traces() -> Traces {
     }
 }
 
-/// Processes whose network or PID namespace is one of `ns`.
+/// The processes in the namespaces `ns`, each with what says where it came from: state,
+/// parent, which of the two namespaces it shares, command line and cgroup.
 fn processes_in(ns: &(String, String)) -> Vec<String> {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let p = e.path();
-        if !e
-            .file_name()
-            .to_string_lossy()
-            .chars()
-            .all(|c| c.is_ascii_digit())
-        {
-            continue;
-        }
-        let link = |n: &str| {
-            std::fs::read_link(p.join("ns").join(n))
-                .map(|l| l.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        };
-        if link("net") == ns.0 || link("pid") == ns.1 {
+    node::processes_in(ns)
+        .into_iter()
+        .map(|pid| {
+            let p = Path::new("/proc").join(pid.to_string());
+            let link = |n: &str| {
+                std::fs::read_link(p.join("ns").join(n))
+                    .map(|l| l.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            };
             let status = std::fs::read_to_string(p.join("status")).unwrap_or_default();
             let field = |name: &str| {
                 status
@@ -1128,9 +1121,8 @@ fn processes_in(ns: &(String, String)) -> Vec<String> {
                     .trim()
                     .to_string()
             };
-            found.push(format!(
-                "{} {} (state {}, ppid {}, net {}, pid {}, cmdline {:?}, cgroup {:?})",
-                e.file_name().to_string_lossy(),
+            format!(
+                "{pid} {} (state {}, ppid {}, net {}, pid {}, cmdline {:?}, cgroup {:?})",
                 std::fs::read_to_string(p.join("comm"))
                     .unwrap_or_default()
                     .trim(),
@@ -1147,25 +1139,20 @@ fn processes_in(ns: &(String, String)) -> Vec<String> {
                     .next()
                     .unwrap_or_default()
                     .to_string()
-            ));
-        }
-    }
-    found
+            )
+        })
+        .collect()
 }
 
 /// Holds the namespaces `ns` open (through the first process found in them) while the leak
-/// check looks for their processes. A freed namespace's inode number goes to the next
-/// namespace made, maybe another test's pod, whose processes would then pass for the node's.
+/// check looks for their processes.
 fn hold_namespaces(ns: &(String, String)) -> Vec<std::fs::File> {
-    let first = processes_in(ns);
-    let pid = first
+    let pid = *node::processes_in(ns)
         .first()
-        .and_then(|p| p.split(' ').next())
         .expect("a process of the node");
-    ["net", "pid"]
-        .iter()
-        .map(|n| std::fs::File::open(format!("/proc/{pid}/ns/{n}")).expect("namespace"))
-        .collect()
+    let held = node::hold_namespaces(pid);
+    assert_eq!(held.len(), 2, "the node's namespaces held open");
+    held
 }
 
 /// Nothing of the node is left: first no process in its namespaces (held by `held` until

@@ -486,12 +486,7 @@ ports: [{{name: https, port: {API_PORT}, protocol: TCP}}]
     /// killed: nothing of the node outlives `stop`.
     pub fn stop(&mut self) {
         let namespaces = self.namespaces();
-        let held: Vec<File> = self
-            .init_pid
-            .iter()
-            .flat_map(|pid| ["net", "pid"].map(|n| File::open(format!("/proc/{pid}/ns/{n}")).ok()))
-            .flatten()
-            .collect();
+        let held: Vec<File> = self.init_pid.map(hold_namespaces).unwrap_or_default();
         let mut gone = true;
         if let Some(pid) = self.init_pid.take() {
             // SAFETY: signalling the PID namespace's first process, which we started.
@@ -672,26 +667,46 @@ fn poisoned() -> HarnessError {
     HarnessError::Setup("the node's forwarder list lock is poisoned".into())
 }
 
-/// SIGKILLs every process whose network or PID namespace is one of `ns` (`net:[inode]`,
-/// `pid:[inode]`) until none is left or `within` has passed. The caller holds the namespaces
-/// open, so their inode numbers cannot have gone to another namespace.
+/// The processes (zombies too) whose network or PID namespace is one of `ns` (`net:[inode]`,
+/// `pid:[inode]`, as [`RealNode::namespaces`] gives them).
+pub fn processes_in(ns: &(String, String)) -> Vec<i32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let link = |n: &str| {
+            std::fs::read_link(format!("/proc/{pid}/ns/{n}"))
+                .map(|l| l.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        if link("net") == ns.0 || link("pid") == ns.1 {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Holds the network and PID namespaces of `pid` open for as long as the files live: a
+/// freed namespace's inode number goes to the next namespace made, maybe another test's pod,
+/// whose processes would then pass for the node's.
+pub fn hold_namespaces(pid: i32) -> Vec<File> {
+    ["net", "pid"]
+        .iter()
+        .filter_map(|n| File::open(format!("/proc/{pid}/ns/{n}")).ok())
+        .collect()
+}
+
+/// SIGKILLs every live process whose network or PID namespace is one of `ns` until none is
+/// left or `within` has passed. The caller holds the namespaces open, so their inode numbers
+/// cannot have gone to another namespace.
 fn kill_left_in(ns: &(String, String), within: Duration) {
     let deadline = Instant::now() + within;
     loop {
-        let mut left = Vec::new();
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let link = |n: &str| {
-                std::fs::read_link(format!("/proc/{pid}/ns/{n}"))
-                    .map(|l| l.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            };
-            if process_alive(pid) && (link("net") == ns.0 || link("pid") == ns.1) {
-                left.push(pid);
-            }
-        }
+        let left: Vec<i32> = processes_in(ns)
+            .into_iter()
+            .filter(|pid| process_alive(*pid))
+            .collect();
         if left.is_empty() || Instant::now() >= deadline {
             return;
         }
