@@ -133,6 +133,47 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits until `wanted` sessions are `done`, following one watch of the namespace's sessions
+/// (a list, then each change once). Listing every session every few seconds instead would
+/// cost the API server, on the same two cores, more than the fleet being measured: at 10,000
+/// sessions each list is some 30 MB of JSON.
+async fn watch_until(
+    api: &Api<AgentSession>,
+    wanted: u64,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&AgentSession) -> bool,
+) {
+    use kube::ResourceExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let stream = watcher(api.clone(), watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut state: BTreeMap<String, bool> = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let count = state.values().filter(|v| **v).count() as u64;
+        if count >= wanted {
+            return;
+        }
+        let event = match tokio::time::timeout_at(deadline, stream.try_next()).await {
+            Ok(event) => event
+                .expect("the watch of sessions")
+                .expect("the watch goes on"),
+            Err(_) => panic!("only {count}/{wanted} sessions {what} after {within:?}"),
+        };
+        match event {
+            watcher::Event::Init => state.clear(),
+            watcher::Event::InitApply(s) | watcher::Event::Apply(s) => {
+                state.insert(s.name_any(), done(&s));
+            }
+            watcher::Event::Delete(s) => {
+                state.remove(&s.name_any());
+            }
+            watcher::Event::InitDone => {}
+        }
+    }
+}
+
 /// Seconds each session may add to the time the fleet takes to converge (a debug build of
 /// the operator on two shared cores converges 300 sessions in well under a minute).
 const CONVERGE_SECS_PER_SESSION: f64 = 0.5;
@@ -233,28 +274,15 @@ async fn sessions_converge_and_the_operator_then_idles() {
         .expect("create sessions");
     let created = started.elapsed();
 
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    let converged = loop {
-        // From the API server's watch cache (resourceVersion 0), not a quorum read of every
-        // session from etcd every 2 s: the poll is the test's, not the fleet's load.
-        let list = api
-            .list(&ListParams::default().match_any())
-            .await
-            .expect("list");
-        let running = list
-            .items
-            .iter()
-            .filter(|s| s.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
-            .count() as u64;
-        if running == sessions_wanted {
-            break started.elapsed();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {running}/{sessions_wanted} Running after 30 minutes"
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    };
+    watch_until(
+        &api,
+        sessions_wanted,
+        Duration::from_secs(1800),
+        "Running",
+        |s| s.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running),
+    )
+    .await;
+    let converged = started.elapsed();
     let at_convergence = scrape(port).await;
     let rss_converged = peak_rss_kib(pid);
 
@@ -330,32 +358,18 @@ async fn sessions_converge_and_the_operator_then_idles() {
     tokio::time::sleep(interval.saturating_sub(fleet_started.elapsed())).await;
     // The operator's answers to the first round (each adds PolicySupported) are done before
     // the steady state is measured.
-    let answered = Instant::now() + Duration::from_secs(600);
-    loop {
-        // From the API server's watch cache (resourceVersion 0), not a quorum read of every
-        // session from etcd every 2 s: the poll is the test's, not the fleet's load.
-        let list = api
-            .list(&ListParams::default().match_any())
-            .await
-            .expect("list");
-        let supported = list
-            .items
-            .iter()
-            .filter(|s| {
-                s.status
-                    .as_ref()
-                    .is_some_and(|st| st.conditions.iter().any(|c| c.type_ == "PolicySupported"))
-            })
-            .count() as u64;
-        if supported >= active {
-            break;
-        }
-        assert!(
-            Instant::now() < answered,
-            "only {supported}/{active} sessions show PolicySupported after 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    watch_until(
+        &api,
+        active,
+        Duration::from_secs(600),
+        "showing PolicySupported",
+        |s| {
+            s.status
+                .as_ref()
+                .is_some_and(|st| st.conditions.iter().any(|c| c.type_ == "PolicySupported"))
+        },
+    )
+    .await;
     let window_start = scrape(port).await;
     let agent_start = agent_writes.load(Ordering::Relaxed);
     let measured = Instant::now();
