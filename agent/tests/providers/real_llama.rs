@@ -253,8 +253,18 @@ fn patient(agent: &AgentProcess) -> Api {
     }
 }
 
-/// The tests of this file take turns: one model server at a time gets both cores.
-pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// The real-model tests run two at a time: each server computes on one thread
+/// (`tests/src/harness/llama.rs`), so two of them keep both cores busy, and a third would
+/// only slow the two down.
+pub(crate) static MODEL_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// Waits for one of the two [`MODEL_SLOTS`].
+pub(crate) async fn model_slot() -> tokio::sync::SemaphorePermit<'static> {
+    MODEL_SLOTS
+        .acquire()
+        .await
+        .expect("the semaphore is never closed")
+}
 
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
@@ -269,46 +279,46 @@ fn full_matrix() -> bool {
     std::env::var("CAIRN_LLAMA_FULL_MATRIX").is_ok_and(|v| v == "1")
 }
 
-const TURNS: usize = 30;
-
-/// The configurations of one server size: every window setting through the OpenAI-compatible
-/// client; the other two API families unset (for this unknown model that is the default of
-/// 32,768 tokens: too high) and set right. `CAIRN_LLAMA_FULL_MATRIX=1` adds the explicit
-/// 32,768 for them too.
-fn matrix(ctx: u64) -> Vec<(&'static str, Option<u64>)> {
-    let full = full_matrix();
-    let windows = [None, Some(32_768), Some(ctx)];
-    let mut runs: Vec<(&'static str, Option<u64>)> =
-        windows.iter().map(|w| ("openai-compatible", *w)).collect();
-    for kind in ["openai-responses", "anthropic"] {
-        if full {
-            runs.extend(windows.iter().map(|w| (kind, *w)));
-        } else {
-            runs.extend([(kind, None), (kind, Some(ctx))]);
-        }
-    }
-    // `CAIRN_LLAMA_KINDS=anthropic,openai-responses` narrows a local rerun.
-    if let Ok(only) = std::env::var("CAIRN_LLAMA_KINDS") {
-        runs.retain(|(k, _)| only.split(',').any(|o| o.trim() == *k));
-    }
-    runs
+/// Turns each served session runs (`CAIRN_LLAMA_TURNS` overrides): a turn of 3–5 KB is
+/// about half of a 2,048-token window, so from the third turn on every turn compacts, and a
+/// run is some eighteen compactions in a row, each with at most one retry.
+fn turns() -> usize {
+    std::env::var("CAIRN_LLAMA_TURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
 }
 
-/// Every run of `runs` against one server of `ctx` tokens; the first one with summaries.
-async fn converge_on(ctx: u32, runs: Vec<(&'static str, Option<u64>)>) {
-    let _turn = ONE_AT_A_TIME.lock().await;
+/// The window settings one API family runs with on a server of `ctx` tokens: the
+/// OpenAI-compatible client every setting (unset, too high, right); the other two families
+/// unset (for this unknown model that is the default of 32,768 tokens: too high) and set
+/// right. `CAIRN_LLAMA_FULL_MATRIX=1` adds the explicit 32,768 for them too.
+fn matrix(ctx: u64, kind: &'static str) -> Vec<(&'static str, Option<u64>)> {
+    let windows: &[Option<u64>] = if kind == "openai-compatible" || full_matrix() {
+        &[None, Some(32_768), Some(ctx)]
+    } else {
+        &[None, Some(ctx)]
+    };
+    windows.iter().map(|w| (kind, *w)).collect()
+}
+
+/// Every run of `runs` against one server of `ctx` tokens. With `summaries`, the first run
+/// writes its level-2 summaries on a dedicated 8,192-token server; the others have level 2
+/// off.
+async fn converge_on(ctx: u32, runs: Vec<(&'static str, Option<u64>)>, summaries: bool) {
+    let _slot = model_slot().await;
     let dir = logs_dir();
     let server = LlamaServer::start(dir.path(), ctx).expect("llama-server");
-    let summarizer = LlamaServer::start(dir.path(), 8_192).expect("summarizer llama-server");
+    let summarizer =
+        summaries.then(|| LlamaServer::start(dir.path(), 8_192).expect("summarizer llama-server"));
     for (i, (kind, window)) in runs.into_iter().enumerate() {
         let run = Run {
             kind,
             window,
-            turns: TURNS,
-            summaries: if i == 0 {
-                Summaries::Dedicated(summarizer.url.clone())
-            } else {
-                Summaries::Off
+            turns: turns(),
+            summaries: match &summarizer {
+                Some(s) if i == 0 => Summaries::Dedicated(s.url.clone()),
+                _ => Summaries::Off,
             },
         };
         drive(&server, dir.path(), &run).await;
@@ -316,24 +326,35 @@ async fn converge_on(ctx: u32, runs: Vec<(&'static str, Option<u64>)>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn served_sessions_converge_on_a_2048_token_server() {
-    converge_on(2_048, matrix(2_048)).await;
+async fn served_sessions_converge_on_a_2048_token_server_chat_completions() {
+    converge_on(2_048, matrix(2_048, "openai-compatible"), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_sessions_converge_on_a_2048_token_server_responses() {
+    converge_on(2_048, matrix(2_048, "openai-responses"), false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_sessions_converge_on_a_2048_token_server_messages() {
+    converge_on(2_048, matrix(2_048, "anthropic"), false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_sessions_converge_on_a_1024_token_server() {
-    let mut runs = matrix(1_024);
-    if !full_matrix() {
-        runs.retain(|(k, _)| *k == "openai-compatible");
+    let mut runs = matrix(1_024, "openai-compatible");
+    if full_matrix() {
+        runs.extend(matrix(1_024, "openai-responses"));
+        runs.extend(matrix(1_024, "anthropic"));
     }
-    converge_on(1_024, runs).await;
+    converge_on(1_024, runs, true).await;
 }
 
 /// `cairn-agent run` with a 41 KB history of logs and tool round trips: one overflow, then
 /// success at the first recovery attempt, with the server's numbers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_recovers_a_41kb_history_at_the_first_attempt() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _slot = model_slot().await;
     let dir = logs_dir();
     let server = LlamaServer::start(dir.path(), 2_048).expect("llama-server");
     let proxy = RecordingProxy::start(&server.url).await.expect("proxy");
@@ -402,7 +423,7 @@ async fn run_recovers_a_41kb_history_at_the_first_attempt() {
 /// A reply cut because the context filled during generation is never silent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_cut_by_a_full_context_is_reported() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _slot = model_slot().await;
     let dir = logs_dir();
     // A small context fills within a few hundred generated tokens.
     let server = LlamaServer::start(dir.path(), 512).expect("llama-server");
@@ -469,7 +490,7 @@ async fn the_real_model_writes_a_structured_level_2_summary_and_the_probe_scores
     use cairn_engine::compact::ledger::without_section;
     use cairn_engine::compact::probe::retention;
     use cairn_engine::compact::state::SummaryVerdict;
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _slot = model_slot().await;
     let dir = logs_dir();
     let server = LlamaServer::start(dir.path(), 8_192).expect("llama-server");
     let yaml = format!(

@@ -16,7 +16,7 @@ use cairn_crds::{ProviderKind, ProviderSpec};
 use cairn_tests::harness::LlamaServer;
 use serde_json::{Value, json};
 
-use super::real_llama::ONE_AT_A_TIME;
+use super::real_llama::model_slot;
 
 /// The three API families llama-server speaks.
 const KINDS: [ProviderKind; 3] = [
@@ -123,7 +123,7 @@ fn the_call(what: &str, r: &ChatResponse) -> ToolCall {
 /// llama-server) or text (`tool_choice: none`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_api_returns_a_parsed_tool_call_streamed_or_not() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _slot = model_slot().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let server = LlamaServer::start_with_tools(dir.path(), 2_048).expect("llama-server");
     let mut n = 0;
@@ -185,7 +185,7 @@ async fn each_api_returns_a_parsed_tool_call_streamed_or_not() {
 /// input `{}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_cut_by_the_output_limit_goes_back_and_the_server_takes_it() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _slot = model_slot().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let server = LlamaServer::start_with_tools(dir.path(), 2_048).expect("llama-server");
     let unbounded = vec![ToolSpec {
@@ -249,7 +249,7 @@ async fn a_call_cut_by_the_output_limit_goes_back_and_the_server_takes_it() {
 /// the answer, with no call and no error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_text_answer_to_a_required_tool_call_is_a_plain_answer() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _slot = model_slot().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let server = LlamaServer::start(dir.path(), 2_048).expect("llama-server");
     for kind in KINDS {
@@ -430,7 +430,7 @@ async fn an_agents_sdk_tool_loop_runs_thirty_turns_on_the_real_model() {
     use super::real_llama::{assert_no_unchanged_resend, calls};
     use crate::support::agent::*;
 
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _slot = model_slot().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let server = LlamaServer::start_with_tools(dir.path(), 2_048).expect("llama-server");
     let summarizer = LlamaServer::start(dir.path(), 8_192).expect("summarizer llama-server");
