@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local control plane from Go modules and caches the binaries by version:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (k8s.io/kubernetes, wrapper module)
+#   kubelet, kube-proxy (the real node's; same module, same `go build`, printed by build-node.sh)
 #   etcd                                                     (go.etcd.io/etcd/server/v3, wrapper module)
 #   kwok                                                     (sigs.k8s.io/kwok)
 # Output: $CAIRN_CACHE/bin/<component>-<version>. Already-built binaries are kept, so only the
@@ -20,11 +21,14 @@ log() { echo "[build-control-plane] $*" >&2; }
 # kubectl too: the machine's kubectl may be older than the skew policy allows (an old
 # `kubectl explain` cannot render the descriptions of a current API server's OpenAPI v3).
 k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# The real node's two: one `go build` of all six compiles their shared packages once and links
+# the binaries in parallel (linking is single-threaded; six in a row left a core idle).
+node_bins=(kubelet kube-proxy)
 
 build_kubernetes() {
-  local missing=0
-  for b in "${k8s_bins[@]}"; do [ -x "$BIN/$b-$K8S_VERSION" ] || missing=1; done
-  [ "$missing" = 1 ] || return 0
+  local missing=()
+  for b in "${k8s_bins[@]}" "${node_bins[@]}"; do [ -x "$BIN/$b-$K8S_VERSION" ] || missing+=("$b"); done
+  [ "${#missing[@]}" -gt 0 ] || return 0
 
   local dir="$SRC/kubernetes-$K8S_VERSION"
   mkdir -p "$dir"
@@ -58,6 +62,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 EOF
   (cd "$dir" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true)
@@ -68,13 +74,14 @@ EOF
     ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  for b in "${k8s_bins[@]}"; do
-    [ -x "$BIN/$b-$K8S_VERSION" ] && continue
-    log "go build $b"
-    (cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ld" \
-      -o "$BIN/$b-$K8S_VERSION.tmp" "k8s.io/kubernetes/cmd/$b")
-    mv "$BIN/$b-$K8S_VERSION.tmp" "$BIN/$b-$K8S_VERSION"
-  done
+  local out="$SRC/kubernetes-$K8S_VERSION-out"
+  rm -rf "$out"
+  mkdir -p "$out"
+  log "go build ${missing[*]}"
+  (cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$out/" \
+    "${missing[@]/#/k8s.io/kubernetes/cmd/}")
+  for b in "${missing[@]}"; do mv "$out/$b" "$BIN/$b-$K8S_VERSION"; done
+  rm -rf "$out"
 }
 
 build_etcd() {

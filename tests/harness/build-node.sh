@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the parts of a real Kubernetes node from Go modules and caches them by version:
-#   kubelet, kube-proxy                     (k8s.io/kubernetes, the control plane's wrapper module)
+#   kubelet, kube-proxy                     (k8s.io/kubernetes: build-control-plane.sh builds them)
 #   containerd, containerd-shim-runc-v2, ctr (github.com/containerd/containerd/v2)
 #   runc                                    (github.com/opencontainers/runc, cgo + libseccomp)
 #   bridge, loopback, host-local, portmap   (github.com/containernetworking/plugins)
@@ -26,60 +26,14 @@ gobuild() { nice -n 10 go "$@"; }
 
 k8s_bins=(kubelet kube-proxy)
 
-# The same wrapper module as build-control-plane.sh (one `replace` per staging module, the
-# version ldflags), in a directory of its own so the two scripts never edit one go.mod at once;
-# the Go build cache is shared, so most packages are already compiled.
+# kubelet and kube-proxy come from the control plane's wrapper module, built by the same
+# `go build` as the control plane's binaries (build-control-plane.sh), which shares their
+# packages and links all six side by side.
 build_kubernetes() {
   local missing=0
   for b in "${k8s_bins[@]}"; do [ -x "$BIN/$b-$K8S_VERSION" ] || missing=1; done
   [ "$missing" = 1 ] || return 0
-
-  local dir="$SRC/kubernetes-node-$K8S_VERSION"
-  mkdir -p "$dir"
-  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-  local patch="${K8S_VERSION##*.}"
-  local staging="v0.$minor.$patch"
-  log "kubernetes $K8S_VERSION (staging modules $staging) in $dir"
-
-  local modfile
-  modfile="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
-  {
-    echo "module cairn.dev/node"
-    echo
-    echo "go 1.26.0"
-    echo
-    echo "require k8s.io/kubernetes $K8S_VERSION"
-    echo
-    echo "replace ("
-    sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1#p' "$modfile" |
-      sort -u | while read -r m; do echo "	$m => $m $staging"; done
-    echo ")"
-  } >"$dir/go.mod"
-  cat >"$dir/tools.go" <<'EOF'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-proxy"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-)
-EOF
-  (cd "$dir" && GOFLAGS=-mod=mod go mod tidy -e >/dev/null 2>&1 || true)
-  (cd "$dir" && GOFLAGS=-mod=mod go get "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
-
-  local ld="-s -w"
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
-    ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
-  done
-  for b in "${k8s_bins[@]}"; do
-    [ -x "$BIN/$b-$K8S_VERSION" ] && continue
-    log "go build $b"
-    (cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 gobuild build -trimpath -ldflags "$ld" \
-      -o "$BIN/$b-$K8S_VERSION.tmp" "k8s.io/kubernetes/cmd/$b")
-    mv "$BIN/$b-$K8S_VERSION.tmp" "$BIN/$b-$K8S_VERSION"
-  done
+  K8S_VERSION="$K8S_VERSION" CAIRN_CACHE="$CAIRN_CACHE" bash "$(dirname "$0")/build-control-plane.sh" >/dev/null
 }
 
 # `go install pkg@version` for modules without `replace` directives, into a scratch GOBIN;
