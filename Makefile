@@ -23,13 +23,18 @@ policy:
 	  --policy charts/cairn/examples/compactionpolicy.yaml
 
 ## Every test: unit, property, integration, the cluster suites and the end-to-end demo
-## (the binaries are built first: the harness runs them as pods). The unit tests of every
+## (the binaries are built first: the harness runs them as pods). First, once per machine,
+## the previous release the upgrade test installs (tests/harness/build-release.sh: its
+## dependencies compiled once with today's, in the workspace's build directory; today's own
+## crates are rebuilt after it, which is why it comes before the build). The unit tests of every
 ## crate run first, so a failure there shows in minutes; then every other test target
 ## (integration, bench and binary targets: `cargo test --workspace --bins --test '*'
 ## --bench '*' --examples`) runs in three lanes side by side, the llama.cpp lane, the real-node
 ## lane and the rest, with each target's time (tests/harness/test-lanes.py). Every target runs
 ## even when one failed, and the command fails if any did.
 test:
+	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$(CURDIR)/target} \
+	  bash tests/harness/build-release.sh "$$(cat tests/harness/previous-release)" >/dev/null
 	$(CARGO) build -q --workspace --bins
 	$(CARGO) test --workspace --lib --no-fail-fast; unit=$$?; \
 	CARGO=$(CARGO) python3 tests/harness/test-lanes.py; rest=$$?; \

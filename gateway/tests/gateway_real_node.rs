@@ -239,8 +239,12 @@ print("ANSWER=" + r.output_text)
 /// Wake-ups the test times: the first above and this many more.
 const WAKES: usize = 5;
 
-/// The most a wake-up may take in the test (the target for the median is half of it).
-const WAKE_CEILING: Duration = Duration::from_secs(10);
+/// The most a wake-up may take in the test: three times the slowest wake-up measured on a
+/// fresh machine of the project's kind while `make test`'s other lanes ran beside it (10.0 s).
+/// What a wake-up takes on a quiet machine (a median of 4 s, the target 5 s) is measured in
+/// docs/benchmarks.md, not asserted here: this test proves that an idle session wakes on
+/// traffic and keeps its history, on a machine of any speed.
+const WAKE_CEILING: Duration = Duration::from_secs(30);
 
 /// Serves the JWKS on the host's loopback (the gateway pod fetches it through the node).
 fn serve_jwks(rt: &tokio::runtime::Runtime) -> SocketAddr {

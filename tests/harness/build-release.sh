@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Builds an earlier release of cairn for the upgrade test: the tree of COMMIT (from this
-# repository's history) exported under the cache, its agent and operator binaries (the dev
-# profile, in a target directory of their own that is removed once the binaries are kept:
-# the workspace's would have today's binaries overwritten), and their images tagged with the commit (build-images.sh with CAIRN_IMAGE_BIN_DIR), beside
-# today's. Cached per commit.
+# repository's history) exported under the cache, its agent and operator binaries, and their
+# images tagged with the commit (build-images.sh with CAIRN_IMAGE_BIN_DIR), beside today's.
+# Cached per commit.
+# The build is the workspace's own command (the dev profile, `--workspace --bins`, so each
+# dependency gets the features it has in today's build) with the workspace's build directory
+# (Cargo's `build-dir`: `deps/`, fingerprints, build scripts): every dependency the two
+# releases share is compiled once, and only the release's own crates are built. Its final
+# binaries go to a target directory of their own, removed once they are kept: in the
+# workspace's, they would overwrite today's.
 # The history is read from CAIRN_SOURCE when set (the clone `.ci/run` was started from; it
 # runs the tests in a copy of the work tree without one), else from this repository.
 # Usage: build-release.sh COMMIT
@@ -34,11 +39,15 @@ if [ ! -f "$SRC/.exported" ]; then
 fi
 if [ ! -x "$BIN/cairn-agent" ] || [ ! -x "$BIN/cairn-operator" ]; then
   target_dir="$CAIRN_CACHE/target-release-$COMMIT"
-  log "cargo build $COMMIT (cairn-agent, cairn-operator)"
-  # A clean environment: the variables `cargo test` sets would make it rebuild the tree.
-  (cd "$SRC" && env -i PATH="$PATH" HOME="$HOME" CARGO_TARGET_DIR="$target_dir" CARGO_INCREMENTAL=0 \
+  build_dir="${CARGO_TARGET_DIR:-$ROOT/target}"
+  log "cargo build $COMMIT (its workspace's binaries; shared build directory $build_dir)"
+  # A clean environment: the variables `cargo test` sets would make it rebuild the tree; those
+  # that change what is built are passed on, as build-images.sh does for today's build.
+  (cd "$SRC" && env -i PATH="$PATH" HOME="$HOME" CARGO_TARGET_DIR="$target_dir" \
+    CARGO_BUILD_BUILD_DIR="$build_dir" CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}" \
     ${CARGO_HOME:+CARGO_HOME="$CARGO_HOME"} ${RUSTUP_HOME:+RUSTUP_HOME="$RUSTUP_HOME"} \
-    nice -n 10 cargo build --quiet --locked --bin cairn-agent --bin cairn-operator >&2)
+    ${RUSTFLAGS:+RUSTFLAGS="$RUSTFLAGS"} \
+    nice -n 10 cargo build --quiet --locked --workspace --bins >&2)
   mkdir -p "$BIN.tmp"
   cp "$target_dir/debug/cairn-agent" "$target_dir/debug/cairn-operator" "$BIN.tmp/"
   rm -rf "$BIN"

@@ -34,8 +34,9 @@ use support::{
 };
 
 /// The release this test upgrades from: the tree before sessions were isolated from each
-/// other, the gateway lost its Secret reads and the CRDs gained `v1beta1`.
-const PREVIOUS: &str = "997fc7d";
+/// other, the gateway lost its Secret reads and the CRDs gained `v1beta1`. Its one home is
+/// `tests/harness/previous-release`, which `make test` reads to build it before the lanes.
+const PREVIOUS: &str = include_str!("../harness/previous-release").trim_ascii();
 const NS: &str = "upgrade";
 const OPERATOR_NS: &str = "cairn-system";
 const VERSION: &str = env!("CARGO_PKG_VERSION");
