@@ -174,9 +174,11 @@ async fn watch_until(
     }
 }
 
-/// Seconds each session may add to the time the fleet takes to converge (a debug build of
-/// the operator on two shared cores converges 300 sessions in well under a minute).
-const CONVERGE_SECS_PER_SESSION: f64 = 0.5;
+/// Seconds each session may add to the time the fleet takes to converge: three times the
+/// slowest run measured (300 sessions in 75 s, a debug build beside a cold `.ci/run`'s other
+/// lanes; 13 s on a quiet machine, docs/benchmarks.md). The test proves convergence and
+/// counts writes; how fast a quiet machine converges is the benchmark's to say.
+const CONVERGE_SECS_PER_SESSION: f64 = 0.75;
 /// API requests per session at creation, at most (reads and writes).
 const REQUESTS_PER_SESSION: f64 = 12.0;
 /// API writes per session at creation, at most: its ServiceAccount, Role, RoleBinding, token
