@@ -103,7 +103,10 @@ pub fn load_or_record(
             detail: e.to_string(),
         });
     }
-    let work = cache.join("work").join(&key);
+    // One work directory per process: two test binaries may record at once.
+    let work = cache
+        .join("work")
+        .join(format!("{key}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
     let root = work.join("shop");
     copy_dir(&fixtures_dir(), &root)?;
@@ -111,7 +114,9 @@ pub fn load_or_record(
         root: &root,
         work: &work,
     };
-    let (runs, edits) = recorder.record(kubectl, start_cluster)?;
+    let recorded = recorder.record(kubectl, start_cluster);
+    let _ = fs::remove_dir_all(&work);
+    let (runs, edits) = recorded?;
     let corpus = Corpus {
         key,
         tools,
@@ -127,7 +132,6 @@ pub fn load_or_record(
     let partial = cache.join(format!("corpus-{}.json.{}", corpus.key, std::process::id()));
     fs::write(&partial, text).map_err(io(format!("writing {}", partial.display())))?;
     fs::rename(&partial, &path).map_err(io(format!("renaming to {}", path.display())))?;
-    let _ = fs::remove_dir_all(&work);
     Ok(corpus)
 }
 
