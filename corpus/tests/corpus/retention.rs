@@ -82,7 +82,7 @@ async fn the_corpus_keeps_artifacts_in_sight() {
 }
 
 /// The full table of docs/benchmarks.md, 4 MB sessions included
-/// (`cargo test -p cairn-corpus --release --test corpus retention_table -- --nocapture`);
+/// (`cargo test -p cairn-corpus --test corpus retention_table -- --nocapture`);
 /// it asserts only that every artifact stays within recall.
 #[tokio::test]
 async fn retention_table() {
