@@ -74,7 +74,7 @@ async fn the_corpus_keeps_artifacts_in_sight() {
     let short: Vec<String> = measures.iter().flat_map(shortfalls).collect();
     assert!(
         short.is_empty(),
-        "{} of {} thresholds missed:\n{}",
+        "{} thresholds missed over {} compactions:\n{}",
         short.len(),
         measures.len(),
         short.join("\n")
