@@ -415,3 +415,25 @@ impl Recorder<'_> {
         Ok((status.code().unwrap_or(-1), text))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_tool_fails_with_its_name_and_what_ran() {
+        let err =
+            version("frobnicate", "frobnicate-not-installed --version").expect_err("no such tool");
+        let text = err.to_string();
+        assert!(matches!(err, RecordError::MissingTool { .. }), "{err:?}");
+        assert!(
+            text.contains("`frobnicate`") && text.contains("frobnicate-not-installed --version"),
+            "{text}"
+        );
+        assert!(
+            version("bash", "bash --version")
+                .expect("bash runs the recorder")
+                .starts_with("bash: GNU bash")
+        );
+    }
+}
