@@ -37,7 +37,7 @@ use tokio::sync::{Mutex, watch};
 use crate::ccr::stats::ArchiveCounters;
 use crate::ccr::{RecallError, Store, recall};
 use crate::metrics::Metrics;
-use crate::session::{ProviderAnswer, Session, TurnError};
+use crate::session::{InvalidRequest, ProviderAnswer, Session, TurnError};
 use cairn_crds::SessionStats;
 use cairn_crds::time::rfc3339_millis;
 
@@ -321,23 +321,6 @@ fn view_of(session: &Session, status: &str) -> Value {
     })
 }
 
-/// Refuses an output format or reasoning effort the session's provider family cannot
-/// honour, before anything is sent.
-fn check_controls(session: &Session, controls: &crate::provider::Controls) -> Result<(), ApiError> {
-    match crate::provider::unsupported_by(
-        session.live().spec.provider.kind,
-        controls.format.as_ref(),
-        controls.effort,
-    ) {
-        Some(message) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "unsupported_by_provider",
-            message,
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Runs a non-streamed turn in its own task, as a streamed one runs: a client that goes away
 /// mid-turn (dropping the handler) does not cancel it; it runs to the end and is journaled,
 /// so the next request never finds a question without its answer.
@@ -479,10 +462,16 @@ impl From<BytesRejection> for ApiError {
     }
 }
 
+impl From<InvalidRequest> for ApiError {
+    fn from(e: InvalidRequest) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, e.code(), e.to_string())
+    }
+}
+
 impl From<TurnError> for ApiError {
     fn from(e: TurnError) -> Self {
         let status = match &e {
-            TurnError::BadInput(_) => StatusCode::BAD_REQUEST,
+            TurnError::BadInput(invalid) => return invalid.clone().into(),
             TurnError::Provider { class, answer, .. } => {
                 return Self::provider(class, *answer, e.to_string());
             }
