@@ -360,9 +360,6 @@ pub struct ApiError {
     final_answer: bool,
 }
 
-/// `Retry-After` of a provider's overload (503) when the provider named no delay.
-pub const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(5);
-
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
@@ -392,12 +389,13 @@ impl ApiError {
                 final_answer: true,
                 ..e(StatusCode::BAD_GATEWAY, "provider_auth")
             },
+            // The provider's delay or none: an invented one would be a promise nobody made.
             "overloaded" => Self {
-                retry_after: Some(answer.retry_after.unwrap_or(OVERLOADED_RETRY_AFTER)),
+                retry_after: answer.retry_after,
                 ..e(StatusCode::SERVICE_UNAVAILABLE, "provider_overloaded")
             },
             "server_error" if answer.status == Some(503) => Self {
-                retry_after: Some(answer.retry_after.unwrap_or(OVERLOADED_RETRY_AFTER)),
+                retry_after: answer.retry_after,
                 ..e(StatusCode::SERVICE_UNAVAILABLE, "provider_overloaded")
             },
             "timeout" => e(StatusCode::GATEWAY_TIMEOUT, "provider_timeout"),
@@ -960,7 +958,7 @@ mod tests {
                 answer(529, None),
                 503,
                 "provider_overloaded",
-                Some("5"),
+                None,
                 None,
             ),
             (
@@ -976,7 +974,7 @@ mod tests {
                 answer(503, None),
                 503,
                 "provider_overloaded",
-                Some("5"),
+                None,
                 None,
             ),
             (

@@ -179,7 +179,8 @@ async fn every_provider_failure_reaches_the_client_with_its_class() {
             503,
             "server_error",
             "provider_overloaded",
-            Some("5"),
+            // None came, none is invented.
+            None,
             None,
         ),
         (
