@@ -398,6 +398,18 @@ impl ApiError {
                 retry_after: answer.retry_after,
                 ..e(StatusCode::SERVICE_UNAVAILABLE, "provider_overloaded")
             },
+            // Something on the network path answered in the provider's place: no retry and
+            // no shorter request can help until the path is fixed.
+            "captive_portal" => Self {
+                final_answer: true,
+                ..Self::new(
+                    StatusCode::BAD_GATEWAY,
+                    "provider_captive_portal",
+                    format!(
+                        "an HTML page answered instead of the provider (a captive portal or a proxy on the way to the provider's URL; check the network path and the URL): {message}"
+                    ),
+                )
+            },
             "timeout" => e(StatusCode::GATEWAY_TIMEOUT, "provider_timeout"),
             _ => e(StatusCode::BAD_GATEWAY, "provider"),
         }
@@ -992,6 +1004,14 @@ mod tests {
                 "provider_timeout",
                 None,
                 None,
+            ),
+            (
+                "captive_portal",
+                answer(200, None),
+                502,
+                "provider_captive_portal",
+                None,
+                Some("false"),
             ),
             (
                 "proxy_rejection",
