@@ -163,7 +163,8 @@ pub fn error_line(content: &str) -> Option<&str> {
     lines.find(|l| ERROR_LINES.iter().any(|p| l.starts_with(p)))
 }
 
-fn is_error_start(line: &str) -> bool {
+/// True when `line` (trimmed) starts like an error (see the module comment).
+pub(crate) fn is_error_start(line: &str) -> bool {
     ERROR_STARTS.iter().any(|p| line.starts_with(p))
         || (line.starts_with("thread '") && line.contains("' panicked"))
 }

@@ -23,9 +23,12 @@
 //!   is a proxy rejection: every supported provider answers errors in JSON, so HTML means a
 //!   middlebox spoke.
 //! - A **2xx reply that breaks while its body is read** is judged as a cut connection (by the
-//!   request's size, like a reset before any answer), a stall as a timeout, an HTML page as a
-//!   proxy rejection (captive portals answer 200), and a whole body that does not decode as
-//!   [`OtherReason::MalformedReply`]. The answer's status says nothing about the request there.
+//!   request's size, like a reset before any answer), a stall as a timeout, and a whole body
+//!   that does not decode as [`OtherReason::MalformedReply`]. The answer's status says nothing
+//!   about the request there.
+//! - **A 2xx HTML page is a captive portal** ([`OtherReason::CaptivePortal`]): something on the
+//!   network path answered in the provider's place and accepted the request whatever its
+//!   size, so shrinking the request cannot help and no byte cap is learned from it.
 
 use crate::provider::{ProviderError, StopReason};
 
@@ -62,6 +65,8 @@ pub enum OtherReason {
     BadRequest,
     /// A 2xx reply whose body could not be decoded (not a transfer failure).
     MalformedReply,
+    /// A 2xx HTML page instead of the provider's JSON: a captive portal or a proxy answered.
+    CaptivePortal,
     Unknown,
 }
 
@@ -83,6 +88,7 @@ impl FailureClass {
                 OtherReason::Transient => "transient",
                 OtherReason::BadRequest => "bad_request",
                 OtherReason::MalformedReply => "malformed_reply",
+                OtherReason::CaptivePortal => "captive_portal",
                 OtherReason::Unknown => "unknown",
             },
         }
@@ -208,7 +214,7 @@ fn classify_broken_reply(err: &ProviderError, opts: &ClassifyOptions) -> Failure
         return FailureClass::Other(OtherReason::Timeout);
     }
     if t.contains("[html_body]") || is_html(err) {
-        return FailureClass::ProxyRejection;
+        return FailureClass::Other(OtherReason::CaptivePortal);
     }
     let cut = t.contains("[body_interrupted]") || t.contains("[stream_incomplete]");
     if cut || is_cut(&t) {

@@ -207,9 +207,7 @@ pub async fn create(
     let request = parse_request(&body)?;
     state.check_owned()?;
     let session = state.session.clone().try_lock_owned().map_err(|_| busy())?;
-    super::check_controls(&session, &request.options.controls)?;
     let (mut input, held) = reconciled(session.ledger(), Api::Chat, &request.input, None)?;
-    let images = items::prepare_images(&mut input, state.store.as_ref()).await?;
     let ids = Ids {
         id: new_id("chatcmpl"),
         created: now_secs(),
@@ -223,6 +221,8 @@ pub async fn create(
         input: held,
         response_id: ids.id.clone(),
     });
+    session.check_request(&input, &options)?;
+    let images = items::prepare_images(&mut input, state.store.as_ref()).await?;
     if !request.stream {
         let outcome = super::detached_turn(&state, session, input, options).await?;
         return Ok(axum::Json(completion(&ids, &outcome, &images)).into_response());

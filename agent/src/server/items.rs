@@ -230,7 +230,8 @@ fn id_of(item: &Value) -> Option<String> {
 /// `input` of a Responses request.
 pub fn responses_input(obj: &Map<String, Value>) -> Result<Vec<Incoming>, ApiError> {
     match field(obj, "input") {
-        Some(Value::String(s)) if !s.trim().is_empty() => Ok(vec![Incoming {
+        // An empty string is an empty user message: the session's one check refuses it.
+        Some(Value::String(s)) => Ok(vec![Incoming {
             item: Item::Message {
                 role: ItemRole::User,
                 text: s.clone(),
@@ -238,7 +239,6 @@ pub fn responses_input(obj: &Map<String, Value>) -> Result<Vec<Incoming>, ApiErr
             },
             id: None,
         }]),
-        Some(Value::String(_)) => Err(bad("empty_input", "input is empty")),
         Some(Value::Array(items)) if !items.is_empty() => items
             .iter()
             .enumerate()
@@ -754,7 +754,6 @@ mod tests {
         );
         for bad in [
             json!({}),
-            json!({"input": ""}),
             json!({"input": []}),
             json!({"input": [{"role": "tool", "content": "x"}]}),
             json!({"input": [{"type": "reasoning"}]}),

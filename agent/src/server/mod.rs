@@ -37,7 +37,7 @@ use tokio::sync::{Mutex, watch};
 use crate::ccr::stats::ArchiveCounters;
 use crate::ccr::{RecallError, Store, recall};
 use crate::metrics::Metrics;
-use crate::session::{ProviderAnswer, Session, TurnError};
+use crate::session::{InvalidRequest, ProviderAnswer, Session, TurnError};
 use cairn_crds::SessionStats;
 use cairn_crds::time::rfc3339_millis;
 
@@ -321,23 +321,6 @@ fn view_of(session: &Session, status: &str) -> Value {
     })
 }
 
-/// Refuses an output format or reasoning effort the session's provider family cannot
-/// honour, before anything is sent.
-fn check_controls(session: &Session, controls: &crate::provider::Controls) -> Result<(), ApiError> {
-    match crate::provider::unsupported_by(
-        session.live().spec.provider.kind,
-        controls.format.as_ref(),
-        controls.effort,
-    ) {
-        Some(message) => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "unsupported_by_provider",
-            message,
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Runs a non-streamed turn in its own task, as a streamed one runs: a client that goes away
 /// mid-turn (dropping the handler) does not cancel it; it runs to the end and is journaled,
 /// so the next request never finds a question without its answer.
@@ -377,9 +360,6 @@ pub struct ApiError {
     final_answer: bool,
 }
 
-/// `Retry-After` of a provider's overload (503) when the provider named no delay.
-pub const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(5);
-
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
@@ -409,13 +389,26 @@ impl ApiError {
                 final_answer: true,
                 ..e(StatusCode::BAD_GATEWAY, "provider_auth")
             },
+            // The provider's delay or none: an invented one would be a promise nobody made.
             "overloaded" => Self {
-                retry_after: Some(answer.retry_after.unwrap_or(OVERLOADED_RETRY_AFTER)),
+                retry_after: answer.retry_after,
                 ..e(StatusCode::SERVICE_UNAVAILABLE, "provider_overloaded")
             },
             "server_error" if answer.status == Some(503) => Self {
-                retry_after: Some(answer.retry_after.unwrap_or(OVERLOADED_RETRY_AFTER)),
+                retry_after: answer.retry_after,
                 ..e(StatusCode::SERVICE_UNAVAILABLE, "provider_overloaded")
+            },
+            // Something on the network path answered in the provider's place: no retry and
+            // no shorter request can help until the path is fixed.
+            "captive_portal" => Self {
+                final_answer: true,
+                ..Self::new(
+                    StatusCode::BAD_GATEWAY,
+                    "provider_captive_portal",
+                    format!(
+                        "an HTML page answered instead of the provider (a captive portal or a proxy on the way to the provider's URL; check the network path and the URL): {message}"
+                    ),
+                )
             },
             "timeout" => e(StatusCode::GATEWAY_TIMEOUT, "provider_timeout"),
             _ => e(StatusCode::BAD_GATEWAY, "provider"),
@@ -479,10 +472,16 @@ impl From<BytesRejection> for ApiError {
     }
 }
 
+impl From<InvalidRequest> for ApiError {
+    fn from(e: InvalidRequest) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, e.code(), e.to_string())
+    }
+}
+
 impl From<TurnError> for ApiError {
     fn from(e: TurnError) -> Self {
         let status = match &e {
-            TurnError::BadInput(_) => StatusCode::BAD_REQUEST,
+            TurnError::BadInput(invalid) => return invalid.clone().into(),
             TurnError::Provider { class, answer, .. } => {
                 return Self::provider(class, *answer, e.to_string());
             }
@@ -971,7 +970,7 @@ mod tests {
                 answer(529, None),
                 503,
                 "provider_overloaded",
-                Some("5"),
+                None,
                 None,
             ),
             (
@@ -987,7 +986,7 @@ mod tests {
                 answer(503, None),
                 503,
                 "provider_overloaded",
-                Some("5"),
+                None,
                 None,
             ),
             (
@@ -1005,6 +1004,14 @@ mod tests {
                 "provider_timeout",
                 None,
                 None,
+            ),
+            (
+                "captive_portal",
+                answer(200, None),
+                502,
+                "provider_captive_portal",
+                None,
+                Some("false"),
             ),
             (
                 "proxy_rejection",

@@ -332,33 +332,37 @@ pub async fn create(
     let request = parse_request(&body)?;
     state.check_owned()?;
     let session = state.session.clone().try_lock_owned().map_err(|_| busy())?;
-    super::check_controls(&session, &request.options.controls)?;
     let (mut input, held) = reconciled(
         session.ledger(),
         Api::Responses,
         &request.input,
         request.previous_response_id.as_deref(),
     )?;
-    let mut request = request;
-    request.echo.images = items::prepare_images(&mut input, state.store.as_ref()).await?;
+    let Request {
+        stream,
+        store,
+        mut options,
+        mut echo,
+        ..
+    } = request;
+    let response = new_id("resp");
+    options.ledger = Some(LedgerTurn {
+        input: held,
+        response_id: response.clone(),
+    });
+    session.check_request(&input, &options)?;
+    echo.images = items::prepare_images(&mut input, state.store.as_ref()).await?;
     let ids = Ids {
-        response: new_id("resp"),
+        response,
         message: new_id("msg"),
         created: now_secs(),
-        model: request
-            .echo
+        model: echo
             .model
             .clone()
             .unwrap_or_else(|| session.live().spec.provider.model.clone()),
-        echo: request.echo,
+        echo,
     };
-    let mut options = request.options;
-    options.ledger = Some(LedgerTurn {
-        input: held,
-        response_id: ids.response.clone(),
-    });
-    let store = request.store;
-    if !request.stream {
+    if !stream {
         let outcome = super::detached_turn(&state, session, input, options).await?;
         let response = response_object(&ids, None, "completed", Some(&outcome), None);
         if store {

@@ -13,6 +13,7 @@ pub(crate) mod summarizer;
 pub mod tools;
 mod tracked;
 mod turn;
+mod validity;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -48,12 +49,13 @@ use crate::replay::Ledger;
 pub use next_request::{ContextReport, InspectOptions};
 pub use summarizer::ProviderSummarizer;
 pub use turn::{LedgerTurn, McpSelection, Notice, TurnEvent, TurnEvents, TurnOptions, TurnOutcome};
+pub use validity::InvalidRequest;
 
 /// Why a turn (or a compaction, or a rewind) failed. The history is as before it.
 #[derive(Debug, thiserror::Error)]
 pub enum TurnError {
     #[error("bad input: {0}")]
-    BadInput(String),
+    BadInput(#[from] InvalidRequest),
     #[error("the provider failed ({class}): {message}")]
     Provider {
         class: &'static str,

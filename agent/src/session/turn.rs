@@ -273,39 +273,6 @@ fn add_usage(total: &mut Usage, u: &Usage) {
     total.add(u);
 }
 
-fn validate(input: &[Message], options: &TurnOptions) -> Result<(), TurnError> {
-    if input.is_empty() {
-        return Err(TurnError::BadInput("no input message".into()));
-    }
-    // A tool output answers a call of the client's tools; anything else needs a question.
-    if !input
-        .iter()
-        .any(|m| matches!(m.role, Role::User | Role::Tool))
-    {
-        return Err(TurnError::BadInput(
-            "the input has no user message and no function call output".into(),
-        ));
-    }
-    if (!input
-        .iter()
-        .all(|m| matches!(m.role, Role::User | Role::System)))
-        && options.ledger.is_none()
-    {
-        return Err(TurnError::BadInput(
-            "input messages must be user or system messages".into(),
-        ));
-    }
-    for t in &options.tools {
-        if t.name == tools::RECALL || t.name == tools::COMPRESS {
-            return Err(TurnError::BadInput(format!(
-                "the tool name {:?} is reserved for a built-in tool of the session",
-                t.name
-            )));
-        }
-    }
-    Ok(())
-}
-
 impl Session {
     /// Runs one turn. On `Ok`, the new messages are in the journal; on `Err`, the history is
     /// as before the turn.
@@ -341,11 +308,11 @@ impl Session {
         options: TurnOptions,
         events: Option<TurnEvents>,
     ) -> Result<TurnOutcome, TurnError> {
-        validate(&input, &options)?;
         if let Some(f) = self.journal.fenced() {
             return Err(TurnError::Fenced(JournalError::Unavailable(f.to_string())));
         }
         self.refresh_live();
+        self.check_request(&input, &options)?;
         self.check_budget()?;
         let mut options = options;
         options.controls.effort = crate::steering::route_effort(
@@ -355,14 +322,6 @@ impl Session {
             &self.live.spec.provider.model,
             &input,
         );
-        if options.controls.tool_choice == crate::provider::ToolChoice::None
-            && self.live.spec.provider.kind == cairn_crds::session::ProviderKind::Bedrock
-        {
-            return Err(TurnError::BadInput(
-                "tool_choice \"none\" cannot be honoured by Bedrock Converse (it has no choice that forbids tool calls); omit tools instead".into(),
-            ));
-        }
-        self.check_mcp_selection(&options)?;
         let span = tracing::info_span!("turn", namespace = %self.namespace, session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
         let started = Instant::now();
         let mut provider_time = Duration::ZERO;
@@ -391,40 +350,6 @@ impl Session {
             .observe(elapsed.saturating_sub(provider_time).as_secs_f64());
         self.publish_gauges();
         result
-    }
-
-    /// A request may choose among the declared MCP servers, never reach another.
-    fn check_mcp_selection(&self, options: &TurnOptions) -> Result<(), TurnError> {
-        for sel in options.mcp_servers.iter().flatten() {
-            let Some(spec) = self
-                .live
-                .spec
-                .mcp_servers()
-                .iter()
-                .find(|s| s.name == sel.label)
-            else {
-                let declared: Vec<&str> = self
-                    .live
-                    .spec
-                    .mcp_servers()
-                    .iter()
-                    .map(|s| s.name.as_str())
-                    .collect();
-                return Err(TurnError::BadInput(format!(
-                    "tools: the MCP server_label {:?} is not declared in this session's spec.tools.mcpServers (declared: {declared:?}); a request cannot add MCP servers",
-                    sel.label
-                )));
-            };
-            if let Some(url) = &sel.url
-                && spec.url.as_deref() != Some(url.as_str())
-            {
-                return Err(TurnError::BadInput(format!(
-                    "tools: server_url {url:?} is not the URL the spec declares for MCP server {:?}; a request cannot point a server elsewhere (omit server_url)",
-                    sel.label
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// Runs one call of an MCP tool; every failure is a tool error for the model. The flag

@@ -179,7 +179,8 @@ async fn every_provider_failure_reaches_the_client_with_its_class() {
             503,
             "server_error",
             "provider_overloaded",
-            Some("5"),
+            // None came, none is invented.
+            None,
             None,
         ),
         (
@@ -498,4 +499,49 @@ async fn an_nginx_429_and_503_reach_the_sdk_with_their_retry_after() {
         2,
         "{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captive_portals_page_is_its_own_failure_not_a_size_limit() {
+    let sim = Sim::start().await.expect("sim");
+    let nginx =
+        Middlebox::start(sim.addr(), &MiddleboxConfig::default()).unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = storage_env(dir.path(), None);
+    let yaml = config_yaml(
+        "portal",
+        &format!("{}/v1", nginx.url("/portal")),
+        200_000,
+        "",
+    );
+    let built = build_session(&yaml, &env, "a").await;
+    let api = Api::new(serve(AppState::new(built.session, TOKEN)).await);
+    for path in APIS {
+        for stream in [false, true] {
+            let what = format!("{path} (stream: {stream})");
+            let a = failing_turn(&api, path, stream, "behind a captive portal").await;
+            assert_eq!(a.status, 502, "{what}: {a:?}");
+            assert_eq!(a.error["type"], "server_error", "{what}: {a:?}");
+            assert_eq!(a.error["code"], "provider_captive_portal", "{what}: {a:?}");
+            let message = a.error["message"].as_str().unwrap_or_default();
+            assert!(message.contains("captive portal"), "{what}: {message}");
+            assert!(!message.contains("system prompt"), "{what}: {message}");
+            assert_eq!(a.should_retry.as_deref(), Some("false"), "{what}");
+            assert_eq!(a.retry_after, None, "{what}");
+            assert!(!a.streamed_before, "{what}: {a:?}");
+        }
+    }
+    // The portal answered every request, once: no smaller request was tried, no byte cap
+    // learned from a page that took the request whatever its size.
+    assert!(sim.requests().is_empty());
+    let log = nginx.access_log();
+    assert_eq!(
+        log.lines().filter(|l| l.contains("\" 200 ")).count(),
+        4,
+        "{log}"
+    );
+    let (status, session) = api.get("/v1/session").await;
+    assert_eq!(status, 200);
+    let session: Value = serde_json::from_slice(&session).expect("JSON");
+    assert!(session["stats"]["learnedPayloadCap"].is_null(), "{session}");
 }

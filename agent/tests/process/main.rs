@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod api_validity;
 mod cli;
 mod cli_context;
 mod holder;

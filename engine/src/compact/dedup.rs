@@ -17,6 +17,11 @@
 //!   cannot be split per file, so it is superseded only once later reads cover every file it
 //!   read; it covers an earlier read of any of its files as a whole read of that file would.
 //! - `read_media_file` is no read tool: its result is an image, not lines.
+//! - A read that failed returned no lines: it covers nothing and is never superseded. A result
+//!   fails when it is empty, or when its first non-empty line starts like an error (`Error`,
+//!   `fatal`, `Traceback`, … as [`crate::artifacts`] reads them) or names a failure to open
+//!   the file (`ENOENT`, `No such file or directory`, `Permission denied`, `Access denied`,
+//!   `does not exist`). Only the first line is read: a file's own lines may say anything.
 
 use std::collections::HashMap;
 
@@ -24,6 +29,7 @@ use cairn_crds::EffectivePolicy;
 use cairn_crds::policy::ReadTool;
 use serde_json::{Map, Value};
 
+use crate::artifacts;
 use crate::ccr::{Archivable, Key, Store};
 use crate::history::{self, Message, Role};
 
@@ -57,6 +63,18 @@ const RANGE_FORMS: [&[&str]; 4] = [
         "endLine",
         "end",
     ],
+];
+
+/// Phrases of a failed read's first line, lowercase: the filesystem server's and the shell's
+/// answers to a missing or unreadable file.
+const FAILED_READ: [&str; 7] = [
+    "enoent",
+    "no such file or directory",
+    "eacces",
+    "permission denied",
+    "access denied",
+    "does not exist",
+    "tool_use_error",
 ];
 
 /// The lines of a file one read returned.
@@ -169,6 +187,15 @@ pub fn recognise(tools: &[ReadTool], name: &str, arguments: &str) -> Option<Read
             lines: lines(obj)?,
         }],
     })
+}
+
+/// True when a read's result holds no lines of the file (see the module comment).
+fn read_failed(result: &str) -> bool {
+    let Some(first) = result.lines().map(str::trim).find(|l| !l.is_empty()) else {
+        return true;
+    };
+    let lower = first.to_ascii_lowercase();
+    artifacts::is_error_start(first) || FAILED_READ.iter().any(|p| lower.contains(p))
 }
 
 fn is_number(v: &Value) -> bool {
@@ -322,11 +349,11 @@ pub async fn dedup_reads(
     if reads.len() < 2 {
         return report;
     }
-    // Results of reads, in history order.
+    // Results of reads that returned lines, in history order.
     let results: Vec<(usize, &Read)> = history
         .iter()
         .enumerate()
-        .filter(|(_, m)| m.role == Role::Tool)
+        .filter(|(_, m)| m.role == Role::Tool && !read_failed(&m.content))
         .filter_map(|(i, m)| Some((i, reads.get(m.tool_call_id.as_deref()?)?)))
         .collect();
     let superseded = superseded(&results);
@@ -696,6 +723,67 @@ mod tests {
             h[4].content
         );
         assert!(h[8].content.contains("earlier read of b.rs (lines 1-3)"));
+    }
+
+    /// Failed reads as real tools answer them: `@modelcontextprotocol/server-filesystem`
+    /// 2026.8.31's `read_text_file` (its `isError` results) for a missing file and for a path
+    /// outside its allowed directory, and GNU `cat` run as an unprivileged user on a file mode
+    /// 000.
+    const FAILED_READS: [&str; 3] = [
+        "ENOENT: no such file or directory, open '/tmp/fs/allowed/gone.rs'",
+        "Access denied - path outside allowed directories: /etc/hostname not in /tmp/fs/allowed",
+        "cat: /tmp/fs/allowed/locked.rs: Permission denied",
+    ];
+
+    #[test]
+    fn a_failed_read_is_recognised_by_its_first_line() {
+        for failed in FAILED_READS {
+            assert!(read_failed(failed), "{failed}");
+        }
+        assert!(read_failed(""), "nothing returned");
+        assert!(read_failed("\n  \n"), "nothing returned");
+        assert!(read_failed(
+            "Error: EISDIR: illegal operation on a directory, read"
+        ));
+        // A file's later lines may say anything.
+        let source =
+            "fn main() {\n    println!(\"hello\");\n}\n// error: No such file or directory\n";
+        assert!(!read_failed(source));
+    }
+
+    #[tokio::test]
+    async fn a_later_failed_read_supersedes_nothing() {
+        let store = MemoryStore::new();
+        let body = "fn a() {}\n".repeat(50);
+        let mut h = vec![Message::user("go")];
+        h.extend(read("1", "read_text_file", r#"{"path":"a.rs"}"#, &body));
+        for (n, failed) in FAILED_READS.iter().enumerate() {
+            h.extend(read(
+                &format!("f{n}"),
+                "read_text_file",
+                r#"{"path":"a.rs"}"#,
+                failed,
+            ));
+        }
+        h.extend(read("e", "read_text_file", r#"{"path":"a.rs"}"#, ""));
+        let r = dedup(&mut h, &store).await;
+        assert!(!r.is_change(), "{r:?}");
+        assert_eq!(h[2].content, body, "the only lines of a.rs the model has");
+
+        // A later read that returned the file supersedes the first; the failures stay as
+        // they are (they hold no lines to cover).
+        h.extend(read("2", "read_text_file", r#"{"path":"a.rs"}"#, &body));
+        let r = dedup(&mut h, &store).await;
+        assert_eq!(r.changed, 1, "{r:?}");
+        assert!(
+            h[2].content.contains("earlier read of a.rs"),
+            "{}",
+            h[2].content
+        );
+        for (n, failed) in FAILED_READS.iter().enumerate() {
+            assert_eq!(h[4 + 2 * n].content, *failed);
+        }
+        assert_eq!(h[12].content, body);
     }
 
     #[tokio::test]

@@ -1,7 +1,16 @@
-//! JSON: long arrays keep their first and last items, and a sentinel string item in between
-//! says how many went and carries the marker. Everything else — keys, key order, formatting,
-//! numbers as written — is reproduced from the input text, so the output is still valid JSON
-//! that reads like the original.
+//! JSON: long arrays keep their first and last items and the first error records of the
+//! middle; a sentinel string item in place of each run of dropped items says how many went
+//! and carries the marker. Everything else — keys, key order, formatting, numbers as written
+//! — is reproduced from the input text, so the output is still valid JSON that reads like
+//! the original.
+//!
+//! An error record is an object with a member (key in any case) that says it failed:
+//! - `error`, `errors`, `err`, `exception`, `failure` or `failures` holding something (not
+//!   `null`, `false`, `0`, `""`, `{}` or `[]`: a test reporter's `"err": {}` is a pass);
+//! - `status`, `state`, `result`, `outcome`, `conclusion` or `phase` holding `failed`,
+//!   `failure`, `fail`, `error` or `errored`, or an object that is itself an error record
+//!   (`"status": {"phase": "Failed"}`);
+//! - `level`, `severity` or `levelname` holding `error`, `fatal`, `critical` or `panic`.
 //!
 //! A small scanner instead of `serde_json::Value`: a `Value` would reorder keys and reformat
 //! numbers, and building one for a multi-megabyte document costs more than this single pass.
@@ -10,6 +19,53 @@ use super::profile::Limits;
 
 /// Nesting beyond this is refused rather than recursed into.
 const MAX_DEPTH: usize = 128;
+
+/// Keys whose value, when it holds anything, is an error (lowercase).
+const ERROR_KEYS: [&str; 6] = ["error", "errors", "err", "exception", "failure", "failures"];
+/// Values that hold nothing, whitespace removed.
+const EMPTY_VALUES: [&str; 6] = ["null", "false", "0", "\"\"", "{}", "[]"];
+/// Keys whose value says how something ended (lowercase).
+const STATUS_KEYS: [&str; 6] = [
+    "status",
+    "state",
+    "result",
+    "outcome",
+    "conclusion",
+    "phase",
+];
+const FAILED_STATUSES: [&str; 5] = ["failed", "failure", "fail", "error", "errored"];
+/// Keys whose value is a log record's level (lowercase).
+const LEVEL_KEYS: [&str; 3] = ["level", "severity", "levelname"];
+const ERROR_LEVELS: [&str; 4] = ["error", "fatal", "critical", "panic"];
+
+/// Whether a scanned value is an error record (see the module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Record {
+    Error,
+    Other,
+}
+
+/// The record a member makes its object, from the key's text (without quotes), the value's
+/// text as written and the record the value is.
+fn member_record(key: &str, value: &str, nested: Record) -> Record {
+    let is = |keys: &[&str]| keys.iter().any(|k| key.eq_ignore_ascii_case(k));
+    let string_among = |words: &[&str]| {
+        value
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .is_some_and(|v| words.iter().any(|w| v.eq_ignore_ascii_case(w)))
+    };
+    let holds_something = || {
+        value.len() > 8 || {
+            let squeezed: String = value.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+            !EMPTY_VALUES.contains(&squeezed.as_str())
+        }
+    };
+    let failed = (is(&ERROR_KEYS) && holds_something())
+        || (is(&STATUS_KEYS) && (string_among(&FAILED_STATUSES) || nested == Record::Error))
+        || (is(&LEVEL_KEYS) && string_among(&ERROR_LEVELS));
+    if failed { Record::Error } else { Record::Other }
+}
 
 /// Why the scanner stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +96,7 @@ pub fn compress(text: &str, limits: &Limits, marker: &str) -> Option<String> {
         Some(Shrink {
             head: limits.json_head,
             tail: limits.json_tail,
+            errors: limits.json_errors,
             marker,
         }),
     );
@@ -50,6 +107,7 @@ pub fn compress(text: &str, limits: &Limits, marker: &str) -> Option<String> {
 struct Shrink<'m> {
     head: usize,
     tail: usize,
+    errors: usize,
     marker: &'m str,
 }
 
@@ -103,12 +161,12 @@ impl<'a, 'm> Scanner<'a, 'm> {
         self.b.get(self.pos).copied().ok_or(ScanError::Eof)
     }
 
-    fn value(&mut self, depth: usize) -> Result<(), ScanError> {
+    fn value(&mut self, depth: usize) -> Result<Record, ScanError> {
         if depth > MAX_DEPTH {
             return Err(ScanError::Syntax);
         }
         match self.peek()? {
-            b'{' => self.object(depth),
+            b'{' => return self.object(depth),
             b'[' => self.array(depth),
             b'"' => self.string(),
             b't' => self.literal("true"),
@@ -116,7 +174,8 @@ impl<'a, 'm> Scanner<'a, 'm> {
             b'n' => self.literal("null"),
             b'-' | b'0'..=b'9' => self.number(),
             _ => Err(ScanError::Syntax),
-        }
+        }?;
+        Ok(Record::Other)
     }
 
     fn literal(&mut self, word: &str) -> Result<(), ScanError> {
@@ -175,7 +234,7 @@ impl<'a, 'm> Scanner<'a, 'm> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<(), ScanError> {
+    fn object(&mut self, depth: usize) -> Result<Record, ScanError> {
         let start = self.pos;
         self.pos += 1;
         self.copy_from(start);
@@ -183,13 +242,16 @@ impl<'a, 'm> Scanner<'a, 'm> {
         if self.peek()? == b'}' {
             self.pos += 1;
             self.copy_from(self.pos - 1);
-            return Ok(());
+            return Ok(Record::Other);
         }
+        let mut record = Record::Other;
         loop {
             if self.peek()? != b'"' {
                 return Err(ScanError::Syntax);
             }
+            let key_start = self.pos;
             self.string()?;
+            let key_end = self.pos;
             self.ws();
             if self.peek()? != b':' {
                 return Err(ScanError::Syntax);
@@ -197,7 +259,16 @@ impl<'a, 'm> Scanner<'a, 'm> {
             self.pos += 1;
             self.copy_from(self.pos - 1);
             self.ws();
-            self.value(depth + 1)?;
+            let value_start = self.pos;
+            let nested = self.value(depth + 1)?;
+            if member_record(
+                &self.text[key_start + 1..key_end - 1],
+                &self.text[value_start..self.pos],
+                nested,
+            ) == Record::Error
+            {
+                record = Record::Error;
+            }
             self.ws();
             match self.peek()? {
                 b',' => {
@@ -208,7 +279,7 @@ impl<'a, 'm> Scanner<'a, 'm> {
                 b'}' => {
                     self.pos += 1;
                     self.copy_from(self.pos - 1);
-                    return Ok(());
+                    return Ok(record);
                 }
                 _ => return Err(ScanError::Syntax),
             }
@@ -225,12 +296,17 @@ impl<'a, 'm> Scanner<'a, 'm> {
             self.copy_from(self.pos - 1);
             return Ok(());
         }
-        // Output offsets of each item's start and end, to cut the middle out afterwards.
-        let mut items: Vec<(usize, usize)> = Vec::new();
+        // Each item's start and end in the output and its record, to cut the middle out
+        // afterwards.
+        let mut items: Vec<Item> = Vec::new();
         loop {
-            let item_start = self.out.len();
-            self.value(depth + 1)?;
-            items.push((item_start, self.out.len()));
+            let start = self.out.len();
+            let record = self.value(depth + 1)?;
+            items.push(Item {
+                start,
+                end: self.out.len(),
+                record,
+            });
             self.ws();
             match self.peek()? {
                 b',' => {
@@ -249,26 +325,59 @@ impl<'a, 'm> Scanner<'a, 'm> {
         }
     }
 
-    /// Replaces the middle items (and the separators between them) by one sentinel item.
-    fn cut_middle(&mut self, items: &[(usize, usize)]) {
+    /// Replaces the middle items but the first error records (and the separators between
+    /// them) by one sentinel item per run of dropped items.
+    fn cut_middle(&mut self, items: &[Item]) {
         let Some(shrink) = &self.shrink else { return };
         let (head, tail) = (shrink.head.max(1), shrink.tail.max(1));
         if items.len() <= head + tail + 1 {
             return;
         }
-        let omitted = items.len() - head - tail;
-        let first_cut = items[head].0;
-        let last_cut = items[items.len() - tail - 1].1;
-        let sentinel = format!(
-            "\"[... {omitted} items omitted; full original: {}]\"",
-            shrink.marker
-        );
-        let rest = self.out[last_cut..].to_owned();
-        self.out.truncate(first_cut);
-        self.out.push_str(&sentinel);
-        self.out.push_str(&rest);
+        let middle = head..items.len() - tail;
+        let kept: Vec<usize> = middle
+            .clone()
+            .filter(|&i| items[i].record == Record::Error)
+            .take(shrink.errors)
+            .collect();
+        if kept.len() == middle.len() {
+            return;
+        }
+        let sentinel = |omitted: usize| {
+            format!(
+                "\"[... {omitted} items omitted; full original: {}]\"",
+                shrink.marker
+            )
+        };
+        let out = &self.out;
+        let mut shrunk = out[..items[head].start].to_owned();
+        let mut i = middle.start;
+        while i < middle.end {
+            // The last item this piece stands for.
+            let last = if kept.contains(&i) {
+                shrunk.push_str(&out[items[i].start..items[i].end]);
+                i
+            } else {
+                let run_end = kept.iter().copied().find(|&k| k > i).unwrap_or(middle.end);
+                shrunk.push_str(&sentinel(run_end - i));
+                run_end - 1
+            };
+            i = last + 1;
+            if i < middle.end {
+                shrunk.push_str(&out[items[last].end..items[i].start]);
+            }
+        }
+        shrunk.push_str(&out[items[middle.end - 1].end..]);
+        self.out = shrunk;
         self.dropped = true;
     }
+}
+
+/// One item of an array as scanned: where it is in the output, and whether it is an error
+/// record.
+struct Item {
+    start: usize,
+    end: usize,
+    record: Record,
 }
 
 #[cfg(test)]
@@ -302,6 +411,90 @@ mod tests {
             "key order and spacing kept"
         );
         assert!(out.starts_with("{\"results\": [\n  {\"id\": 0"));
+    }
+
+    /// mocha 10.8.2's `--reporter json` on a spec of 25 JSON round trips of numbers, the
+    /// thirteenth (`NaN`) failing: its `tests` array holds every test in order, each pass
+    /// with `"err": {}`, the failure with the assertion error.
+    const MOCHA_REPORT: &str = include_str!("../../tests/data/mocha-json-reporter.json");
+
+    #[test]
+    fn an_error_record_in_the_middle_of_an_array_is_kept() {
+        let out =
+            compress(MOCHA_REPORT, &Limits::of(CompressionProfile::Default), M).expect("dropped");
+        let report: serde_json::Value = serde_json::from_str(MOCHA_REPORT).expect("JSON");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("still JSON");
+        let titles = |key: &str| -> Vec<String> {
+            v[key]
+                .as_array()
+                .expect("array")
+                .iter()
+                .map(|t| {
+                    t["title"]
+                        .as_str()
+                        .map_or_else(|| t.to_string(), String::from)
+                })
+                .collect()
+        };
+        let omitted = |n: usize| format!("\"[... {n} items omitted; full original: {M}]\"");
+        assert_eq!(
+            titles("tests"),
+            [
+                "keeps 0",
+                "keeps 1.5",
+                "keeps 3",
+                "keeps 4.5",
+                "keeps 6",
+                &omitted(7),
+                "keeps NaN",
+                &omitted(9),
+                "keeps 31.5",
+                "keeps 33",
+                "keeps 34.5",
+            ]
+        );
+        assert_eq!(v["tests"][6], report["tests"][12], "the failure whole");
+        assert!(
+            v["tests"][6]["err"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("NaN"))
+        );
+        // Every pass says `"err": {}`: no error record, one run dropped.
+        assert_eq!(titles("passes").len(), 5 + 1 + 3);
+        assert_eq!(v["failures"], report["failures"]);
+    }
+
+    #[test]
+    fn what_makes_an_error_record() {
+        let record = |doc: &str| {
+            let mut s = Scanner::new(doc, None);
+            let r = s.value(0).expect("JSON");
+            r == Record::Error
+        };
+        for failed in [
+            r#"{"err": {"message": "boom"}}"#,
+            r#"{"Error": "ENOENT"}"#,
+            r#"{"errors": [{"code": 1}]}"#,
+            r#"{"status": "FAILED"}"#,
+            r#"{"metadata": {}, "status": {"phase": "Failed"}}"#,
+            r#"{"conclusion": "failure"}"#,
+            r#"{"level": "error", "msg": "x"}"#,
+            r#"{"severity": "CRITICAL"}"#,
+        ] {
+            assert!(record(failed), "{failed}");
+        }
+        for other in [
+            r#"{"err": {}}"#,
+            r#"{"error": null, "errors": [ ]}"#,
+            r#"{"failures": 0}"#,
+            r#"{"status": "passed"}"#,
+            r#"{"level": "info", "msg": "error"}"#,
+            r#"{"spec": {"status": "failed"}}"#,
+            r#"["error"]"#,
+            r#""error""#,
+        ] {
+            assert!(!record(other), "{other}");
+        }
     }
 
     #[test]

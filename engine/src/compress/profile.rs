@@ -21,6 +21,8 @@ pub struct Limits {
     /// Items kept at the start and the end of a long JSON array.
     pub json_head: usize,
     pub json_tail: usize,
+    /// Error records kept from the middle of a long JSON array, the earliest first.
+    pub json_errors: usize,
     /// Indentation up to which source lines count as structure (declarations, blocks).
     pub code_indent: usize,
 }
@@ -38,6 +40,7 @@ impl Limits {
                 diff_context: 3,
                 json_head: 10,
                 json_tail: 5,
+                json_errors: 10,
                 code_indent: 4,
             },
             CompressionProfile::Default => Self {
@@ -50,6 +53,7 @@ impl Limits {
                 diff_context: 1,
                 json_head: 5,
                 json_tail: 3,
+                json_errors: 5,
                 code_indent: 0,
             },
             CompressionProfile::Aggressive => Self {
@@ -62,6 +66,7 @@ impl Limits {
                 diff_context: 0,
                 json_head: 2,
                 json_tail: 1,
+                json_errors: 3,
                 code_indent: 0,
             },
         }

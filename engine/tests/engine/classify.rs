@@ -398,8 +398,8 @@ fn cases() -> Vec<Case> {
             "captive portal answers 200 with a page",
             HTML,
             "expected the provider's JSON but got an HTML page [html_body]",
-            10_000,
-            PROXY,
+            BIG,
+            FailureClass::Other(OtherReason::CaptivePortal),
         ),
         broken_reply(
             "malformed JSON in a whole reply",

@@ -12,6 +12,8 @@
 //! - `/throttle/` and `/unavailable/`: every request gets nginx's own 429 or 503 page with
 //!   `Retry-After: 7`, as a gateway's rate limit or maintenance answers
 //!   ([`MIDDLEBOX_RETRY_AFTER`]);
+//! - `/portal/`: every request gets 200 with an HTML login page ([`PORTAL_PAGE`]), as a
+//!   captive portal answers in the upstream's place;
 //! - `/`: plain proxy.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -24,6 +26,11 @@ use std::time::{Duration, Instant};
 pub const BLOCK_PAGE: &str = "<!DOCTYPE html><html><head><title>Request Rejected</title></head>\
 <body><h1>Request Rejected</h1><p>The requested URL was rejected. Please consult with your \
 administrator.</p><p>Your support ID is: 7265739281726</p></body></html>";
+
+/// The HTML page the `/portal/` location answers with, status 200.
+pub const PORTAL_PAGE: &str = "<!DOCTYPE html><html><head><title>Wi-Fi Login</title></head>\
+<body><h1>Welcome</h1><p>Please accept the terms of use to continue.</p>\
+<form method=\"post\" action=\"/login\"><button>Accept</button></form></body></html>";
 
 /// The `Retry-After` seconds of `/throttle/` and `/unavailable/`.
 pub const MIDDLEBOX_RETRY_AFTER: u64 = 7;
@@ -158,6 +165,7 @@ fn config(dir: &Path, port: u16, upstream: SocketAddr, cfg: &MiddleboxConfig) ->
     let big = at_least_regex(cfg.block_at);
     let limit = &cfg.limit;
     let page = BLOCK_PAGE.replace('\'', "\\'");
+    let portal = PORTAL_PAGE.replace('\'', "\\'");
     let wait = MIDDLEBOX_RETRY_AFTER;
     format!(
         r#"daemon off;
@@ -208,6 +216,10 @@ http {{
         location /unavailable/ {{
             add_header Retry-After {wait} always;
             return 503;
+        }}
+        location /portal/ {{
+            default_type text/html;
+            return 200 '{portal}';
         }}
         location / {{
             proxy_pass http://{upstream};
