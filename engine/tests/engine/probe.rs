@@ -102,7 +102,7 @@ fn invalid_json_arguments_name_nothing() {
 }
 
 #[test]
-fn an_error_result_gives_its_first_error_line() {
+fn an_error_result_gives_its_error_lines() {
     let cases = [
         (
             "Error: file not found: src/x.rs\nmore",
@@ -133,14 +133,14 @@ fn an_error_result_gives_its_first_error_line() {
             Some("Traceback (most recent call last):"),
         ),
         (
-            "   Compiling cairn v0.1.0\nerror[E0425]: cannot find value `x`\nerror: aborting",
-            Some("error[E0425]: cannot find value `x`"),
+            "   Compiling cairn v0.1.0\nerror[E0425]: cannot find value `x`\nwarning: unused\nerror: aborting",
+            Some("error[E0425]: cannot find value `x`\nerror: aborting"),
         ),
         (
             "running 3 tests\n  error: bad input\n",
             Some("error: bad input"),
         ),
-        // Not errors: a later line must start with `error[E` or `error:`.
+        // Not errors: a later line must start like a tool's diagnostic.
         ("running 3 tests\ntest result: ok. 0 errors", None),
         ("fn f() -> Result<(), Error> {}", None),
         ("log: an error: happened mid-line", None),
@@ -148,7 +148,11 @@ fn an_error_result_gives_its_first_error_line() {
     ];
     for (content, want) in cases {
         let got = errors_of(content);
-        let want: Vec<Artifact> = want.map(|w| art(Category::Errors, w)).into_iter().collect();
+        let want: Vec<Artifact> = want
+            .into_iter()
+            .flat_map(str::lines)
+            .map(|w| art(Category::Errors, w))
+            .collect();
         assert_eq!(got, want, "{content:?}");
     }
     // Cut to 200 bytes on a character boundary.
