@@ -48,8 +48,13 @@ fn trigger(class: FailureClass) -> &'static str {
 
 /// The Event of a compaction, if it changed the history (routine cheap passes that change
 /// nothing, and ladders the breaker kept from running, are not news).
+/// One that put something out of sight always is.
 pub fn compacted(out: &CompactionOutcome) -> Option<SessionEvent> {
-    if out.not_run.is_some() || out.bytes_after >= out.bytes_before {
+    let lost_sight = out
+        .quality
+        .as_ref()
+        .is_some_and(CompactionScore::lost_sight);
+    if out.not_run.is_some() || (out.bytes_after >= out.bytes_before && !lost_sight) {
         return None;
     }
     let level = match out.level {
@@ -89,6 +94,21 @@ pub fn compacted(out: &CompactionOutcome) -> Option<SessionEvent> {
         reason: "Compacted",
         action: "Compact",
         note,
+    })
+}
+
+/// The Event of a pass outside the ladder that cut (`pass`: a cheap pass, the mirror of a
+/// provider's clearing, admission of a tool result), when its score says it put something
+/// out of sight; one that kept everything in sight is not news.
+pub fn cut(pass: &'static str, q: &CompactionScore) -> Option<SessionEvent> {
+    q.lost_sight().then(|| SessionEvent {
+        warning: false,
+        reason: "Compacted",
+        action: "Compact",
+        note: format!(
+            "{pass} cut tool results; {}, the rest recallable through their markers",
+            in_sight(q)
+        ),
     })
 }
 
@@ -289,6 +309,7 @@ mod tests {
                 .collect(),
             archive_error: None,
             notes: vec![],
+            quality: None,
         }
     }
 
@@ -367,6 +388,34 @@ mod tests {
             "{}",
             ev.note
         );
+    }
+
+    #[test]
+    fn a_cut_outside_the_ladder_is_an_event_only_when_it_put_something_out_of_sight() {
+        let seen = |in_sight, at_stake| cairn_crds::session::InSight { at_stake, in_sight };
+        let mut q = CompactionScore {
+            score: 1.0,
+            level: 0,
+            files: seen(0, 0),
+            commands: seen(0, 0),
+            errors: seen(3, 3),
+            requests: seen(0, 0),
+        };
+        assert_eq!(cut("dedup", &q), None);
+        q.errors = seen(1, 3);
+        q.score = 1.0 / 3.0;
+        let ev = cut("microcompact", &q).expect("an event");
+        assert_eq!((ev.warning, ev.reason), (false, "Compacted"));
+        assert!(
+            ev.note
+                .starts_with("microcompact cut tool results; score 0.33, in sight: errors 1/3"),
+            "{}",
+            ev.note
+        );
+        // A compaction that lost sight of something is news even when it did not shrink.
+        let mut out = outcome(5_000, 5_000, vec![report(Pass::Trim, 5_000, 5_000, 1)]);
+        out.quality = Some(q);
+        assert!(compacted(&out).is_some());
     }
 
     #[test]

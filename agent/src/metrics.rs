@@ -178,6 +178,9 @@ pub struct CompactionLabels {
 pub struct ArtifactLabels {
     pub category: &'static str,
     pub state: &'static str,
+    /// The pass that cut (`microcompact`, `idle_clear`, `dedup`, `mirror`, `admission`) or
+    /// the ladder's highest level (`trim`, `summary`, `emergency`), or `recovery`.
+    pub pass: &'static str,
 }
 
 /// How a level-2 summary ended: `accepted`, `rejected` (with the gate's reason), `failed`,
@@ -546,8 +549,13 @@ impl Metrics {
         Self::default()
     }
 
-    /// A compaction's score: the histogram, and its artifacts by category and state.
-    pub fn compaction_scored(&self, score: &cairn_crds::session::CompactionScore) {
+    /// The score of a compaction or of a pass that cut: the histogram, and its artifacts by
+    /// category, state and pass.
+    pub fn compaction_scored(
+        &self,
+        score: &cairn_crds::session::CompactionScore,
+        pass: &'static str,
+    ) {
         self.compaction_score.observe(score.score);
         for (category, c) in score.categories() {
             for (state, n) in [
@@ -556,7 +564,11 @@ impl Metrics {
             ] {
                 if n > 0 {
                     self.compaction_artifacts
-                        .get_or_create(&ArtifactLabels { category, state })
+                        .get_or_create(&ArtifactLabels {
+                            category,
+                            state,
+                            pass,
+                        })
                         .inc_by(n);
                 }
             }
@@ -713,6 +725,7 @@ mod tests {
             .get_or_create(&ArtifactLabels {
                 category: "files",
                 state: "in_sight",
+                pass: "summary",
             })
             .inc();
         m.summaries

@@ -138,12 +138,12 @@ pub struct CompactionPolicySpec {
 pub struct QualitySpec {
     /// The lowest score a compaction may end with: the mean share, over files, commands,
     /// errors and user requests, of what it replaced that the compacted history still
-    /// shows. Below it, the compaction widens its ledger section (up to a quarter of its
+    /// shows. Below it, the compaction widens its ledger section (all the room left under its
     /// target, never past it) and scores again; a compaction that stays below is counted
     /// in `status.session.compactionQuality.belowMinScore` and its Compacted Event is a
-    /// Warning. 0 < minScore <= 1. Default: none.
+    /// Warning. 0 <= minScore <= 1; 0 turns the threshold off. Default: 0.9.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1.0").message("quality.minScore must be greater than 0 and at most 1"))]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self <= 1.0").message("quality.minScore must be between 0 and 1"))]
     pub min_score: Option<f64>,
 }
 
@@ -504,13 +504,24 @@ pub struct EffectivePolicy {
     pub quality: Quality,
 }
 
+/// `quality.minScore` when no layer sets it.
+pub const DEFAULT_MIN_SCORE: f64 = 0.9;
+
 /// The effective compaction score threshold.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Quality {
-    /// `None`: no threshold.
+    /// `None`: no threshold (`minScore: 0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_score: Option<f64>,
+}
+
+impl Default for Quality {
+    fn default() -> Self {
+        Self {
+            min_score: Some(DEFAULT_MIN_SCORE),
+        }
+    }
 }
 
 impl Quality {
@@ -911,7 +922,7 @@ impl EffectivePolicy {
             self.dedup.read_tools.clone_from(tools);
         }
         if let Some(q) = o.quality.as_ref().and_then(|q| q.min_score) {
-            self.quality.min_score = Some(q);
+            self.quality.min_score = (q != 0.0).then_some(q);
         }
         if let Some(m) = &o.memory {
             set(&mut self.memory.enabled, m.enabled);
@@ -1162,9 +1173,13 @@ mod tests {
     }
 
     #[test]
-    fn quality_min_score_is_off_by_default_and_a_session_can_set_it() {
+    fn quality_min_score_is_0_9_by_default_and_a_session_can_set_it_or_turn_it_off() {
         let default = resolve(None, None).expect("defaults");
-        assert_eq!(default.quality.min_score, None);
+        assert_eq!(default.quality.min_score, Some(DEFAULT_MIN_SCORE));
+        let off = spec_yaml("quality: {minScore: 0}\n");
+        let off = resolve(None, Some(&off)).expect("valid");
+        assert_eq!(off.quality.min_score, None);
+        assert_ne!(off.hash(), default.hash());
         let policy = spec_yaml("quality: {minScore: 0.8}\n");
         let p = resolve(Some(&policy), None).expect("valid");
         assert_eq!(p.quality.min_score, Some(0.8));

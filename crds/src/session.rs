@@ -874,6 +874,13 @@ impl CompactionScore {
             ("requests", self.requests),
         ]
     }
+
+    /// Something at stake is no longer in sight (only recallable through a marker).
+    pub fn lost_sight(&self) -> bool {
+        self.categories()
+            .iter()
+            .any(|(_, c)| c.in_sight < c.at_stake)
+    }
 }
 
 /// Artifacts of one category a compaction put at stake, and how many stay in sight.

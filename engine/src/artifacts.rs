@@ -9,10 +9,15 @@
 //!   `filename` or `file`, and each string of an array under `paths` or `files`, is a file.
 //!   A string under `command`, `cmd` or `script`, or an array of strings there joined by
 //!   single spaces, is a command.
-//! - a tool message: its error line, when its first non-empty line starts with `Error`,
-//!   `error`, `ERROR`, `fatal`, `panic`, `Traceback` or is `thread '…' panicked…`, that line;
-//!   otherwise the first line starting with `error[E` or `error:` (compiler and cargo
-//!   output); otherwise none.
+//! - a tool message: its error lines, the first [`MAX_ERRORS`] distinct ones. Its first
+//!   non-empty line when it starts with `Error`, `error`, `ERROR`, `fatal` or `panic`, or is
+//!   `thread '…' panicked…`; then any line that reads as a diagnostic of a common tool:
+//!   rustc and cargo (`error[E…`, `error:`, never `warning:`), a Rust panic (`thread '…'
+//!   panicked at`), pytest (`E   …` assertion lines other than their `+` explanations,
+//!   `FAILED …`, `ERROR …`), Go (`--- FAIL: …`, `panic: …`, `FAIL\t…`), `exit status N`,
+//!   npm (`npm ERR! …`, `npm error …`), kubectl (`Error from server (…): …`, `error: …`),
+//!   git (`fatal: …`), and for a Python `Traceback (most recent call last):` the exception
+//!   line that ends it (`ValueError: …`; the header itself when the traceback is cut short).
 //! - a user message: its content, trimmed.
 //!
 //! Texts are trimmed; errors and requests are cut to [`MAX_TEXT`] bytes on a character
@@ -21,6 +26,9 @@
 
 use std::collections::BTreeSet;
 
+use std::sync::LazyLock;
+
+use aho_corasick::AhoCorasick;
 use serde_json::Value;
 
 use crate::compact::text::floor_boundary;
@@ -29,6 +37,8 @@ use crate::history::{Message, Role, ToolCall};
 
 /// Errors and requests are cut to this many bytes.
 pub const MAX_TEXT: usize = 200;
+/// Error lines taken from one tool result.
+pub const MAX_ERRORS: usize = 3;
 
 /// JSON nesting walked inside tool-call arguments.
 const MAX_DEPTH: usize = 8;
@@ -41,9 +51,41 @@ const FILE_LIST_KEYS: &[&str] = &["paths", "files"];
 const COMMAND_KEYS: &[&str] = &["command", "cmd", "script"];
 
 /// Prefixes of a first line that make a tool result an error.
-const ERROR_STARTS: &[&str] = &["Error", "error", "ERROR", "fatal", "panic", "Traceback"];
-/// Prefixes of any line that make a tool result an error (compiler and cargo diagnostics).
-const ERROR_LINES: &[&str] = &["error[E", "error:"];
+const ERROR_STARTS: &[&str] = &["Error", "error", "ERROR", "fatal", "panic"];
+/// Prefixes of any line (trimmed) that make it an error line: compiler and test-runner
+/// diagnostics. Each must be followed by some text.
+const ERROR_LINES: &[&str] = &[
+    "error[E",
+    "error:",
+    "FAILED ",
+    "ERROR ",
+    "--- FAIL: ",
+    "panic: ",
+    "FAIL\t",
+    "npm ERR! ",
+    "npm error ",
+    "Error from server (",
+    "fatal: ",
+];
+/// The header of a Python traceback; its exception line is the error.
+const TRACEBACK: &str = "Traceback (most recent call last):";
+/// Lines between the tracebacks of a chained Python exception.
+const TRACEBACK_CHAINS: &[&str] = &[
+    "During handling of the above exception",
+    "The above exception was the direct cause",
+];
+/// Words one of which every error line holds (ASCII case ignored): the prefilter that lets
+/// a result holding none skip the line walk.
+const ERROR_WORDS: &[&str] = &[
+    "error",
+    "fail",
+    "panic",
+    "fatal",
+    "traceback",
+    "exit status",
+    "err!",
+    "\nE ",
+];
 
 impl Artifact {
     fn new(category: Category, text: &str) -> Option<Self> {
@@ -64,9 +106,9 @@ pub fn of_message(m: &Message) -> Vec<Artifact> {
     let found: Vec<Artifact> = match m.role {
         Role::System => Vec::new(),
         Role::Assistant => of_calls(&m.tool_calls),
-        Role::Tool => error_line(&m.content)
-            .and_then(|l| Artifact::new(Category::Errors, cut(l)))
+        Role::Tool => error_lines(&m.content)
             .into_iter()
+            .filter_map(|l| Artifact::new(Category::Errors, l))
             .collect(),
         Role::User => Artifact::new(Category::Requests, cut(m.content.trim()))
             .into_iter()
@@ -151,22 +193,98 @@ fn command_text(v: &Value) -> Option<String> {
     }
 }
 
-/// The line that says a tool result is an error (see the module comment), trimmed.
-pub fn error_line(content: &str) -> Option<&str> {
-    let mut lines = content.lines().map(str::trim).filter(|l| !l.is_empty());
-    let first = lines.next()?;
-    if is_error_start(first) || ERROR_LINES.iter().any(|p| first.starts_with(p)) {
-        return Some(first);
+/// The error lines of a tool result (see the module comment): the first [`MAX_ERRORS`]
+/// distinct ones, each trimmed and cut to [`MAX_TEXT`] bytes.
+pub fn error_lines(content: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    // Most results hold no diagnostic at all: one search for all the words skips the walk.
+    if !may_hold_errors(content) {
+        return out;
     }
-    // Most results hold no diagnostic at all: one substring search skips the line walk.
-    memchr::memmem::find(content.as_bytes(), b"error")?;
-    lines.find(|l| ERROR_LINES.iter().any(|p| l.starts_with(p)))
+    let mut lines = content.lines();
+    let mut first = true;
+    while let Some(raw) = lines.next() {
+        let line = raw.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let is_first = std::mem::take(&mut first);
+        if line.starts_with(TRACEBACK) {
+            let exception = lines.by_ref().map(str::trim_end).find(|l| {
+                !l.is_empty()
+                    && !l.starts_with(char::is_whitespace)
+                    && !TRACEBACK_CHAINS.iter().any(|c| l.starts_with(c))
+            });
+            if push_distinct(&mut out, exception.unwrap_or(line)) {
+                break;
+            }
+            continue;
+        }
+        let error = (is_first && is_error_start(line))
+            || is_error_line(line)
+            || is_pytest_assertion(raw)
+            || is_exit_status(line);
+        if error && push_distinct(&mut out, line) {
+            break;
+        }
+    }
+    out
+}
+
+/// Adds `line` (trimmed, cut) to `out` unless there already; true once `out` is full.
+fn push_distinct<'a>(out: &mut Vec<&'a str>, line: &'a str) -> bool {
+    let line = cut(line.trim());
+    if !line.is_empty() && !out.contains(&line) {
+        out.push(line);
+    }
+    out.len() >= MAX_ERRORS
+}
+
+/// The first of [`error_lines`]: the line that says a tool result is an error.
+pub fn error_line(content: &str) -> Option<&str> {
+    error_lines(content).into_iter().next()
+}
+
+/// True when `content` holds one of [`ERROR_WORDS`] (or the automaton could not be built).
+fn may_hold_errors(content: &str) -> bool {
+    static WORDS: LazyLock<Option<AhoCorasick>> = LazyLock::new(|| {
+        AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(ERROR_WORDS)
+            .ok()
+    });
+    WORDS.as_ref().is_none_or(|w| w.is_match(content))
 }
 
 /// True when `line` (trimmed) starts like an error (see the module comment).
 pub(crate) fn is_error_start(line: &str) -> bool {
-    ERROR_STARTS.iter().any(|p| line.starts_with(p))
-        || (line.starts_with("thread '") && line.contains("' panicked"))
+    ERROR_STARTS.iter().any(|p| line.starts_with(p)) || is_rust_panic(line)
+}
+
+fn is_error_line(line: &str) -> bool {
+    ERROR_LINES
+        .iter()
+        .any(|p| line.len() > p.len() && line.starts_with(p))
+        || is_rust_panic(line)
+}
+
+/// `thread 'main' panicked at …`, with or without the thread id newer Rust prints.
+fn is_rust_panic(line: &str) -> bool {
+    line.starts_with("thread '") && line.contains(" panicked")
+}
+
+/// pytest's `E   assert 2 == 3`, not its `E    +  where …` explanations.
+fn is_pytest_assertion(raw: &str) -> bool {
+    raw.strip_prefix("E ").is_some_and(|rest| {
+        let rest = rest.trim_start();
+        !rest.is_empty() && !rest.starts_with('+')
+    })
+}
+
+/// `exit status 2`.
+fn is_exit_status(line: &str) -> bool {
+    line.strip_prefix("exit status ")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// `s` cut to at most [`MAX_TEXT`] bytes on a character boundary.
@@ -182,4 +300,110 @@ fn distinct(found: Vec<Artifact>) -> Vec<Artifact> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Output recorded from the real tool.
+    fn recorded(name: &str) -> &'static str {
+        match name {
+            "cargo_build" => include_str!("../tests/fixtures/tool_output/cargo_build.txt"),
+            "cargo_test" => include_str!("../tests/fixtures/tool_output/cargo_test.txt"),
+            "pytest" => include_str!("../tests/fixtures/tool_output/pytest.txt"),
+            "pytest_fail" => include_str!("../tests/fixtures/tool_output/pytest_fail.txt"),
+            "traceback" => include_str!("../tests/fixtures/tool_output/traceback.txt"),
+            "go_test" => include_str!("../tests/fixtures/tool_output/go_test.txt"),
+            "npm_missing" => include_str!("../tests/fixtures/tool_output/npm_missing.txt"),
+            "git" => include_str!("../tests/fixtures/tool_output/git.txt"),
+            "kubectl_apply" => include_str!("../tests/fixtures/tool_output/kubectl_apply.txt"),
+            _ => "",
+        }
+    }
+
+    #[test]
+    fn real_tool_failures_give_their_error_lines() {
+        let cases: [(&str, &[&str]); 9] = [
+            (
+                "cargo_build",
+                &[
+                    "error[E0425]: cannot find value `undefined_name` in this scope",
+                    "error[E0308]: mismatched types",
+                    "error: could not compile `rsfail` (bin \"rsfail\") due to 2 previous errors",
+                ],
+            ),
+            (
+                "cargo_test",
+                &[
+                    "thread 'tests::adds' (10422) panicked at src/lib.rs:6:17:",
+                    "error: test failed, to rerun pass `--lib`",
+                ],
+            ),
+            (
+                "pytest",
+                &[
+                    "E   ModuleNotFoundError: No module named 'nonexistent_module_xyz'",
+                    "ERROR test_broken.py",
+                    "exit status 2",
+                ],
+            ),
+            (
+                "pytest_fail",
+                &[
+                    "E       assert 2 == 3",
+                    "E       KeyError: 'value'",
+                    "FAILED test_calc.py::test_parse_value - assert 2 == 3",
+                ],
+            ),
+            (
+                "traceback",
+                &[
+                    "json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+                ],
+            ),
+            (
+                "go_test",
+                &[
+                    "--- FAIL: TestAdd (0.00s)",
+                    "--- FAIL: TestIndex (0.00s)",
+                    "panic: runtime error: index out of range [3] with length 1 [recovered, repanicked]",
+                ],
+            ),
+            (
+                "npm_missing",
+                &[
+                    "npm error Missing script: \"nonexistent-script\"",
+                    "npm error To see a list of scripts, run:",
+                    "npm error   npm run",
+                ],
+            ),
+            (
+                "git",
+                &["fatal: not a git repository (or any of the parent directories): .git"],
+            ),
+            (
+                "kubectl_apply",
+                &["error: the path \"/nonexistent.yaml\" does not exist"],
+            ),
+        ];
+        for (name, want) in cases {
+            let output = recorded(name);
+            assert!(!output.is_empty(), "{name} is recorded");
+            assert_eq!(error_lines(output), want.to_vec(), "{name}");
+            for line in want {
+                assert!(output.contains(line), "{name}: {line} is verbatim");
+            }
+        }
+    }
+
+    #[test]
+    fn warnings_and_passing_runs_are_no_errors() {
+        let warning = "warning: unused variable: `unused`\n --> src/main.rs:4:9\n";
+        assert!(error_lines(warning).is_empty());
+        assert!(error_lines("test result: ok. 3 passed; 0 failed\n").is_empty());
+        assert!(error_lines("E\nE    +  where 2 = f()\n").is_empty());
+        assert_eq!(error_lines("ok\nexit status 1\n"), ["exit status 1"]);
+        assert!(error_lines("exit status unknown").is_empty());
+    }
 }

@@ -218,6 +218,7 @@ pub async fn recover(
             None => floor_error(history, class, err, ctx, state),
         });
     }
+    report.quality.clone_from(&out.quality);
     Ok(RecoveryOutcome {
         attempt,
         class,

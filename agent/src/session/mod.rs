@@ -18,7 +18,9 @@ mod validity;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use cairn_crds::session::{ArchiveCheck, HeadroomReport, LastRecovery, SessionStats, TokenStats};
+use cairn_crds::session::{
+    ArchiveCheck, CompactionScore, HeadroomReport, LastRecovery, SessionStats, TokenStats,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -568,7 +570,7 @@ impl Session {
     /// Every tool result enters the history through here (client outputs with the turn's
     /// input, built-in tool results inside the turn): see [`compress::admit_tool_result`].
     pub(crate) async fn admit_tool_result(
-        &self,
+        &mut self,
         message: &mut Message,
         origin: compress::ToolOrigin,
     ) -> compress::Admission {
@@ -580,6 +582,9 @@ impl Session {
             &self.compression_counters,
         )
         .await;
+        if let Some(q) = compress::admission_score(&admission, message) {
+            self.publish_cut_score(crate::compact::Pass::Admission.label(), &q);
+        }
         if admission != compress::Admission::Whole {
             tracing::debug!(
                 ?admission,
@@ -588,6 +593,16 @@ impl Session {
             );
         }
         admission
+    }
+
+    /// Publishes the score of a pass that cut outside the ladder (a cheap pass, the mirror
+    /// of a provider's clearing, admission; the ladder scores its own compactions): in
+    /// `status.session.compactionQuality`, the metrics, and an Event when it put something
+    /// out of sight.
+    pub(crate) fn publish_cut_score(&mut self, pass: &'static str, q: &CompactionScore) {
+        self.state.quality.record(q.clone());
+        self.metrics.compaction_scored(q, pass);
+        self.events.emit(crate::events::cut(pass, q));
     }
 
     /// The context window requests are budgeted against (configured, or learned if tighter).
@@ -862,7 +877,13 @@ impl Session {
                 .inc();
         }
         if let Some(q) = &out.quality {
-            self.metrics.compaction_scored(q);
+            let pass = out
+                .reports
+                .iter()
+                .rev()
+                .find(|r| r.is_change())
+                .map_or("compaction", |r| r.pass.label());
+            self.metrics.compaction_scored(q, pass);
         }
         if out.not_run.is_none() {
             self.metrics

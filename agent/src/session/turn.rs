@@ -708,6 +708,11 @@ impl Session {
         if repaired.is_change() || reports.iter().any(PassReport::is_change) {
             self.history.changed(0);
         }
+        for r in &reports {
+            if let Some(q) = &r.quality {
+                self.publish_cut_score(r.pass.label(), q);
+            }
+        }
         reports
     }
 
@@ -1075,7 +1080,7 @@ impl Session {
             })
             .inc();
         if let Some(q) = &o.quality {
-            self.metrics.compaction_scored(q);
+            self.metrics.compaction_scored(q, "recovery");
         }
         self.events.emit(Some(crate::events::recovered(class, o)));
         self.last_recovery = Some(LastRecovery {
@@ -1268,6 +1273,9 @@ impl Session {
             .inc();
         if out.stubbed == 0 {
             return;
+        }
+        if let Some(q) = &out.quality {
+            self.publish_cut_score(crate::compact::Pass::Mirror.label(), q);
         }
         if changes.pre.is_none() {
             changes.pre = Some(before);

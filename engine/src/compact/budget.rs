@@ -72,7 +72,9 @@ pub async fn cut(
     report.archived = distinct(&keys);
     let mut cuts = Vec::with_capacity(caps.len());
     for ((i, cap), key) in caps.into_iter().zip(keys) {
-        if let Some(p) = text::preview_within(&history[i].content, cap, &key) {
+        if let Some(p) = text::preview_within(&history[i].content, cap, &key)
+            .and_then(|p| text::keeping_errors(p, &history[i]))
+        {
             cuts.push((i, std::mem::replace(&mut history[i].content, p)));
             report.changed += 1;
         }

@@ -366,7 +366,7 @@ pub async fn dedup_reads(
         if m.meta.preserve_verbatim
             || m.meta.is_summary
             || m.content.is_empty()
-            || stub(read, &placeholder).len() >= m.content.len()
+            || text::keeping_errors(stub(read, &placeholder), m).is_none()
         {
             continue;
         }
@@ -390,8 +390,15 @@ pub async fn dedup_reads(
     let staged: Vec<(usize, String, Key)> = edits
         .iter()
         .zip(&keys)
-        .map(|((i, read), key)| (*i, stub(read, key), *key))
+        .filter_map(|((i, read), key)| {
+            Some((
+                *i,
+                text::keeping_errors(stub(read, key), &history[*i])?,
+                *key,
+            ))
+        })
         .collect();
+    let snapshot = super::probe::Snapshot::of(history);
     for (i, content, key) in staged {
         let m = &mut history[i];
         super::ledger::note_cut(m);
@@ -400,6 +407,7 @@ pub async fn dedup_reads(
         report.changed += 1;
     }
     report.bytes_after = history::weight(history);
+    super::probe::grade_pass(&mut report, &snapshot, history);
     report
 }
 

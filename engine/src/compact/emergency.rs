@@ -10,7 +10,7 @@
 //! `nuclearKeepMessages`, then only the newest user message), so the level converges on any
 //! window that can hold the system prompt and the newest message at all.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use cairn_crds::EffectivePolicy;
 
@@ -227,6 +227,8 @@ pub async fn shrink_largest(
     let mut weight = history::weight(history);
     let mut originals: HashMap<usize, (String, Key)> = HashMap::new();
     let mut exhausted = vec![false; history.len()];
+    // Previews cut again from their fetched original: counted as changed once actually cut.
+    let mut refetched: HashSet<usize> = HashSet::new();
     while weight > target {
         let Some(i) = (0..history.len())
             .filter(|&i| {
@@ -253,10 +255,11 @@ pub async fn shrink_largest(
                 && let Ok(orig) = String::from_utf8(orig)
             {
                 originals.insert(i, (orig, key));
+                refetched.insert(i);
             } else {
                 if let (Some(k), Some(st)) = (key, text::parse_stats(c)) {
-                    let s = text::stub("message", st, &k);
-                    if s.len() < current {
+                    let s = text::keeping_errors(text::stub("message", st, &k), &history[i]);
+                    if let Some(s) = s {
                         weight = weight - current + s.len();
                         super::ledger::note_cut(&mut history[i]);
                         history[i].content = s;
@@ -297,10 +300,15 @@ pub async fn shrink_largest(
             break;
         };
         let want = current.saturating_sub(excess).max(FLOOR_CHARS);
-        match text::preview_within(orig, want, key) {
+        // The original moved out of the message: its errors are in its ledger.
+        let errors = text::errors_to_keep(&history[i]);
+        match text::preview_within(orig, want, key).map(|p| text::with_errors(p, &errors)) {
             Some(p) if p.len() < current => {
                 weight = weight - current + p.len();
                 history[i].content = p;
+                if refetched.remove(&i) {
+                    report.changed += 1;
+                }
                 exhausted[i] = want <= FLOOR_CHARS;
             }
             _ => {

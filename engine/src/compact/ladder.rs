@@ -11,6 +11,7 @@
 use cairn_crds::EffectivePolicy;
 use cairn_crds::session::CompactionScore;
 
+use crate::artifacts::Artifact;
 use crate::ccr::Store;
 use crate::history::{self, Message};
 
@@ -153,13 +154,20 @@ pub async fn compact(
     }
     let fits = |h: &[Message]| history::weight(h) <= target;
     let snapshot = probe::Snapshot::of(history);
+    // What each pass put at stake, by report index: graded against the history the whole
+    // compaction leaves.
+    let mut stakes = PassStakes::default();
 
+    let before = probe::Snapshot::of(history);
     out.reports
         .push(verbatim::enforce(history, budget, ctx.trigger, ctx.store).await);
+    stakes.note(&out.reports, &before, history);
 
     if !fits(history) || manual {
+        let before = probe::Snapshot::of(history);
         out.reports
             .push(trim::trim(history, ctx.policy, ctx.trigger, ctx.store).await);
+        stakes.note(&out.reports, &before, history);
         out.level = Some(1);
     }
 
@@ -172,6 +180,7 @@ pub async fn compact(
             state.summaries.skipped += 1;
             out.level2_skipped = true;
         } else {
+            let mut before = probe::Snapshot::of(history);
             let (report, outcome) =
                 summarize::summarize(history, ctx.policy, ctx.trigger, s, ctx.store).await;
             // The session memory replaced what it covers; when that is not enough, level 2
@@ -185,6 +194,8 @@ pub async fn compact(
             {
                 out.level = Some(2);
                 out.reports.push(report);
+                stakes.note(&out.reports, &before, history);
+                before = probe::Snapshot::of(history);
                 let plain = WithoutMemory(s);
                 summarize::summarize(history, ctx.policy, ctx.trigger, &plain, ctx.store).await
             } else {
@@ -216,6 +227,7 @@ pub async fn compact(
                 }
             }
             out.reports.push(report);
+            stakes.note(&out.reports, &before, history);
         }
     }
 
@@ -223,10 +235,12 @@ pub async fn compact(
         // Level 3 runs next: the summary's ledger section is written now, in the room a
         // section takes of the target, so that level 3 keeps it (it never cuts cairn's own
         // stand-ins) or carries its entries into its notice.
-        ledger::render_newest_within(history, ledger::room(target, 0));
+        ledger::render_newest_within(history, ledger::before_level3(target));
     }
     let mut before_level3 = None;
+    let mut level3 = None;
     if !fits(history) {
+        level3 = Some((out.reports.len(), probe::Snapshot::of(history)));
         // With a score to meet, level 3 may run again from here with a wider ledger section.
         before_level3 = ctx.policy.quality.min_score.map(|_| history.clone());
         let (report, _) =
@@ -247,6 +261,11 @@ pub async fn compact(
         state.quality.below_min_score += u64::from(out.below_min_score.is_some());
         out.quality = Some(score);
     }
+    // Level 3 may have run again while graded: what it put at stake is read at the end.
+    if let Some((i, before)) = level3 {
+        stakes.0.push((i, before.at_stake(history)));
+    }
+    stakes.grade(&mut out.reports, history);
     out.bytes_after = history::weight(history);
     out.met = out.bytes_after <= target;
     if ctx.trigger == Trigger::Recovery {
@@ -327,6 +346,34 @@ async fn grade(
         r.notes.push(note);
     }
     score
+}
+
+/// What each pass of a compaction put at stake, by the index of its report.
+#[derive(Default)]
+struct PassStakes(Vec<(usize, Vec<Artifact>)>);
+
+impl PassStakes {
+    /// The newest of `reports`, run on the history of `before`, left `after`.
+    fn note(&mut self, reports: &[PassReport], before: &probe::Snapshot, after: &[Message]) {
+        if let Some(i) = reports.len().checked_sub(1)
+            && reports[i].is_change()
+        {
+            self.0.push((i, before.at_stake(after)));
+        }
+    }
+
+    /// Scores each pass on its report: of what it put at stake, what `history`, the history
+    /// the compaction left, still shows.
+    fn grade(self, reports: &mut [PassReport], history: &[Message]) {
+        for (i, stake) in self.0 {
+            if let Some(r) = reports.get_mut(i)
+                && r.is_change()
+            {
+                let level = r.level().unwrap_or(0);
+                r.quality = Some(probe::score(&stake, history, level));
+            }
+        }
+    }
 }
 
 /// A summarizer with its session memory hidden: level 2 proper.

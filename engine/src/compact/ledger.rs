@@ -15,30 +15,31 @@
 //! segment whose marker the stand-in carries.
 //!
 //! The section is written once per compaction, into its stand-in, and only within the room
-//! the history leaves under the compaction's target (at most a twentieth of the target and
-//! [`MAX_BYTES`]): after a summary, what the history weighs; at level 3, what its kept
-//! tail weighs at its floor. So it never costs a compaction its convergence. When the room
-//! is short, files and commands come first, then the newest errors, then the newest
-//! requests; what is not shown is counted in a line that carries the segment's marker.
+//! the history leaves under the compaction's target (at most a [`SHARE`]th of the target):
+//! after a summary, what the history weighs; at level 3, what its kept tail weighs at its
+//! floor. So it never costs a compaction its convergence. When the room is short, files and
+//! commands come first, then the newest errors, then the newest requests; what is not shown
+//! is counted in a line that carries the segment's marker. A summary written before level 3
+//! runs takes less ([`before_level3`]): level 3 carries its entries into its own notice.
 //!
 //! A compaction that scores below the policy's `quality.minScore` widens the section of its
 //! stand-in ([`Width::Wide`]): after a summary, all the room left under its target
-//! ([`widen_newest`]); at level 3, level 3 runs again from the same history with that room
-//! at its floor, cutting its kept tail further. Either way at most a [`WIDE_SHARE`]th of the
-//! target, and never past it.
+//! ([`widen_newest`]); at level 3, level 3 runs again from the same history with all the
+//! room left at its floor, cutting its kept tail further. Never past the target.
 
 use crate::artifacts::{self, Artifact, Category};
 use crate::ccr::Key;
 use crate::history::{self, Message};
 
 /// Entries one stand-in keeps; older ones are folded.
-pub const MAX_ENTRIES: usize = 256;
-/// The section takes at most this many bytes.
-pub const MAX_BYTES: usize = 4_096;
-/// ... and at most this fraction (1/N) of the compaction's target.
-pub const TARGET_SHARE: usize = 20;
-/// A widened section takes at most this fraction (1/N) of the compaction's target.
-pub const WIDE_SHARE: usize = 4;
+pub const MAX_ENTRIES: usize = 1_024;
+/// A section takes at most this fraction (1/N) of the compaction's target.
+pub const SHARE: usize = 4;
+/// The section of a summary that level 3 follows takes at most this fraction (1/N) of the
+/// target ...
+pub const BEFORE_LEVEL3_SHARE: usize = 20;
+/// ... and at most this many bytes.
+pub const BEFORE_LEVEL3_MAX_BYTES: usize = 4_096;
 /// First line of the section in a stand-in's content.
 pub const HEADING: &str =
     "[cairn: ledger of the messages above this point that were removed: what they touched";
@@ -109,14 +110,14 @@ pub fn without_section(content: &str) -> &str {
 /// How much of a compaction's target a section may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Width {
-    /// At most a [`TARGET_SHARE`]th of the target and [`MAX_BYTES`].
+    /// At most a [`SHARE`]th of the target.
     Normal,
-    /// At most a [`WIDE_SHARE`]th of the target (`quality.minScore` asks for more).
+    /// All the room left under the target (`quality.minScore` asks for more).
     Wide,
 }
 
 /// The room a section may take under `target` when the history weighs (or can be cut to)
-/// `weight`: what is left, at most a [`TARGET_SHARE`]th of the target and [`MAX_BYTES`].
+/// `weight`: what is left, at most a [`SHARE`]th of the target.
 pub fn room(target: usize, weight: usize) -> usize {
     room_with(target, weight, Width::Normal)
 }
@@ -125,9 +126,16 @@ pub fn room(target: usize, weight: usize) -> usize {
 pub fn room_with(target: usize, weight: usize, width: Width) -> usize {
     let left = target.saturating_sub(weight);
     match width {
-        Width::Normal => left.min(target / TARGET_SHARE).min(MAX_BYTES),
-        Width::Wide => left.min(target / WIDE_SHARE),
+        Width::Normal => left.min(target / SHARE),
+        Width::Wide => left,
     }
+}
+
+/// The room of the section of a summary level 3 follows: at most a
+/// [`BEFORE_LEVEL3_SHARE`]th of `target` and [`BEFORE_LEVEL3_MAX_BYTES`], since level 3
+/// keeps the summary whole and writes its entries into its own notice's section too.
+pub fn before_level3(target: usize) -> usize {
+    (target / BEFORE_LEVEL3_SHARE).min(BEFORE_LEVEL3_MAX_BYTES)
 }
 
 /// Writes the section of the newest stand-in that carries a ledger and has no section yet,
@@ -170,7 +178,7 @@ fn append_section(m: &mut Message, room: usize) -> usize {
 }
 
 /// Writes the section of the newest stand-in that carries a ledger again, in all the room
-/// `history` leaves under `target` without it, at most a [`WIDE_SHARE`]th of the target.
+/// `history` leaves under `target` without it.
 /// Returns whether the section grew (a section that would not is left as it was).
 pub fn widen_newest(history: &mut [Message], target: usize) -> bool {
     let Some(i) = history

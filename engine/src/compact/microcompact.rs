@@ -19,7 +19,7 @@ use crate::history::{self, Message, Role};
 
 use super::archive::{archive_all_checked, distinct, note_archived};
 use super::text::{self, Stats};
-use super::{Pass, PassReport, Trigger};
+use super::{Pass, PassReport, Trigger, probe};
 
 /// Tool results the idle rule leaves alone.
 pub const IDLE_KEEP_RECENT: usize = 5;
@@ -149,7 +149,9 @@ pub async fn microcompact(
     };
     report.archived = distinct(&keys);
     let edits: Vec<Edit> = staged.into_iter().map(|s| s.edit).collect();
+    let snapshot = probe::Snapshot::of(history);
     apply_edits(history, edits, keys, policy, &mut report);
+    probe::grade_pass(&mut report, &snapshot, history);
     report
 }
 
@@ -283,10 +285,12 @@ fn apply_edits(
             Render::Stub => {
                 let Some(key) = keys.next() else { break };
                 let s = text::stub(&tool_label(m), Stats::of(&m.content), &key);
-                ((s.len() < m.content.len()).then_some(s), key)
+                (Some(s), key)
             }
         };
-        let Some(content) = content else { continue };
+        let Some(content) = content.and_then(|c| text::keeping_errors(c, m)) else {
+            continue;
+        };
         report.bytes_after = report.bytes_after - m.content.len() + content.len();
         super::ledger::note_cut(m);
         m.content = content;

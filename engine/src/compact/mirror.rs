@@ -8,17 +8,22 @@
 use crate::ccr::{Key, Store};
 use crate::history::{Message, Role};
 
+use cairn_crds::session::CompactionScore;
+
 use super::archive::{archive_all, note_archived};
-use super::text;
+use super::{probe, text};
 
 /// What mirroring did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Mirrored {
     /// Tool results turned into stubs.
     pub stubbed: usize,
     pub archived: Vec<Key>,
     pub bytes_before: usize,
     pub bytes_after: usize,
+    /// What the history still shows of what the mirror cut or replaced ([`probe::score`]),
+    /// when it changed anything.
+    pub quality: Option<CompactionScore>,
 }
 
 /// Indexes of the tool results the server cleared: the oldest `cleared` of those it may
@@ -89,15 +94,22 @@ pub async fn mirror_cleared_tool_uses(
             pairs.push((i, key));
         }
     }
+    let snapshot = probe::Snapshot::of(history);
     for (i, key) in pairs {
         let m = &mut history[i];
         let st = text::Stats::of(&m.content);
         super::ledger::note_cut(m);
-        m.content = text::stub("tool result (cleared by the provider)", st, &key);
+        // The provider cleared it whatever its size: the stub keeps its errors even when
+        // that makes it no shorter.
+        let stub = text::stub("tool result (cleared by the provider)", st, &key);
+        m.content = text::with_errors(stub, &text::errors_to_keep(m));
         note_archived(m, &key);
         out.stubbed += 1;
         out.bytes_after += m.content.len();
         out.archived.push(key);
+    }
+    if out.stubbed > 0 {
+        out.quality = Some(probe::score(&snapshot.at_stake(history), history, 0));
     }
     out
 }
@@ -125,6 +137,8 @@ pub async fn mirror_compaction(
             return None;
         }
     };
+    // The item stands for the whole segment: all of it is at stake.
+    let stake = probe::Snapshot::of(&segment).at_stake(&[]);
     let st = text::Stats::of(&text);
     let mut m = Message::user(text::stub(
         &format!(
@@ -142,10 +156,15 @@ pub async fn mirror_compaction(
         archived: vec![key],
         bytes_before: crate::history::weight(&segment),
         bytes_after: m.weight(),
+        quality: None,
     };
     *history = system;
     history.push(m);
-    Some(out)
+    let quality = probe::score(&stake, history, 0);
+    Some(Mirrored {
+        quality: Some(quality),
+        ..out
+    })
 }
 
 #[cfg(test)]

@@ -64,6 +64,11 @@ pub enum Pass {
     Summary,
     Emergency,
     Recovery,
+    /// A provider's server-side clearing of tool results, mirrored ([`mirror`]).
+    Mirror,
+    /// Compression or the size ceiling of a tool result entering the history
+    /// ([`crate::compress::admit_tool_result`]).
+    Admission,
 }
 
 impl Pass {
@@ -80,6 +85,8 @@ impl Pass {
             Self::Summary => "summary",
             Self::Emergency => "emergency",
             Self::Recovery => "recovery",
+            Self::Mirror => "mirror",
+            Self::Admission => "admission",
         }
     }
 
@@ -140,6 +147,9 @@ pub struct PassReport {
     pub archive_error: Option<&'static str>,
     /// Human-readable remarks ("summary rejected: too short", "floor reached").
     pub notes: Vec<String>,
+    /// What the pass kept in sight of what it cut, replaced or removed, when it changed the
+    /// history ([`probe::grade_pass`]).
+    pub quality: Option<cairn_crds::session::CompactionScore>,
 }
 
 impl PassReport {
@@ -155,11 +165,19 @@ impl PassReport {
             archived: Vec::new(),
             archive_error: None,
             notes: Vec::new(),
+            quality: None,
         }
     }
 
     pub fn level(&self) -> Option<u8> {
         self.pass.level()
+    }
+
+    /// True when the pass's score says it put something out of sight.
+    pub fn lost_sight(&self) -> bool {
+        self.quality
+            .as_ref()
+            .is_some_and(cairn_crds::session::CompactionScore::lost_sight)
     }
 
     /// True when the pass changed the history.

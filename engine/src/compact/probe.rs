@@ -33,7 +33,7 @@ use crate::ccr::{Key, extract_markers};
 use crate::history::Message;
 
 use super::archive::parse_segment;
-use super::ledger;
+use super::{PassReport, ledger};
 
 /// Fetches followed from the compacted history down through archived originals.
 pub const MAX_DEPTH: usize = 4;
@@ -157,7 +157,7 @@ impl Snapshot {
         Self {
             messages: history
                 .iter()
-                .map(|m| (fingerprint(m), artifacts::of_message(m)))
+                .map(|m| (fingerprint(m), stake_of(m)))
                 .collect(),
         }
     }
@@ -173,6 +173,31 @@ impl Snapshot {
             .filter(|a| seen.insert(*a))
             .cloned()
             .collect()
+    }
+}
+
+/// What replacing or cutting `m` puts at stake: what the original message held, that is its
+/// own artifacts and, for a message an earlier pass cut in place, those its ledger recorded
+/// before the cut ([`ledger::note_cut`]), so a stub counts what it replaced. A stand-in's
+/// ledger is not its own: it is what the stand-in already replaced, scored then.
+pub fn stake_of(m: &Message) -> Vec<Artifact> {
+    let mut out = artifacts::of_message(m);
+    if !m.meta.is_summary {
+        for a in &m.meta.ledger {
+            if !out.contains(a) {
+                out.push(a.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Scores the pass of `report`, which turned the history of `snapshot` into `after`, on the
+/// report itself, when it changed the history: every pass that cuts is scored alike.
+pub fn grade_pass(report: &mut PassReport, snapshot: &Snapshot, after: &[Message]) {
+    if report.is_change() {
+        let level = report.level().unwrap_or(0);
+        report.quality = Some(score(&snapshot.at_stake(after), after, level));
     }
 }
 

@@ -8,7 +8,9 @@ use std::sync::LazyLock;
 
 use memchr::memmem;
 
+use crate::artifacts::{self, Category};
 use crate::ccr::Key;
+use crate::history::Message;
 
 /// Every banner and stub cairn writes starts with this, so passes recognise their own work.
 pub const BANNER_PREFIX: &str = "[cairn: ";
@@ -269,6 +271,56 @@ pub fn stub(what: &str, st: Stats, key: &Key) -> String {
         st.kind,
         key.marker()
     )
+}
+
+/// The line that opens the error lines a cut keeps in sight.
+pub const KEPT_ERRORS: &str = "[cairn: error lines of the archived original]";
+
+/// The error lines of tool result `m` that a cut must keep in sight: those its content shows
+/// and those its ledger recorded from earlier cuts ([`super::ledger::note_cut`]), distinct,
+/// in that order.
+pub fn errors_to_keep(m: &Message) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let found = m
+        .meta
+        .ledger
+        .iter()
+        .cloned()
+        .chain(artifacts::of_message(m));
+    for a in found.filter(|a| a.category == Category::Errors) {
+        if !out.contains(&a.text) {
+            out.push(a.text);
+        }
+    }
+    out
+}
+
+/// `cut`, the text that replaces tool result `m`'s content (a stub, a preview), with the
+/// error lines of `m` ([`errors_to_keep`]) that `cut` does not show, one a line after
+/// [`KEPT_ERRORS`]: every pass that cuts a result in place writes its text through here, so
+/// no cut hides an error. Byte-stable. `None` when the text would not be shorter than `m`'s
+/// content: the cut is not worth making.
+pub fn keeping_errors(cut: String, m: &Message) -> Option<String> {
+    let text = with_errors(cut, &errors_to_keep(m));
+    (text.len() < m.content.len()).then_some(text)
+}
+
+/// `cut` with those of `errors` it does not show appended after [`KEPT_ERRORS`].
+pub fn with_errors(mut cut: String, errors: &[String]) -> String {
+    let missing: Vec<&String> = errors
+        .iter()
+        .filter(|e| !cut.contains(e.as_str()))
+        .collect();
+    if missing.is_empty() {
+        return cut;
+    }
+    cut.push('\n');
+    cut.push_str(KEPT_ERRORS);
+    for e in missing {
+        cut.push('\n');
+        cut.push_str(e);
+    }
+    cut
 }
 
 /// Parses the statistics back out of a banner or stub cairn wrote (used to turn a preview

@@ -111,7 +111,7 @@ pub async fn trim(
                     continue;
                 }
                 if looks_like_error(c) && !seen_errors.insert(c.as_str()) {
-                    if same_error(c.len(), &placeholder).len() < c.len() {
+                    if text::keeping_errors(same_error(c.len(), &placeholder), m).is_some() {
                         edits.push(Edit {
                             index: i,
                             render: Render::SameError,
@@ -153,17 +153,20 @@ pub async fn trim(
                 None => break,
             },
         };
+        let content = match e.render {
+            Render::StripReasoning => None,
+            Render::Ready { content, .. } => Some(content),
+            Render::Preview => text::preview(&m.content, head_chars, tail_chars, &key),
+            Render::SameError => Some(same_error(m.content.len(), &key)),
+        };
         super::ledger::note_cut(m);
-        match e.render {
-            Render::StripReasoning => m.reasoning = None,
-            Render::Ready { content, .. } => m.content = content,
-            Render::Preview => match text::preview(&m.content, head_chars, tail_chars, &key) {
-                Some(p) => m.content = p,
+        match content {
+            None if m.role == Role::Assistant => m.reasoning = None,
+            None => continue,
+            Some(c) => match text::keeping_errors(c, m) {
+                Some(c) => m.content = c,
                 None => continue,
             },
-            Render::SameError => {
-                m.content = same_error(m.content.len(), &key);
-            }
         }
         note_archived(m, &key);
         report.changed += 1;
@@ -213,7 +216,7 @@ mod tests {
             ..EffectivePolicy::default()
         };
         let big: String = "log line\n".repeat(2_000);
-        let err = "error: cannot find value `x` in this scope\n".repeat(3);
+        let err = "error: cannot find value `x` in this scope\n".repeat(8);
         let mut with_reasoning =
             Message::assistant_calls("", vec![call("a"), call("b"), call("c")]);
         with_reasoning.reasoning = Some("thinking hard".repeat(20));
@@ -240,6 +243,10 @@ mod tests {
         assert!(h[5].content.contains("same error output"));
         assert_eq!(h[6], verbatim);
         assert_eq!(h[7..], before[7..]);
+        assert!(
+            h[5].content
+                .contains("error: cannot find value `x` in this scope")
+        );
         assert_eq!(r.changed, 3);
         assert!(r.bytes_after < r.bytes_before);
     }

@@ -15,11 +15,12 @@
 //!   the outgoing copy).
 
 use cairn_crds::policy::Compression;
+use cairn_crds::session::CompactionScore;
 
 use crate::ccr::stats::CompressionCounters;
 use crate::ccr::{Key, Store};
 use crate::compact::archive::note_archived;
-use crate::compact::text;
+use crate::compact::{ledger, probe, text};
 use crate::history::{Message, Role};
 
 use super::{Kind, Outcome, compress};
@@ -62,6 +63,8 @@ pub async fn admit_tool_result(
     }
     let mut admission = Admission::Whole;
     let mut original: Option<String> = None;
+    // What the whole result shows of its errors stays in sight whatever is admitted.
+    let errors = text::errors_to_keep(message);
     if !origin.is_error && !message.meta.preserve_verbatim {
         let outcome = compress(
             store,
@@ -71,8 +74,16 @@ pub async fn admit_tool_result(
             counters,
         )
         .await;
-        if let Outcome::Compressed { text, key, kind } = outcome {
-            original = Some(std::mem::replace(&mut message.content, text));
+        if let Outcome::Compressed {
+            text: compressed,
+            key,
+            kind,
+        } = outcome
+            && let compressed = text::with_errors(compressed, &errors)
+            && compressed.len() < message.content.len()
+        {
+            ledger::note_cut(message);
+            original = Some(std::mem::replace(&mut message.content, compressed));
             note_archived(message, &key);
             admission = Admission::Compressed { kind, key };
         }
@@ -96,14 +107,32 @@ pub async fn admit_tool_result(
             return Admission::CeilingNotArchived;
         }
     };
-    let Some(preview) = text::preview_within(full, max, &key) else {
+    let Some(preview) = text::preview_within(full, max, &key)
+        .map(|p| text::with_errors(p, &errors))
+        .filter(|p| p.len() < message.content.len())
+    else {
         return admission;
     };
     let bytes_in = full.len();
     counters.record(CEILING, bytes_in, Some(preview.len()));
+    ledger::note_cut(message);
     message.content = preview;
     note_archived(message, &key);
     Admission::Ceiling { key }
+}
+
+/// What an admission kept in sight of the whole result: the artifacts of the original (its
+/// ledger recorded them when it was cut on entry) against what entered the history. `None`
+/// when the result entered whole.
+pub fn admission_score(admission: &Admission, message: &Message) -> Option<CompactionScore> {
+    if *admission == Admission::Whole || message.meta.ledger.is_empty() {
+        return None;
+    }
+    Some(probe::score(
+        &message.meta.ledger,
+        std::slice::from_ref(message),
+        0,
+    ))
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use cairn_crds::policy::{Compression, CompressionMode, CompressionProfile};
 use crate::ccr::stats::CompressionCounters;
 use crate::ccr::{Key, Store, has_marker};
 
-pub use entry::{Admission, ToolOrigin, admit_tool_result};
+pub use entry::{Admission, ToolOrigin, admission_score, admit_tool_result};
 pub use profile::Limits;
 pub use router::{Kind, detect};
 

@@ -9,5 +9,6 @@ mod pairing_alloc;
 mod probe;
 mod props;
 mod recovery;
+mod sight;
 mod turn;
 mod why;

@@ -102,7 +102,7 @@ fn invalid_json_arguments_name_nothing() {
 }
 
 #[test]
-fn an_error_result_gives_its_first_error_line() {
+fn an_error_result_gives_its_error_lines() {
     let cases = [
         (
             "Error: file not found: src/x.rs\nmore",
@@ -133,14 +133,14 @@ fn an_error_result_gives_its_first_error_line() {
             Some("Traceback (most recent call last):"),
         ),
         (
-            "   Compiling cairn v0.1.0\nerror[E0425]: cannot find value `x`\nerror: aborting",
-            Some("error[E0425]: cannot find value `x`"),
+            "   Compiling cairn v0.1.0\nerror[E0425]: cannot find value `x`\nwarning: unused\nerror: aborting",
+            Some("error[E0425]: cannot find value `x`\nerror: aborting"),
         ),
         (
             "running 3 tests\n  error: bad input\n",
             Some("error: bad input"),
         ),
-        // Not errors: a later line must start with `error[E` or `error:`.
+        // Not errors: a later line must start like a tool's diagnostic.
         ("running 3 tests\ntest result: ok. 0 errors", None),
         ("fn f() -> Result<(), Error> {}", None),
         ("log: an error: happened mid-line", None),
@@ -148,7 +148,11 @@ fn an_error_result_gives_its_first_error_line() {
     ];
     for (content, want) in cases {
         let got = errors_of(content);
-        let want: Vec<Artifact> = want.map(|w| art(Category::Errors, w)).into_iter().collect();
+        let want: Vec<Artifact> = want
+            .into_iter()
+            .flat_map(str::lines)
+            .map(|w| art(Category::Errors, w))
+            .collect();
         assert_eq!(got, want, "{content:?}");
     }
     // Cut to 200 bytes on a character boundary.
@@ -585,42 +589,23 @@ async fn a_min_score_above_the_score_widens_the_ledger_and_is_reported() {
         out.reports.iter().flat_map(|r| r.notes.clone()).collect()
     };
 
-    // At a 40th of the history the default section shows some of the requests.
+    // At a 40th of the history the section (at most a quarter of the target) shows all
+    // that level 3 replaced: nothing to widen.
     let target = bytes / 40;
     let (plain, _, plain_section) = run(target, None).await;
     let first = plain.quality.clone().expect("scored");
     assert_eq!(plain.level, Some(3));
-    assert!(
-        first.score < 1.0,
-        "level 3 at a 40th loses sight of something: {first:?}"
-    );
-    assert_eq!(plain.below_min_score, None);
-    let (strict, state, strict_section) = run(target, Some(1.0)).await;
-    let widened = strict.quality.clone().expect("scored");
-    eprintln!(
-        "level 3 at {target} bytes: score {:.3}, {:.3} widened",
-        first.score, widened.score
-    );
-    assert!(strict.met, "widening never costs the target: {strict:?}");
-    assert!(widened.score > first.score, "{first:?} -> {widened:?}");
-    assert!(
-        strict_section > plain_section,
-        "{plain_section} -> {strict_section}"
-    );
-    assert_eq!(widened.score, 1.0, "{widened:?}");
+    assert!(plain_section > 0);
+    assert_eq!(first.score, 1.0, "{first:?}");
+    let (strict, state, _) = run(target, Some(1.0)).await;
+    assert!(strict.met, "{strict:?}");
+    assert_eq!(strict.quality, plain.quality);
     assert_eq!(
         (strict.below_min_score, state.quality.below_min_score),
         (None, 0)
     );
-    assert!(
-        notes(&strict)
-            .iter()
-            .any(|n| n.contains("the ledger section was widened, score 1.00")),
-        "{:?}",
-        notes(&strict)
-    );
 
-    // At a 400th even a quarter of the target cannot show it all: reported, counted.
+    // At a 400th even all the room left cannot show it all: reported, counted.
     let target = bytes / 400;
     let (plain, _, _) = run(target, None).await;
     let (strict, state, _) = run(target, Some(1.0)).await;
