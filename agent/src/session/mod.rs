@@ -862,6 +862,9 @@ impl Session {
         if let Some(q) = &out.quality {
             self.metrics.compaction_scored(q);
         }
+        if out.below_min_score.is_some() {
+            self.metrics.compactions_below_min_score.inc();
+        }
         if out.not_run.is_none() {
             self.metrics
                 .compactions
