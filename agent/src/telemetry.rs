@@ -218,7 +218,10 @@ pub fn record_chat(span: &Span, result: &Result<ChatResponse, ProviderError>) {
             for (key, n) in [
                 ("gen_ai.usage.input_tokens", usage.input_tokens),
                 ("gen_ai.usage.output_tokens", usage.output_tokens),
-                ("gen_ai.usage.cache_read.input_tokens", usage.cache_read_tokens),
+                (
+                    "gen_ai.usage.cache_read.input_tokens",
+                    usage.cache_read_tokens,
+                ),
                 (
                     "gen_ai.usage.cache_creation.input_tokens",
                     usage.cache_write_tokens,

@@ -236,10 +236,17 @@ async fn spans_reach_an_otlp_receiver_with_the_session_and_without_bodies() {
                 call.attributes
             );
         }
-        assert_eq!(int(&call.attributes, "gen_ai.request.max_tokens"), Some(1000));
+        assert_eq!(
+            int(&call.attributes, "gen_ai.request.max_tokens"),
+            Some(1000)
+        );
         let input = int(&call.attributes, "gen_ai.usage.input_tokens").expect("input tokens");
         let output = int(&call.attributes, "gen_ai.usage.output_tokens").expect("output tokens");
-        assert!(input > CACHED_TOKENS as i64 && output > 0, "{:?}", call.attributes);
+        assert!(
+            input > CACHED_TOKENS as i64 && output > 0,
+            "{:?}",
+            call.attributes
+        );
         assert!(attr(&call.attributes, "error.type").is_none());
     }
     let (first, second) = if calls[0].start_time_unix_nano < calls[1].start_time_unix_nano {
