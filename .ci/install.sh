@@ -37,14 +37,18 @@ apt_packages() {
   [ -x /bin/busybox ] || need+=(busybox-static)
   # The corporate-network tests' forward proxy.
   [ "$set_" = test ] && { [ -x /usr/sbin/squid ] || need+=(squid); }
+  # promtool checks and unit-tests the chart's alert rules and dashboard queries.
+  [ "$set_" = test ] && { command -v promtool >/dev/null 2>&1 || need+=(prometheus); }
   [ "${#need[@]}" -gt 0 ] || return 0
   echo "installing ${need[*]} from Debian" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-  # The packages start a system nginx on port 80 and squid on 3128; the tests start their own.
+  # The packages start a system nginx on port 80, squid on 3128 and a Prometheus server on
+  # 9090; the tests start their own and need no Prometheus.
   (systemctl disable --now nginx >/dev/null 2>&1 || service nginx stop >/dev/null 2>&1 || pkill -x nginx || true)
   (systemctl disable --now squid >/dev/null 2>&1 || service squid stop >/dev/null 2>&1 || true)
+  (systemctl disable --now prometheus >/dev/null 2>&1 || service prometheus stop >/dev/null 2>&1 || true)
 }
 
 python_packages() {

@@ -270,6 +270,7 @@ pub struct Metrics {
     pub cost_usd: Family<CostLabels, FloatCounter>,
     pub compactions: Family<CompactionLabels, Counter>,
     pub compaction_score: Histogram,
+    pub compactions_below_min_score: Counter,
     pub compaction_artifacts: Family<ArtifactLabels, Counter>,
     pub summaries: Family<SummaryOutcomeLabels, Counter>,
     pub memory_updates: Family<OutcomeLabels, Counter>,
@@ -314,6 +315,7 @@ impl Default for Metrics {
             cost_usd: Family::default(),
             compactions: Family::default(),
             compaction_score: Histogram::new(SCORE_BUCKETS),
+            compactions_below_min_score: Counter::default(),
             compaction_artifacts: Family::default(),
             summaries: Family::default(),
             memory_updates: Family::default(),
@@ -374,6 +376,11 @@ impl Default for Metrics {
             "compaction_score",
             "Scores of compactions that replaced messages: the mean share, over files, commands, errors and requests, of what they replaced that the compacted history still shows",
             m.compaction_score.clone(),
+        );
+        r.register(
+            "compactions_below_min_score",
+            "Compactions whose best attempt stayed below the policy's compaction.quality.minScore",
+            m.compactions_below_min_score.clone(),
         );
         r.register(
             "compaction_artifacts",
@@ -721,6 +728,7 @@ mod tests {
             })
             .inc();
         m.compaction_score.observe(0.8);
+        m.compactions_below_min_score.inc();
         m.compaction_artifacts
             .get_or_create(&ArtifactLabels {
                 category: "files",

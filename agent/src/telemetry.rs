@@ -4,17 +4,24 @@
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set, as `service.name=cairn-agent` with the
 //! session's namespace and name as resource attributes. Neither carries message bodies or
 //! secrets: spans hold sizes, counts, labels and names only.
+//!
+//! The turn, provider-call, tool-call and compaction spans carry the attributes of the
+//! OpenTelemetry GenAI semantic conventions (`gen_ai.*`): a turn is `invoke_agent`, a
+//! provider call `chat`, a tool call `execute_tool`.
 
-use opentelemetry::KeyValue;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{Status, TracerProvider as _};
+use opentelemetry::{Array, KeyValue, StringValue, Value};
 use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing::Level;
+use tracing::{Level, Span};
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
+
+use crate::provider::{ChatRequest, ChatResponse, ProviderError, StopReason};
 
 /// `service.name` of the exported spans.
 pub const SERVICE_NAME: &str = "cairn-agent";
@@ -154,4 +161,81 @@ pub fn init(json_default: bool, session: Option<(&str, &str)>) -> Telemetry {
         tracing::warn!(error = %e, label = e.label(), "spans are not exported");
     }
     Telemetry { provider }
+}
+
+/// The GenAI conventions' `gen_ai.provider.name` of a provider client (`Provider::name`):
+/// the conventions' well-known value where they name the provider, else the client's own name
+/// (`openai-compatible` serves many).
+pub fn genai_provider_name(client: &str) -> &str {
+    match client {
+        "openai" | "openai-responses" => "openai",
+        "bedrock" => "aws.bedrock",
+        "gemini" => "gcp.gemini",
+        other => other,
+    }
+}
+
+/// A reply's stop as a GenAI finish reason.
+fn finish_reason(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::End => "stop",
+        StopReason::ToolUse => "tool_call",
+        StopReason::MaxTokens => "length",
+        StopReason::Other => "other",
+    }
+}
+
+/// The span of one model call sent by `client` (`Provider::name`): a GenAI `chat`, its
+/// outcome recorded by [`record_chat`].
+pub fn chat_span(client: &str, request: &ChatRequest) -> Span {
+    tracing::info_span!(
+        "provider_call",
+        provider = client,
+        max_out = request.max_output_tokens,
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = genai_provider_name(client),
+        gen_ai.request.model = %request.model,
+        gen_ai.request.max_tokens = int(request.max_output_tokens),
+    )
+}
+
+/// A count as an OTLP integer (the export writes a u64 as a string).
+fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The outcome of a model call on its [`chat_span`]: finish reasons and token usage, or the
+/// error's label as `error.type` and an error status.
+pub fn record_chat(span: &Span, result: &Result<ChatResponse, ProviderError>) {
+    match result {
+        Ok(reply) => {
+            let reasons = vec![StringValue::from(finish_reason(reply.stop))];
+            span.set_attribute(
+                "gen_ai.response.finish_reasons",
+                Value::Array(Array::String(reasons)),
+            );
+            let usage = &reply.usage;
+            for (key, n) in [
+                ("gen_ai.usage.input_tokens", usage.input_tokens),
+                ("gen_ai.usage.output_tokens", usage.output_tokens),
+                (
+                    "gen_ai.usage.cache_read.input_tokens",
+                    usage.cache_read_tokens,
+                ),
+                (
+                    "gen_ai.usage.cache_creation.input_tokens",
+                    usage.cache_write_tokens,
+                ),
+            ] {
+                span.set_attribute(key, int(n));
+            }
+        }
+        Err(e) => failed(span, e.label()),
+    }
+}
+
+/// A failed GenAI operation: its `error.type` and an error status.
+pub fn failed(span: &Span, error_type: &'static str) {
+    span.set_attribute("error.type", error_type);
+    span.set_status(Status::error(error_type));
 }

@@ -714,7 +714,7 @@ async fn write_status(
     let prev = session.status.as_ref();
     let next = status::desired(prev, obs, &now());
     ctx.metrics
-        .set_phase(&key_of(&session.metadata), next.phase);
+        .set_session(&key_of(&session.metadata), Some(&next));
     if prev.map(status::operator_part) == Some(status::operator_part(&next)) {
         return Ok(None);
     }
@@ -810,7 +810,7 @@ async fn cleanup_session(session: Arc<AgentSession>, ctx: &Context) -> Result<Ac
     let name = session.name_any();
     let namespace = session.namespace().unwrap_or_default();
     let reference = session_reference(&session.metadata);
-    ctx.metrics.set_phase(&key_of(&session.metadata), None);
+    ctx.metrics.set_session(&key_of(&session.metadata), None);
     ctx.accepted.forget(&cache::Key::of(session.as_ref()));
 
     let archive = match validate::archive_plan(session.spec.archive.as_ref(), &ctx.defaults) {

@@ -1,5 +1,5 @@
 //! Prometheus metrics of the operator. Label sets are bounded: results are error labels,
-//! phases are the five of the CRD.
+//! phases are the five of the CRD, conditions and their reasons are the operator's own.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use cairn_crds::Phase;
+use cairn_crds::{AgentSessionStatus, Phase};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -23,6 +23,40 @@ pub struct ResultLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConditionLabels {
+    /// The condition's type: `Ready`, `ArchiveReady`, ...
+    pub condition: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// The condition's reason, one of the operator's own (`ArchiveUnreachable`, ...).
+    pub reason: String,
+}
+
+/// What the session gauges count of one session.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Counted {
+    phase: Option<Phase>,
+    conditions: Vec<ConditionLabels>,
+}
+
+impl Counted {
+    fn of(status: &AgentSessionStatus) -> Self {
+        Self {
+            phase: status.phase,
+            conditions: status
+                .conditions
+                .iter()
+                .map(|c| ConditionLabels {
+                    condition: c.type_.clone(),
+                    status: c.status.clone(),
+                    reason: c.reason.clone(),
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,7 +81,8 @@ pub struct Metrics {
     api_writes: Family<WriteLabels, Counter>,
     duration: Histogram,
     sessions: Family<PhaseLabels, Gauge>,
-    phases: Mutex<HashMap<String, Phase>>,
+    conditions: Family<ConditionLabels, Gauge>,
+    counted: Mutex<HashMap<String, Counted>>,
 }
 
 impl Default for Metrics {
@@ -57,6 +92,7 @@ impl Default for Metrics {
         // 1 ms .. ~33 s
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let sessions = Family::<PhaseLabels, Gauge>::default();
+        let conditions = Family::<ConditionLabels, Gauge>::default();
         let api_requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "api_requests",
@@ -84,6 +120,11 @@ impl Default for Metrics {
             "Managed AgentSessions by phase",
             sessions.clone(),
         );
+        registry.register(
+            "session_conditions",
+            "Managed AgentSessions by condition type, status and reason",
+            conditions.clone(),
+        );
         for phase in [
             Phase::Pending,
             Phase::Running,
@@ -104,7 +145,8 @@ impl Default for Metrics {
             api_writes,
             duration,
             sessions,
-            phases: Mutex::new(HashMap::new()),
+            conditions,
+            counted: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -157,29 +199,29 @@ impl Metrics {
             .get()
     }
 
-    /// Records the phase of a session (`None`: the session is gone).
-    pub fn set_phase(&self, key: &str, phase: Option<Phase>) {
-        let mut phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
-        let before = match phase {
-            Some(p) => phases.insert(key.to_string(), p),
-            None => phases.remove(key),
+    /// Records the phase and conditions of a session (`None`: the session is gone).
+    pub fn set_session(&self, key: &str, status: Option<&AgentSessionStatus>) {
+        let now = status.map(Counted::of);
+        let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+        let before = match now.clone() {
+            Some(c) => counted.insert(key.to_string(), c),
+            None => counted.remove(key),
         };
-        if before == phase {
+        if before == now {
             return;
         }
-        if let Some(p) = before {
-            self.sessions
-                .get_or_create(&PhaseLabels {
-                    phase: p.as_str().into(),
-                })
-                .dec();
-        }
-        if let Some(p) = phase {
-            self.sessions
-                .get_or_create(&PhaseLabels {
-                    phase: p.as_str().into(),
-                })
-                .inc();
+        for (counts, step) in [(before, -1), (now, 1)] {
+            let Some(c) = counts else { continue };
+            if let Some(p) = c.phase {
+                self.sessions
+                    .get_or_create(&PhaseLabels {
+                        phase: p.as_str().into(),
+                    })
+                    .inc_by(step);
+            }
+            for labels in &c.conditions {
+                self.conditions.get_or_create(labels).inc_by(step);
+            }
         }
     }
 
@@ -194,22 +236,53 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
     use super::*;
 
+    fn status(phase: Phase, archive_ready: &str) -> AgentSessionStatus {
+        let reason = match archive_ready {
+            "True" => "ArchiveAnswered",
+            "False" => "ArchiveUnreachable",
+            _ => "ArchiveNotChecked",
+        };
+        AgentSessionStatus {
+            phase: Some(phase),
+            conditions: vec![Condition {
+                type_: "ArchiveReady".into(),
+                status: archive_ready.into(),
+                reason: reason.into(),
+                ..Condition::default()
+            }],
+            ..AgentSessionStatus::default()
+        }
+    }
+
     #[test]
-    fn phase_gauge_follows_sessions() {
+    fn phase_and_condition_gauges_follow_sessions() {
         let m = Metrics::default();
-        m.set_phase("ns/a", Some(Phase::Pending));
-        m.set_phase("ns/b", Some(Phase::Pending));
-        m.set_phase("ns/a", Some(Phase::Running));
-        m.set_phase("ns/a", Some(Phase::Running));
-        m.set_phase("ns/b", None);
+        m.set_session("ns/a", Some(&status(Phase::Pending, "Unknown")));
+        m.set_session("ns/b", Some(&status(Phase::Pending, "False")));
+        m.set_session("ns/c", Some(&status(Phase::Running, "False")));
+        m.set_session("ns/a", Some(&status(Phase::Running, "True")));
+        m.set_session("ns/a", Some(&status(Phase::Running, "True")));
+        m.set_session("ns/b", None);
         m.reconciled("ok", Duration::from_millis(3));
         let text = m.encode();
         assert!(
-            text.contains("cairn_operator_sessions{phase=\"Running\"} 1"),
+            text.contains("cairn_operator_sessions{phase=\"Running\"} 2"),
             "{text}"
         );
+        for (status, reason, n) in [
+            ("True", "ArchiveAnswered", 1),
+            ("False", "ArchiveUnreachable", 1),
+            ("Unknown", "ArchiveNotChecked", 0),
+        ] {
+            let line = format!(
+                "cairn_operator_session_conditions{{condition=\"ArchiveReady\",status=\"{status}\",reason=\"{reason}\"}} {n}\n"
+            );
+            assert!(text.contains(&line), "{line}{text}");
+        }
         assert!(
             text.contains("cairn_operator_sessions{phase=\"Pending\"} 0"),
             "{text}"

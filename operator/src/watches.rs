@@ -334,7 +334,7 @@ pub async fn run(
                 if let Ok(event) = event {
                     accepted.observe(event);
                     if let watcher::Event::Delete(session) = event {
-                        metrics.set_phase(&key_of(session.meta()), None);
+                        metrics.set_session(&key_of(session.meta()), None);
                         // The namespace's last session is gone: so are its shared objects.
                         if let Some(namespace) = session.namespace()
                             && sessions

@@ -1,12 +1,15 @@
 //! The Helm chart: `helm lint --strict` is clean, its rendered output passes a server-side
 //! dry run against the real API server for every shape of values, and `helm install`
-//! creates a running operator Deployment.
+//! creates a running operator Deployment. Its dashboard and alerts: `monitoring`.
 
 use std::process::Command;
 
 use serde::Deserialize;
 
 use cairn_tests::harness::{ControlPlane, helm, repo_root, shared_cluster};
+
+#[path = "cluster_chart/monitoring.rs"]
+mod monitoring;
 
 fn chart() -> String {
     repo_root()
@@ -528,6 +531,8 @@ fn rendered_chart_passes_a_server_side_dry_run(cp: &ControlPlane) {
             "agent.otlp.headersSecret=otlp-auth",
             "--set",
             "agent.otlp.resourceAttributes.k8s\\.cluster\\.name=prod-eu",
+            "--set",
+            "metrics.dashboard.enabled=true",
         ],
         &[
             "--set",

@@ -885,6 +885,9 @@ impl Session {
                 .map_or("compaction", |r| r.pass.label());
             self.metrics.compaction_scored(q, pass);
         }
+        if out.below_min_score.is_some() {
+            self.metrics.compactions_below_min_score.inc();
+        }
         if out.not_run.is_none() {
             self.metrics
                 .compactions

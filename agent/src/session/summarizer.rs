@@ -20,7 +20,10 @@ use crate::config::Live;
 use crate::history::Message;
 use crate::metrics::{Metrics, ProviderErrorLabels};
 use crate::overflow::{ServerCount, server_count};
-use crate::provider::{ChatRequest, Controls, OutputFormat, Provider, Usage};
+use crate::provider::{
+    ChatRequest, ChatResponse, Controls, OutputFormat, Provider, ProviderError, Usage,
+};
+use crate::telemetry;
 
 /// Reply budget of a summary, in tokens.
 const SUMMARY_OUTPUT_TOKENS: u64 = 8_192;
@@ -196,6 +199,20 @@ fn cut_transcript(transcript: &str, max: usize) -> String {
     )
 }
 
+impl ProviderSummarizer {
+    /// One call of the summarizer's model, in its GenAI `chat` span under the summary's.
+    async fn send(
+        &self,
+        request: &ChatRequest,
+        summary: &tracing::Span,
+    ) -> Result<ChatResponse, ProviderError> {
+        let call = summary.in_scope(|| telemetry::chat_span(self.provider.name(), request));
+        let result = self.provider.send(request).instrument(call.clone()).await;
+        telemetry::record_chat(&call, &result);
+        result
+    }
+}
+
 #[async_trait]
 impl Summarizer for ProviderSummarizer {
     fn window_chars(&self) -> usize {
@@ -219,7 +236,7 @@ impl Summarizer for ProviderSummarizer {
         }
         let span = tracing::info_span!("summary", attempt = request.attempt);
         let req = self.request(&instructions, request.transcript.clone());
-        let err = match self.provider.send(&req).instrument(span.clone()).await {
+        let err = match self.send(&req, &span).instrument(span.clone()).await {
             Ok(r) => {
                 self.count(&r.usage);
                 return Ok(self.summary_of(r.message.content));
@@ -260,7 +277,7 @@ impl Summarizer for ProviderSummarizer {
             bytes = max,
             "summary request overflowed; retrying within the server's window"
         );
-        match self.provider.send(&retry).instrument(span).await {
+        match self.send(&retry, &span).instrument(span.clone()).await {
             Ok(r) => {
                 self.count(&r.usage);
                 Ok(self.summary_of(r.message.content))

@@ -24,6 +24,7 @@ use crate::recovery::{
     self, RecoveryContext, RecoveryError, RecoveryOutcome, escalate_output, recover,
 };
 use crate::replay::{self, Held, Ledger};
+use crate::telemetry;
 
 use crate::mcp::{McpCatalog, Route};
 use crate::metrics::{
@@ -322,7 +323,18 @@ impl Session {
             &self.live.spec.provider.model,
             &input,
         );
-        let span = tracing::info_span!("turn", namespace = %self.namespace, session = %self.name, turn = self.turns + 1, policy = %self.live.policy_hash);
+        let span = tracing::info_span!(
+            "turn",
+            namespace = %self.namespace,
+            session = %self.name,
+            turn = self.turns + 1,
+            policy = %self.live.policy_hash,
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = %self.name,
+            gen_ai.conversation.id = %format!("{}/{}", self.namespace, self.name),
+            gen_ai.provider.name = telemetry::genai_provider_name(self.provider.name()),
+            gen_ai.request.model = %self.live.spec.provider.model,
+        );
         let started = Instant::now();
         let mut provider_time = Duration::ZERO;
         self.last_options = TurnOptions {
@@ -332,13 +344,16 @@ impl Session {
         self.options = options;
         let result = self
             .turn_inner(input, events, &mut provider_time)
-            .instrument(span)
+            .instrument(span.clone())
             .await;
         self.options = TurnOptions::default();
         let elapsed = started.elapsed();
         let outcome = match &result {
             Ok(_) => "ok",
-            Err(e) => e.label(),
+            Err(e) => {
+                telemetry::failed(&span, e.label());
+                e.label()
+            }
         };
         self.metrics
             .turns
@@ -640,23 +655,38 @@ impl Session {
                     .tool_calls
                     .get_or_create(&ToolLabels { tool })
                     .inc();
-                let (mut message, is_error) = if let Some(route) = route {
-                    self.run_mcp(call, &route).await
-                } else if let Some(refusal) = self.mcp.refused(&call.name).await {
-                    let mut m = Message::tool(call.id.clone(), format!("error: {refusal}"));
-                    m.name = Some(call.name.clone());
-                    (m, true)
-                } else {
-                    let r = tools::run(
-                        call,
-                        &mut self.history,
-                        store.as_ref(),
-                        &compression,
-                        &self.compression_counters,
-                    )
-                    .await;
-                    (r.message, r.is_error)
-                };
+                let span = tracing::info_span!(
+                    "tool_call",
+                    tool,
+                    gen_ai.operation.name = "execute_tool",
+                    gen_ai.tool.name = %call.name,
+                    gen_ai.tool.call.id = %call.id,
+                    gen_ai.tool.type = if route.is_some() { "extension" } else { "function" },
+                );
+                let (mut message, is_error) = async {
+                    if let Some(route) = route {
+                        self.run_mcp(call, &route).await
+                    } else if let Some(refusal) = self.mcp.refused(&call.name).await {
+                        let mut m = Message::tool(call.id.clone(), format!("error: {refusal}"));
+                        m.name = Some(call.name.clone());
+                        (m, true)
+                    } else {
+                        let r = tools::run(
+                            call,
+                            &mut self.history,
+                            store.as_ref(),
+                            &compression,
+                            &self.compression_counters,
+                        )
+                        .await;
+                        (r.message, r.is_error)
+                    }
+                }
+                .instrument(span.clone())
+                .await;
+                if is_error {
+                    telemetry::failed(&span, "tool_error");
+                }
                 // Every tool result enters the history here, whoever ran the tool.
                 self.admit_tool_result(&mut message, crate::compress::ToolOrigin { is_error })
                     .await;
@@ -897,7 +927,7 @@ impl Session {
             )
             .await;
         let request = &loan.request;
-        let span = tracing::info_span!("provider_call", provider = provider.name(), max_out);
+        let span = telemetry::chat_span(provider.name(), request);
         let t = Instant::now();
         let lead = scope.answer.lead();
         let streamed = AtomicBool::new(false);
@@ -915,11 +945,12 @@ impl Session {
                 };
                 provider
                     .send_streaming(request, &sink)
-                    .instrument(span)
+                    .instrument(span.clone())
                     .await
             }
-            None => provider.send(request).instrument(span).await,
+            None => provider.send(request).instrument(span.clone()).await,
         };
+        telemetry::record_chat(&span, &result);
         drop(loan);
         self.passes.tool_results_cut += cuts_made;
         *provider_time += t.elapsed();

@@ -1,7 +1,8 @@
 //! The real `cairn-agent serve` exports its spans over OTLP/HTTP when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set: a receiver in the test decodes the protobuf
-//! requests and finds the turn and provider-call spans, the session in the resource, no
-//! message bodies, and the last spans flushed at SIGTERM.
+//! requests and finds the turn, provider-call and tool-call spans with their OpenTelemetry
+//! GenAI attributes, the session in the resource, no message bodies, and the last spans
+//! flushed at SIGTERM.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,6 +67,42 @@ fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a str> {
         .and_then(|kv| string(&kv.value))
 }
 
+fn int(attrs: &[KeyValue], key: &str) -> Option<i64> {
+    match attrs
+        .iter()
+        .find(|kv| kv.key == key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?
+    {
+        any_value::Value::IntValue(i) => Some(*i),
+        _ => None,
+    }
+}
+
+fn strings(attrs: &[KeyValue], key: &str) -> Option<Vec<String>> {
+    match attrs
+        .iter()
+        .find(|kv| kv.key == key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?
+    {
+        any_value::Value::ArrayValue(a) => Some(
+            a.values
+                .iter()
+                .filter_map(|v| string(&Some(v.clone())).map(str::to_owned))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// Prompt tokens the sim reports served from its cache on the turn's first call.
+const CACHED_TOKENS: u64 = 5;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_an_otlp_receiver_with_the_session_and_without_bodies() {
     let received = Received::default();
@@ -91,6 +128,11 @@ async fn spans_reach_an_otlp_receiver_with_the_session_and_without_bodies() {
 
     let question = "QUESTION-7f3a9c: what is the secret plan?";
     let answer = "ANSWER-2b8e41: there is no plan.";
+    // The model calls a tool, then answers; the sim reports cached prompt tokens.
+    sim.push_reply(ScriptedReply {
+        cached_tokens: CACHED_TOKENS,
+        ..ScriptedReply::tool_call("recall", json!({"key": "0123456789abcdef"}))
+    });
     sim.push_reply(ScriptedReply::text(answer));
     let (status, body) = agent.api().turn(question).await;
     assert_eq!(status, 200, "{body}");
@@ -157,16 +199,95 @@ async fn spans_reach_an_otlp_receiver_with_the_session_and_without_bodies() {
         .unwrap_or_else(|| panic!("no turn span in {names:?}"));
     assert_eq!(attr(&turn.attributes, "session"), Some("traced"));
     assert_eq!(attr(&turn.attributes, "namespace"), Some("tests"));
-    // The provider call of the turn is a child of the turn.
-    let call = spans
+    // The turn is the GenAI agent's invocation.
+    for (key, value) in [
+        ("gen_ai.operation.name", "invoke_agent"),
+        ("gen_ai.agent.name", "traced"),
+        ("gen_ai.conversation.id", "tests/traced"),
+        ("gen_ai.provider.name", "openai-compatible"),
+        ("gen_ai.request.model", MODEL),
+    ] {
+        assert_eq!(
+            attr(&turn.attributes, key),
+            Some(value),
+            "{key}: {:?}",
+            turn.attributes
+        );
+    }
+    // The turn's provider calls are children of the turn, GenAI chats: the first asked for
+    // the tool, the second answered.
+    let calls: Vec<&Span> = spans
         .iter()
-        .find(|s| s.name == "provider_call" && s.parent_span_id == turn.span_id)
-        .unwrap_or_else(|| panic!("no provider_call under the turn in {names:?}"));
+        .filter(|s| s.name == "provider_call" && s.parent_span_id == turn.span_id)
+        .collect();
+    assert_eq!(calls.len(), 2, "provider calls under the turn in {names:?}");
+    for call in &calls {
+        assert_eq!(call.trace_id, turn.trace_id);
+        for (key, value) in [
+            ("provider", "openai-compatible"),
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.provider.name", "openai-compatible"),
+            ("gen_ai.request.model", MODEL),
+        ] {
+            assert_eq!(
+                attr(&call.attributes, key),
+                Some(value),
+                "{key}: {:?}",
+                call.attributes
+            );
+        }
+        assert_eq!(
+            int(&call.attributes, "gen_ai.request.max_tokens"),
+            Some(1000)
+        );
+        let input = int(&call.attributes, "gen_ai.usage.input_tokens").expect("input tokens");
+        let output = int(&call.attributes, "gen_ai.usage.output_tokens").expect("output tokens");
+        assert!(
+            input > CACHED_TOKENS as i64 && output > 0,
+            "{:?}",
+            call.attributes
+        );
+        assert!(attr(&call.attributes, "error.type").is_none());
+    }
+    let (first, second) = if calls[0].start_time_unix_nano < calls[1].start_time_unix_nano {
+        (calls[0], calls[1])
+    } else {
+        (calls[1], calls[0])
+    };
+    let finish = |call: &Span| strings(&call.attributes, "gen_ai.response.finish_reasons");
+    assert_eq!(finish(first), Some(vec!["tool_call".to_owned()]));
+    assert_eq!(finish(second), Some(vec!["stop".to_owned()]));
     assert_eq!(
-        attr(&call.attributes, "provider"),
-        Some("openai-compatible")
+        int(&first.attributes, "gen_ai.usage.cache_read.input_tokens"),
+        Some(CACHED_TOKENS as i64)
     );
-    assert_eq!(call.trace_id, turn.trace_id);
+    assert_eq!(
+        int(&second.attributes, "gen_ai.usage.cache_read.input_tokens"),
+        Some(0)
+    );
+    // The tool ran between the two calls, in its own span under the turn.
+    let tool = spans
+        .iter()
+        .find(|s| s.name == "tool_call" && s.parent_span_id == turn.span_id)
+        .unwrap_or_else(|| panic!("no tool_call under the turn in {names:?}"));
+    for (key, value) in [
+        ("gen_ai.operation.name", "execute_tool"),
+        ("gen_ai.tool.name", "recall"),
+        ("gen_ai.tool.type", "function"),
+    ] {
+        assert_eq!(
+            attr(&tool.attributes, key),
+            Some(value),
+            "{key}: {:?}",
+            tool.attributes
+        );
+    }
+    assert!(attr(&tool.attributes, "gen_ai.tool.call.id").is_some_and(|id| !id.is_empty()));
+    assert!(
+        first.end_time_unix_nano <= tool.start_time_unix_nano
+            && tool.end_time_unix_nano <= second.start_time_unix_nano,
+        "the tool ran between the calls"
+    );
     // The compaction's span: the GenAI attributes, its level, sizes and score.
     let compaction = spans
         .iter()

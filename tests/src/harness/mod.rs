@@ -223,6 +223,22 @@ pub fn helm() -> Result<PathBuf, HarnessError> {
     .map_err(HarnessError::Setup)
 }
 
+/// Debian's `promtool` (the `prometheus` package, which `.ci/install.sh` installs for the
+/// tests), found on `PATH`.
+pub fn promtool() -> Result<PathBuf, HarnessError> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("promtool"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            HarnessError::Setup(
+                "promtool is not on PATH: install Debian's prometheus package (.ci/install.sh)"
+                    .into(),
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::run_owner;
