@@ -1037,9 +1037,9 @@ impl EffectivePolicy {
             return err("memory.everyTurns must be at least 1");
         }
         if let Some(m) = self.quality.min_score
-            && !(m > 0.0 && m <= 1.0)
+            && !(0.0..=1.0).contains(&m)
         {
-            return err("quality.minScore must be greater than 0 and at most 1");
+            return err("quality.minScore must be between 0 and 1");
         }
         if self.tool_results.per_result_chars > self.tool_results.per_turn_chars {
             return err("toolResults.perResultChars must not exceed perTurnChars");
