@@ -450,7 +450,10 @@ mod tests {
                 "search_files"
             ]
         );
-        assert_eq!(p.bytes, 400, "the smallest catalog: recall and the search tool");
+        assert_eq!(
+            p.bytes, 400,
+            "the smallest catalog: recall and the search tool"
+        );
     }
 
     #[test]
@@ -499,8 +502,14 @@ mod tests {
             parameters: json!({"type": "object"}),
         };
         let deferred = vec![
-            spec("directory_tree", "Get a recursive tree view of files and directories."),
-            spec("list_directory", "Get a detailed listing of all files and directories."),
+            spec(
+                "directory_tree",
+                "Get a recursive tree view of files and directories.",
+            ),
+            spec(
+                "list_directory",
+                "Get a detailed listing of all files and directories.",
+            ),
             spec("move_file", "Move or rename files and directories."),
             spec("get_file_info", "Retrieve detailed metadata about a file."),
         ];
@@ -510,7 +519,10 @@ mod tests {
                 .map(|t| t.name.clone())
                 .collect()
         };
-        assert_eq!(names("list directory"), ["list_directory", "directory_tree"]);
+        assert_eq!(
+            names("list directory"),
+            ["list_directory", "directory_tree"]
+        );
         assert_eq!(names("rename"), ["move_file"]);
         assert_eq!(names("metadata")[0], "get_file_info");
         assert!(names("weather forecast").is_empty());
