@@ -638,7 +638,7 @@ fn answer_text(response: &serde_json::Value) -> String {
 /// default window of 32,768 tokens: the system prompt and the catalog alone would fill the
 /// window, so once the first rejection teaches the real window and ratio the catalog gives
 /// way (descriptions shortened, tools deferred behind `tool_search`) and every turn answers
-/// 200 with text. The context inspector then shows a catalog within its room and a request
+/// 200 with text, a turn that requires a tool call included. The context inspector then shows a catalog within its room and a request
 /// that fits the window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_filesystem_catalog_fits_a_2048_token_window_and_every_turn_answers() {
@@ -658,7 +658,7 @@ async fn the_whole_filesystem_catalog_fits_a_2048_token_window_and_every_turn_an
     std::fs::write(
         &cfg,
         format!(
-            "name: llama-catalog\nnamespace: tests\nprovider:\n  kind: openai-compatible\n  model: smollm2-135m-instruct\n  baseUrl: {}/v1\nmaxOutputTokens: 64\nsystemPrompt: You are a concise assistant with file tools.\ncompaction:\n  summarizer: {{enabled: false}}\ntools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\n",
+            "name: llama-catalog\nnamespace: tests\nprovider:\n  kind: openai-compatible\n  model: smollm2-135m-instruct\n  baseUrl: {}/v1\nmaxOutputTokens: 128\nsystemPrompt: You are a concise assistant with file tools.\ncompaction:\n  summarizer: {{enabled: false}}\ntools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\n",
             proxy.url,
             node_modules().join(".bin/mcp-server-filesystem").display(),
             root_dir.display(),
@@ -677,17 +677,20 @@ async fn the_whole_filesystem_catalog_fits_a_2048_token_window_and_every_turn_an
             .build()
             .expect("client"),
     };
-    let questions = [
-        "Say hello in one short sentence.",
-        "What is the capital of France? Answer in one word.",
-        "Name one colour of the sky.",
+    // With this template "auto" answers 500 to prose (docs/llama-tool-calls.md, Limits): the
+    // text turns send "none"; the middle turn requires a call of whatever the offered
+    // catalog holds, which the session runs before the turn's next call answers in text.
+    let turns = [
+        ("Say hello in one short sentence.", "none"),
+        ("List the files of the folder with a tool.", "required"),
+        ("What is the capital of France? Answer in one word.", "none"),
     ];
     let mut catalog_noticed = false;
-    for (turn, question) in questions.iter().enumerate() {
+    for (turn, (question, choice)) in turns.iter().enumerate() {
         let (status, body) = api
             .post(
                 "/v1/responses",
-                serde_json::json!({"model": MODEL, "input": question}),
+                serde_json::json!({"model": MODEL, "input": question, "tool_choice": choice}),
             )
             .await;
         let log = agent.log();
@@ -706,6 +709,8 @@ async fn the_whole_filesystem_catalog_fits_a_2048_token_window_and_every_turn_an
             .flatten()
             .any(|n| n["kind"] == "catalog");
     }
+    let stats = api.session().await["stats"].clone();
+    eprintln!("tool calls on the fitted catalog: {}", stats["toolCalls"]);
     assert!(catalog_noticed, "a turn said the catalog gave way");
     assert_no_unchanged_resend(&calls(&proxy));
     let (status, body) = api.get("/v1/session/context").await;
