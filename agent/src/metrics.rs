@@ -237,6 +237,12 @@ pub struct ToolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OfferLabels {
+    /// How a tool was offered: `whole`, `short` or `deferred`.
+    pub offer: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -288,6 +294,7 @@ pub struct Metrics {
     pub compression_bytes: Family<CompressionBytesLabels, Counter>,
     pub recall_keys: Family<RecallLabels, Counter>,
     pub tool_calls: Family<ToolLabels, Counter>,
+    pub offered_tools: Family<OfferLabels, Gauge>,
     pub truncated_replies: Family<ReasonLabels, Counter>,
     pub learned_context_window_tokens: Gauge,
     pub bytes_per_token: FloatGauge,
@@ -333,6 +340,7 @@ impl Default for Metrics {
             compression_bytes: Family::default(),
             recall_keys: Family::default(),
             tool_calls: Family::default(),
+            offered_tools: Family::default(),
             truncated_replies: Family::default(),
             learned_context_window_tokens: Gauge::default(),
             bytes_per_token: FloatGauge::default(),
@@ -466,6 +474,11 @@ impl Default for Metrics {
             "tool_calls",
             "Tool calls by tool: a built-in tool's name, mcp, or client (handed back to the client to run)",
             m.tool_calls.clone(),
+        );
+        r.register(
+            "offered_tools",
+            "Tools of the catalog the latest request offered, by offer: whole, short (a shortened description) or deferred (behind tool_search)",
+            m.offered_tools.clone(),
         );
         r.register(
             "truncated_replies",
@@ -783,6 +796,9 @@ mod tests {
                 reason: "output_limit",
             })
             .inc();
+        m.offered_tools
+            .get_or_create(&OfferLabels { offer: "deferred" })
+            .set(3);
         m.learned_context_window_tokens.set(32_768);
         m.bytes_per_token.set(3.5);
         m.learned_payload_cap_bytes.set(1_000_000);

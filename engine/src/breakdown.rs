@@ -447,6 +447,30 @@ pub fn table(report: &serde_json::Value) -> String {
         num(floor, "bytes"),
         num(floor, "tokens")
     );
+    let catalog = part("catalog");
+    let names = |k: &str| -> Vec<&str> {
+        catalog
+            .get(k)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect()
+    };
+    let (shortened, deferred) = (names("shortened"), names("deferred"));
+    if !shortened.is_empty() || !deferred.is_empty() {
+        let _ = writeln!(
+            out,
+            "tool catalog: {} of {} bytes offered (room {} bytes); shortened {}: {}; deferred behind tool_search {}: {}",
+            num(catalog, "offeredBytes"),
+            num(catalog, "wholeBytes"),
+            num(catalog, "roomBytes"),
+            shortened.len(),
+            shortened.join(", "),
+            deferred.len(),
+            deferred.join(", ")
+        );
+    }
     if let Some(why) = report.get("compactsFirst").and_then(Value::as_str) {
         let _ = writeln!(out, "the next turn compacts first: {why}");
     }
@@ -626,6 +650,31 @@ mod tests {
         );
         assert!(
             t.contains("markers in view: 1\n  <<ccr:0123456789abcdef>> in message 3 (toolResults/read_file)"),
+            "{t}"
+        );
+        assert!(
+            !t.contains("tool catalog:"),
+            "a whole catalog says nothing: {t}"
+        );
+    }
+
+    #[test]
+    fn the_table_names_the_tools_that_gave_way() {
+        let plan = crate::offer::Plan {
+            offers: vec![
+                ("recall".into(), crate::offer::Offer::Whole),
+                ("read_text_file".into(), crate::offer::Offer::Short),
+                ("move_file".into(), crate::offer::Offer::Deferred),
+                ("write_file".into(), crate::offer::Offer::Deferred),
+            ],
+            bytes: 900,
+            whole_bytes: 4_000,
+            room: 1_000,
+        };
+        let report = serde_json::json!({"catalog": plan.report()});
+        let t = table(&report);
+        assert!(
+            t.contains("tool catalog: 900 of 4000 bytes offered (room 1000 bytes); shortened 1: read_text_file; deferred behind tool_search 2: move_file, write_file"),
             "{t}"
         );
     }

@@ -19,6 +19,7 @@ pub mod cost;
 pub mod history;
 pub mod journal;
 pub mod meter;
+pub mod offer;
 pub mod overflow;
 pub mod provider;
 pub mod recovery;

@@ -218,8 +218,14 @@ pub struct Session {
     /// The MCP tool servers of the spec (connected on first use).
     mcp: Arc<McpHub>,
     net: crate::net::NetPath,
-    /// The MCP tools offered in the turn in progress, and where their calls go.
+    /// The MCP tools of the turn in progress (offered or deferred), and where their calls
+    /// go.
     mcp_catalog: McpCatalog,
+    /// How the latest request offered each tool of the catalog
+    /// ([`cairn_engine::offer::plan`]); empty before the first.
+    tool_plan: cairn_engine::offer::Plan,
+    /// Tools called or found lately, most recent first: the last to give way.
+    recent_tools: Vec<String>,
     /// The session memory and its queue (`compaction.memory`), once enabled.
     memory: Option<Arc<crate::memory::SessionMemory>>,
     /// Its update in progress.
@@ -319,6 +325,8 @@ impl Session {
             mcp,
             net: parts.net,
             mcp_catalog: McpCatalog::default(),
+            tool_plan: cairn_engine::offer::Plan::default(),
+            recent_tools: Vec::new(),
             memory: None,
             memory_task: None,
         };
@@ -617,14 +625,17 @@ impl Session {
         BudgetInputs {
             context_window: self.window(),
             payload_cap: self.live.payload_cap,
-            reserve_bytes: tools::catalog().iter().map(|t| t.weight()).sum::<usize>()
-                + self
-                    .mcp_catalog
-                    .specs
-                    .iter()
-                    .map(|t| t.weight())
-                    .sum::<usize>()
-                + self.options.reserve_bytes(),
+            reserve_bytes: self.catalog_bytes() + self.options.extra_bytes(),
+        }
+    }
+
+    /// Bytes the tool catalog adds to every request: as the latest request offered it, or
+    /// the built-in tools' before the first.
+    fn catalog_bytes(&self) -> usize {
+        if self.tool_plan.offers.is_empty() {
+            tools::catalog().iter().map(|t| t.weight()).sum()
+        } else {
+            self.tool_plan.bytes
         }
     }
 

@@ -17,7 +17,7 @@ use crate::provider::{ProviderError, Rendered};
 
 use super::Session;
 use super::tools;
-use super::turn::{INITIAL_OUTPUT_TOKENS, Lent, Notices};
+use super::turn::{INITIAL_OUTPUT_TOKENS, Lent, Notices, Offered};
 
 /// What the next request would be.
 #[derive(Clone, Debug, Default)]
@@ -55,7 +55,10 @@ pub struct ContextReport {
     pub compacts_first: Option<String>,
     /// The client's part the request assumes, from the latest turn.
     pub assumes: Assumptions,
-    /// Things the assembly reported (MCP servers out of reach, ...).
+    /// The tool catalog: its whole and offered bytes, the room it had, and the tools
+    /// shortened or deferred behind `tool_search` to fit it.
+    pub catalog: cairn_engine::offer::CatalogReport,
+    /// Things the assembly reported (MCP servers out of reach, a catalog that gave way, ...).
     pub notices: Vec<String>,
     /// What the session's compactions kept in sight of what they replaced: the newest one's
     /// score by category, the rolling and lowest scores (`status.session.compactionQuality`).
@@ -133,10 +136,12 @@ impl Session {
         self.refresh_live();
         let saved_history = self.history.to_vec();
         let saved_catalog = std::mem::take(&mut self.mcp_catalog);
+        let saved_plan = std::mem::take(&mut self.tool_plan);
         let saved_options = std::mem::replace(&mut self.options, self.last_options.clone());
         let result = self.assemble_and_measure(&options).await;
         self.history.replace(saved_history);
         self.mcp_catalog = saved_catalog;
+        self.tool_plan = saved_plan;
         self.options = saved_options;
         result
     }
@@ -156,7 +161,18 @@ impl Session {
             list: Vec::new(),
             live: None,
         };
-        let (tool_specs, tools_bytes) = self.offer_tools(&mut notices).await;
+        let catalog = self.offer_tools(&mut notices).await;
+        self.fit_catalog(&catalog);
+        if !self.tool_plan.is_whole() {
+            notices.list.push(super::turn::Notice {
+                kind: "catalog",
+                message: cairn_engine::offer::notice(&self.tool_plan),
+            });
+        }
+        let Offered {
+            specs: tool_specs,
+            bytes: tools_bytes,
+        } = self.offered(&catalog);
         let max_out = self.model_max().min(INITIAL_OUTPUT_TOKENS);
 
         // The limits, as the turn's pre-flight measures them (before the cuts).
@@ -192,7 +208,8 @@ impl Session {
             budget_tokens: cpt.tokens(budget.chars),
             bytes_per_token: (cpt.get() * 1000.0).round() / 1000.0,
         };
-        let builtin: Vec<String> = tools::catalog().into_iter().map(|t| t.name).collect();
+        let mut builtin: Vec<String> = tools::catalog().into_iter().map(|t| t.name).collect();
+        builtin.push(cairn_engine::offer::TOOL_SEARCH.to_owned());
         let mcp: Vec<String> = self
             .mcp_catalog
             .specs
@@ -256,6 +273,7 @@ impl Session {
             },
             compacts_first,
             assumes,
+            catalog: self.tool_plan.report(),
             notices: notices.list.into_iter().map(|n| n.message).collect(),
             compaction_quality: (!self.state.quality.is_empty())
                 .then(|| self.state.quality.clone()),

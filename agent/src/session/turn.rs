@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use cairn_crds::session::LastRecovery;
 use tracing::Instrument;
 
+use cairn_engine::offer::{self, Candidate, Offer, TOOL_SEARCH};
 use cairn_engine::turn::{self, GiveUp, Plan, StopVerdict, Truncation, output_limit};
 
 use crate::classify::{FailureClass, classify};
@@ -28,8 +29,8 @@ use crate::telemetry;
 
 use crate::mcp::{McpCatalog, Route};
 use crate::metrics::{
-    Attempt, KindLabels, McpCallLabels, McpServerLabels, OutcomeLabels, ProviderErrorLabels,
-    ReasonLabels, RecoveryLabels, SpecName, ToolLabels,
+    Attempt, KindLabels, McpCallLabels, McpServerLabels, OfferLabels, OutcomeLabels,
+    ProviderErrorLabels, ReasonLabels, RecoveryLabels, SpecName, ToolLabels,
 };
 
 use super::tools::{self, StagnationGuard};
@@ -44,7 +45,8 @@ pub const INITIAL_OUTPUT_TOKENS: u64 = 8_192;
 /// in `serve`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Notice {
-    /// `compaction`, `recovery`, `learned_cap`, `floor`, `warning`, `escalation`, `tools`.
+    /// `compaction`, `recovery`, `learned_cap`, `floor`, `warning`, `escalation`, `tools`,
+    /// `catalog`.
     pub kind: &'static str,
     pub message: String,
 }
@@ -97,11 +99,10 @@ pub struct McpSelection {
 }
 
 impl TurnOptions {
-    /// Bytes the client's tools and instructions add to every request of the turn.
-    pub fn reserve_bytes(&self) -> usize {
-        self.tools.iter().map(ToolSpec::weight).sum::<usize>()
-            + self.instructions.as_ref().map_or(0, String::len)
-            + self.controls.weight()
+    /// Bytes the client's instructions and output controls add to every request of the
+    /// turn (its tools are part of the catalog).
+    pub fn extra_bytes(&self) -> usize {
+        self.instructions.as_ref().map_or(0, String::len) + self.controls.weight()
     }
 
     fn is_client_tool(&self, name: &str) -> bool {
@@ -210,9 +211,12 @@ impl Answer {
 }
 
 /// What belongs to one turn while it runs: its notices, its compactions, the answer so far,
-/// the usage of its model calls and its output-token limit.
+/// the usage of its model calls, its output-token limit and its whole tool catalog.
 struct TurnScope {
     notices: Notices,
+    catalog: Catalog,
+    /// The catalog's plan the turn last gave notice of.
+    noticed_plan: Option<Vec<(String, Offer)>>,
     changes: Changes,
     answer: Answer,
     usage: Usage,
@@ -229,6 +233,8 @@ impl TurnScope {
                 list: Vec::new(),
                 live: events,
             },
+            catalog: Catalog::default(),
+            noticed_plan: None,
             changes: Changes::default(),
             answer: Answer::default(),
             usage: Usage::default(),
@@ -257,12 +263,23 @@ impl TurnScope {
     }
 }
 
-/// The turn's tool catalog and the bytes it (with the client's instructions and output
-/// format) adds to every request.
-struct Offered {
-    specs: Vec<ToolSpec>,
-    bytes: usize,
+/// The whole tool catalog of a turn: the built-in tools, the MCP servers' tools and the
+/// client's, in that order, before [`cairn_engine::offer::plan`] fits it to the room.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Catalog {
+    pub(super) specs: Vec<ToolSpec>,
 }
+
+/// The catalog one request offers and the bytes it (with the client's instructions and
+/// output format) adds to the request.
+pub(super) struct Offered {
+    pub(super) specs: Vec<ToolSpec>,
+    pub(super) bytes: usize,
+}
+
+/// Tools the session remembers as recently called or found (most recent first): the last to
+/// give way when the catalog must.
+const RECENT_TOOLS: usize = 8;
 
 /// What one model call sent: the request's weight and its output limit.
 struct Sent {
@@ -596,8 +613,7 @@ impl Session {
             );
         }
 
-        let (specs, bytes) = self.offer_tools(&mut scope.notices).await;
-        let offered = Offered { specs, bytes };
+        scope.catalog = self.offer_tools(&mut scope.notices).await;
         scope.model_max = self.model_max();
         scope.max_out = scope.model_max.min(INITIAL_OUTPUT_TOKENS);
         let mut guard = StagnationGuard::default();
@@ -615,7 +631,7 @@ impl Session {
             // 3-4. Pre-flight and the compaction ladder.
             self.prepare(scope).await?;
             // 5. Send, recovering from classified failures.
-            let resp = self.send(&offered, scope, provider_time).await?;
+            let resp = self.send(scope, provider_time).await?;
             rounds += 1;
             let mut resp = resp;
             // `parallel_tool_calls: false` holds whatever the provider did with it.
@@ -643,6 +659,7 @@ impl Session {
                     .inc_by(client.len() as u64);
             }
             for call in &own {
+                self.used_tool(&call.name);
                 let route = self.mcp_catalog.route(&call.name).cloned();
                 let tool = if route.is_some() {
                     self.tool_call_counts.mcp += 1;
@@ -666,6 +683,8 @@ impl Session {
                 let (mut message, is_error) = async {
                     if let Some(route) = route {
                         self.run_mcp(call, &route).await
+                    } else if call.name == TOOL_SEARCH {
+                        (self.search_tools(call, &scope.catalog), false)
                     } else if let Some(refusal) = self.mcp.refused(&call.name).await {
                         let mut m = Message::tool(call.id.clone(), format!("error: {refusal}"));
                         m.name = Some(call.name.clone());
@@ -755,16 +774,15 @@ impl Session {
         }
     }
 
-    /// The turn's tool catalog and the bytes it, the client's instructions and its output
-    /// format add to every request.
-    pub(super) async fn offer_tools(&mut self, notices: &mut Notices) -> (Vec<ToolSpec>, usize) {
-        // One catalog: the built-in tools, the MCP servers' tools, the client's tools. An
-        // MCP tool whose name is taken is offered as `<server>__<tool>`.
+    /// The turn's whole tool catalog: the built-in tools, the MCP servers' tools, the
+    /// client's tools.
+    pub(super) async fn offer_tools(&mut self, notices: &mut Notices) -> Catalog {
+        // An MCP tool whose name is taken is offered as `<server>__<tool>`.
         self.mcp_catalog = if self.mcp.is_empty() {
             McpCatalog::default()
         } else {
             let client: Vec<&str> = self.options.tools.iter().map(|t| t.name.as_str()).collect();
-            let mut taken = vec![tools::RECALL, tools::COMPRESS];
+            let mut taken = vec![tools::RECALL, tools::COMPRESS, TOOL_SEARCH];
             taken.extend(client);
             let only: Option<Vec<String>> = self
                 .options
@@ -780,20 +798,85 @@ impl Session {
                 format!("{why}; its tools are not offered this turn"),
             );
         }
-        let mut tool_specs = tools::catalog();
-        tool_specs.extend(self.mcp_catalog.specs.iter().cloned());
-        tool_specs.extend(self.options.tools.iter().cloned());
-        // The client's tools, instructions and output format are as uncompactable as the
-        // built-in catalog.
-        let tools_bytes: usize = tool_specs.iter().map(ToolSpec::weight).sum::<usize>()
-            + self.options.instructions.as_ref().map_or(0, String::len)
-            + self.options.controls.weight();
-        (tool_specs, tools_bytes)
+        let mut specs = tools::catalog();
+        specs.extend(self.mcp_catalog.specs.iter().cloned());
+        specs.extend(self.options.tools.iter().cloned());
+        Catalog { specs }
+    }
+
+    /// Plans what of `catalog` the next request offers, with the room the session's window,
+    /// bytes per token and payload cap leave now ([`cairn_engine::offer`]): only the MCP
+    /// servers' tools give way. The plan is the session's until the next one (the budget
+    /// counts its bytes).
+    pub(super) fn fit_catalog(&mut self, catalog: &Catalog) {
+        let candidates: Vec<Candidate> = catalog
+            .specs
+            .iter()
+            .map(|t| Candidate::of(t, self.mcp_catalog.route(&t.name).is_some()))
+            .collect();
+        let inputs = BudgetInputs {
+            reserve_bytes: self.options.extra_bytes(),
+            ..self.budget_inputs()
+        };
+        let system = cairn_engine::compact::window::system_weight(self.history.iter());
+        let room = offer::room(&inputs, &self.live.policy, &self.state, system);
+        let search = offer::search_tool().weight();
+        self.tool_plan = offer::plan(&candidates, &self.recent_tools, search, room);
+    }
+
+    /// The catalog the next request offers, as the session's plan says.
+    pub(super) fn offered(&self, catalog: &Catalog) -> Offered {
+        let mut specs: Vec<ToolSpec> = Vec::with_capacity(catalog.specs.len() + 1);
+        for t in &catalog.specs {
+            match self.tool_plan.offer(&t.name) {
+                Offer::Whole => specs.push(t.clone()),
+                Offer::Short => specs.push(offer::shorten(t)),
+                Offer::Deferred => {}
+            }
+        }
+        if self.tool_plan.searches() {
+            specs.push(offer::search_tool());
+        }
+        let bytes = specs.iter().map(ToolSpec::weight).sum::<usize>() + self.options.extra_bytes();
+        Offered { specs, bytes }
+    }
+
+    /// Remembers `name` as the most recently used tool.
+    fn used_tool(&mut self, name: &str) {
+        self.recent_tools.retain(|n| n != name);
+        self.recent_tools.insert(0, name.to_owned());
+        self.recent_tools.truncate(RECENT_TOOLS);
+    }
+
+    /// Runs a call of [`TOOL_SEARCH`]: the full definitions of the tools the request did not
+    /// offer whole that match the query; the found ones count as used, so the next request
+    /// offers them whole while anything else can give way.
+    fn search_tools(&mut self, call: &crate::history::ToolCall, catalog: &Catalog) -> Message {
+        let query = serde_json::from_str::<serde_json::Value>(&call.arguments)
+            .ok()
+            .and_then(|v| v.get("query").and_then(|q| q.as_str()).map(str::to_owned))
+            .unwrap_or_else(|| call.arguments.clone());
+        let hidden: Vec<ToolSpec> = catalog
+            .specs
+            .iter()
+            .filter(|t| self.tool_plan.offer(&t.name) != Offer::Whole)
+            .cloned()
+            .collect();
+        let found = offer::search(&hidden, &query);
+        let text = offer::search_result(&found, &query, &hidden);
+        let names: Vec<String> = found.iter().rev().map(|t| t.name.clone()).collect();
+        for name in names {
+            self.used_tool(&name);
+        }
+        let mut message = Message::tool(call.id.clone(), text);
+        message.name = Some(call.name.clone());
+        message
     }
 
     /// Pre-flight against a known payload cap, then the ladder when over budget; a request
     /// still in the blocking buffer after that is refused.
     async fn prepare(&mut self, scope: &mut TurnScope) -> Result<(), TurnError> {
+        self.fit_turn_catalog(scope);
         let inputs = self.budget_inputs();
         let weight = history::weight(&self.history);
         let live = Arc::clone(&self.live);
@@ -883,12 +966,12 @@ impl Session {
     /// limit an escalated continuation.
     async fn send(
         &mut self,
-        tools: &Offered,
         scope: &mut TurnScope,
         provider_time: &mut Duration,
     ) -> Result<ChatResponse, TurnError> {
         loop {
-            let (result, sent) = self.call_provider(tools, scope, provider_time).await;
+            let tools = self.offered(&scope.catalog);
+            let (result, sent) = self.call_provider(&tools, scope, provider_time).await;
             match result {
                 Ok(reply) => {
                     if let Some(reply) = self.on_reply(reply, &sent, scope).await? {
@@ -1087,8 +1170,44 @@ impl Session {
                 // A learned cap takes effect on the retry itself.
                 self.prepare(scope).await
             }
+            Err(RecoveryError::Floor { .. } | RecoveryError::WindowFloor { .. })
+                if self.catalog_gives_way(tools_bytes, scope) =>
+            {
+                self.prepare(scope).await
+            }
             Err(re) => Err(self.gave_up(class, err, &re)),
         }
+    }
+
+    /// After a rejection whose recovery found the floor too high: whether the catalog, fitted
+    /// to what the rejection taught (a window, the bytes per token), now weighs less than
+    /// the `sent_bytes` it weighed in the rejected request. The request then changes, and is
+    /// sent again.
+    fn catalog_gives_way(&mut self, sent_bytes: usize, scope: &mut TurnScope) -> bool {
+        self.fit_turn_catalog(scope);
+        self.offered(&scope.catalog).bytes < sent_bytes
+    }
+
+    /// Fits the turn's catalog to the room; a plan that gives way is noticed once per turn
+    /// and again when what gives way changes.
+    fn fit_turn_catalog(&mut self, scope: &mut TurnScope) {
+        self.fit_catalog(&scope.catalog);
+        let plan = &self.tool_plan;
+        for (label, kind) in [
+            ("whole", Offer::Whole),
+            ("short", Offer::Short),
+            ("deferred", Offer::Deferred),
+        ] {
+            self.metrics
+                .offered_tools
+                .get_or_create(&OfferLabels { offer: label })
+                .set(plan.named(kind).len() as i64);
+        }
+        if plan.is_whole() || scope.noticed_plan.as_ref() == Some(&plan.offers) {
+            return;
+        }
+        scope.noticed_plan = Some(plan.offers.clone());
+        notice(&mut scope.notices, "catalog", offer::notice(plan));
     }
 
     /// Records a recovery attempt: metrics, `status.session.lastRecovery`, the turn's
@@ -1354,6 +1473,7 @@ fn tool_label(name: &str) -> &'static str {
     match name {
         tools::RECALL => tools::RECALL,
         tools::COMPRESS => tools::COMPRESS,
+        TOOL_SEARCH => TOOL_SEARCH,
         _ => "unknown",
     }
 }

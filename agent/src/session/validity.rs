@@ -86,11 +86,14 @@ pub fn check_request(
     {
         return Err(InvalidRequest::EmptyMessage);
     }
-    if let Some(t) = options
-        .tools
-        .iter()
-        .find(|t| t.name == tools::RECALL || t.name == tools::COMPRESS)
-    {
+    if let Some(t) = options.tools.iter().find(|t| {
+        [
+            tools::RECALL,
+            tools::COMPRESS,
+            cairn_engine::offer::TOOL_SEARCH,
+        ]
+        .contains(&t.name.as_str())
+    }) {
         return Err(InvalidRequest::ReservedTool(t.name.clone()));
     }
     let kind = spec.provider.kind;

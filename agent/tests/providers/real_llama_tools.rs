@@ -619,3 +619,121 @@ async fn an_agents_sdk_tool_loop_runs_thirty_turns_on_the_real_model() {
         eprintln!("tool loop: {line}");
     }
 }
+
+/// The text of every message item of a Response object, joined.
+fn answer_text(response: &serde_json::Value) -> String {
+    response["output"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|item| item["type"] == "message")
+        .flat_map(|item| item["content"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["text"].as_str().map(str::to_owned))
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+/// The filesystem MCP server's whole catalog (14 tools, no `allowedTools`) on the
+/// 2,048-token server with the tool-calling template, in a served session that assumes the
+/// default window of 32,768 tokens: the system prompt and the catalog alone would fill the
+/// window, so once the first rejection teaches the real window and ratio the catalog gives
+/// way (descriptions shortened, tools deferred behind `tool_search`) and every turn answers
+/// 200 with text, a turn that requires a tool call included. The context inspector then shows a catalog within its room and a request
+/// that fits the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_filesystem_catalog_fits_a_2048_token_window_and_every_turn_answers() {
+    use cairn_tests::harness::RecordingProxy;
+
+    use super::real_llama::{assert_no_unchanged_resend, calls};
+    use crate::support::agent::*;
+
+    let _slot = model_slot().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = LlamaServer::start_with_tools(dir.path(), 2_048).expect("llama-server");
+    let proxy = RecordingProxy::start(&server.url).await.expect("proxy");
+    let root = tempfile::tempdir().expect("files");
+    let root_dir = root.path().canonicalize().expect("root");
+    workspace(&root_dir);
+    let cfg = dir.path().join("session.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name: llama-catalog\nnamespace: tests\nprovider:\n  kind: openai-compatible\n  model: smollm2-135m-instruct\n  baseUrl: {}/v1\nmaxOutputTokens: 128\nsystemPrompt: You are a concise assistant with file tools.\ncompaction:\n  summarizer: {{enabled: false}}\ntools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\n",
+            proxy.url,
+            node_modules().join(".bin/mcp-server-filesystem").display(),
+            root_dir.display(),
+        ),
+    )
+    .expect("config");
+    let agent = AgentProcess::start(
+        &cfg,
+        &storage_env(dir.path(), None),
+        &dir.path().join("agent.log"),
+    );
+    let api = Api {
+        base: agent.url.clone(),
+        http: reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(600))
+            .build()
+            .expect("client"),
+    };
+    // With this template "auto" answers 500 to prose (docs/llama-tool-calls.md, Limits): the
+    // text turns send "none"; the middle turn requires a call of whatever the offered
+    // catalog holds, which the session runs before the turn's next call answers in text.
+    let turns = [
+        ("Say hello in one short sentence.", "none"),
+        ("List the files of the folder with a tool.", "required"),
+        ("What is the capital of France? Answer in one word.", "none"),
+    ];
+    let mut catalog_noticed = false;
+    for (turn, (question, choice)) in turns.iter().enumerate() {
+        let (status, body) = api
+            .post(
+                "/v1/responses",
+                serde_json::json!({"model": MODEL, "input": question, "tool_choice": choice}),
+            )
+            .await;
+        let log = agent.log();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        assert_eq!(
+            status, 200,
+            "turn {turn}: {body}\nagent log tail:\n{tail:?}"
+        );
+        assert!(
+            !answer_text(&body).trim().is_empty(),
+            "turn {turn}: an answer: {body}"
+        );
+        catalog_noticed |= body["cairn"]["notices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|n| n["kind"] == "catalog");
+    }
+    let stats = api.session().await["stats"].clone();
+    eprintln!("tool calls on the fitted catalog: {}", stats["toolCalls"]);
+    assert!(catalog_noticed, "a turn said the catalog gave way");
+    assert_no_unchanged_resend(&calls(&proxy));
+    let (status, body) = api.get("/v1/session/context").await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let report: serde_json::Value = serde_json::from_slice(&body).expect("report");
+    let catalog = &report["catalog"];
+    let count = |k: &str| catalog[k].as_array().map_or(0, Vec::len);
+    assert!(
+        count("deferred") + count("shortened") > 0
+            && catalog["offeredBytes"].as_u64() <= catalog["roomBytes"].as_u64(),
+        "{catalog}"
+    );
+    let window = report["window"]["effectiveContextWindow"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    assert!(window <= 2_048, "the learned window: {}", report["window"]);
+    assert!(
+        report["bodyTokens"].as_u64().unwrap_or(u64::MAX) < window,
+        "the next request fits the window: {report}"
+    );
+    assert_ne!(report["headroom"]["state"], "blocking", "{report}");
+    eprintln!(
+        "catalog on the 2,048-token server: {catalog}; {} model calls",
+        calls(&proxy).len()
+    );
+}

@@ -913,3 +913,231 @@ async fn the_responses_api_selects_declared_servers_and_refuses_undeclared_ones(
     assert_eq!(status, 200, "{v}");
     assert!(offered(&sim, "echo") && offered(&sim, "read_text_file"));
 }
+
+/// The names of the tools a recorded Chat Completions request offered, with their
+/// descriptions.
+fn offered_tools(body: &str) -> Vec<(String, String)> {
+    let body: Value = serde_json::from_str(body).expect("request body");
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            (
+                t["function"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                t["function"]["description"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn gauge(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// A served session (`cairn-agent serve`) with the filesystem server's whole catalog and a
+/// model of 2,048 tokens (cairn-sim rejects what exceeds it): the catalog gives way, shown
+/// by the context inspector, a notice and a gauge; the model, scripted, finds a deferred
+/// tool with `tool_search`, and its call then runs on the real server, as does a direct call
+/// of a deferred tool the model never searched for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_filesystem_tool_is_found_with_tool_search_and_runs_on_the_real_server() {
+    let sim = Sim::start().await.expect("sim");
+    sim.set_window(MODEL, 2_048);
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let root = files.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("src")).unwrap();
+    std::fs::write(root.join("src/lib.rs"), "pub fn answer() -> u32 { 42 }\n").unwrap();
+    std::fs::write(root.join("notes.txt"), "meeting on Tuesday\n").unwrap();
+    let yaml = config_yaml(
+        "catalog",
+        &format!("{}/v1", sim.url()),
+        2_048,
+        &format!(
+            "tools:\n  mcpServers:\n  - name: fs\n    command: {}\n    args: [{}]\n",
+            bin("mcp-server-filesystem"),
+            root.display()
+        ),
+    );
+    let cfg = dir.path().join("session.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    let agent = AgentProcess::start(
+        &cfg,
+        &storage_env(dir.path(), None),
+        &dir.path().join("agent.log"),
+    );
+    let api = Api::new(&agent.url);
+
+    // The inspector: the whole catalog would not fit, so tools are deferred behind the
+    // search tool, and what is offered fits the room.
+    let (status, body) = api.get("/v1/session/context?input=hello").await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let report: Value = serde_json::from_slice(&body).unwrap();
+    let catalog = &report["catalog"];
+    let deferred: Vec<String> = catalog["deferred"]
+        .as_array()
+        .expect("deferred tools")
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    assert!(!deferred.is_empty(), "{catalog}");
+    eprintln!("the filesystem catalog on a 2,048-token window: {catalog}");
+    assert!(
+        catalog["offeredBytes"].as_u64() <= catalog["roomBytes"].as_u64()
+            && catalog["offeredBytes"].as_u64() < catalog["wholeBytes"].as_u64(),
+        "{catalog}"
+    );
+    let listed: Vec<&str> = report["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(listed.contains(&"tool_search"), "{listed:?}");
+    assert!(deferred.iter().all(|d| !listed.contains(&d.as_str())));
+    assert!(
+        report["notices"].as_array().unwrap().iter().any(|n| n
+            .as_str()
+            .is_some_and(|n| n.contains("deferred behind tool_search"))),
+        "{report}"
+    );
+
+    // Turn 1: search, then call what was found.
+    let wanted = [
+        "list_directory",
+        "directory_tree",
+        "list_allowed_directories",
+    ]
+    .into_iter()
+    .find(|t| deferred.iter().any(|d| d == t))
+    .unwrap_or_else(|| panic!("no listing tool deferred: {deferred:?}"));
+    let query = wanted.replace('_', " ");
+    let path = root.display().to_string();
+    sim.push_reply(ScriptedReply::tool_call(
+        "tool_search",
+        json!({"query": query}),
+    ));
+    sim.push_reply(ScriptedReply::tool_call(wanted, json!({"path": path})));
+    sim.push_reply(ScriptedReply::text("listed"));
+    let (status, body) = api.turn("What is in the folder?").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(output_text(&body), "listed");
+    let notices = body["cairn"]["notices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        notices.iter().any(|n| n["kind"] == "catalog"),
+        "the turn says the catalog gave way: {body}"
+    );
+    let requests = sim.requests();
+    assert_eq!(requests.len(), 3, "search, call, answer");
+    assert!(requests.iter().all(|r| r.outcome == "ok"), "{requests:?}");
+    let first = offered_tools(&requests[0].body);
+    assert!(first.iter().any(|(n, _)| n == "tool_search"));
+    assert!(
+        !first.iter().any(|(n, _)| n == wanted),
+        "{wanted} is deferred"
+    );
+    // The search result carries the tool's whole definition, as the server lists it; the
+    // next request offers the tool.
+    let second: Value = serde_json::from_str(&requests[1].body).unwrap();
+    let messages = second["messages"].as_array().unwrap();
+    let found = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .and_then(|m| m["content"].as_str())
+        .expect("the search result");
+    assert!(
+        found.contains(&format!("\"name\":\"{wanted}\"")) && found.contains("\"parameters\""),
+        "{found}"
+    );
+    assert!(
+        offered_tools(&requests[1].body)
+            .iter()
+            .any(|(n, _)| n == wanted),
+        "the found tool is offered after the search"
+    );
+    // The call ran on the real server: its listing names the real entries.
+    let third: Value = serde_json::from_str(&requests[2].body).unwrap();
+    let listing = third["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .and_then(|m| m["content"].as_str())
+        .expect("the listing");
+    assert!(
+        listing.contains("notes.txt") && listing.contains("src"),
+        "{listing}"
+    );
+
+    // Turn 2: a deferred tool called directly, without a search, runs all the same.
+    let (status, body) = api.get("/v1/session/context").await;
+    assert_eq!(status, 200);
+    let report: Value = serde_json::from_slice(&body).unwrap();
+    let still: Vec<String> = report["catalog"]["deferred"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    // Each reading tool's answer, from the real server, names what it read.
+    let (direct, args, expected) = [
+        ("read_text_file", "meeting on Tuesday"),
+        ("read_file", "meeting on Tuesday"),
+        ("get_file_info", "size: 19"),
+        ("search_files", "notes.txt"),
+    ]
+    .into_iter()
+    .find(|(t, _)| still.iter().any(|d| d == t))
+    .map(|(t, expected)| {
+        let args = if t == "search_files" {
+            json!({"path": path, "pattern": "notes"})
+        } else {
+            json!({"path": root.join("notes.txt").display().to_string()})
+        };
+        (t, args, expected)
+    })
+    .unwrap_or_else(|| panic!("no reading tool deferred: {still:?}"));
+    sim.push_reply(ScriptedReply::tool_call(direct, args));
+    sim.push_reply(ScriptedReply::text("read"));
+    let (status, body) = api.turn("And the notes?").await;
+    assert_eq!(status, 200, "{body}");
+    let requests = sim.requests();
+    let last: Value = serde_json::from_str(&requests[requests.len() - 1].body).unwrap();
+    let result = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .and_then(|m| m["content"].as_str())
+        .expect("the direct call's result");
+    assert!(result.contains(expected), "{direct}: {result}");
+    assert!(requests.iter().all(|r| r.outcome == "ok"), "{requests:?}");
+
+    let stats = api.session().await["stats"].clone();
+    assert_eq!(stats["toolCalls"]["mcp"].as_u64(), Some(2), "{stats}");
+    let metrics = String::from_utf8(api.get("/metrics").await.1).unwrap_or_default();
+    assert!(
+        gauge(&metrics, "cairn_agent_offered_tools{offer=\"deferred\"}").unwrap_or(0.0) >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("cairn_agent_tool_calls_total{tool=\"tool_search\"} 1"),
+        "{metrics}"
+    );
+}
