@@ -252,7 +252,11 @@ mod tests {
                 type_: "ArchiveReady".into(),
                 status: archive_ready.into(),
                 reason: reason.into(),
-                ..Condition::default()
+                message: String::new(),
+                observed_generation: None,
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
             }],
             ..AgentSessionStatus::default()
         }
