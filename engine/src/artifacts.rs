@@ -31,9 +31,9 @@ use std::sync::LazyLock;
 use aho_corasick::AhoCorasick;
 use serde_json::Value;
 
-use crate::compact::text::floor_boundary;
 pub use crate::history::{Artifact, Category};
 use crate::history::{Message, Role, ToolCall};
+use crate::utf8::floor_boundary;
 
 /// Errors and requests are cut to this many bytes.
 pub const MAX_TEXT: usize = 200;

@@ -29,4 +29,5 @@ pub mod storage;
 pub mod testing;
 pub mod tokens;
 pub mod turn;
+pub mod utf8;
 pub mod why;

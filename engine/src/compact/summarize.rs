@@ -227,7 +227,7 @@ pub fn check_quality(summary: &str, segment_chars: usize) -> Result<(), Rejectio
 /// True when `text` opens like a refusal ("I'm sorry", "As an AI", ...).
 pub fn is_refusal(text: &str) -> bool {
     let s = text.trim();
-    let head = s[..text::floor_boundary(s, 120)].to_lowercase();
+    let head = s[..crate::utf8::floor_boundary(s, 120)].to_lowercase();
     const REFUSALS: [&str; 9] = [
         "i'm sorry",
         "i am sorry",

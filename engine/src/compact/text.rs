@@ -11,33 +11,10 @@ use memchr::memmem;
 use crate::artifacts::{self, Category};
 use crate::ccr::Key;
 use crate::history::Message;
+use crate::utf8::{ceil_boundary, floor_boundary};
 
 /// Every banner and stub cairn writes starts with this, so passes recognise their own work.
 pub const BANNER_PREFIX: &str = "[cairn: ";
-
-/// Largest index `<= at` that is a char boundary of `s`.
-pub fn floor_boundary(s: &str, at: usize) -> usize {
-    if at >= s.len() {
-        return s.len();
-    }
-    let mut i = at;
-    while i > 0 && !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-/// Smallest index `>= at` that is a char boundary of `s`.
-pub fn ceil_boundary(s: &str, at: usize) -> usize {
-    if at >= s.len() {
-        return s.len();
-    }
-    let mut i = at;
-    while i < s.len() && !s.is_char_boundary(i) {
-        i += 1;
-    }
-    i
-}
 
 /// A head of at most `max` bytes, ending after a newline when one is in the second half of
 /// the allowance (so a cut never splits a line unless the line is huge).

@@ -185,7 +185,7 @@ fn same_error(len: usize, key: &Key) -> String {
 
 /// Error output, by its first lines (tool errors repeat verbatim when a model retries).
 fn looks_like_error(s: &str) -> bool {
-    let head = s[..text::floor_boundary(s, 512)].to_ascii_lowercase();
+    let head = s[..crate::utf8::floor_boundary(s, 512)].to_ascii_lowercase();
     head.starts_with("error")
         || head.contains("traceback (most recent call last)")
         || head.contains("exit code")
