@@ -160,8 +160,9 @@ impl ControlPlane {
             &format!("--cluster-signing-key-file={}", s(&cp.pki.ca_key())),
             "--use-service-account-credentials=true",
             "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            &format!("--secure-port={}", free_port()?),
+            // No HTTPS endpoint (nothing here reads it): a port picked free and bound later
+            // can be taken in between by another test's process.
+            "--secure-port=0",
             "--controllers=*,-node-ipam-controller",
             "--concurrent-statefulset-syncs=20",
             "--concurrent-gc-syncs=40",
@@ -181,8 +182,8 @@ impl ControlPlane {
             &format!("--authentication-kubeconfig={}", s(&cp.kubeconfig)),
             &format!("--authorization-kubeconfig={}", s(&cp.kubeconfig)),
             "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            &format!("--secure-port={}", free_port()?),
+            // As the controller-manager's: no HTTPS endpoint, no port to lose to a race.
+            "--secure-port=0",
             "--kube-api-qps=200",
             "--kube-api-burst=400",
             "--v=1",
