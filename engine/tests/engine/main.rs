@@ -12,3 +12,11 @@ mod recovery;
 mod sight;
 mod turn;
 mod why;
+
+/// A current-thread runtime for the tests that drive the async passes.
+pub fn rt() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_current_thread().build() {
+        Ok(rt) => rt,
+        Err(e) => panic!("runtime: {e}"),
+    }
+}

@@ -686,13 +686,6 @@ fn a_score_counts_only_what_the_compaction_replaced() {
     );
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    match tokio::runtime::Builder::new_current_thread().build() {
-        Ok(rt) => rt,
-        Err(e) => panic!("runtime: {e}"),
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
@@ -711,7 +704,7 @@ proptest! {
         let policy = EffectivePolicy { min_keep_recent: keep, ..EffectivePolicy::default() };
         let store = MemoryStore::new();
         let mut h = before.clone();
-        let map = rt().block_on(async {
+        let map = super::rt().block_on(async {
             let (report, _) = emergency(&mut h, &policy, target, Trigger::Auto, &store).await;
             archived_by(&[&report], &store).await
         });

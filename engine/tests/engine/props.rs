@@ -135,13 +135,6 @@ fn systems(h: &[Message]) -> Vec<Message> {
     h.iter().filter(|m| m.is_system()).cloned().collect()
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    match tokio::runtime::Builder::new_current_thread().build() {
-        Ok(rt) => rt,
-        Err(e) => panic!("runtime: {e}"),
-    }
-}
-
 /// Summarizers the pipeline may meet: good, refusing, failing, or none at all.
 fn summarizer(kind: u8) -> Option<ScriptedSummarizer> {
     match kind % 4 {
@@ -180,11 +173,11 @@ proptest! {
         // The archived variant loses nothing.
         let store = MemoryStore::new();
         let mut h = original.clone();
-        rt().block_on(async {
+        super::rt().block_on(async {
             pairing::repair_archived(&mut h, &store, Trigger::Turn).await;
         });
         prop_assert!(pairing::is_valid(&h));
-        let lost = rt().block_on(lost_texts(&original, &h, &store));
+        let lost = super::rt().block_on(lost_texts(&original, &h, &store));
         prop_assert!(lost.is_empty(), "lost {} texts", lost.len());
     }
 
@@ -196,7 +189,7 @@ proptest! {
         let mut h = build(&ops);
         pairing::repair(&mut h, pairing::OrphanMode::ToUser);
         let original = h.clone();
-        let rt = rt();
+        let rt = super::rt();
         rt.block_on(microcompact::microcompact(&mut h, &policy, idle_for, &store));
         let once = h.clone();
         let second = rt.block_on(microcompact::microcompact(&mut h, &policy, idle_for, &store));
@@ -217,7 +210,7 @@ proptest! {
         let mut h = build(&ops);
         pairing::repair(&mut h, pairing::OrphanMode::ToUser);
         let limits = ToolResultLimits { per_result, per_turn: per_result + extra };
-        let rt = rt();
+        let rt = super::rt();
         let (a, _) = rt.block_on(budget::apply(&h, limits, &store));
         let (b, _) = rt.block_on(budget::apply(&h, limits, &store));
         prop_assert_eq!(&a, &b);
@@ -243,7 +236,7 @@ proptest! {
         let original = build(&ops);
         let summ = summarizer(kind);
         let mut state = SessionState::new();
-        let rt = rt();
+        let rt = super::rt();
         let mut h = original.clone();
         let out = rt.block_on(async {
             pairing::repair_archived(&mut h, &store, Trigger::Turn).await;

@@ -299,13 +299,6 @@ fn cut() -> impl Strategy<Value = Cut> {
     ]
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    match tokio::runtime::Builder::new_current_thread().build() {
-        Ok(rt) => rt,
-        Err(e) => panic!("runtime: {e}"),
-    }
-}
-
 proptest! {
     // 64 cases by default; `PROPTEST_CASES=500` for a deeper run.
     #![proptest_config(ProptestConfig {
@@ -318,7 +311,7 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..24),
         cuts in proptest::collection::vec(cut(), 1..6),
     ) {
-        let rt = runtime();
+        let rt = super::rt();
         let store = MemoryStore::new();
         let mut policy = EffectivePolicy::default();
         policy.microcompact.min_content_chars = 1_000;
