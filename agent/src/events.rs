@@ -86,7 +86,7 @@ pub fn compacted(out: &CompactionOutcome) -> Option<SessionEvent> {
     }
     if let Some(min) = out.below_min_score {
         note.push_str(&format!(
-            ", below the policy's quality.minScore {min} even with the widest ledger section"
+            ", below the policy's quality.minScore {min} even keeping the most its target leaves room for"
         ));
     }
     Some(SessionEvent {
@@ -383,7 +383,7 @@ mod tests {
         assert_eq!((ev.warning, ev.reason), (true, "Compacted"));
         assert!(
             ev.note.ends_with(
-                "requests 0/3, below the policy's quality.minScore 0.9 even with the widest ledger section"
+                "requests 0/3, below the policy's quality.minScore 0.9 even keeping the most its target leaves room for"
             ),
             "{}",
             ev.note

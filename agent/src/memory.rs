@@ -217,6 +217,17 @@ pub struct SessionMemory {
     changed: Notify,
 }
 
+/// Whether stand-in `m` holds the memory `text` as its summary: its summarizer's text ends
+/// with it, or, when its sections were cut to fit, it names the archived whole.
+fn stands_in_for(m: &Message, text: &str) -> bool {
+    use crate::compact::{ledger, sections};
+    let own = sections::summarizer_text(&m.content);
+    ledger::without_section(&own).ends_with(text)
+        || m.meta
+            .archived
+            .contains(&crate::ccr::Key::of(text.as_bytes()).as_str().to_owned())
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -360,10 +371,7 @@ impl SessionMemory {
             let text = doc.text.trim();
             doc.frontier = history
                 .iter()
-                .position(|m| {
-                    m.meta.is_summary
-                        && crate::compact::ledger::without_section(&m.content).ends_with(text)
-                })
+                .position(|m| m.meta.is_summary && stands_in_for(m, text))
                 .and_then(|ix| Frontier::of(history, ix));
         }
         drop(i);

@@ -110,7 +110,7 @@ pub fn of_message(m: &Message) -> Vec<Artifact> {
             .into_iter()
             .filter_map(|l| Artifact::new(Category::Errors, l))
             .collect(),
-        Role::User => Artifact::new(Category::Requests, cut(m.content.trim()))
+        Role::User => Artifact::new(Category::Requests, &request(m.content.trim()))
             .into_iter()
             .collect(),
     };
@@ -288,6 +288,21 @@ fn is_exit_status(line: &str) -> bool {
 }
 
 /// `s` cut to at most [`MAX_TEXT`] bytes on a character boundary.
+/// Between a long request's head and tail.
+pub const REQUEST_GAP: &str = " […] ";
+
+/// A request as the ledger keeps it: the user's words, verbatim up to [`MAX_TEXT`] bytes; a
+/// longer one as its head and its tail around [`REQUEST_GAP`], within [`MAX_TEXT`].
+fn request(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.len() <= MAX_TEXT {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let room = MAX_TEXT - REQUEST_GAP.len();
+    let head = &s[..floor_boundary(s, room * 2 / 3)];
+    let tail_from = crate::utf8::ceil_boundary(s, s.len() - (room - head.len()));
+    std::borrow::Cow::Owned(format!("{head}{REQUEST_GAP}{}", &s[tail_from..]))
+}
+
 fn cut(s: &str) -> &str {
     &s[..floor_boundary(s, MAX_TEXT)]
 }

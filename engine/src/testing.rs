@@ -225,6 +225,20 @@ pub fn call(id: &str, name: &str, args: &str) -> ToolCall {
     }
 }
 
+/// A turn whose one call's arguments weigh about `bytes`: no pass cuts arguments (only
+/// content), so a kept tail that holds it cannot shrink below them. Ends with the user's
+/// next request, so level 3 can keep a tail without it.
+pub fn heavy_call_turn(bytes: usize) -> Vec<Message> {
+    let args = serde_json::json!({"path": "data/blob.txt", "content": "x".repeat(bytes)});
+    vec![
+        Message::assistant_calls("", vec![call("heavy", "write_file", &args.to_string())]),
+        Message::tool("heavy", "wrote data/blob.txt"),
+        Message::assistant("Written."),
+        Message::user("Now check it."),
+        Message::assistant("Checked."),
+    ]
+}
+
 /// Realistic tool outputs, deterministic in `seed`.
 pub fn tool_output(kind: usize, seed: usize, size: usize) -> String {
     let mut s = String::with_capacity(size + 128);

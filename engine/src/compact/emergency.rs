@@ -216,8 +216,9 @@ pub async fn emergency_with(
     (report, met)
 }
 
-/// Cuts the largest non-system, non-verbatim message first until `target` is met or no
-/// message can shrink further. Each original is archived before its first cut.
+/// Cuts the largest message first (never a system or verbatim message, nor cairn's own
+/// stand-ins) until `target` is met or no message can shrink further. Each original is
+/// archived before its first cut.
 pub async fn shrink_largest(
     history: &mut [Message],
     target: usize,
@@ -236,6 +237,7 @@ pub async fn shrink_largest(
                 !exhausted[i]
                     && !m.is_system()
                     && !m.meta.preserve_verbatim
+                    && !m.meta.is_summary
                     && m.content.len() > FLOOR_CHARS
             })
             .max_by_key(|&i| (history[i].content.len(), std::cmp::Reverse(i)))
@@ -256,24 +258,25 @@ pub async fn shrink_largest(
             {
                 originals.insert(i, (orig, key));
                 refetched.insert(i);
-            } else {
-                if let (Some(k), Some(st)) = (key, text::parse_stats(c)) {
-                    let s = text::keeping_errors(text::stub("message", st, &k), &history[i]);
-                    if let Some(s) = s {
-                        weight = weight - current + s.len();
-                        super::ledger::note_cut(&mut history[i]);
-                        history[i].content = s;
-                        report.changed += 1;
-                    }
+            } else if let (Some(k), Some(st)) = (key, text::parse_stats(c)) {
+                let s = text::keeping_errors(text::stub("message", st, &k), &history[i]);
+                if let Some(s) = s {
+                    weight = weight - current + s.len();
+                    super::ledger::note_cut(&mut history[i]);
+                    history[i].content = s;
+                    report.changed += 1;
                 }
                 exhausted[i] = true;
                 continue;
             }
+            // Otherwise a text cairn derived from an archived original (a result compressed
+            // on entry): cut below like any other, itself archived as the cut's original
+            // (the markers it quotes lead on to the first one).
         }
         #[allow(clippy::map_entry)] // the archive call between lookup and insert is async
         if !originals.contains_key(&i) {
             let c = &history[i].content;
-            if text::quotes_marker(c) {
+            if text::quotes_marker(c) && !text::is_ours(c) {
                 exhausted[i] = true;
                 continue;
             }

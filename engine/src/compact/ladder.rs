@@ -16,6 +16,7 @@ use crate::ccr::Store;
 use crate::history::{self, Message};
 
 use super::ledger::Width;
+use super::sections::{self, Room};
 use super::state::{SKIP_LEVEL2_AFTER_NON_CONVERGING, SummaryVerdict};
 use super::summarize::{self, SummaryOutcome};
 use super::window::target_chars;
@@ -220,6 +221,18 @@ pub async fn compact(
             if outcome == SummaryOutcome::Applied {
                 out.level = Some(2);
                 if !fits(history) {
+                    // The kept tail's largest results give way (archived, their error lines
+                    // kept) before level 3 would truncate the summary and all before it.
+                    let mut cut = history.clone();
+                    let mut r = report.clone();
+                    let room = Room::UnderTarget(Width::Wide);
+                    sections::fill_newest(&mut cut, target, room, ctx.store, &mut r).await;
+                    if fits(&cut) {
+                        *history = cut;
+                        report = r;
+                    }
+                }
+                if !fits(history) {
                     state.skip_level2 = SKIP_LEVEL2_AFTER_NON_CONVERGING;
                     report
                         .notes
@@ -232,10 +245,11 @@ pub async fn compact(
     }
 
     if out.level == Some(2) && !fits(history) {
-        // Level 3 runs next: the summary's ledger section is written now, in the room a
-        // section takes of the target, so that level 3 keeps it (it never cuts cairn's own
-        // stand-ins) or carries its entries into its notice.
-        ledger::render_newest_within(history, ledger::before_level3(target));
+        // Level 3 runs next: the summary's sections are filled now, in the room a section
+        // takes before level 3, so that level 3 keeps them (it never cuts cairn's own
+        // stand-ins) or carries their entries into its notice.
+        let room = Room::AtMost(ledger::before_level3(target));
+        fill(history, target, room, ctx.store, &mut out.reports).await;
     }
     let mut before_level3 = None;
     let mut level3 = None;
@@ -250,13 +264,31 @@ pub async fn compact(
         state.level3_compactions += 1;
     }
 
+    // With a score to meet, the sections may be filled again with the kept tail cut.
+    let mut unfilled = None;
     if out.level == Some(2) {
         // What the summarized messages touched, in the room left under the target (level 3
         // writes its notice's section itself).
-        ledger::render_newest(history, target);
+        unfilled = ctx
+            .policy
+            .quality
+            .min_score
+            .filter(|_| {
+                !history
+                    .iter()
+                    .any(|m| m.content.contains(sections::BLOCK_OPEN))
+            })
+            .map(|_| history.clone());
+        let room = Room::UnderTarget(Width::Normal);
+        fill(history, target, room, ctx.store, &mut out.reports).await;
     }
     if out.reports.iter().any(PassReport::is_change) {
-        let score = grade(history, &snapshot, before_level3, target, ctx, &mut out).await;
+        let retry = match (before_level3, unfilled) {
+            (Some(h), _) => Some(Retry::Level3(h)),
+            (None, Some(h)) => Some(Retry::Sections(h)),
+            (None, None) => None,
+        };
+        let score = grade(history, &snapshot, retry, target, ctx, &mut out).await;
         state.quality.record(score.clone());
         state.quality.below_min_score += u64::from(out.below_min_score.is_some());
         out.quality = Some(score);
@@ -279,15 +311,37 @@ pub async fn compact(
     out
 }
 
+/// Fills the sections of the newest level-2 stand-in, naming what it archives in the
+/// summary's report.
+async fn fill(
+    history: &mut [Message],
+    target: usize,
+    room: Room,
+    store: &dyn Store,
+    reports: &mut [PassReport],
+) {
+    if let Some(r) = reports.iter_mut().rev().find(|r| r.pass == Pass::Summary) {
+        sections::fill_newest(history, target, room, store, r).await;
+    }
+}
+
+/// What a compaction below `quality.minScore` tries once more from.
+enum Retry {
+    /// Level 3 again, from the history it started from, with a wide ledger section.
+    Level3(Vec<Message>),
+    /// The summary's sections again, from the history before they were filled, the kept
+    /// tail cut to make room.
+    Sections(Vec<Message>),
+}
+
 /// The score of the compaction that turned `snapshot` into `history`. Below the policy's
-/// `quality.minScore` it tries once more with a wider ledger section (within `target`):
-/// level 3 runs again from `before_level3`, the history it started from, or a summary's
-/// section is widened in place; the better of the two stays. One that stays below sets
+/// `quality.minScore` it tries once more to keep more in sight (within `target`, see
+/// [`Retry`]); the better of the two stays. One that stays below sets
 /// `out.below_min_score`. Either way the compaction's last report says so.
 async fn grade(
     history: &mut Vec<Message>,
     snapshot: &probe::Snapshot,
-    before_level3: Option<Vec<Message>>,
+    retry: Option<Retry>,
     target: usize,
     ctx: &LadderContext<'_>,
     out: &mut CompactionOutcome,
@@ -299,10 +353,11 @@ async fn grade(
         return score;
     };
     let first = score.score;
-    let score = match before_level3 {
-        Some(mut again) => {
+    let (mut again, mut reports) = (Vec::new(), out.reports.clone());
+    match retry {
+        Some(Retry::Level3(mut h)) => {
             let (report, _) = emergency::emergency_with(
-                &mut again,
+                &mut h,
                 ctx.policy,
                 target,
                 ctx.trigger,
@@ -310,35 +365,36 @@ async fn grade(
                 Width::Wide,
             )
             .await;
-            let retried = probe::score(&snapshot.at_stake(&again), &again, level);
-            if retried.score > score.score && history::weight(&again) <= target {
-                *history = again;
-                if let Some(r) = out
-                    .reports
-                    .iter_mut()
-                    .rev()
-                    .find(|r| r.pass == Pass::Emergency)
-                {
-                    *r = report;
-                }
-                retried
-            } else {
-                score
+            if let Some(r) = reports.iter_mut().rev().find(|r| r.pass == Pass::Emergency) {
+                *r = report;
             }
+            again = h;
         }
-        // Widening changes only the stand-in, which put nothing at stake.
-        None if ledger::widen_newest(history, target) => probe::score(&stake, history, level),
-        None => score,
-    };
+        Some(Retry::Sections(mut h)) => {
+            let room = Room::UnderTarget(Width::Wide);
+            fill(&mut h, target, room, ctx.store, &mut reports).await;
+            again = h;
+        }
+        None => {}
+    }
+    let retried = probe::score(&snapshot.at_stake(&again), &again, level);
+    let score =
+        if !again.is_empty() && retried.score > score.score && history::weight(&again) <= target {
+            *history = again;
+            out.reports = reports;
+            retried
+        } else {
+            score
+        };
     let note = if score.score >= min {
         format!(
-            "score {first:.2} was below quality.minScore {min}: the ledger section was widened, score {:.2}",
+            "score {first:.2} was below quality.minScore {min}: more was kept in sight, score {:.2}",
             score.score
         )
     } else {
         out.below_min_score = Some(min);
         format!(
-            "score {:.2} stays below quality.minScore {min} with the widest ledger section the target leaves room for",
+            "score {:.2} stays below quality.minScore {min} with the most the target leaves room for",
             score.score
         )
     };

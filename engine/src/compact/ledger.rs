@@ -28,8 +28,7 @@
 //! room left at its floor, cutting its kept tail further. Never past the target.
 
 use crate::artifacts::{self, Artifact, Category};
-use crate::ccr::Key;
-use crate::history::{self, Message};
+use crate::history::Message;
 
 /// Entries one stand-in keeps; older ones are folded.
 pub const MAX_ENTRIES: usize = 1_024;
@@ -138,67 +137,6 @@ pub fn before_level3(target: usize) -> usize {
     (target / BEFORE_LEVEL3_SHARE).min(BEFORE_LEVEL3_MAX_BYTES)
 }
 
-/// Writes the section of the newest stand-in that carries a ledger and has no section yet,
-/// within the room `history` leaves under `target`. Returns the bytes added (0: no stand-in,
-/// or no room for even the heading).
-pub fn render_newest(history: &mut [Message], target: usize) -> usize {
-    let room = room(target, history::weight(history));
-    render_newest_within(history, room)
-}
-
-/// [`render_newest`] in `room` bytes.
-pub fn render_newest_within(history: &mut [Message], room: usize) -> usize {
-    let Some(m) = history
-        .iter_mut()
-        .rev()
-        .find(|m| m.meta.is_summary && !m.meta.ledger.is_empty() && !m.content.contains(HEADING))
-    else {
-        return 0;
-    };
-    append_section(m, room)
-}
-
-/// Appends the section of `m`'s ledger in at most `room` bytes, its fold line naming `m`'s
-/// own segment; returns the bytes added.
-fn append_section(m: &mut Message, room: usize) -> usize {
-    let marker = m
-        .meta
-        .archived
-        .first()
-        .and_then(|k| Key::parse(k))
-        .map(|k| k.marker());
-    let section = section(
-        &m.meta.ledger,
-        m.meta.ledger_folded,
-        marker.as_deref(),
-        room,
-    );
-    m.content.push_str(&section);
-    section.len()
-}
-
-/// Writes the section of the newest stand-in that carries a ledger again, in all the room
-/// `history` leaves under `target` without it.
-/// Returns whether the section grew (a section that would not is left as it was).
-pub fn widen_newest(history: &mut [Message], target: usize) -> bool {
-    let Some(i) = history
-        .iter()
-        .rposition(|m| m.meta.is_summary && !m.meta.ledger.is_empty())
-    else {
-        return false;
-    };
-    let old = std::mem::take(&mut history[i].content);
-    history[i].content = without_section(&old).to_owned();
-    let room = room_with(target, history::weight(history), Width::Wide);
-    let m = &mut history[i];
-    append_section(m, room);
-    if m.content.len() <= old.len() {
-        m.content = old;
-        return false;
-    }
-    true
-}
-
 /// The section for `entries` (oldest first) in at most `room` bytes; empty when not even the
 /// heading fits.
 pub fn section(entries: &[Artifact], folded: u64, marker: Option<&str>, room: usize) -> String {
@@ -212,36 +150,88 @@ pub fn section(entries: &[Artifact], folded: u64, marker: Option<&str>, room: us
     if heading.len() + fold_room > room {
         return String::new();
     }
-    let mut budget = room - heading.len() - fold_room;
-    let mut shown: Vec<(usize, String)> = Vec::new();
-    let mut omitted = folded;
-    for category in Category::ALL {
-        // Newest first within a category, so a short room keeps the latest.
-        for (i, a) in entries
-            .iter()
-            .enumerate()
-            .rev()
-            .filter(|(_, a)| a.category == category)
-        {
-            let line = format!("{} {}\n", label(category), one_line(&a.text));
-            if line.len() <= budget {
-                budget -= line.len();
-                shown.push((i, line));
-            } else {
-                omitted += 1;
-            }
-        }
-    }
-    // Shown in the order they were touched.
-    shown.sort_by_key(|(i, _)| *i);
+    let budget = room - heading.len() - fold_room;
+    let skip = vec![false; entries.len()];
+    let chosen = choose(entries, &skip, budget, |a| {
+        format!("{} {}\n", label(a.category), one_line(&a.text))
+    });
     let mut out = heading;
-    for (_, line) in shown {
-        out.push_str(&line);
+    for (_, line) in &chosen.lines {
+        out.push_str(line);
     }
+    let omitted = folded + chosen.omitted();
     if omitted > 0 {
         out.push_str(&fold_line(omitted));
     }
     out
+}
+
+/// The entries [`choose`] shows, as lines in the order they were touched, and how many it
+/// could not show.
+#[derive(Clone, Debug, Default)]
+pub struct Chosen {
+    /// `(index in entries, line)`, oldest first.
+    pub lines: Vec<(usize, String)>,
+    /// Entries neither shown, nor skipped as in sight elsewhere, nor named by a shown line,
+    /// by category (in the order of [`Category::ALL`]).
+    pub omitted: [u64; 4],
+}
+
+impl Chosen {
+    /// Entries of `category` not shown.
+    pub fn omitted_in(&self, category: Category) -> u64 {
+        Category::ALL
+            .iter()
+            .position(|c| *c == category)
+            .map_or(0, |i| self.omitted[i])
+    }
+
+    /// Entries not shown, in all.
+    pub fn omitted(&self) -> u64 {
+        self.omitted.iter().sum()
+    }
+}
+
+/// Which of `entries` (oldest first) are shown in `budget` bytes, each as `line(entry)`:
+/// those `skip` marks (in sight elsewhere) cost nothing; then files and commands, the newest
+/// errors, the newest requests, newest first within a category, so a short budget keeps
+/// the latest. An entry left out whose text a shown line holds (a path inside a command) is
+/// in sight all the same and not counted as omitted.
+pub fn choose(
+    entries: &[Artifact],
+    skip: &[bool],
+    mut budget: usize,
+    line: impl Fn(&Artifact) -> String,
+) -> Chosen {
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    let mut left: Vec<usize> = Vec::new();
+    for category in Category::ALL {
+        for (i, a) in entries
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(i, a)| a.category == category && !skip.get(*i).copied().unwrap_or(false))
+        {
+            let l = line(a);
+            if l.len() <= budget {
+                budget -= l.len();
+                lines.push((i, l));
+            } else {
+                left.push(i);
+            }
+        }
+    }
+    let mut omitted = [0u64; 4];
+    for i in left {
+        let text = one_line(&entries[i].text);
+        if !lines.iter().any(|(_, l)| l.contains(text.as_ref()))
+            && let Some(c) = Category::ALL.iter().position(|c| *c == entries[i].category)
+        {
+            omitted[c] += 1;
+        }
+    }
+    lines.sort_by_key(|(i, _)| *i);
+    Chosen { lines, omitted }
 }
 
 fn label(category: Category) -> &'static str {

@@ -17,6 +17,7 @@ pub mod microcompact;
 pub mod mirror;
 pub mod pairing;
 pub mod probe;
+pub mod sections;
 pub mod state;
 pub mod summarize;
 pub mod text;

@@ -192,6 +192,14 @@ pub fn stake_of(m: &Message) -> Vec<Artifact> {
     out
 }
 
+/// Which of `wanted` `messages` show, by index: the test [`score`] applies.
+pub fn in_sight<'a>(
+    wanted: &[Artifact],
+    messages: impl IntoIterator<Item = &'a Message>,
+) -> Vec<bool> {
+    Texts::of(messages).find(wanted)
+}
+
 /// Scores the pass of `report`, which turned the history of `snapshot` into `after`, on the
 /// report itself, when it changed the history: every pass that cuts is scored alike.
 pub fn grade_pass(report: &mut PassReport, snapshot: &Snapshot, after: &[Message]) {
@@ -281,7 +289,7 @@ struct Texts<'a> {
 }
 
 impl<'a> Texts<'a> {
-    fn of(messages: &'a [Message]) -> Self {
+    fn of(messages: impl IntoIterator<Item = &'a Message>) -> Self {
         let mut out = Self::default();
         for m in messages {
             out.add_message(m);
@@ -292,10 +300,20 @@ impl<'a> Texts<'a> {
     fn add_message(&mut self, m: &'a Message) {
         self.texts.extend(m.sent_texts().map(Cow::Borrowed));
         self.name(artifacts::of_calls(&m.tool_calls));
+        self.name_request(m);
+    }
+
+    /// A user message shows its own request, however long (a long request's artifact is its
+    /// head and tail, which its content does not hold in one piece).
+    fn name_request(&mut self, m: &Message) {
+        if m.role == crate::history::Role::User {
+            self.name(artifacts::of_message(m));
+        }
     }
 
     fn add_owned_message(&mut self, m: Message) {
         self.name(artifacts::of_calls(&m.tool_calls));
+        self.name_request(&m);
         self.texts.push(Cow::Owned(m.content));
         if let Some(r) = m.reasoning {
             self.texts.push(Cow::Owned(r));

@@ -23,6 +23,9 @@ use super::text;
 use super::trim::tail_start;
 use super::{Pass, PassReport, Trigger};
 
+/// A summary stand-in's opening line, after the banner prefix, starts with this.
+pub const BANNER: &str = "summary of ";
+
 /// Transcript bytes below which a summary is not worth asking for: level 2 is skipped.
 pub const MIN_INPUT_CHARS: usize = 2_000;
 /// A summary must be at least segment/[`SUMMARY_RATIO`] chars, within these bounds.
@@ -436,7 +439,7 @@ async fn apply(
     };
     let segment_key = keys[0];
     let mut msg = Message::user(format!(
-        "{}summary of {} earlier messages ({} chars); the full transcript can be recalled with {}]\n\n{}",
+        "{}{BANNER}{} earlier messages ({} chars); the full transcript can be recalled with {}]\n\n{}",
         text::BANNER_PREFIX,
         owned.len(),
         segment_chars,

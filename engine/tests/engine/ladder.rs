@@ -270,13 +270,16 @@ async fn level2_retries_once_then_falls_through_to_level3() {
 #[tokio::test]
 async fn non_converging_summary_skips_level2_for_the_next_two_compactions() {
     let store = MemoryStore::new();
-    let policy = EffectivePolicy {
-        min_keep_recent: 30,
-        ..EffectivePolicy::default()
-    };
+    let policy = EffectivePolicy::default();
     let mut st = SessionState::new();
     let s = ScriptedSummarizer::good();
-    // The recent tail alone is larger than the budget: the summary cannot converge.
+    // The recent tail alone, each message cut to its floor, is larger than the budget (a
+    // call's arguments are never cut): the summary cannot converge.
+    let session = |bytes| {
+        let mut h = session(bytes);
+        h.extend(heavy_call_turn(200_000));
+        h
+    };
     let mut h = session(900_000);
     let out = compact(
         &mut h,

@@ -169,9 +169,22 @@ fn a_user_message_is_a_request_trimmed_and_cut() {
         artifacts::of_message(&m),
         vec![art(Category::Requests, "please fix the build")]
     );
-    let long = format!("  {}", "ü".repeat(150)); // 300 bytes after the spaces
+    // 300 bytes after the spaces: its head and tail, 200 bytes in all, on char boundaries.
+    let long = format!("  {}{}", "ü".repeat(100), "ß".repeat(50));
     let got = artifacts::of_message(&Message::user(long.clone()));
-    assert_eq!(got[0].text, "ü".repeat(100));
+    assert_eq!(
+        got[0].text,
+        format!(
+            "{}{}{}",
+            "ü".repeat(64),
+            artifacts::REQUEST_GAP,
+            "ß".repeat(32)
+        )
+    );
+    assert!(got[0].text.len() <= artifacts::MAX_TEXT);
+    // The message itself shows its request, though not in one piece.
+    let h = [Message::user(long)];
+    assert_eq!(cairn_engine::compact::probe::in_sight(&got, &h), vec![true]);
     assert!(artifacts::of_message(&Message::user(" \n ")).is_empty());
 }
 
@@ -488,13 +501,14 @@ fn ladder<'a>(
     }
 }
 
-/// `h` with each stand-in's ledger (its section and its entries) taken away, so only its
+/// `h` with each stand-in's ledger (its section or blocks and its entries) taken away, so only its
 /// markers reach what it replaced.
 fn without_sections(h: &[Message]) -> Vec<Message> {
     h.iter()
         .map(|m| {
             let mut m = m.clone();
-            m.content = cairn_engine::compact::ledger::without_section(&m.content).to_owned();
+            let own = cairn_engine::compact::sections::summarizer_text(&m.content);
+            m.content = cairn_engine::compact::ledger::without_section(&own).to_owned();
             m.meta.ledger.clear();
             m.meta.ledger_folded = 0;
             m
@@ -526,18 +540,15 @@ fn row(bytes: usize, level: u8, r: &Retention) {
 #[tokio::test]
 async fn after_a_summary_that_does_not_converge_level_3_keeps_its_ledger_in_sight() {
     use cairn_engine::compact::ledger::HEADING;
+    use cairn_engine::compact::sections::BLOCK_OPEN;
     use cairn_engine::compact::state::SummaryVerdict;
     use cairn_engine::compact::{SessionState, compact};
-    // A short kept tail: no user message after the summary, so level 3 keeps the summary
-    // and cuts the tail's tool results instead.
-    let policy = EffectivePolicy {
-        min_keep_recent: 2,
-        ..EffectivePolicy::default()
-    };
-    // A long summary: the kept tail and it stay over the target.
+    // A kept tail that cannot shrink under the target (a call's arguments are never cut).
+    let policy = EffectivePolicy::default();
     let summarizer = ScriptedSummarizer::new(vec![Ok(well_formed_summary(40_000))]);
     let bytes = 1_000_000;
-    let before = failing_session(bytes);
+    let mut before = failing_session(bytes);
+    before.extend(heavy_call_turn(60_000));
     let store = MemoryStore::new();
     let mut h = before.clone();
     let mut state = SessionState::new();
@@ -548,8 +559,10 @@ async fn after_a_summary_that_does_not_converge_level_3_keeps_its_ledger_in_sigh
         (Some(SummaryVerdict::Accepted), Some(3), true),
         "{out:?}"
     );
-    let stand_in = h.iter().find(|m| m.meta.is_summary).expect("a stand-in");
-    assert!(stand_in.content.contains(HEADING));
+    assert!(
+        h.iter()
+            .any(|m| m.content.contains(HEADING) || m.content.contains(BLOCK_OPEN))
+    );
     let q = out.quality.expect("scored");
     for c in [q.files, q.commands, q.errors] {
         assert!(c.at_stake > 0);
@@ -774,6 +787,7 @@ async fn level_by_level_every_artifact_stays_within_recall() {
 #[tokio::test]
 async fn with_the_ledger_every_file_command_and_error_stays_in_sight() {
     use cairn_engine::compact::ledger::HEADING;
+    use cairn_engine::compact::sections::BLOCK_OPEN;
     use cairn_engine::compact::{LadderContext, SessionState, compact, trim};
     let policy = EffectivePolicy::default();
     let summarizer = ScriptedSummarizer::good();
@@ -800,7 +814,9 @@ async fn with_the_ledger_every_file_command_and_error_stays_in_sight() {
             let out = compact(&mut h, &ctx, &mut state).await;
             assert_eq!(out.level, Some(level), "{bytes}: {out:?}");
             assert!(out.met, "the ledger never costs the target: {out:?}");
-            assert!(h.iter().any(|m| m.content.contains(HEADING)));
+            // Level 2 fills the summary's sections, level 3 writes its notice's section.
+            let written = if level == 2 { BLOCK_OPEN } else { HEADING };
+            assert!(h.iter().any(|m| m.content.contains(written)));
             let reports: Vec<&PassReport> = out.reports.iter().collect();
             let map = archived_by(&reports, &store).await;
             let r = retention(&before, &h, &lookup(&map));
@@ -873,7 +889,8 @@ async fn with_the_ledger_every_file_command_and_error_stays_in_sight() {
 fn a_short_room_shows_files_and_commands_first_and_counts_the_rest() {
     use cairn_engine::compact::ledger::section;
     let mut entries = vec![art(Category::Files, "src/a.rs")];
-    entries.extend((0..50).map(|n| art(Category::Errors, &format!("error: failure number {n}"))));
+    // Each ends with a period, so none is a prefix of another.
+    entries.extend((0..50).map(|n| art(Category::Errors, &format!("error: failure number {n}."))));
     entries.push(art(Category::Commands, "cargo test"));
     let marker = "<<ccr:0123456789abcdef>>";
     let s = section(&entries, 3, Some(marker), 400);
@@ -883,10 +900,10 @@ fn a_short_room_shows_files_and_commands_first_and_counts_the_rest() {
         "{s}"
     );
     assert!(
-        s.contains("error: failure number 49"),
+        s.contains("error: failure number 49."),
         "the newest errors: {s}"
     );
-    assert!(!s.contains("error: failure number 0\n"), "{s}");
+    assert!(!s.contains("error: failure number 0.\n"), "{s}");
     let shown = s.lines().filter(|l| l.starts_with("error ")).count();
     assert!(
         s.contains(&format!(

@@ -12,7 +12,7 @@ use cairn_engine::compact::ladder::LadderContext;
 use cairn_engine::compact::{
     BudgetInputs, SessionState, Summarizer, Trigger, compact, dedup, microcompact, mirror,
 };
-use cairn_engine::history::Message;
+use cairn_engine::history::{Message, Role};
 use cairn_engine::testing::*;
 use proptest::prelude::*;
 
@@ -178,6 +178,13 @@ fn outside_count(input: &[Message], output: &[Message]) -> [(u64, u64); 4] {
                 .chain(m.tool_calls.iter().map(|c| c.arguments.as_str()))
         })
         .collect();
+    // A long request is its head and tail: a user message whose head and tail are the same
+    // shows it, though not in one piece.
+    let asked: Vec<Artifact> = output
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .flat_map(artifacts::of_message)
+        .collect();
     let mut out = [(0u64, 0u64); 4];
     for a in stake {
         let slot = &mut out[Category::ALL
@@ -185,7 +192,8 @@ fn outside_count(input: &[Message], output: &[Message]) -> [(u64, u64); 4] {
             .position(|c| *c == a.category)
             .unwrap_or(0)];
         slot.0 += 1;
-        slot.1 += u64::from(shown.iter().any(|t| t.contains(a.text.as_str())));
+        slot.1 +=
+            u64::from(shown.iter().any(|t| t.contains(a.text.as_str())) || asked.contains(&a));
     }
     out
 }
