@@ -225,7 +225,7 @@ fn stands_in_for(m: &Message, text: &str) -> bool {
     ledger::without_section(&own).ends_with(text)
         || m.meta
             .archived
-            .contains(&crate::ccr::Key::of(text.as_bytes()).as_str().to_owned())
+            .contains(&sections::summary_key(text).as_str().to_owned())
 }
 
 fn now_secs() -> u64 {

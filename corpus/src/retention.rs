@@ -16,7 +16,8 @@ use cairn_engine::ccr::{Key, MemoryStore, Store};
 use cairn_engine::compact::probe::{self, Retention};
 use cairn_engine::compact::summarize::{SECTIONS, SummaryRequest};
 use cairn_engine::compact::{
-    BudgetInputs, LadderContext, SessionState, SummarizeError, Summarizer, Trigger, compact,
+    BudgetInputs, LadderContext, SessionState, SummarizeError, Summarizer, SummaryVerdict, Trigger,
+    compact,
 };
 use cairn_engine::history::{self, Message};
 
@@ -71,6 +72,8 @@ pub struct Measure {
     pub bytes_after: usize,
     /// The compaction's wall time.
     pub millis: f64,
+    /// How level 2's summarizer call ended, when one ran.
+    pub summary: Option<SummaryVerdict>,
 }
 
 impl Measure {
@@ -110,10 +113,19 @@ fn share(kept: usize, category: Category, r: &Retention) -> f64 {
 ///   history is still over the window's target);
 /// - 3: a manual compaction without a summarizer (trim, then level 3 if still over).
 pub async fn measure(before: &[Message], window: u64, level: u8) -> Measure {
+    measure_with(before, window, level, &CarelessSummarizer).await
+}
+
+/// [`measure`] with `summarizer` writing level 2 (a real model's, say).
+pub async fn measure_with(
+    before: &[Message],
+    window: u64,
+    level: u8,
+    summarizer: &dyn Summarizer,
+) -> Measure {
     let policy = EffectivePolicy::default();
     let store = MemoryStore::new();
     let mut state = SessionState::new();
-    let summarizer = CarelessSummarizer;
     let inputs = BudgetInputs {
         context_window: window,
         payload_cap: None,
@@ -123,7 +135,7 @@ pub async fn measure(before: &[Message], window: u64, level: u8) -> Measure {
         policy: &policy,
         inputs,
         store: &store,
-        summarizer: (level == 2).then_some(&summarizer as &dyn Summarizer),
+        summarizer: (level == 2).then_some(summarizer),
         trigger: Trigger::Manual,
         budget_ratio: None,
         // Level 1 alone: a target nothing exceeds, so no level follows.
@@ -155,6 +167,7 @@ pub async fn measure(before: &[Message], window: u64, level: u8) -> Measure {
         retention,
         bytes_after: history::weight(&h),
         millis,
+        summary: out.summary,
     }
 }
 

@@ -20,8 +20,9 @@
 //!   line that ends it (`ValueError: …`; the header itself when the traceback is cut short).
 //! - a user message: its content, trimmed.
 //!
-//! Texts are trimmed; errors and requests are cut to [`MAX_TEXT`] bytes on a character
-//! boundary. System messages and cairn's own summaries and notices (`meta.is_summary`) yield
+//! Texts are trimmed; errors are cut to [`MAX_TEXT`] bytes on a character boundary, a
+//! request longer than that is its head and its tail around [`REQUEST_GAP`] (the user's
+//! words, both ends). System messages and cairn's own summaries and notices (`meta.is_summary`) yield
 //! nothing: they are not what the session did.
 
 use std::collections::BTreeSet;
@@ -35,7 +36,7 @@ pub use crate::history::{Artifact, Category};
 use crate::history::{Message, Role, ToolCall};
 use crate::utf8::floor_boundary;
 
-/// Errors and requests are cut to this many bytes.
+/// Errors and requests are cut to this many bytes (a request to its head and tail).
 pub const MAX_TEXT: usize = 200;
 /// Error lines taken from one tool result.
 pub const MAX_ERRORS: usize = 3;

@@ -10,6 +10,7 @@ mod support;
 
 mod context_management;
 mod contract;
+mod corpus_summaries;
 mod decoders;
 mod faults;
 mod keep_alive;

@@ -481,7 +481,7 @@ async fn a_reply_cut_by_a_full_context_is_reported() {
 /// (reads, shell runs, every third run failing to compile), compacted by hand with
 /// `summarizer.structured` (the server fills the nine sections under the `json_schema`
 /// output format). The summary passes the quality gate; the table row of what stays in sight
-/// with the ledger section and without it (the summary alone) is printed
+/// with cairn's sections and ledger and without them (the summary alone) is printed
 /// (docs/benchmarks.md, `cargo test -p cairn-agent --test providers structured_level_2 --
 /// --nocapture`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,11 +550,12 @@ async fn the_real_model_writes_a_structured_level_2_summary_and_the_probe_scores
         .iter()
         .map(|m| {
             let mut m = m.clone();
-            m.content = without_section(&m.content).to_owned();
+            let own = cairn_engine::compact::sections::summarizer_text(&m.content);
+            m.content = without_section(&own).to_owned();
             m
         })
         .collect();
-    for (label, history) in [("with the ledger", &after), ("summary alone", &alone)] {
+    for (label, history) in [("with cairn's sections", &after), ("summary alone", &alone)] {
         let r = retention(&before, history, &|_| None);
         let cell = |c: Category| {
             let t = r.tally(c);

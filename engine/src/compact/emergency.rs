@@ -258,25 +258,29 @@ pub async fn shrink_largest(
             {
                 originals.insert(i, (orig, key));
                 refetched.insert(i);
-            } else if let (Some(k), Some(st)) = (key, text::parse_stats(c)) {
-                let s = text::keeping_errors(text::stub("message", st, &k), &history[i]);
-                if let Some(s) = s {
-                    weight = weight - current + s.len();
-                    super::ledger::note_cut(&mut history[i]);
-                    history[i].content = s;
-                    report.changed += 1;
+            } else {
+                // A stub or preview: a stub of its original. A text cairn derived from one
+                // archived original (a result compressed on entry): a stub of that original,
+                // which holds all the text shows.
+                let stats = text::parse_stats(c)
+                    .or_else(|| (extract_markers(c).len() == 1).then(|| text::Stats::of(c)));
+                if let (Some(k), Some(st)) = (key, stats) {
+                    let s = text::keeping_errors(text::stub("message", st, &k), &history[i]);
+                    if let Some(s) = s {
+                        weight = weight - current + s.len();
+                        super::ledger::note_cut(&mut history[i]);
+                        history[i].content = s;
+                        report.changed += 1;
+                    }
                 }
                 exhausted[i] = true;
                 continue;
             }
-            // Otherwise a text cairn derived from an archived original (a result compressed
-            // on entry): cut below like any other, itself archived as the cut's original
-            // (the markers it quotes lead on to the first one).
         }
         #[allow(clippy::map_entry)] // the archive call between lookup and insert is async
         if !originals.contains_key(&i) {
             let c = &history[i].content;
-            if text::quotes_marker(c) && !text::is_ours(c) {
+            if text::quotes_marker(c) {
                 exhausted[i] = true;
                 continue;
             }

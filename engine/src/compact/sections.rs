@@ -9,7 +9,8 @@
 //! - an entry the rest of the history already shows is not repeated;
 //! - when the lines do not fit, the summarizer's text gives way first: each of its sections
 //!   is cut to its head, down to a [`SUMMARY_FLOOR_SHARE`]th of the target in all, after its
-//!   whole text was archived; a line names it by its marker;
+//!   whole text was archived (as a one-message segment, [`summary_key`]); a line names it by
+//!   its marker;
 //! - [`Width::Wide`] (the compaction scored below `quality.minScore`) also cuts the largest
 //!   messages of the kept tail towards their floor, each archived first with its error lines
 //!   kept ([`emergency::shrink_largest`]);
@@ -24,7 +25,7 @@ use crate::artifacts::{Artifact, Category};
 use crate::ccr::{Key, Store};
 use crate::history::{self, Message};
 
-use super::archive::archive_all;
+use super::archive::{archive_all, segment_text};
 use super::ledger::{self, Width, one_line};
 use super::summarize::SECTIONS;
 use super::{PassReport, emergency, probe, text};
@@ -121,23 +122,24 @@ pub async fn fill_newest(
             (left, left.saturating_sub(need).clamp(floor, summary.len()))
         }
     };
-    let (own, cut_key) = if summary_room < summary.len() {
-        let key = match archive_all(store, &[summary.as_bytes()]).await {
-            Ok(keys) if !keys.is_empty() => keys[0],
-            Ok(_) => return false,
-            Err(e) => {
-                report.archive_error = Some(e.label());
-                return false;
+    // The summary is cut only once its whole text is archived; a store that fails leaves it
+    // whole and the blocks take what room is left.
+    let mut cut_key = None;
+    if summary_room < summary.len() {
+        match archive_all(store, &[archived_form(summary).as_bytes()]).await {
+            Ok(keys) if !keys.is_empty() => {
+                if !report.archived.contains(&keys[0]) {
+                    report.archived.push(keys[0]);
+                }
+                cut_key = Some((keys[0], cut_note(&keys[0])));
             }
-        };
-        if !report.archived.contains(&key) {
-            report.archived.push(key);
+            Ok(_) => {}
+            Err(e) => report.archive_error = Some(e.label()),
         }
-        let note = cut_note(&key);
-        let own = cut_summary(summary, summary_room.saturating_sub(note.len()));
-        (own, Some((key, note)))
-    } else {
-        (summary.to_owned(), None)
+    }
+    let own = match &cut_key {
+        Some((_, note)) => cut_summary(summary, summary_room.saturating_sub(note.len())),
+        None => summary.to_owned(),
     };
     let taken = own.len() + cut_key.as_ref().map_or(0, |(_, n)| n.len());
     let budget = total
@@ -158,6 +160,17 @@ pub async fn fill_newest(
     content.push_str(&compose(&own, &entries, &chosen, &marker));
     history[i].content = content;
     true
+}
+
+/// How a cut summary's whole text is archived: a segment of one message, so the markers it
+/// quotes (summarizers are asked to keep them) are escaped as in any segment.
+fn archived_form(summary: &str) -> String {
+    segment_text(&[Message::user(summary)])
+}
+
+/// The key under which the whole text of a summary cut to fit is archived.
+pub fn summary_key(summary: &str) -> Key {
+    Key::of(archived_form(summary).as_bytes())
 }
 
 /// What the summarizer wrote in a stand-in's `content`: the content without cairn's blocks.

@@ -3,6 +3,7 @@
 //! (`cairn-harness`, see `tests/harness/README.md`) and a library for tests.
 
 pub mod controlplane;
+pub mod corpus;
 pub mod llama;
 pub mod node;
 pub mod pki;
