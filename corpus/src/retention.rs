@@ -19,6 +19,7 @@ use cairn_engine::compact::{
     BudgetInputs, LadderContext, SessionState, SummarizeError, Summarizer, SummaryVerdict, Trigger,
     compact,
 };
+use cairn_engine::compact::{ledger, sections};
 use cairn_engine::history::{self, Message};
 
 /// The windows measured, in tokens.
@@ -70,6 +71,9 @@ pub struct Measure {
     pub retention: Retention,
     /// What the compacted history weighs.
     pub bytes_after: usize,
+    /// Of that, what cairn's own sections and ledger lines in its stand-ins take: the bytes
+    /// spent keeping artifacts in sight.
+    pub sections_bytes: usize,
     /// The compaction's wall time.
     pub millis: f64,
     /// How level 2's summarizer call ended, when one ran.
@@ -166,9 +170,21 @@ pub async fn measure_with(
         target,
         retention,
         bytes_after: history::weight(&h),
+        sections_bytes: sections_bytes(&h),
         millis,
         summary: out.summary,
     }
+}
+
+/// The bytes of cairn's blocks and ledger sections in the stand-ins of `h`.
+fn sections_bytes(h: &[Message]) -> usize {
+    h.iter()
+        .filter(|m| m.meta.is_summary)
+        .map(|m| {
+            let own = sections::summarizer_text(&m.content);
+            m.content.len() - ledger::without_section(&own).len()
+        })
+        .sum()
 }
 
 /// The target the ladder aims for at `window` tokens.
@@ -190,8 +206,8 @@ fn compact_target(window: u64, policy: &EffectivePolicy) -> usize {
 
 /// The table's header (Markdown).
 pub fn header() -> String {
-    "| session | window | level (reached) | target | files | commands | errors | requests | reachable | bytes after | ms |\n\
-     |---|---|---|---|---|---|---|---|---|---|---|"
+    "| session | window | level (reached) | target | files | commands | errors | requests | reachable | bytes after | cairn's sections | ms |\n\
+     |---|---|---|---|---|---|---|---|---|---|---|---|"
         .into()
 }
 
@@ -203,7 +219,7 @@ pub fn row(m: &Measure) -> String {
     };
     let reached = m.reached.map_or("–".to_owned(), |l| l.to_string());
     format!(
-        "| {} KB | {}k | {} ({reached}) | {} KB | {} | {} | {} | {} | {:.2} | {} KB | {:.0} |",
+        "| {} KB | {}k | {} ({reached}) | {} KB | {} | {} | {} | {} | {:.2} | {} KB | {:.1} KB | {:.0} |",
         m.session / 1000,
         m.window / 1000,
         m.level,
@@ -214,6 +230,7 @@ pub fn row(m: &Measure) -> String {
         cell(Category::Requests),
         m.retention.reachable_share(),
         m.bytes_after / 1000,
+        m.sections_bytes as f64 / 1000.0,
         m.millis
     )
 }

@@ -12,8 +12,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cairn_sim::Sim;
 use cairn_sim::nginx::{Middlebox, MiddleboxConfig};
+use cairn_sim::summary::SUMMARY_PHRASE;
+use cairn_sim::{ScriptedReply, Sim};
 use serde_json::{Value, json};
 
 use crate::harness::{
@@ -385,6 +386,18 @@ impl Demo {
     ) -> Result<DemoReport, HarnessError> {
         let mut answered = 0;
         for turn in 1..=opts.turns {
+            if turn == opts.turns && turn > 1 {
+                // The last turn meets a summarizer that refuses (a model's refusal fails the
+                // quality gate, twice): level 2 cannot make room, level 3 does.
+                self.sim.route(
+                    SUMMARY_PHRASE,
+                    ScriptedReply::text("I'm sorry, I can't summarize this conversation."),
+                    Duration::ZERO,
+                );
+                say(&format!(
+                    "turn {turn}: from here on the summarizer refuses (cairn-sim answers every summary request with a refusal)"
+                ));
+            }
             let call_id = format!("build-{turn}");
             let input = json!([
                 {"type": "function_call", "call_id": call_id, "name": "read_build_log",
@@ -531,6 +544,15 @@ impl DemoReport {
             .collect()
     }
 
+    /// The scores the Events report (what each compaction kept in sight of what it
+    /// replaced), in order.
+    pub fn scores(&self) -> Vec<f64> {
+        self.events
+            .iter()
+            .filter_map(|e| e.note.split_once("score ")?.1.get(..4)?.parse().ok())
+            .collect()
+    }
+
     /// Whether a `Recovered` Event shows a recovery.
     pub fn recovered(&self) -> bool {
         self.events.iter().any(|e| e.reason == "Recovered")
@@ -580,7 +602,8 @@ fn filler(turn: usize, bytes: usize) -> String {
 /// touches).
 fn question(turn: usize, note_bytes: usize) -> String {
     if turn.is_multiple_of(4) {
-        // Every fourth turn the user pastes a whole chapter: no pass but level 3 makes room.
+        // Every fourth turn the user pastes a whole chapter: level 2 makes room by cutting it
+        // (its original archived) beside the summary; level 3 when no summary comes.
         format!(
             "Turn {turn}: what failed in build {turn}? Check it against this chapter:\n{}",
             note(turn, note_bytes * 2)

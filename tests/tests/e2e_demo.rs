@@ -42,6 +42,15 @@ fn the_demo_shows_each_compaction_level_and_a_413_recovery() {
         session["summaries"]["accepted"].as_u64().unwrap_or(0) >= 1,
         "a summary passed the quality gate: {s}"
     );
+    // Every compaction and recovery kept at least 90 % of what it replaced in sight (the
+    // default quality.minScore), a summary or none.
+    let scores = report.scores();
+    assert_eq!(scores.len(), report.events.len(), "{:#?}", report.events);
+    assert!(
+        scores.iter().all(|s| *s >= 0.9),
+        "{scores:?}: {:#?}",
+        report.events
+    );
 }
 
 /// `make demo` as it runs by default: the same system with the chart's operator pod and the
@@ -110,6 +119,12 @@ fn the_demo_on_a_real_node_compacts_recovers_from_a_413_and_reports_it() {
     );
     assert_eq!(report.levels_seen(), vec![1, 2, 3], "{:#?}", report.events);
     assert!(report.recovered(), "{:#?}", report.events);
+    let scores = report.scores();
+    assert!(
+        !scores.is_empty() && scores.iter().all(|s| *s >= 0.9),
+        "{scores:?}: {:#?}",
+        report.events
+    );
 }
 
 /// The same system, then what the operator issue asks of a chart-installed operator and a
