@@ -227,6 +227,10 @@ pub(crate) struct HttpClient {
     wire: WireCache,
     /// Connections opened so far ([`CountConnections`]).
     opened: Arc<AtomicU64>,
+    /// When the last answer's body ended, as milliseconds since `born` plus one (0: never):
+    /// from then on its connection may sit in the pool for [`POOL_IDLE`].
+    body_ended: AtomicU64,
+    born: std::time::Instant,
 }
 
 /// A layer around the client's connector that counts the connections it opens: a request
@@ -341,6 +345,8 @@ impl HttpClient {
             options,
             wire: WireCache::new(),
             opened,
+            body_ended: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         })
     }
 
@@ -638,7 +644,7 @@ impl HttpClient {
     }
 
     /// POSTs `body`, and once more on a new connection when the connection closed under it
-    /// unanswered after it went out on a pooled one ([`resend_on_new_connection`]).
+    /// unanswered after it may have gone out on a pooled one ([`resend_on_new_connection`]).
     async fn post(
         &self,
         url: &str,
@@ -649,6 +655,7 @@ impl HttpClient {
         let mut resent = false;
         loop {
             let opened = self.opened.load(Ordering::Relaxed);
+            let pooled = self.may_be_pooled();
             let sent = self
                 .client
                 .post(url)
@@ -661,7 +668,7 @@ impl HttpClient {
                 Err(e)
                     if closed_unanswered(&e)
                         && resend_on_new_connection(
-                            self.opened.load(Ordering::Relaxed) == opened,
+                            pooled || self.opened.load(Ordering::Relaxed) == opened,
                             request_bytes,
                             resent,
                         ) =>
@@ -677,6 +684,25 @@ impl HttpClient {
                 other => return other,
             }
         }
+    }
+
+    /// Whether an answer's body ended within [`POOL_IDLE`], so its connection may be the one
+    /// the next request goes out on. The pool takes a connection back a moment after its body
+    /// ends; a request sent in that moment starts a new connection in the background and may
+    /// still go out on the old one, so a new connection opened is no proof the request used it.
+    fn may_be_pooled(&self) -> bool {
+        match self.body_ended.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                let ended = Duration::from_millis(at - 1);
+                self.born.elapsed().saturating_sub(ended) <= POOL_IDLE
+            }
+        }
+    }
+
+    fn note_body_end(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.body_ended.store(ms + 1, Ordering::Relaxed);
     }
 
     fn decode_error(
@@ -708,6 +734,10 @@ impl HttpClient {
         match tokio::time::timeout(self.options.idle_timeout, response.chunk()).await {
             Err(_) => Err(DecodeError::Stalled(self.options.idle_timeout)),
             Ok(Err(e)) => Err(DecodeError::Interrupted(describe_reqwest(e))),
+            Ok(Ok(None)) => {
+                self.note_body_end();
+                Ok(None)
+            }
             Ok(Ok(c)) => Ok(c),
         }
     }

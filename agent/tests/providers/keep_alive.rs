@@ -169,3 +169,27 @@ async fn a_large_request_cut_on_a_pooled_connection_is_the_recovery_ladders() {
     assert_eq!(server.seen(), (2, 1), "never resent unchanged: {e}");
     assert_eq!(classify(&e), FailureClass::SuspectedPayload, "{e}");
 }
+
+/// The next request goes out the moment the last answer ended, while the client's pool is
+/// still taking that connection back: the client starts a new connection in the background,
+/// and the request may still go out on the old one, which the server then closes under it.
+/// It goes out once more, on a new connection, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_right_after_an_answer_is_resent_when_the_old_connection_closes_under_it() {
+    const PAIRS: u64 = 200;
+    let close: Vec<u64> = (1..=PAIRS).map(|i| 3 * i - 1).collect();
+    let server = Closing::start(&close).await;
+    let p = client(&server);
+    for turn in 1..=2 * PAIRS {
+        let r = p
+            .send(&request(format!("turn {turn}")))
+            .await
+            .unwrap_or_else(|e| panic!("turn {turn}: {e}"));
+        assert_eq!(r.message.content, "ok");
+    }
+    assert_eq!(
+        server.seen().0,
+        3 * PAIRS,
+        "each closed request resent once"
+    );
+}

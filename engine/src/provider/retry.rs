@@ -97,9 +97,9 @@ impl RetryPolicy {
 /// out once more, at once, on a new connection. HTTP/1.1 keep-alive has a race: a server may
 /// close an idle connection just as the client writes the next request onto it (llama-server
 /// closes one after every streamed reply, while its headers promise keep-alive). Only a
-/// request written onto a `reused` pooled connection qualifies, only once, and only below the
-/// size at which a cut connection is a payload signal ([`DEFAULT_SUSPECTED_PAYLOAD_BYTES`]):
-/// a large one is left to the recovery ladder, which never resends a request unchanged.
+/// request that may have gone out on a `reused` pooled connection qualifies, only once, and
+/// only below the size at which a cut connection is a payload signal
+/// ([`DEFAULT_SUSPECTED_PAYLOAD_BYTES`]): a large one is left to the recovery ladder, which never resends a request unchanged.
 pub fn resend_on_new_connection(reused: bool, request_bytes: u64, resent: bool) -> bool {
     reused && !resent && request_bytes < DEFAULT_SUSPECTED_PAYLOAD_BYTES
 }
