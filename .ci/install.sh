@@ -39,6 +39,8 @@ apt_packages() {
   [ "$set_" = test ] && { [ -x /usr/sbin/squid ] || need+=(squid); }
   # promtool checks and unit-tests the chart's alert rules and dashboard queries.
   [ "$set_" = test ] && { command -v promtool >/dev/null 2>&1 || need+=(prometheus); }
+  # The session page's tests load it in a real browser, driven over WebDriver.
+  [ "$set_" = test ] && { command -v chromedriver >/dev/null 2>&1 || need+=(chromium chromium-driver); }
   [ "${#need[@]}" -gt 0 ] || return 0
   echo "installing ${need[*]} from Debian" >&2
   export DEBIAN_FRONTEND=noninteractive

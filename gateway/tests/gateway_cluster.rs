@@ -186,8 +186,10 @@ fn agent(dir: &Path, name: &str, token: &str, sim: &Sim) -> Agent {
     };
     for _ in 0..1200 {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
+        // Whole lines only: the line may be read half written (stderr is unbuffered).
         if let Some(addr) = text
-            .lines()
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
             .find_map(|l| l.strip_prefix("cairn-agent listening on "))
         {
             agent.url = format!("http://{}", addr.trim());

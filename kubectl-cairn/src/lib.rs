@@ -12,6 +12,8 @@
 //! The pure parts ([`Command::request`], [`pod_of`], [`Error::from_kube`],
 //! [`Error::from_agent`]) decide; [`Cluster`] does the I/O.
 
+pub mod open;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -298,6 +300,31 @@ pub struct Answer {
     pub body: Bytes,
 }
 
+/// Any answer of the agent, with its headers.
+#[derive(Clone, Debug)]
+pub struct Exchanged {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+/// Where a session's agent is reached, and with what.
+#[derive(Clone)]
+pub struct Target {
+    pub namespace: String,
+    pub pod: String,
+    token: String,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("namespace", &self.namespace)
+            .field("pod", &self.pod)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The cluster, with the caller's credentials.
 pub struct Cluster {
     pub client: kube::Client,
@@ -328,13 +355,8 @@ impl Cluster {
         Ok((Self { client, timeout }, namespace))
     }
 
-    /// Runs `command` against the agent of `namespace/session`.
-    pub async fn run(
-        &self,
-        namespace: &str,
-        session: &str,
-        command: &Command,
-    ) -> Result<Answer, Error> {
+    /// The session's pod and its API token, read with the caller's credentials.
+    pub async fn target(&self, namespace: &str, session: &str) -> Result<Target, Error> {
         let sessions: Api<AgentSession> = Api::namespaced(self.client.clone(), namespace);
         let found = sessions.get(session).await.map_err(|e| {
             Error::from_kube(
@@ -349,15 +371,41 @@ impl Cluster {
         })?;
         let pod = pod_of(&found)?;
         let token = self.token(namespace, session).await?;
-        let request = command.request();
-        let call = self.call(namespace, &pod, &token, &request);
-        let (status, body) = tokio::time::timeout(self.timeout, call)
-            .await
-            .map_err(|_| Error::Timeout(self.timeout))??;
-        if !(200..300).contains(&status) {
-            return Err(Error::from_agent(status, &body));
+        Ok(Target {
+            namespace: namespace.to_owned(),
+            pod,
+            token,
+        })
+    }
+
+    /// Runs `command` against the agent of `namespace/session`.
+    pub async fn run(
+        &self,
+        namespace: &str,
+        session: &str,
+        command: &Command,
+    ) -> Result<Answer, Error> {
+        let target = self.target(namespace, session).await?;
+        let answer = self.exchange(&target, &command.request()).await?;
+        if !(200..300).contains(&answer.status) {
+            return Err(Error::from_agent(answer.status, &answer.body));
         }
-        Ok(Answer { status, body })
+        Ok(Answer {
+            status: answer.status,
+            body: answer.body,
+        })
+    }
+
+    /// One request to the agent within the call timeout, whatever its status.
+    pub async fn exchange(
+        &self,
+        target: &Target,
+        request: &AgentRequest,
+    ) -> Result<Exchanged, Error> {
+        let call = self.call(&target.namespace, &target.pod, &target.token, request);
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| Error::Timeout(self.timeout))?
     }
 
     async fn token(&self, namespace: &str, session: &str) -> Result<String, Error> {
@@ -394,7 +442,7 @@ impl Cluster {
         pod: &str,
         token: &str,
         request: &AgentRequest,
-    ) -> Result<(u16, Bytes), Error> {
+    ) -> Result<Exchanged, Error> {
         let port = u16::try_from(AGENT_PORT).unwrap_or(8080);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let mut forward = pods.portforward(pod, &[port]).await.map_err(|e| {
@@ -439,6 +487,7 @@ impl Cluster {
             let req = builder.body(Full::new(body)).map_err(|e| e.to_string())?;
             let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
             let status = response.status().as_u16();
+            let headers = response.headers().clone();
             let body = response
                 .into_body()
                 .collect()
@@ -447,7 +496,11 @@ impl Cluster {
                 .to_bytes();
             drop(sender);
             driver.abort();
-            Ok::<_, String>((status, body))
+            Ok::<_, String>(Exchanged {
+                status,
+                headers,
+                body,
+            })
         };
         let result = exchange.await;
         let result = match result {

@@ -82,6 +82,14 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the session's page (its window by part, the compaction timeline, recall and
+    /// why) on a loopback port, through the same port-forward, until interrupted.
+    Open {
+        session: String,
+        /// The local port (0: any free one).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
 }
 
 /// How an answer is printed.
@@ -97,6 +105,9 @@ enum Output {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (session, command, output) = match cli.command {
+        Cmd::Open { session, port } => {
+            return open(cli.namespace, cli.context, cli.timeout, &session, port);
+        }
         Cmd::Context {
             session,
             json,
@@ -147,15 +158,8 @@ fn main() -> ExitCode {
             if json { Output::Json } else { Output::Rewind },
         ),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("kubectl cairn: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
     let timeout = Duration::from_secs(cli.timeout);
     let answer = runtime.block_on(async {
@@ -195,4 +199,53 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("kubectl cairn: cannot start the async runtime: {e}");
+            None
+        }
+    }
+}
+
+/// `kubectl cairn open`: prints the page's address, then serves it until interrupted.
+fn open(
+    namespace: Option<String>,
+    context: Option<String>,
+    timeout: u64,
+    session: &str,
+    port: u16,
+) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let served = runtime.block_on(async {
+        let (cluster, default_ns) =
+            Cluster::from_kubeconfig(context, Duration::from_secs(timeout)).await?;
+        let namespace = namespace.unwrap_or(default_ns);
+        // The session and its token first: a caller who cannot read them gets no page.
+        let target = cluster.target(&namespace, session).await?;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .map_err(|e| kubectl_cairn::Error::Config(format!("127.0.0.1:{port}: {e}")))?;
+        if let Ok(addr) = listener.local_addr() {
+            println!("http://{addr}/ui");
+            let _ = std::io::stdout().flush();
+        }
+        eprintln!("kubectl cairn: serving {namespace}/{session}'s page until interrupted");
+        cluster.serve_page(target, listener).await
+    });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kubectl cairn: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }

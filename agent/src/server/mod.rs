@@ -15,6 +15,7 @@ mod chat;
 mod inspector;
 mod items;
 mod listen;
+mod page;
 mod responses;
 
 pub use listen::{Limits, LimitsError, serve as serve_limited};
@@ -318,6 +319,8 @@ fn view_of(session: &Session, status: &str) -> Value {
             .collect::<Vec<_>>(),
         "policyHash": live.policy_hash,
         "policy": live.policy,
+        // The newest compactions, oldest first (the session page's timeline).
+        "timeline": session.state().timeline,
     })
 }
 
@@ -671,6 +674,7 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/ui", get(page::page))
         .merge(protected)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(method_not_allowed)

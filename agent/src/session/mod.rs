@@ -516,6 +516,13 @@ impl Session {
         undo: Option<Undo>,
         rewinds: bool,
     ) -> Result<(), TurnError> {
+        if !compactions.is_empty() {
+            let at = cairn_crds::time::rfc3339(SystemTime::now());
+            for r in &compactions {
+                self.state.timeline.push(r.timeline_entry(at.clone()));
+            }
+            self.state_dirty = true;
+        }
         let mut state = PersistedState::capture(
             &self.state,
             self.turns,
@@ -570,6 +577,7 @@ impl Session {
                 self.history.follow(self.journal.history());
                 self.turns = self.journal.state().turns;
                 self.ledger = self.journal.state().replay.clone();
+                self.state.timeline = self.journal.state().timeline.clone();
                 Err(e.into())
             }
         }
@@ -1198,5 +1206,6 @@ fn record(out: &CompactionOutcome) -> CompactionRecord {
             .iter()
             .flat_map(|r| r.archived.iter().map(|k| k.as_str().to_owned()))
             .collect(),
+        score: out.quality.as_ref().map(|q| q.score),
     }
 }

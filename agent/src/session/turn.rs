@@ -1252,6 +1252,7 @@ impl Session {
                 .iter()
                 .map(|k| k.as_str().to_owned())
                 .collect(),
+            score: o.quality.as_ref().map(|q| q.score),
         });
         let ratio = self.state.chars_per_token.get();
         for (kind, message) in turn::recovery_notices(class, err, o, sent_weight, ratio) {
@@ -1437,6 +1438,7 @@ impl Session {
             bytes_before: out.bytes_before as u64,
             bytes_after: out.bytes_after as u64,
             archived: out.archived.iter().map(|k| k.as_str().to_owned()).collect(),
+            score: out.quality.as_ref().map(|q| q.score),
         });
         notice(notices, "compaction", message);
     }

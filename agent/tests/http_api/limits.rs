@@ -93,7 +93,13 @@ async fn healthz_answers_under_1100_idle_sockets_and_slow_headers_are_cut() {
         "{}",
         String::from_utf8_lossy(&buf[..n])
     );
-    assert!(started.elapsed() < Duration::from_secs(5));
+    // Closed by the 2 s header timeout (under 3x of it on a loaded machine), well before the
+    // client's own 8 s read timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(7),
+        "{:?}",
+        started.elapsed()
+    );
 
     // A kept-alive connection that answered a request and then sits idle is closed too.
     let mut kept = TcpStream::connect(&addr).expect("connect");
@@ -117,5 +123,9 @@ async fn healthz_answers_under_1100_idle_sockets_and_slow_headers_are_cut() {
             idle_from.elapsed()
         ),
     }
-    assert!(idle_from.elapsed() < Duration::from_secs(5));
+    assert!(
+        idle_from.elapsed() < Duration::from_secs(7),
+        "{:?}",
+        idle_from.elapsed()
+    );
 }

@@ -16,6 +16,7 @@ mod errors;
 mod images;
 mod limits;
 mod openai_sdk;
+mod page;
 mod provider_errors;
 mod py_clients;
 mod replay_props;

@@ -290,11 +290,14 @@ impl AgentProcess {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let text = std::fs::read_to_string(log).unwrap_or_default();
-            if let Some(line) = text
-                .lines()
-                .find(|l| l.starts_with("cairn-agent listening on "))
+            // Whole lines only: stderr is unbuffered, and the line may be read half written
+            // ("... on 127.0.0.1" before ":PORT\n").
+            if let Some(addr) = text
+                .split_inclusive('\n')
+                .filter(|l| l.ends_with('\n'))
+                .find_map(|l| l.strip_prefix("cairn-agent listening on "))
             {
-                let addr = line.trim_start_matches("cairn-agent listening on ").trim();
+                let addr = addr.trim();
                 return Self {
                     child,
                     url: format!("http://{addr}"),

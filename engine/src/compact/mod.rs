@@ -21,6 +21,7 @@ pub mod sections;
 pub mod state;
 pub mod summarize;
 pub mod text;
+pub mod timeline;
 pub mod trim;
 pub mod verbatim;
 pub mod window;

@@ -81,6 +81,8 @@ pub struct SessionState {
     pub compactions: u64,
     pub level3_compactions: u64,
     pub recoveries: u64,
+    /// The newest compactions (the session page's timeline).
+    pub timeline: super::timeline::Timeline,
 }
 
 impl SessionState {

@@ -40,6 +40,12 @@ pub struct PersistedState {
     pub compactions: u64,
     #[serde(default)]
     pub level3_compactions: u64,
+    /// The newest compactions (the session page's timeline).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::compact::timeline::Timeline::is_empty"
+    )]
+    pub timeline: crate::compact::timeline::Timeline,
     #[serde(default)]
     pub recoveries: u64,
     #[serde(default)]
@@ -95,6 +101,7 @@ impl PersistedState {
             quality: state.quality.clone(),
             compactions: state.compactions,
             level3_compactions: state.level3_compactions,
+            timeline: state.timeline.clone(),
             recoveries: state.recoveries,
             turns,
             input_tokens: tokens[0],
@@ -125,6 +132,7 @@ impl PersistedState {
         state.quality = self.quality.clone();
         state.compactions = self.compactions;
         state.level3_compactions = self.level3_compactions;
+        state.timeline = self.timeline.clone();
         state.recoveries = self.recoveries;
         state.truncated_replies = self.truncated_replies;
         if let Some((w, basis)) = &self.learned_window {
@@ -149,6 +157,23 @@ pub struct CompactionRecord {
     /// Archive keys written by the compaction.
     #[serde(default)]
     pub archived: Vec<String>,
+    /// What it kept in sight of what it replaced, 0–1, when it was scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+}
+
+impl CompactionRecord {
+    /// The record as the session page's timeline shows it, persisted `at` (RFC 3339).
+    pub fn timeline_entry(&self, at: String) -> crate::compact::timeline::TimelineEntry {
+        crate::compact::timeline::TimelineEntry::new(
+            at,
+            &self.trigger,
+            self.level,
+            (self.bytes_before, self.bytes_after),
+            self.score,
+            &self.archived,
+        )
+    }
 }
 
 /// How to undo the compactions of one change: `pre` is the history just before the first of

@@ -2,6 +2,7 @@
 //! server, and a process runtime for agent pods. One entry point for people
 //! (`cairn-harness`, see `tests/harness/README.md`) and a library for tests.
 
+pub mod browser;
 pub mod controlplane;
 pub mod corpus;
 pub mod llama;

@@ -89,17 +89,23 @@ impl Run {
     }
 }
 
-fn plugin(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> Run {
+/// `kubectl cairn ARGS` as kubectl runs the plugin: found on PATH, with `kubeconfig`.
+fn plugin_command(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> Command {
     let path = format!(
         "{}:{}",
         plugin_dir().display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let out = Command::new(&cp.kubectl)
-        .arg("cairn")
+    let mut cmd = Command::new(&cp.kubectl);
+    cmd.arg("cairn")
         .args(args)
         .env("KUBECONFIG", kubeconfig)
-        .env("PATH", path)
+        .env("PATH", path);
+    cmd
+}
+
+fn plugin(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> Run {
+    let out = plugin_command(cp, kubeconfig, args)
         .output()
         .expect("kubectl runs");
     let run = Run {
@@ -472,4 +478,122 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
         "{}",
         elsewhere.stderr
     );
+
+    // open: the session page, through the plugin's port-forward, in a real browser.
+    the_page_through_open(cp, &engineer, &denied, &rt, &dir, early);
+}
+
+/// Stops `kubectl cairn open` when the test ends, passed or not.
+struct Serving(std::process::Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `kubectl cairn open`: a caller who cannot read the token Secret gets no page; the
+/// engineer's page of the real agent pod loads in Chromium and shows the window by part,
+/// the compactions with their scores, and where `early` (a text of the first turn) went.
+fn the_page_through_open(
+    cp: &ControlPlane,
+    engineer: &Path,
+    denied: &Path,
+    rt: &tokio::runtime::Runtime,
+    dir: &Path,
+    early: &str,
+) {
+    use std::io::BufRead;
+
+    let refused = plugin(cp, denied, &["open", "worker"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stdout.is_empty()
+            && refused
+                .stderr
+                .contains("RBAC denied: you cannot get secrets"),
+        "no page without the token Secret: {}",
+        refused.stderr
+    );
+    let mut child = plugin_command(cp, engineer, &["open", "worker"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl cairn open");
+    let stdout = child.stdout.take().expect("stdout");
+    let serving = Serving(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("kubectl cairn open prints its address")
+        .trim()
+        .to_owned();
+    assert!(
+        url.starts_with("http://127.0.0.1:") && url.ends_with("/ui"),
+        "{url}"
+    );
+    rt.block_on(async {
+        let within = Duration::from_secs(60);
+        let browser = cairn_tests::harness::browser::Browser::start(dir)
+            .await
+            .expect("chromium");
+        browser.client.goto(&url).await.expect("the page");
+        browser
+            .until(
+                "the window's hundred cells",
+                "return document.querySelectorAll('#grid .cell').length === 100",
+                within,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let seen = browser
+            .eval(
+                "return [document.getElementById('title').textContent,
+                         new Set([...document.querySelectorAll('#grid .cell')].map(c => c.dataset.part)).size,
+                         [...document.querySelectorAll('#timeline tbody tr [data-score]')].length,
+                         document.querySelectorAll('#timeline a.marker').length]",
+            )
+            .await
+            .expect("the page");
+        eprintln!("the page of {NS}/worker: {seen}");
+        assert_eq!(seen[0], format!("{NS}/worker"), "{seen}");
+        assert!(seen[1].as_u64() >= Some(3), "the window shows several parts: {seen}");
+        assert!(seen[2].as_u64() >= Some(3), "the compactions' scores: {seen}");
+        assert!(seen[3].as_u64() >= Some(1), "archived keys to recall: {seen}");
+        browser
+            .eval(&format!(
+                "document.getElementById('why').value = {early:?};
+                 document.querySelector('#why-form button').click(); return true"
+            ))
+            .await
+            .expect("the why box");
+        let places = browser
+            .until(
+                "where the first turn's text went",
+                "const rows = [...document.querySelectorAll('#places tbody tr')];
+                 return rows.map(r => r.dataset.where)",
+                within,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            places.as_array().is_some_and(|p| p.iter().any(|w| w == "archived")),
+            "{early:?} is found in the archive: {places}"
+        );
+        if let Ok(path) = std::env::var("CAIRN_PAGE_SCREENSHOT") {
+            browser
+                .eval("window.scrollTo(0, 0); return true")
+                .await
+                .expect("scroll");
+            let png = browser.screenshot().await.expect("screenshot");
+            std::fs::write(&path, png).expect("screenshot file");
+            eprintln!("screenshot: {path}");
+        }
+    });
+    drop(serving);
 }
