@@ -24,6 +24,8 @@ use cairn_agent::storage::DirObjects;
 use cairn_crds::EffectivePolicy;
 
 const WORKER_DIR: &str = "CAIRN_ARCHIVE_KILL_WORKER";
+/// How long the worker waits after it journaled a compacted history.
+const PAUSE: Duration = Duration::from_millis(300);
 const TEST_NAME: &str = "killed_mid_batch_leaves_no_marker_without_its_bytes";
 
 fn limits() -> LocalLimits {
@@ -62,6 +64,11 @@ fn work(root: &Path) {
             if round == 0 {
                 std::fs::write(root.join("ready"), b"").expect("ready");
             }
+            // A moment with a compacted history as the journal's newest entry, the parent's
+            // kill moment in some rounds: on a slow machine a random kill nearly always lands
+            // in the compaction, whose rebuilt history (the fresh one) has no marker to check.
+            std::fs::write(root.join("compacted"), round.to_string()).expect("compacted");
+            tokio::time::sleep(PAUSE).await;
         }
     });
 }
@@ -129,10 +136,16 @@ fn killed_mid_batch_leaves_no_marker_without_its_bytes() {
             std::thread::sleep(Duration::from_millis(1));
         }
         // Even rounds: killed the moment a batch's records are in a segment (its flush under
-        // way). Odd rounds: at a random moment of the loop (mid-journal, between passes).
+        // way). Rounds 1, 5, 9: in the pause after a compacted history was journaled, so its
+        // markers are checked. The others: at a random moment of the loop (mid-journal,
+        // between passes).
         let ccr = root.path().join("ccr");
         let deadline = Instant::now() + Duration::from_secs(20);
-        if round % 2 == 0 {
+        if round % 4 == 1 {
+            while !root.path().join("compacted").exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        } else if round % 2 == 0 {
             // Let some rounds complete first, so the journal has markers to check.
             std::thread::sleep(Duration::from_millis(150 + fastrand::u64(..300)));
             let before = segment_bytes(&ccr);
