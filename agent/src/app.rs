@@ -505,7 +505,7 @@ async fn open_served(source: &Source, token: String, gate: &Gate) -> Result<Serv
             }
             gate.waiting(format!(
                 "waiting for the journal Lease {} of {ns}/{name}",
-                crate::cluster::lease_name(&name)
+                cairn_crds::names::lease_name(&name)
             ));
             let lease =
                 crate::cluster::LeaseHold::acquire(client.clone(), &ns, &name, &holder_identity())

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_crds::names::lease_name;
 use cairn_crds::{AgentSession, CompactionPolicy, CompactionPolicySpec, SessionStats};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -53,11 +54,6 @@ impl KubeError {
             Self::Spec(..) => "spec",
         }
     }
-}
-
-/// The Lease name of a session.
-pub fn lease_name(session: &str) -> String {
-    format!("cairn-{session}")
 }
 
 fn system_prompt_env() -> Option<String> {

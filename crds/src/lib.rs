@@ -1,7 +1,9 @@
 //! cairn's custom resources and the pure logic that both the operator and the agent need:
 //! the `AgentSession` and `CompactionPolicy` types (with their CEL rules and descriptions),
-//! policy resolution with its stable hash, payload-size parsing and RFC 3339 timestamps.
+//! policy resolution with its stable hash, payload-size parsing, RFC 3339 timestamps, and
+//! the names of a session's objects (`names`).
 
+pub mod names;
 pub mod payload;
 pub mod policy;
 pub mod provider;

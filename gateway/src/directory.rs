@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use cairn_crds::names::{TOKEN_KEY, service_url, token_secret_name};
 use cairn_crds::{AgentSession, Phase};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -21,23 +22,8 @@ pub use cairn_crds::session::WAKE_ANNOTATION;
 pub const IDLE_CONDITION: &str = "Idle";
 /// Condition saying the session's pod answers.
 pub const READY_CONDITION: &str = "Ready";
-/// Port of the agent's API on the session's Service.
-pub const AGENT_PORT: u16 = 8080;
-/// Key of the bearer token in the session's token Secret.
-pub const TOKEN_KEY: &str = "token";
 /// Field manager of the gateway's writes.
 pub const FIELD_MANAGER: &str = "cairn-gateway";
-
-/// Name of the Secret holding a session's API token (the operator creates it).
-pub fn token_secret_name(session: &str) -> String {
-    format!("cairn-{session}-api-token")
-}
-
-/// In-cluster URL of a session, as the operator names it: its pod's hostname under the
-/// namespace's shared headless Service `cairn-sessions`.
-pub fn service_url(session: &str, namespace: &str) -> String {
-    format!("http://cairn-{session}.cairn-sessions.{namespace}.svc:{AGENT_PORT}")
-}
 
 /// Whether a session can take a request now.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,7 +24,7 @@ use kube::Api;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
-pub use cairn_operator::objects::{AGENT_PORT, TOKEN_KEY, pod_name, token_secret_name};
+use cairn_crds::names::{AGENT_PORT, TOKEN_KEY, pod_name, token_secret_name};
 
 /// What the plugin does, in the agent's terms.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -443,9 +443,8 @@ impl Cluster {
         token: &str,
         request: &AgentRequest,
     ) -> Result<Exchanged, Error> {
-        let port = u16::try_from(AGENT_PORT).unwrap_or(8080);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let mut forward = pods.portforward(pod, &[port]).await.map_err(|e| {
+        let mut forward = pods.portforward(pod, &[AGENT_PORT]).await.map_err(|e| {
             Error::from_kube(
                 e,
                 Attempt {
@@ -462,9 +461,9 @@ impl Cluster {
             message,
         };
         let stream = forward
-            .take_stream(port)
+            .take_stream(AGENT_PORT)
             .ok_or_else(|| failed("no stream for the agent's port".into()))?;
-        let forward_error = forward.take_error(port);
+        let forward_error = forward.take_error(AGENT_PORT);
         let exchange = async {
             let (mut sender, connection) =
                 hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))

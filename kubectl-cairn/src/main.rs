@@ -185,8 +185,8 @@ fn main() -> ExitCode {
                 }
             };
             let text = match other {
-                Output::Table => cairn_agent::breakdown::table(&value),
-                Output::Why => cairn_agent::why::describe(&value),
+                Output::Table => cairn_engine::breakdown::table(&value),
+                Output::Why => cairn_engine::why::describe(&value),
                 Output::Compaction => describe_compaction(&value) + "\n",
                 Output::Rewind => describe_rewind(&value) + "\n",
                 _ => serde_json::to_string_pretty(&value).unwrap_or_default() + "\n",

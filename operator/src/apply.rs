@@ -18,7 +18,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::cache::{self, Accepted, Key, Packed, Stores};
-use crate::objects::{ApiToken, FIELD_MANAGER, SessionObjects, TOKEN_KEY, object_name, pod_name};
+use cairn_crds::names::{SESSIONS, TOKEN_KEY, object_name, pod_name};
+
+use crate::objects::{ApiToken, FIELD_MANAGER, SessionObjects};
 use crate::validate::Plan;
 
 async fn apply<K>(client: &Client, object: &K) -> Result<K, kube::Error>
@@ -390,7 +392,7 @@ pub async fn release_namespace(client: Client, namespace: String) {
     {
         let api: Api<K> = Api::namespaced(client.clone(), namespace);
         match api
-            .delete(crate::objects::SESSIONS, &DeleteParams::default())
+            .delete(SESSIONS, &DeleteParams::default())
             .await
         {
             Ok(_) => tracing::info!(kind = %K::kind(&()), %namespace,

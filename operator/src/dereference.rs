@@ -7,7 +7,9 @@ use kube::{Api, Client};
 use cairn_crds::{AgentSession, CompactionPolicy, CompactionPolicySpec};
 
 use crate::error::Error;
-use crate::objects::{ApiToken, BuildInputs, TOKEN_KEY, secret_digest, token_secret_name};
+use cairn_crds::names::{TOKEN_KEY, token_secret_name};
+
+use crate::objects::{ApiToken, BuildInputs, secret_digest};
 use crate::purge::S3Keys;
 use crate::status::Problem;
 use crate::validate::{ArchivePlan, Plan};

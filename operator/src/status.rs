@@ -135,7 +135,7 @@ pub fn desired(
                 POD_NOT_READY,
                 format!(
                     "waiting for pod {} to become ready",
-                    crate::objects::pod_name(&obs.name)
+                    cairn_crds::names::pod_name(&obs.name)
                 ),
             ),
         ),
@@ -204,9 +204,9 @@ pub fn desired(
         phase: Some(phase),
         observed_generation: obs.generation,
         conditions,
-        pod: (applied && !obs.suspended).then(|| crate::objects::pod_name(&obs.name)),
+        pod: (applied && !obs.suspended).then(|| cairn_crds::names::pod_name(&obs.name)),
         service_url: applied
-            .then(|| crate::objects::service_url(&obs.name, &obs.namespace))
+            .then(|| cairn_crds::names::service_url(&obs.name, &obs.namespace))
             .or_else(|| prev.and_then(|s| s.service_url.clone())),
         policy_hash: obs
             .policy

@@ -23,7 +23,7 @@ use cairn_crds::{AgentSession, CompactionPolicy};
 
 use crate::config::Defaults;
 use crate::controller::{Context, Guarded, error_policy, key_of, reconcile};
-use crate::{apply, cache, objects};
+use crate::{apply, cache};
 
 /// Applying a session's objects sends a burst of watch events for its children; waiting this
 /// long folds the burst into one reconcile.
@@ -78,7 +78,7 @@ pub fn sessions_for_secret(
                     .and_then(|a| a.credentials.as_ref())
                     .map(|c| &c.secret_name)
                     .or(defaults.archive.credentials_secret.as_ref());
-                objects::token_secret_name(&session) == name
+                cairn_crds::names::token_secret_name(&session) == name
                     || provider == Some(&name)
                     || archive == Some(&name)
                     || otlp_headers == Some(&name)
@@ -142,7 +142,7 @@ pub fn session_for_network_object(
     if let Some(owner) = controlling_session(meta) {
         return Some(ObjectRef::new(&owner.name).within(namespace));
     }
-    if meta.name.as_deref() != Some(objects::SESSIONS) {
+    if meta.name.as_deref() != Some(cairn_crds::names::SESSIONS) {
         return None;
     }
     sessions()

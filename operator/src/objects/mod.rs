@@ -16,52 +16,15 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sha2::{Digest, Sha256};
 
+use cairn_crds::names::SESSION_LABEL;
+
 use crate::validate::Plan;
 
-pub use rbac::lease_name;
 pub use template::expand_placeholders;
 pub use workload::{RESTART_HASH_ANNOTATION, provider_key_env, restart_hash};
 
-/// Port of the agent's HTTP API (and its probes).
-pub const AGENT_PORT: i32 = 8080;
-/// Key of the API bearer token in the session's token Secret.
-pub const TOKEN_KEY: &str = "token";
 /// Field manager of everything the operator writes.
 pub const FIELD_MANAGER: &str = "cairn-operator";
-/// Label naming the session an object belongs to.
-pub const SESSION_LABEL: &str = "cairn.dev/session";
-
-/// Label of the pods of a namespace that may reach every session's agent there (value
-/// `"true"`; a session's own agent pod never counts, whatever its labels).
-pub const CLIENT_LABEL: &str = "cairn.dev/client";
-
-/// Name of the headless Service and the NetworkPolicy every session of a namespace shares
-/// (and the `app.kubernetes.io/component` label value they carry).
-pub const SESSIONS: &str = "cairn-sessions";
-
-/// Name shared by the session's ServiceAccount, Role and RoleBinding, and its pod's hostname.
-pub fn object_name(session: &str) -> String {
-    format!("cairn-{session}")
-}
-
-/// Name of the Secret holding the session's API bearer token.
-pub fn token_secret_name(session: &str) -> String {
-    format!("cairn-{session}-api-token")
-}
-
-/// Name of the session's pod (the `-0` keeps the name pods of earlier versions had).
-pub fn pod_name(session: &str) -> String {
-    format!("{}-0", object_name(session))
-}
-
-/// In-cluster URL of the session's HTTP API: its pod's name under the namespace's shared
-/// headless Service.
-pub fn service_url(session: &str, namespace: &str) -> String {
-    format!(
-        "http://{}.{SESSIONS}.{namespace}.svc:{AGENT_PORT}",
-        object_name(session)
-    )
-}
 
 /// Labels on every object of a session (and on its pod).
 pub fn labels(session: &str) -> BTreeMap<String, String> {
@@ -124,9 +87,9 @@ pub struct SessionObjects {
     pub role: Role,
     pub role_binding: RoleBinding,
     pub token_secret: Secret,
-    /// The namespace's shared headless Service ([`SESSIONS`]).
+    /// The namespace's shared headless Service ([`cairn_crds::names::SESSIONS`]).
     pub service: Service,
-    /// The namespace's shared NetworkPolicy ([`SESSIONS`]).
+    /// The namespace's shared NetworkPolicy ([`cairn_crds::names::SESSIONS`]).
     pub network_policy: NetworkPolicy,
     /// The session's own NetworkPolicy admitting the clients it names (`cairn-NAME`);
     /// `None` when it names none.

@@ -26,7 +26,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{AGENT_PORT, CLIENT_LABEL, SESSION_LABEL, SESSIONS, meta, object_name};
+use cairn_crds::names::{AGENT_PORT, CLIENT_LABEL, SESSION_LABEL, SESSIONS, object_name};
+
+use super::meta;
 use crate::config::EgressPolicy;
 use crate::validate::Plan;
 
@@ -77,7 +79,7 @@ pub(super) fn sessions_service(plan: &Plan) -> Service {
             selector: Some(session_pods()),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
-                port: AGENT_PORT,
+                port: i32::from(AGENT_PORT),
                 target_port: Some(IntOrString::String("http".into())),
                 protocol: Some("TCP".into()),
                 ..Default::default()
@@ -194,7 +196,7 @@ pub(super) fn sessions_network_policy(plan: &Plan) -> NetworkPolicy {
             policy_types: Some(policy_types),
             ingress: Some(vec![NetworkPolicyIngressRule {
                 from: Some(from),
-                ports: Some(vec![tcp(AGENT_PORT)]),
+                ports: Some(vec![tcp(i32::from(AGENT_PORT))]),
             }]),
             egress: egress.map(egress_rules),
         }),
@@ -221,7 +223,7 @@ pub(super) fn clients_network_policy(plan: &Plan) -> Option<NetworkPolicy> {
                     pod_selector: Some(clients),
                     ..Default::default()
                 }]),
-                ports: Some(vec![tcp(AGENT_PORT)]),
+                ports: Some(vec![tcp(i32::from(AGENT_PORT))]),
             }]),
             egress: None,
         }),

@@ -4,13 +4,10 @@
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 
-use super::{meta, object_name, token_secret_name};
-use crate::validate::Plan;
+use cairn_crds::names::{lease_name, object_name, token_secret_name};
 
-/// Lease the agent holds while it writes the session's journal (the single-writer fence).
-pub fn lease_name(session: &str) -> String {
-    format!("cairn-{session}")
-}
+use super::meta;
+use crate::validate::Plan;
 
 pub(super) fn service_account(plan: &Plan) -> ServiceAccount {
     let mut metadata = meta(plan, object_name(&plan.name));

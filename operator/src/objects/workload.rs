@@ -19,11 +19,9 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use cairn_crds::ProviderKind;
+use cairn_crds::names::{AGENT_PORT, SESSIONS, TOKEN_KEY, object_name, pod_name, token_secret_name};
 
-use super::{
-    AGENT_PORT, ApiToken, BuildInputs, TOKEN_KEY, labels, meta, object_name, pod_name,
-    token_secret_name,
-};
+use super::{ApiToken, BuildInputs, labels, meta};
 use crate::config::{OTLP_HEADERS_KEY, OtlpExport};
 use crate::validate::{ArchivePlan, Plan};
 
@@ -176,7 +174,7 @@ pub(super) fn pod(plan: &Plan, inputs: &BuildInputs) -> Option<Pod> {
         // `cairn-NAME.cairn-sessions.NS.svc`: the namespace's shared headless Service gives
         // the pod its DNS name.
         hostname: Some(object_name(&plan.name)),
-        subdomain: Some(super::SESSIONS.to_string()),
+        subdomain: Some(SESSIONS.to_string()),
         automount_service_account_token: Some(true),
         enable_service_links: Some(false),
         restart_policy: Some("Always".into()),
@@ -345,7 +343,7 @@ fn agent_container(plan: &Plan) -> Container {
         ]),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
-            container_port: AGENT_PORT,
+            container_port: i32::from(AGENT_PORT),
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
