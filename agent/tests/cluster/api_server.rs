@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_agent::cluster::{LeaseHold, follow, load, write_status};
-use cairn_crds::names::lease_name;
 use cairn_agent::config::Live;
+use cairn_crds::names::lease_name;
 use cairn_crds::{AgentSession, AgentSessionSpec, SessionStats};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
