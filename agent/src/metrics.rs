@@ -377,7 +377,7 @@ impl Default for Metrics {
         );
         r.register(
             "compactions",
-            "Compactions by ladder level and trigger",
+            "Compactions by ladder level and trigger (a recovery's cut: level 0, trigger recovery)",
             m.compactions.clone(),
         );
         r.register(
@@ -555,6 +555,11 @@ impl Default for Metrics {
             "Summaries asked of an MCP summarization engine, by who wrote them (mcp, fallback)",
             m.engine_summaries.clone(),
         );
+        // Alerts watch `increase(...{reason="context_full"}[30m])`: every reason's series
+        // exists from the start at 0, so the first truncation shows as an increase.
+        for reason in cairn_engine::turn::Truncation::ALL.map(|t| t.label()) {
+            let _created = m.truncated_replies.get_or_create(&ReasonLabels { reason });
+        }
         m
     }
 }

@@ -187,6 +187,8 @@ pub enum Truncation {
 }
 
 impl Truncation {
+    pub const ALL: [Self; 3] = [Self::OutputLimit, Self::ContextFull, Self::WindowBound];
+
     pub fn judge(usage: &Usage, sent_limit: u64, turn_limit: u64, window: u64) -> Self {
         let out = usage.output_tokens;
         let total = usage.input_tokens + out;

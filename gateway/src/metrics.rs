@@ -23,6 +23,11 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// Every wake-up outcome. Each series exists from the start at 0, so an alert on
+/// `increase(...{outcome="timeout"}[15m])` sees the first timeout (a series born at 1 has no
+/// increase).
+pub const WAKE_OUTCOMES: [&str; 3] = ["requested", "ready", "timeout"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     /// `requested` (annotation written), `ready` (forwarded after the wait), `timeout`.
@@ -60,6 +65,9 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.0005, 2.0, 20))
         });
         let wakeups = Family::<OutcomeLabels, Counter>::default();
+        for outcome in WAKE_OUTCOMES {
+            let _created = wakeups.get_or_create(&OutcomeLabels { outcome });
+        }
         let denials = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "requests",

@@ -29,8 +29,8 @@ use crate::telemetry;
 
 use crate::mcp::{McpCatalog, Route};
 use crate::metrics::{
-    Attempt, KindLabels, McpCallLabels, McpServerLabels, OfferLabels, OutcomeLabels,
-    ProviderErrorLabels, ReasonLabels, RecoveryLabels, SpecName, ToolLabels,
+    Attempt, CompactionLabels, KindLabels, McpCallLabels, McpServerLabels, OfferLabels,
+    OutcomeLabels, ProviderErrorLabels, ReasonLabels, RecoveryLabels, SpecName, ToolLabels,
 };
 
 use super::tools::{self, StagnationGuard};
@@ -1232,6 +1232,15 @@ impl Session {
         if let Some(q) = &o.quality {
             self.metrics.compaction_scored(q, "recovery");
         }
+        // The recovery's cut is a compaction of the timeline and the journal (level 0): the
+        // counter of compactions counts it too.
+        self.metrics
+            .compactions
+            .get_or_create(&CompactionLabels {
+                level: 0,
+                trigger: "recovery",
+            })
+            .inc();
         self.events.emit(Some(crate::events::recovered(class, o)));
         self.last_recovery = Some(LastRecovery {
             at: cairn_crds::time::rfc3339(SystemTime::now()),
