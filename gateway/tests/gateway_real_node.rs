@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use cairn_sim::{ScriptedReply, Sim};
 use cairn_tests::harness::node::{self, RealNode};
+use cairn_tests::harness::otelcol::Collector;
 use cairn_tests::harness::python::{self, line};
 use cairn_tests::harness::{ControlPlane, S3Server, built_paths, helm, repo_root, run_dir, s3};
 use serde_json::json;
@@ -30,6 +31,10 @@ const OPERATOR_NS: &str = "cairn-system";
 const NS_A: &str = "gw-team-a";
 const NS_B: &str = "gw-team-b";
 const NODE: &str = "real-node-0";
+
+/// Prometheus and the OpenTelemetry Collector on what the pods below export.
+#[path = "gateway_real_node/observed.rs"]
+mod observed;
 
 /// True when this machine cannot run a real node (the test is skipped; under `CI=true` it
 /// fails instead).
@@ -117,6 +122,24 @@ spec:
 {idle}  template:
     nodeSelector: {{kubernetes.io/hostname: {NODE}}}
 "#
+    )
+}
+
+/// A session whose archive bucket does not exist (a typo): its agent's archive check fails,
+/// and the operator's ArchiveReady says so.
+fn unarchivable_session(ns: &str, name: &str, provider: SocketAddr) -> String {
+    agent_session(ns, name, provider, None).replace(
+        "  template:\n",
+        "  archive: {bucket: no-such-bucket}\n  template:\n",
+    )
+}
+
+/// A session whose pod template the API server refuses (a node selector value that is no
+/// label value): the operator's reconcile fails on every try.
+fn unplaceable_session(ns: &str, name: &str, provider: SocketAddr) -> String {
+    agent_session(ns, name, provider, None).replace(
+        &format!("kubernetes.io/hostname: {NODE}"),
+        "kubernetes.io/hostname: \"not a label value!\"",
     )
 }
 
@@ -317,6 +340,10 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
     let s3_addr = node
         .forward_to_host(SocketAddr::from(([127, 0, 0, 1], s3.port)))
         .expect("S3 forwarder");
+    let mut collector = Collector::start(&dir).expect("the OpenTelemetry Collector");
+    let otlp = node
+        .forward_to_host(collector.addr)
+        .expect("OTLP forwarder");
     for ns in [NS_A, NS_B] {
         let _ = cp.kubectl(&["create", "namespace", ns]);
         cp.apply_yaml(&session_secrets(ns)).expect("secrets");
@@ -324,27 +351,30 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
 
     let installed = Instant::now();
     let on_node = format!("kubernetes\\.io/hostname={NODE}");
-    helm_install(
-        cp,
-        &dir,
-        &[
-            format!("nodeSelector.{on_node}"),
-            format!("watchNamespaces={{{NS_A},{NS_B}}}"),
-            format!("archive.endpoint=http://{s3_addr}"),
-            "archive.bucket=cairn".into(),
-            "archive.credentialsSecret=cairn-s3".into(),
-            "logFormat=text".into(),
-            "gateway.enabled=true".into(),
-            "gateway.replicaCount=1".into(),
-            format!("gateway.nodeSelector.{on_node}"),
-            format!("gateway.oidc.issuer={ISSUER}"),
-            format!("gateway.oidc.jwks=http://{jwks_addr}/jwks.json"),
-            format!("gateway.oidc.audience={AUDIENCE}"),
-            // A JWT caller of alpha is forwarded with alpha's token, read from its Secret:
-            // the gateway may read Secrets in NS_A only (a Role), nowhere else.
-            format!("gateway.oidc.tokenSecretNamespaces={{{NS_A}}}"),
-        ],
-    );
+    let sets = [
+        format!("nodeSelector.{on_node}"),
+        format!("watchNamespaces={{{NS_A},{NS_B}}}"),
+        format!("archive.endpoint=http://{s3_addr}"),
+        "archive.bucket=cairn".into(),
+        "archive.credentialsSecret=cairn-s3".into(),
+        "logFormat=text".into(),
+        "gateway.enabled=true".into(),
+        "gateway.replicaCount=1".into(),
+        format!("gateway.nodeSelector.{on_node}"),
+        format!("gateway.oidc.issuer={ISSUER}"),
+        format!("gateway.oidc.jwks=http://{jwks_addr}/jwks.json"),
+        format!("gateway.oidc.audience={AUDIENCE}"),
+        // A JWT caller of alpha is forwarded with alpha's token, read from its Secret:
+        // the gateway may read Secrets in NS_A only (a Role), nowhere else.
+        format!("gateway.oidc.tokenSecretNamespaces={{{NS_A}}}"),
+        // Every agent exports its spans to the collector; the model has a price.
+        format!("agent.otlp.endpoint=http://{otlp}"),
+        "agent.prices.m-1.input=1".into(),
+        "agent.prices.m-1.output=4".into(),
+        "agent.prices.m-1.cacheRead=0".into(),
+        "agent.prices.m-1.cacheWrite=2".into(),
+    ];
+    helm_install(cp, &dir, &sets);
     eprintln!(
         "helm install: operator and gateway Ready in {:?}",
         installed.elapsed()
@@ -680,6 +710,64 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
         refused.len(),
         refused.first()
     );
+
+    // What a platform team sees: beta recovers, alpha's window overflows and it compacts, a
+    // session's archive does not answer, another's reconciles fail, and Prometheus and the
+    // collector show it all.
+    let token_b = token_of(cp, NS_B, "beta");
+    observed::recover(&rt, &sim, &gw, (NS_B, "beta"), &token_b);
+    // Alpha stays awake from here on: the next request wakes it for good.
+    kubectl(
+        cp,
+        &[
+            "patch",
+            "agentsession",
+            "alpha",
+            "-n",
+            NS_A,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"idle":{"suspendAfter":"1h"}}}"#,
+        ],
+    );
+    observed::overflow_window(
+        &rt,
+        &sim,
+        &gw,
+        (NS_A, "alpha"),
+        &token_of(cp, NS_A, "alpha"),
+    );
+    cp.apply_yaml(&format!(
+        "{}---\n{}",
+        unarchivable_session(NS_B, "gamma", provider),
+        unplaceable_session(NS_B, "delta", provider)
+    ))
+    .expect("gamma and delta applied");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while condition(cp, NS_B, "gamma", "ArchiveReady", "status") != "False" {
+        assert!(
+            Instant::now() < deadline,
+            "gamma's ArchiveReady is not False after 120 s:\n{}",
+            cp.kubectl_ok(&["get", "agentsession", "gamma", "-n", NS_B, "-o", "yaml"])
+                .unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    wait_for("delta's failed reconciles", Duration::from_secs(60), || {
+        cp.kubectl_ok(&[
+            "get",
+            "events",
+            "-n",
+            NS_B,
+            "--field-selector",
+            "involvedObject.name=delta,type=Warning",
+            "-o",
+            "name",
+        ])
+        .is_ok_and(|o| !o.trim().is_empty())
+    });
+    observed::prometheus_sees_every_panel_and_alert(cp, &node, &dir, &sets, (NS_B, "beta"));
+    observed::the_collector_has_genai_spans(&mut collector);
 
     for ns in [NS_A, NS_B] {
         let _ = cp.kubectl(&["delete", "agentsession", "--all", "-n", ns, "--wait=false"]);

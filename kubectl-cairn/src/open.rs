@@ -2,7 +2,9 @@
 //! goes to the agent through its own port-forward, with the session's token added here, so
 //! the browser never holds the token and a caller the cluster denies the token Secret gets no
 //! page at all. Only the page and the read-only routes it uses pass ([`page_request`]); a
-//! request naming another host (a DNS-rebinding page in the same browser) is refused.
+//! request naming another host (a DNS-rebinding page in the same browser) is refused. The
+//! page's fleet list (`/v1/fleet`) is answered here, not by the agent: the sessions of the
+//! namespace as the caller's own credentials may list them (none for a caller who may not).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -13,7 +15,11 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
-use crate::{AgentRequest, Cluster, Error, Target};
+use cairn_crds::session::AgentSession;
+use kube::Api;
+use serde_json::{Value, json};
+
+use crate::{AgentRequest, Attempt, Cluster, Error, Target};
 
 /// Why a browser request is not passed on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,15 +50,24 @@ impl Refusal {
     }
 }
 
-/// The agent request for a browser's `method path` (path and query) sent with `Host: host`
-/// to the local `port`: the page (`/` is the page too), the session, its context report or a
-/// `why`, and a recall.
+/// What a browser request that passes is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PageRoute {
+    /// A request to the session's agent.
+    Agent(AgentRequest),
+    /// The fleet list, answered with the caller's credentials.
+    Fleet,
+}
+
+/// What a browser's `method path` (path and query) sent with `Host: host` to the local
+/// `port` is for: the page (`/` is the page too), the session, its context report or a
+/// `why`, and a recall go to the agent; `/v1/fleet` is the fleet list.
 pub fn page_request(
     method: &http::Method,
     path: &str,
     host: Option<&str>,
     port: u16,
-) -> Result<AgentRequest, Refusal> {
+) -> Result<PageRoute, Refusal> {
     let local = [format!("127.0.0.1:{port}"), format!("localhost:{port}")];
     if !host.is_some_and(|h| local.iter().any(|l| l == h)) {
         return Err(Refusal::Host);
@@ -62,15 +77,31 @@ pub fn page_request(
     }
     let route = path.split('?').next().unwrap_or_default();
     let path = match route {
+        "/v1/fleet" => return Ok(PageRoute::Fleet),
         "/" => "/ui",
         "/ui" | "/v1/session" | "/v1/session/context" => path,
         r if r.starts_with("/v1/recall/") && !r["/v1/recall/".len()..].contains('/') => path,
         _ => return Err(Refusal::Route),
     };
-    Ok(AgentRequest {
+    Ok(PageRoute::Agent(AgentRequest {
         method: http::Method::GET,
         path: path.to_owned(),
         body: None,
+    }))
+}
+
+/// One session of the fleet list: what its status says.
+fn fleet_row(s: &AgentSession) -> Value {
+    let status = s.status.as_ref();
+    let stats = status.and_then(|st| st.session.as_ref());
+    json!({
+        "name": s.metadata.name,
+        "phase": status.and_then(|st| st.phase).map(|p| p.as_str()),
+        "turns": stats.map(|x| x.turns),
+        "utilization": stats.map(|x| x.utilization),
+        "historyBytes": stats.map(|x| x.history_bytes),
+        "compactions": stats.map(|x| x.compactions),
+        "recoveries": stats.map(|x| x.recoveries),
     })
 }
 
@@ -117,6 +148,29 @@ impl Cluster {
         }
     }
 
+    /// The sessions of `namespace` as the caller may list them.
+    async fn fleet(&self, namespace: &str) -> Result<Value, Error> {
+        let sessions: Api<AgentSession> = Api::namespaced(self.client.clone(), namespace);
+        let list = sessions
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| {
+                Error::from_kube(
+                    e,
+                    Attempt {
+                        verb: "list",
+                        resource: "agentsessions.cairn.dev",
+                        namespace,
+                        name: "",
+                    },
+                )
+            })?;
+        Ok(json!({
+            "namespace": namespace,
+            "sessions": list.items.iter().map(fleet_row).collect::<Vec<_>>(),
+        }))
+    }
+
     async fn answer<B>(
         &self,
         target: &Target,
@@ -139,7 +193,23 @@ impl Cluster {
             r
         };
         let agent_request = match page_request(request.method(), path, host, port) {
-            Ok(r) => r,
+            Ok(PageRoute::Agent(r)) => r,
+            Ok(PageRoute::Fleet) => {
+                return match self.fleet(&target.namespace).await {
+                    Ok(fleet) => {
+                        let mut r = http::Response::new(Full::new(Bytes::from(fleet.to_string())));
+                        r.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("application/json"),
+                        );
+                        r
+                    }
+                    Err(e @ (Error::Forbidden { .. } | Error::Unauthenticated(_))) => {
+                        plain(403, format!("kubectl cairn: {e}"))
+                    }
+                    Err(e) => plain(502, format!("kubectl cairn: {e}")),
+                };
+            }
             Err(refusal) => return plain(refusal.status(), refusal.message().to_owned()),
         };
         match self.exchange(target, &agent_request).await {
@@ -168,9 +238,14 @@ mod tests {
     #[test]
     fn only_the_page_and_its_read_routes_pass_for_the_local_host() {
         let host = Some("127.0.0.1:8123");
-        let path = |p: &str| page_request(&GET, p, host, 8123).map(|r| r.path);
+        let path = |p: &str| match page_request(&GET, p, host, 8123) {
+            Ok(PageRoute::Agent(r)) => Ok(r.path),
+            Ok(PageRoute::Fleet) => Ok("fleet".into()),
+            Err(e) => Err(e),
+        };
         assert_eq!(path("/").as_deref(), Ok("/ui"));
         assert_eq!(path("/ui").as_deref(), Ok("/ui"));
+        assert_eq!(path("/v1/fleet").as_deref(), Ok("fleet"));
         assert_eq!(path("/v1/session").as_deref(), Ok("/v1/session"));
         assert_eq!(
             path("/v1/session/context?why=src%2Fa.rs").as_deref(),
@@ -193,9 +268,13 @@ mod tests {
             page_request(&http::Method::POST, "/v1/session", host, 8123),
             Err(Refusal::Method)
         );
+        assert!(matches!(
+            page_request(&GET, "/ui", Some("localhost:8123"), 8123),
+            Ok(PageRoute::Agent(r)) if r.path == "/ui"
+        ));
         assert_eq!(
-            page_request(&GET, "/ui", Some("localhost:8123"), 8123).map(|r| r.path),
-            Ok("/ui".into())
+            page_request(&GET, "/v1/fleet", Some("evil.example:8123"), 8123),
+            Err(Refusal::Host)
         );
         for host in [None, Some("evil.example:8123"), Some("127.0.0.1:9999")] {
             assert_eq!(

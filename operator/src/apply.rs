@@ -391,10 +391,7 @@ pub async fn release_namespace(client: Client, namespace: String) {
             + Debug,
     {
         let api: Api<K> = Api::namespaced(client.clone(), namespace);
-        match api
-            .delete(SESSIONS, &DeleteParams::default())
-            .await
-        {
+        match api.delete(SESSIONS, &DeleteParams::default()).await {
             Ok(_) => tracing::info!(kind = %K::kind(&()), %namespace,
                 "deleted the namespace's shared object with its last session"),
             Err(kube::Error::Api(e)) if e.code == 404 => {}

@@ -10,3 +10,4 @@ pub fn repo_root() -> PathBuf {
 pub mod chart_roles;
 pub mod demo;
 pub mod harness;
+pub mod monitoring;

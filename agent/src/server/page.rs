@@ -4,7 +4,8 @@
 //! key it shows (`/v1/recall/KEY`) and asks where a text went (`?why=`). The page holds no
 //! data: everything it shows comes from those routes, which ask for the session's token, so a
 //! caller without it gets the page's sign-in box and nothing else. `kubectl cairn open`
-//! serves it through a port-forward that adds the token.
+//! serves it through a port-forward that adds the token, and answers the page's fleet list
+//! (`v1/fleet`, absent here: the agent knows only its own session) itself.
 
 use axum::http::header;
 use axum::response::{IntoResponse, Response};

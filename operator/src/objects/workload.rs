@@ -19,7 +19,9 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use cairn_crds::ProviderKind;
-use cairn_crds::names::{AGENT_PORT, SESSIONS, TOKEN_KEY, object_name, pod_name, token_secret_name};
+use cairn_crds::names::{
+    AGENT_PORT, SESSIONS, TOKEN_KEY, object_name, pod_name, token_secret_name,
+};
 
 use super::{ApiToken, BuildInputs, labels, meta};
 use crate::config::{OTLP_HEADERS_KEY, OtlpExport};

@@ -13,14 +13,10 @@ use std::path::Path;
 use std::process::Command;
 
 use cairn_tests::harness::{promtool, repo_root, run_dir};
+use cairn_tests::monitoring::{self, alerts, dashboard_queries};
 use syn::visit::{self, Visit};
 
 use super::render;
-
-fn monitoring_file(name: &str) -> String {
-    let path = repo_root().join("charts/cairn/monitoring").join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
 
 fn kind<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> Vec<&'a serde_yaml::Value> {
     docs.iter().filter(|d| d["kind"] == kind).collect()
@@ -61,14 +57,14 @@ fn the_dashboard_and_the_rules_render_only_when_enabled_and_carry_the_files() {
         serde_json::from_str(maps[0]["data"]["cairn.json"].as_str().unwrap_or_default())
             .expect("the ConfigMap's dashboard is JSON");
     let file: serde_json::Value =
-        serde_json::from_str(&monitoring_file("dashboard.json")).expect("dashboard.json");
+        serde_json::from_str(&monitoring::file("dashboard.json")).expect("dashboard.json");
     assert_eq!(shipped, file);
 
     let rule = kind(&docs, "PrometheusRule");
     assert_eq!(rule.len(), 1);
     assert_eq!(rule[0]["apiVersion"], "monitoring.coreos.com/v1");
     let file: serde_yaml::Value =
-        serde_yaml::from_str(&monitoring_file("alerts.yaml")).expect("alerts.yaml");
+        serde_yaml::from_str(&monitoring::file("alerts.yaml")).expect("alerts.yaml");
     assert_eq!(rule[0]["spec"], file);
 
     // The agent's series carry the session: the PodMonitor copies its pod label.
@@ -97,16 +93,6 @@ fn the_dashboard_and_the_rules_render_only_when_enabled_and_carry_the_files() {
 }
 
 /// The alerting rules of a rules file.
-fn alerts(rules: &serde_yaml::Value) -> Vec<serde_yaml::Value> {
-    rules["groups"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
-        .filter(|r| r["alert"].is_string())
-        .collect()
-}
-
 fn run(dir: &Path, args: &[&str]) -> String {
     let out = Command::new(promtool().expect("promtool"))
         .current_dir(dir)
@@ -140,7 +126,7 @@ fn the_rendered_rules_pass_promtool_check_and_every_alert_its_unit_test() {
     std::fs::write(dir.join("alerts.yaml"), &rendered).expect("write");
     std::fs::write(
         dir.join("alerts_test.yaml"),
-        monitoring_file("alerts_test.yaml"),
+        monitoring::file("alerts_test.yaml"),
     )
     .expect("write");
     let checked = run(&dir, &["check", "rules", "alerts.yaml"]);
@@ -153,7 +139,7 @@ fn the_rendered_rules_pass_promtool_check_and_every_alert_its_unit_test() {
     run(&dir, &["test", "rules", "alerts_test.yaml"]);
 
     let tests: serde_yaml::Value =
-        serde_yaml::from_str(&monitoring_file("alerts_test.yaml")).expect("alerts_test.yaml");
+        serde_yaml::from_str(&monitoring::file("alerts_test.yaml")).expect("alerts_test.yaml");
     let fired: BTreeSet<&str> = tests["tests"]
         .as_sequence()
         .into_iter()
@@ -589,65 +575,14 @@ fn named(expr: &str) -> Named {
     out
 }
 
-/// Grafana's variables in a panel query, as values PromQL can parse.
-fn without_grafana_variables(expr: &str) -> String {
-    expr.replace("$__rate_interval", "5m")
-        .replace("$__interval", "1m")
-        .replace("$__range", "1h")
-        .replace("$namespace", "team-a")
-        .replace("$session", "s1")
-}
-
-/// The dashboard's queries: every panel target (rows' panels too) and the selector of every
-/// `label_values(...)` variable.
-fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<(String, String)> {
-    fn panels<'a>(list: &'a serde_json::Value, out: &mut Vec<&'a serde_json::Value>) {
-        for p in list.as_array().into_iter().flatten() {
-            out.push(p);
-            panels(&p["panels"], out);
-        }
-    }
-    let mut all = Vec::new();
-    panels(&dashboard["panels"], &mut all);
-    let mut queries = Vec::new();
-    for p in all {
-        for t in p["targets"].as_array().into_iter().flatten() {
-            let expr = t["expr"].as_str().unwrap_or_default();
-            assert!(
-                !expr.is_empty(),
-                "panel {}: a target without expr",
-                p["title"]
-            );
-            queries.push((format!("panel {}", p["title"]), expr.to_owned()));
-        }
-    }
-    for v in dashboard["templating"]["list"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        if v["type"] != "query" {
-            continue;
-        }
-        let query = v["query"]["query"].as_str().unwrap_or_default();
-        let selector = query
-            .strip_prefix("label_values(")
-            .and_then(|q| q.rsplit_once(','))
-            .map(|(selector, _)| selector)
-            .unwrap_or_else(|| panic!("variable {}: {query}", v["name"]));
-        queries.push((format!("variable {}", v["name"]), selector.to_owned()));
-    }
-    queries
-}
-
 #[test]
 fn every_query_parses_and_names_only_series_and_labels_the_code_exposes() {
     let exposed = exposed();
     let dashboard: serde_json::Value =
-        serde_json::from_str(&monitoring_file("dashboard.json")).expect("dashboard.json");
+        serde_json::from_str(&monitoring::file("dashboard.json")).expect("dashboard.json");
     let mut queries = dashboard_queries(&dashboard);
     let rules: serde_yaml::Value =
-        serde_yaml::from_str(&monitoring_file("alerts.yaml")).expect("alerts.yaml");
+        serde_yaml::from_str(&monitoring::file("alerts.yaml")).expect("alerts.yaml");
     for alert in alerts(&rules) {
         queries.push((
             format!("alert {}", alert["alert"].as_str().unwrap_or_default()),
@@ -661,7 +596,7 @@ fn every_query_parses_and_names_only_series_and_labels_the_code_exposes() {
         .iter()
         .enumerate()
         .map(|(i, (_, q))| {
-            serde_json::json!({"record": format!("cairn:query_{i}"), "expr": without_grafana_variables(q)})
+            serde_json::json!({"record": format!("cairn:query_{i}"), "expr": monitoring::with_variables(q, "5m", "team-a", "s1")})
         })
         .collect();
     let file = serde_json::json!({"groups": [{"name": "queries", "rules": group}]});

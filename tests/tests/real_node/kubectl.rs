@@ -20,8 +20,9 @@ use super::{
 /// The namespace of this test's session (one the operator of `shared_operator` manages).
 pub const NS: &str = "plugin";
 
-/// What `kubectl cairn` needs, and only in the session's namespace.
-fn role(ns: &str, name: &str, secrets: bool, forward: &str) -> String {
+/// What `kubectl cairn` needs, and only in the session's namespace (`sessions`: the verbs
+/// on AgentSessions; `list` shows the page's fleet list).
+fn role(ns: &str, name: &str, sessions: &str, secrets: bool, forward: &str) -> String {
     let secret_rule = if secrets {
         "- {apiGroups: [\"\"], resources: [secrets], resourceNames: [cairn-worker-api-token], verbs: [get]}\n"
     } else {
@@ -36,7 +37,7 @@ apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {{name: {name}, namespace: {ns}}}
 rules:
-- {{apiGroups: [cairn.dev], resources: [agentsessions], verbs: [get]}}
+- {{apiGroups: [cairn.dev], resources: [agentsessions], verbs: [{sessions}]}}
 {secret_rule}- {{apiGroups: [""], resources: [pods/portforward], verbs: [{forward}]}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
@@ -146,12 +147,14 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
     ))
     .expect("session applied");
     cp.apply_yaml(&client_pod(ns)).expect("client applied");
-    cp.apply_yaml(&role(ns, "engineer", true, "get, create"))
+    cp.apply_yaml(&role(ns, "engineer", "get", true, "get, create"))
         .expect("engineer's Role applied");
-    cp.apply_yaml(&role(ns, "no-secrets", false, "get, create"))
+    cp.apply_yaml(&role(ns, "lead", "get, list", true, "get, create"))
+        .expect("lead's Role applied");
+    cp.apply_yaml(&role(ns, "no-secrets", "get", false, "get, create"))
         .expect("no-secrets Role applied");
     // `create` alone is what `kubectl port-forward` (SPDY) needs; the WebSocket upgrade is a GET.
-    cp.apply_yaml(&role(ns, "no-forward", true, "create"))
+    cp.apply_yaml(&role(ns, "no-forward", "get", true, "create"))
         .expect("no-forward Role applied");
     let pod = "cairn-worker-0";
     let started = Instant::now();
@@ -176,6 +179,7 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
     });
     let dir = cairn_tests::harness::run_dir("plugin").expect("run dir");
     let engineer = kubeconfig_of(cp, ns, "engineer", &dir);
+    let lead = kubeconfig_of(cp, ns, "lead", &dir);
     let denied = kubeconfig_of(cp, ns, "no-secrets", &dir);
     let no_forward = kubeconfig_of(cp, ns, "no-forward", &dir);
 
@@ -480,7 +484,7 @@ fn kubectl_cairn_works_with_namespace_scoped_rbac_against_a_real_agent_pod() {
     );
 
     // open: the session page, through the plugin's port-forward, in a real browser.
-    the_page_through_open(cp, &engineer, &denied, &rt, &dir, early);
+    the_page_through_open(cp, (&engineer, &lead), &denied, &rt, &dir, early);
 }
 
 /// Stops `kubectl cairn open` when the test ends, passed or not.
@@ -496,27 +500,12 @@ impl Drop for Serving {
 /// `kubectl cairn open`: a caller who cannot read the token Secret gets no page; the
 /// engineer's page of the real agent pod loads in Chromium and shows the window by part,
 /// the compactions with their scores, and where `early` (a text of the first turn) went.
-fn the_page_through_open(
-    cp: &ControlPlane,
-    engineer: &Path,
-    denied: &Path,
-    rt: &tokio::runtime::Runtime,
-    dir: &Path,
-    early: &str,
-) {
+/// `kubectl cairn open` as `kubeconfig`: the process (stopped when dropped) and the page's
+/// URL it printed.
+fn open_page(cp: &ControlPlane, kubeconfig: &Path) -> (Serving, String) {
     use std::io::BufRead;
 
-    let refused = plugin(cp, denied, &["open", "worker"]);
-    assert_eq!(refused.code, 2, "{}", refused.stderr);
-    assert!(
-        refused.stdout.is_empty()
-            && refused
-                .stderr
-                .contains("RBAC denied: you cannot get secrets"),
-        "no page without the token Secret: {}",
-        refused.stderr
-    );
-    let mut child = plugin_command(cp, engineer, &["open", "worker"])
+    let mut child = plugin_command(cp, kubeconfig, &["open", "worker"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("kubectl cairn open");
@@ -537,6 +526,31 @@ fn the_page_through_open(
         url.starts_with("http://127.0.0.1:") && url.ends_with("/ui"),
         "{url}"
     );
+    (serving, url)
+}
+
+/// The page through `kubectl cairn open` in Chromium: as the engineer (no `list` on
+/// sessions: the page without a fleet list), and as the lead, who may list them.
+fn the_page_through_open(
+    cp: &ControlPlane,
+    (engineer, lead): (&Path, &Path),
+    denied: &Path,
+    rt: &tokio::runtime::Runtime,
+    dir: &Path,
+    early: &str,
+) {
+    let refused = plugin(cp, denied, &["open", "worker"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stdout.is_empty()
+            && refused
+                .stderr
+                .contains("RBAC denied: you cannot get secrets"),
+        "no page without the token Secret: {}",
+        refused.stderr
+    );
+    let (serving, url) = open_page(cp, engineer);
+    let (lead_serving, lead_url) = open_page(cp, lead);
     rt.block_on(async {
         let within = Duration::from_secs(60);
         let browser = cairn_tests::harness::browser::Browser::start(dir)
@@ -585,6 +599,36 @@ fn the_page_through_open(
             places.as_array().is_some_and(|p| p.iter().any(|w| w == "archived")),
             "{early:?} is found in the archive: {places}"
         );
+        // The engineer may not list sessions: no fleet list, and the plugin's route says why.
+        let fleet = browser
+            .eval("return document.getElementById('fleet').classList.contains('hidden')")
+            .await
+            .expect("the page");
+        assert_eq!(fleet, serde_json::json!(true), "no fleet list for the engineer");
+        let fleet_url = url.replace("/ui", "/v1/fleet");
+        let answer = reqwest::get(&fleet_url).await.expect("the fleet route");
+        assert_eq!(answer.status(), 403);
+        let text = answer.text().await.unwrap_or_default();
+        assert!(text.contains("RBAC denied: you cannot list"), "{text}");
+
+        // The lead may: the fleet list names the namespace's sessions with their phase.
+        browser.client.goto(&lead_url).await.expect("the lead's page");
+        let rows = browser
+            .until(
+                "the fleet list",
+                "const rows = [...document.querySelectorAll('#fleet-table tbody tr')];
+                 return rows.length > 0 && !document.getElementById('fleet').classList.contains('hidden')
+                   && rows.map(r => [r.dataset.session, r.children[1].textContent, r.className])",
+                within,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("the fleet list: {rows}");
+        assert_eq!(
+            rows,
+            serde_json::json!([["worker", "Running", "current"]]),
+            "the namespace's one session, this one"
+        );
         if let Ok(path) = std::env::var("CAIRN_PAGE_SCREENSHOT") {
             browser
                 .eval("window.scrollTo(0, 0); return true")
@@ -595,5 +639,5 @@ fn the_page_through_open(
             eprintln!("screenshot: {path}");
         }
     });
-    drop(serving);
+    drop((serving, lead_serving));
 }
