@@ -143,6 +143,24 @@ fn unplaceable_session(ns: &str, name: &str, provider: SocketAddr) -> String {
     )
 }
 
+/// Sets `spec.idle.suspendAfter` of `ns/session`.
+fn set_idle(cp: &ControlPlane, ns: &str, session: &str, after: &str) {
+    let patch = format!(r#"{{"spec":{{"idle":{{"suspendAfter":"{after}"}}}}}}"#);
+    kubectl(
+        cp,
+        &[
+            "patch",
+            "agentsession",
+            session,
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+    );
+}
+
 fn token_of(cp: &ControlPlane, ns: &str, session: &str) -> String {
     use base64::Engine;
     let b64 = jsonpath(
@@ -628,19 +646,7 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
     // More wake-ups, each after alpha fell asleep again (a shorter idle rule from here on):
     // each held request answered, the history intact, each within the ceiling; the median
     // is printed.
-    kubectl(
-        cp,
-        &[
-            "patch",
-            "agentsession",
-            "alpha",
-            "-n",
-            NS_A,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"idle":{"suspendAfter":"5s"}}}"#,
-        ],
-    );
+    set_idle(cp, NS_A, "alpha", "5s");
     let mut wakes = vec![Duration::from_millis(wake_ms)];
     let mut said = vec![
         "alpha question one",
@@ -717,19 +723,7 @@ fn the_sdk_drives_real_pods_through_one_gateway_and_an_idle_session_wakes_with_i
     let token_b = token_of(cp, NS_B, "beta");
     observed::recover(&rt, &sim, &gw, (NS_B, "beta"), &token_b);
     // Alpha stays awake from here on: the next request wakes it for good.
-    kubectl(
-        cp,
-        &[
-            "patch",
-            "agentsession",
-            "alpha",
-            "-n",
-            NS_A,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"idle":{"suspendAfter":"1h"}}}"#,
-        ],
-    );
+    set_idle(cp, NS_A, "alpha", "1h");
     observed::overflow_window(
         &rt,
         &sim,

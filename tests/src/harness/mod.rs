@@ -227,20 +227,24 @@ pub fn helm() -> Result<PathBuf, HarnessError> {
     .map_err(HarnessError::Setup)
 }
 
-/// Debian's `promtool` (the `prometheus` package, which `.ci/install.sh` installs for the
-/// tests), found on `PATH`.
-pub fn promtool() -> Result<PathBuf, HarnessError> {
+/// A program of Debian's `prometheus` package (`prometheus`, `promtool`), which
+/// `.ci/install.sh` installs for the tests, found on `PATH`.
+pub fn prometheus_tool(name: &str) -> Result<PathBuf, HarnessError> {
     std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("promtool"))
+        .map(|dir| dir.join(name))
         .find(|p| p.is_file())
         .ok_or_else(|| {
-            HarnessError::Setup(
-                "promtool is not on PATH: install Debian's prometheus package (.ci/install.sh)"
-                    .into(),
-            )
+            HarnessError::Setup(format!(
+                "{name} is not on PATH: install Debian's prometheus package (.ci/install.sh)"
+            ))
         })
+}
+
+/// Debian's `promtool`.
+pub fn promtool() -> Result<PathBuf, HarnessError> {
+    prometheus_tool("promtool")
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -24,21 +24,6 @@ pub struct ScrapeTarget {
 pub struct Prometheus {
     pub addr: SocketAddr,
     proc: Proc,
-}
-
-/// Debian's `prometheus`, found on `PATH`.
-fn binary() -> Result<PathBuf, HarnessError> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("prometheus"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            HarnessError::Setup(
-                "prometheus is not on PATH: install Debian's prometheus package (.ci/install.sh)"
-                    .into(),
-            )
-        })
 }
 
 impl Prometheus {
@@ -76,7 +61,7 @@ impl Prometheus {
             .map_err(|e| HarnessError::io(format!("writing {}", path.display()), e))?;
         let port = free_port()?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut cmd = Command::new(binary()?);
+        let mut cmd = Command::new(super::prometheus_tool("prometheus")?);
         cmd.arg(format!("--config.file={}", path.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
